@@ -1,0 +1,365 @@
+//! Pipeline configuration: typed, validated once at start.
+//!
+//! One [`PipelineConfig`] per source database. The CLI builds one from flags and environment
+//! variables today; a config file with several `[[pipelines]]` will deserialize into the same
+//! structs.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
+/// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+/// In-flight events: enough to keep a broker round trip of ~100 ms busy at 100k events/s.
+pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 10_000;
+/// In-flight bytes (keys, values and headers): bounds memory whatever the event size.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
+/// Time to wait for outstanding acknowledgements on shutdown before giving up (then the
+/// events after the last confirmed LSN are published again on restart).
+pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+
+/// A configuration value that cannot work; the message names the field.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {field}: {problem}")]
+pub struct ConfigError {
+    pub field: String,
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(field: &str, problem: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.to_owned(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// A schema-qualified table name (`schema.table`; `public` when no schema is given).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct TableName {
+    pub schema: String,
+    pub name: String,
+}
+
+impl FromStr for TableName {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
+        if schema.is_empty() || name.is_empty() || name.contains('.') {
+            return Err(ConfigError::new("table", format!("{s:?} is not schema.table")));
+        }
+        Ok(TableName {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl TryFrom<String> for TableName {
+    type Error = ConfigError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+/// Names of the outbox table's columns (DESIGN.md defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct OutboxColumns {
+    /// Event id: the Kafka header `id`.
+    pub id: String,
+    /// Routes the event: topic `<aggregate_type>.events`.
+    pub aggregate_type: String,
+    /// The Kafka key; NULL gives a null key.
+    pub aggregate_id: String,
+    /// The Kafka header `event_type`.
+    pub event_type: String,
+    /// The Kafka value, byte for byte as PostgreSQL prints it; NULL gives a tombstone.
+    pub payload: String,
+}
+
+impl Default for OutboxColumns {
+    fn default() -> Self {
+        OutboxColumns {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+        }
+    }
+}
+
+/// Kafka producer settings.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+pub struct KafkaConfig {
+    /// `host:port[,host:port...]`.
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties (`security.protocol`, `sasl.*`, `linger.ms`, ...).
+    #[serde(default)]
+    pub properties: Vec<(String, String)>,
+}
+
+/// librdkafka properties the relay's guarantees depend on; setting them otherwise is an error.
+const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Property values may hold SASL passwords or keys.
+        let keys: Vec<&str> = self.properties.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("properties", &keys)
+            .finish()
+    }
+}
+
+/// One source database and where its events go.
+#[derive(Clone, Deserialize)]
+pub struct PipelineConfig {
+    /// Label in logs and metrics.
+    pub name: String,
+    /// libpq connection URL or `key=value` string of the source database.
+    pub source_url: String,
+    /// Logical replication slot (pgoutput).
+    pub slot: String,
+    /// Publication that includes the outbox table.
+    pub publication: String,
+    /// The outbox table.
+    pub table: TableName,
+    #[serde(default)]
+    pub columns: OutboxColumns,
+    /// Create the slot when it does not exist.
+    #[serde(default = "yes")]
+    pub create_slot: bool,
+    pub kafka: KafkaConfig,
+    #[serde(default = "default_status_interval_ms")]
+    pub status_interval_ms: u64,
+    #[serde(default = "default_max_in_flight_events")]
+    pub max_in_flight_events: usize,
+    #[serde(default = "default_max_in_flight_bytes")]
+    pub max_in_flight_bytes: usize,
+    #[serde(default = "default_shutdown_timeout_secs")]
+    pub shutdown_timeout_secs: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_status_interval_ms() -> u64 {
+    DEFAULT_STATUS_INTERVAL_MS
+}
+fn default_max_in_flight_events() -> usize {
+    DEFAULT_MAX_IN_FLIGHT_EVENTS
+}
+fn default_max_in_flight_bytes() -> usize {
+    DEFAULT_MAX_IN_FLIGHT_BYTES
+}
+fn default_shutdown_timeout_secs() -> u64 {
+    DEFAULT_SHUTDOWN_TIMEOUT_SECS
+}
+
+impl fmt::Debug for PipelineConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PipelineConfig")
+            .field("name", &self.name)
+            .field("source_url", &redact_url(&self.source_url))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("table", &self.table)
+            .field("columns", &self.columns)
+            .field("create_slot", &self.create_slot)
+            .field("kafka", &self.kafka)
+            .field("status_interval_ms", &self.status_interval_ms)
+            .field("max_in_flight_events", &self.max_in_flight_events)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("shutdown_timeout_secs", &self.shutdown_timeout_secs)
+            .finish()
+    }
+}
+
+impl PipelineConfig {
+    /// Checks every field once at start.
+    ///
+    /// Returns the first problem found, naming the field and the constraint.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.name.is_empty() {
+            return Err(ConfigError::new("name", "must not be empty"));
+        }
+        self.source_config()?;
+        // PostgreSQL's rule for slot names (ReplicationSlotValidateName).
+        if self.slot.is_empty()
+            || self.slot.len() > 63
+            || !self.slot.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(ConfigError::new(
+                "slot",
+                format!("{:?} must be 1-63 characters of a-z, 0-9 and _", self.slot),
+            ));
+        }
+        if self.publication.is_empty() {
+            return Err(ConfigError::new("publication", "must not be empty"));
+        }
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return Err(ConfigError::new("kafka.bootstrap_servers", "must not be empty"));
+        }
+        for (key, value) in &self.kafka.properties {
+            if key == "bootstrap.servers" {
+                return Err(ConfigError::new(
+                    "kafka.properties",
+                    "bootstrap.servers: set kafka.bootstrap_servers instead",
+                ));
+            }
+            if let Some((_, required)) = REQUIRED_KAFKA_PROPERTIES.iter().find(|(k, _)| k == key) {
+                if value != required {
+                    return Err(ConfigError::new(
+                        "kafka.properties",
+                        format!("{key}={value}: the relay needs {key}={required} for per-key order without loss"),
+                    ));
+                }
+            }
+        }
+        for (field, value) in [
+            ("status_interval_ms", self.status_interval_ms),
+            ("max_in_flight_events", self.max_in_flight_events as u64),
+            ("max_in_flight_bytes", self.max_in_flight_bytes as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(field, "must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The source URL parsed by tokio-postgres, with the default host (the local socket
+    /// directory) filled in as libpq would.
+    ///
+    /// Returns an error naming `source_url` (without its password) if it does not parse.
+    pub fn source_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        let mut config: tokio_postgres::Config = self.source_url.parse().map_err(|e| {
+            ConfigError::new("source_url", format!("{}: {e}", redact_url(&self.source_url)))
+        })?;
+        if config.get_hosts().is_empty() {
+            config.host_path("/var/run/postgresql");
+        }
+        if config.get_user().is_none() {
+            return Err(ConfigError::new("source_url", "no user given"));
+        }
+        Ok(config)
+    }
+
+    pub fn status_interval(&self) -> Duration {
+        Duration::from_millis(self.status_interval_ms)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_secs(self.shutdown_timeout_secs)
+    }
+}
+
+/// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
+/// or key=value string (`password=secret` -> `password=***`) for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            if let Some(colon) = rest[..at].find(':') {
+                return format!("{}{}:***{}", &url[..scheme_end + 3], &rest[..colon], &rest[at..]);
+            }
+        }
+        return url.to_owned();
+    }
+    url.split_whitespace()
+        .map(|part| match part.split_once('=') {
+            Some((key, _)) if key == "password" => "password=***".to_owned(),
+            _ => part.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PipelineConfig {
+        PipelineConfig {
+            name: "main".into(),
+            source_url: "postgres://relay:pw@localhost/app".into(),
+            slot: "outbox_relay".into(),
+            publication: "outbox_pub".into(),
+            table: "public.outbox".parse().unwrap(),
+            columns: OutboxColumns::default(),
+            create_slot: true,
+            kafka: KafkaConfig {
+                bootstrap_servers: "localhost:9092".into(),
+                properties: vec![],
+            },
+            status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
+            max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+        }
+    }
+
+    #[test]
+    fn accepts_defaults() {
+        config().validate().unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: Vec<(&str, Box<dyn Fn(&mut PipelineConfig)>)> = vec![
+            ("slot", Box::new(|c| c.slot = "Bad-Slot".into())),
+            ("slot", Box::new(|c| c.slot = String::new())),
+            ("publication", Box::new(|c| c.publication = String::new())),
+            ("source_url", Box::new(|c| c.source_url = "postgres://u:pw@h:notaport/db".into())),
+            ("kafka.bootstrap_servers", Box::new(|c| c.kafka.bootstrap_servers = " ".into())),
+            (
+                "kafka.properties",
+                Box::new(|c| c.kafka.properties = vec![("enable.idempotence".into(), "false".into())]),
+            ),
+            ("kafka.properties", Box::new(|c| c.kafka.properties = vec![("acks".into(), "1".into())])),
+            ("max_in_flight_events", Box::new(|c| c.max_in_flight_events = 0)),
+        ];
+        for (field, mutate) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            let err = c.validate().unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+            assert!(!err.to_string().contains("pw@"), "password leaked: {err}");
+        }
+    }
+
+    #[test]
+    fn parses_table_names() {
+        assert_eq!(
+            "outbox".parse::<TableName>().unwrap(),
+            TableName { schema: "public".into(), name: "outbox".into() }
+        );
+        assert_eq!("app.events".parse::<TableName>().unwrap().to_string(), "app.events");
+        assert!("a.b.c".parse::<TableName>().is_err());
+        assert!(".x".parse::<TableName>().is_err());
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("host=h password=secret user=u"), "host=h password=*** user=u");
+        assert!(!format!("{:?}", config()).contains(":pw@"));
+    }
+}

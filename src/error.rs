@@ -1,0 +1,48 @@
+//! The top-level error: one variant per layer, each knowing whether a retry may help.
+
+use crate::config::ConfigError;
+use crate::router::RouteError;
+use crate::sink::kafka::ProducerError;
+use crate::sink::DeliveryError;
+use crate::source::outbox::OutboxError;
+use crate::source::SourceError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    #[error(transparent)]
+    Delivery(#[from] DeliveryError),
+    #[error(transparent)]
+    Producer(#[from] ProducerError),
+}
+
+impl Error {
+    /// Whether restarting the pipeline session (reconnect, new producer, resume from the slot)
+    /// may succeed. Permanent errors stop the pipeline without confirming past the failing event.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Source(e) => e.is_transient(),
+            Error::Delivery(e) => e.retryable,
+            Error::Config(_) | Error::Outbox(_) | Error::Route(_) | Error::Producer(_) => false,
+        }
+    }
+}
+
+/// Formats an error with its chain of causes: `outer: inner: root`.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,0 +1,84 @@
+//! outbox-relay: publishes transactional outbox rows from PostgreSQL to Kafka by tailing the
+//! write-ahead log through a logical replication slot (pgoutput).
+//!
+//! ```text
+//! PostgreSQL walsender
+//!   │  CopyBoth: START_REPLICATION SLOT s LOGICAL 0/0 (proto_version '1', publication_names 'p', messages 'true')
+//!   ▼
+//! source::replication   connection, auth, keepalives, standby status updates
+//!   ▼ XLogData bytes
+//! source::pgoutput      sans-IO decoder: bytes -> Begin/Commit/Relation/Insert/...
+//!   ▼
+//! source::outbox        relation cache; Insert on the outbox table -> OutboxEvent
+//!   ▼
+//! router                topic <aggregate_type>.events, key, value, headers
+//!   ▼
+//! sink::kafka           rdkafka idempotent producer; delivery reports
+//!   ▼
+//! checkpoint            AckTracker: transactions in commit order -> flush LSN
+//!   └──────────────────► back to source::replication as the flush/apply LSN
+//! ```
+//!
+//! The flush LSN sent to PostgreSQL never passes the commit of a transaction with an event
+//! Kafka has not acknowledged, so a crash or broker failure at any point loses nothing; the
+//! price is that events after the last confirmed LSN may be published again.
+//!
+//! # Layout
+//! - [`config`]: typed, validated pipeline configuration.
+//! - [`source`]: replication connection, pgoutput decoder, outbox mapping, slot checks.
+//! - [`router`]: events to Kafka records.
+//! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
+//! - [`checkpoint`]: the ack tracker that yields the flush LSN.
+//! - [`pipeline`]: one source database end to end, with reconnects.
+//! - [`metrics`], [`shutdown`], [`error`], [`lsn`].
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod lsn;
+pub mod metrics;
+pub mod pipeline;
+pub mod router;
+pub mod shutdown;
+pub mod sink;
+pub mod source;
+
+use std::future::Future;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use config::PipelineConfig;
+pub use error::Error;
+pub use metrics::Metrics;
+
+/// Runs every pipeline until `shutdown` completes, then drains them (in-flight deliveries up
+/// to each pipeline's `shutdown_timeout_secs`, final status update) and returns.
+///
+/// A pipeline stopped by a permanent error does not stop the others; `run` returns the first
+/// such error once all pipelines have ended.
+pub async fn run(pipelines: Vec<PipelineConfig>, metrics: Metrics, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    for pipeline in &pipelines {
+        pipeline.validate()?;
+    }
+    let token = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    for pipeline in pipelines {
+        let metrics = metrics.pipeline(&pipeline.name);
+        tasks.spawn(pipeline::run(pipeline, metrics, token.clone()));
+    }
+    let mut first_error = None;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown, if !token.is_cancelled() => token.cancel(),
+            joined = tasks.join_next() => match joined {
+                None => break,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => { first_error.get_or_insert(e); }
+                Some(Err(join_error)) => std::panic::resume_unwind(join_error.into_panic()),
+            },
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}

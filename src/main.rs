@@ -1,0 +1,134 @@
+//! The `outbox-relay` binary: parses the CLI, sets up logging and runs the library.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use outbox_relay::config::{self, KafkaConfig, OutboxColumns, PipelineConfig, TableName};
+use outbox_relay::error::chain;
+use outbox_relay::Metrics;
+use tracing_subscriber::EnvFilter;
+
+/// Relays transactional outbox rows from PostgreSQL (logical replication, pgoutput) to Kafka.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_RELAY_LOG_FORMAT", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Streams the outbox table's inserts to Kafka until SIGINT or SIGTERM.
+    ///
+    /// Example:
+    ///   outbox-relay run --source-url postgres://relay:secret@localhost/app \
+    ///     --slot outbox_relay --publication outbox_pub --table public.outbox \
+    ///     --bootstrap-servers localhost:9092
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// libpq URL or key=value string of the source database; the role needs REPLICATION.
+    #[arg(long, env = "OUTBOX_RELAY_SOURCE_URL", hide_env_values = true)]
+    source_url: String,
+    /// Logical replication slot (pgoutput); created if missing unless --no-create-slot.
+    #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
+    slot: String,
+    /// Publication that includes the outbox table.
+    #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_pub")]
+    publication: String,
+    /// The outbox table, schema.table.
+    #[arg(long, env = "OUTBOX_RELAY_TABLE", default_value = "public.outbox")]
+    table: TableName,
+    /// Kafka bootstrap servers, host:port[,host:port].
+    #[arg(long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS")]
+    bootstrap_servers: String,
+    /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
+    #[arg(long = "kafka-property", value_parser = parse_property)]
+    kafka_properties: Vec<(String, String)>,
+    /// Pipeline name in logs and metrics.
+    #[arg(long, env = "OUTBOX_RELAY_PIPELINE", default_value = "default")]
+    pipeline_name: String,
+    /// Fail instead of creating the slot when it does not exist.
+    #[arg(long)]
+    no_create_slot: bool,
+    /// Standby status update interval, ms.
+    #[arg(long, default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
+    status_interval_ms: u64,
+    /// Records sent to Kafka and not yet acknowledged before WAL reading pauses.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
+    max_in_flight_events: usize,
+    /// Bytes (key + value + headers) in flight before WAL reading pauses.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    max_in_flight_bytes: usize,
+    /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
+    #[arg(long, default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
+    shutdown_timeout_secs: u64,
+}
+
+fn parse_property(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+impl RunArgs {
+    fn into_config(self) -> PipelineConfig {
+        PipelineConfig {
+            name: self.pipeline_name,
+            source_url: self.source_url,
+            slot: self.slot,
+            publication: self.publication,
+            table: self.table,
+            columns: OutboxColumns::default(),
+            create_slot: !self.no_create_slot,
+            kafka: KafkaConfig {
+                bootstrap_servers: self.bootstrap_servers,
+                properties: self.kafka_properties,
+            },
+            status_interval_ms: self.status_interval_ms,
+            max_in_flight_events: self.max_in_flight_events,
+            max_in_flight_bytes: self.max_in_flight_bytes,
+            shutdown_timeout_secs: self.shutdown_timeout_secs,
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => subscriber.init(),
+        LogFormat::Json => subscriber.json().init(),
+    }
+    match run(cli.command).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %chain(e.as_ref()), "outbox-relay failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => {
+            let config = args.into_config();
+            config.validate().context("check the flags and OUTBOX_RELAY_* variables")?;
+            tracing::info!(?config, "starting");
+            outbox_relay::run(vec![config], Metrics::new(), outbox_relay::shutdown::signal()).await?;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,128 @@
+//! Prometheus metrics, defined once here. Names follow `outbox_relay_<what>_<unit>[_total]`;
+//! labels are low-cardinality (pipeline, message kind), never event ids.
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// All metrics of the process, registered in one [`Registry`].
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    events_published: IntCounterVec,
+    events_null_key: IntCounterVec,
+    messages_skipped: IntCounterVec,
+    transactions: IntCounterVec,
+    delivery_failures: IntCounterVec,
+    status_updates: IntCounterVec,
+    reconnects: IntCounterVec,
+    confirmed_flush_lsn: IntGaugeVec,
+    in_flight_events: IntGaugeVec,
+    in_flight_bytes: IntGaugeVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), &["pipeline"]).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    metric
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        Metrics {
+            events_published: counter(&r, "outbox_relay_events_published_total", "Events acknowledged by Kafka.", &["pipeline"]),
+            events_null_key: counter(&r, "outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
+            messages_skipped: counter(&r, "outbox_relay_messages_skipped_total", "pgoutput messages passed over: not an insert into the outbox table.", &["pipeline", "kind"]),
+            transactions: counter(&r, "outbox_relay_transactions_total", "Committed transactions received.", &["pipeline"]),
+            delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge.", &["pipeline", "retryable"]),
+            status_updates: counter(&r, "outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
+            reconnects: counter(&r, "outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error.", &["pipeline"]),
+            confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
+            in_flight_events: gauge(&r, "outbox_relay_in_flight_events", "Records sent to Kafka and not yet acknowledged."),
+            in_flight_bytes: gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records."),
+            registry: r,
+        }
+    }
+
+    /// Handles labelled for one pipeline.
+    pub fn pipeline(&self, pipeline: &str) -> PipelineMetrics {
+        PipelineMetrics {
+            events_published: self.events_published.with_label_values(&[pipeline]),
+            events_null_key: self.events_null_key.with_label_values(&[pipeline]),
+            messages_skipped: self.messages_skipped.clone(),
+            transactions: self.transactions.with_label_values(&[pipeline]),
+            delivery_failures: self.delivery_failures.clone(),
+            status_updates: self.status_updates.with_label_values(&[pipeline]),
+            reconnects: self.reconnects.with_label_values(&[pipeline]),
+            confirmed_flush_lsn: self.confirmed_flush_lsn.with_label_values(&[pipeline]),
+            in_flight_events: self.in_flight_events.with_label_values(&[pipeline]),
+            in_flight_bytes: self.in_flight_bytes.with_label_values(&[pipeline]),
+            pipeline: pipeline.to_owned(),
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding cannot fail");
+        String::from_utf8(out).expect("prometheus text is UTF-8")
+    }
+}
+
+/// One pipeline's metric handles.
+#[derive(Clone)]
+pub struct PipelineMetrics {
+    pipeline: String,
+    pub events_published: IntCounter,
+    pub events_null_key: IntCounter,
+    messages_skipped: IntCounterVec,
+    pub transactions: IntCounter,
+    delivery_failures: IntCounterVec,
+    pub status_updates: IntCounter,
+    pub reconnects: IntCounter,
+    pub confirmed_flush_lsn: IntGauge,
+    pub in_flight_events: IntGauge,
+    pub in_flight_bytes: IntGauge,
+}
+
+impl PipelineMetrics {
+    /// Counts a pgoutput message of `kind` that is not an outbox insert.
+    pub fn skipped(&self, kind: &str) {
+        self.messages_skipped.with_label_values(&[&self.pipeline, kind]).inc();
+    }
+
+    pub fn delivery_failed(&self, retryable: bool) {
+        let label = if retryable { "true" } else { "false" };
+        self.delivery_failures.with_label_values(&[&self.pipeline, label]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_labelled_metrics() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        p.events_published.inc_by(3);
+        p.skipped("update");
+        let text = metrics.render();
+        assert!(text.contains("outbox_relay_events_published_total{pipeline=\"orders\"} 3"), "{text}");
+        assert!(text.contains("outbox_relay_messages_skipped_total{kind=\"update\",pipeline=\"orders\"} 1"), "{text}");
+    }
+}

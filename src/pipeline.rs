@@ -1,0 +1,330 @@
+//! One pipeline: a source database's slot streamed into Kafka, the flush LSN gated on acks.
+//!
+//! A *session* is one replication connection plus one producer. Any transient failure (the
+//! connection drops, the walsender restarts, Kafka gives up on a record) ends the session:
+//! the producer is dropped, and a new session resumes from the slot's `confirmed_flush_lsn`
+//! after an exponential backoff with jitter. Since the relay confirms only what Kafka
+//! acknowledged (see [`crate::checkpoint`]), everything after that LSN is published again:
+//! duplicates are possible after a failure, loss is not (DESIGN.md I1, I4, I6).
+
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
+use tokio_postgres::NoTls;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::checkpoint::AckTracker;
+use crate::config::PipelineConfig;
+use crate::error::{chain, Error};
+use crate::lsn::Lsn;
+use crate::metrics::PipelineMetrics;
+use crate::router::Router;
+use crate::sink::kafka::KafkaSink;
+use crate::sink::{Delivery, Sink};
+use crate::source::outbox::OutboxDecoder;
+use crate::source::pgoutput::{self, LogicalReplicationMessage};
+use crate::source::replication::{
+    ReplicationClient, ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS,
+};
+use crate::source::{slot, SourceError};
+
+/// Minimum gap between status updates sent because the flush LSN moved; the timer sends
+/// one every `status_interval_ms` regardless.
+const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
+/// A silent walsender is not a dead one (it can decode a huge transaction for minutes before
+/// sending it); give up on the connection only after this long with no message at all, and
+/// never sooner than ten `wal_sender_timeout`s.
+const MIN_RECEIVE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long to wait for the walsender to acknowledge the end of streaming.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
+///
+/// Transient errors restart the session with backoff; each restart is logged with its reason
+/// and counted in `outbox_relay_reconnects_total`.
+pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: CancellationToken) -> Result<(), Error> {
+    config.validate()?;
+    let backoff = || {
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(Duration::from_secs(30))
+            .with_jitter()
+            .without_max_times()
+            .build()
+    };
+    let mut delays = backoff();
+    loop {
+        let mut streamed = false;
+        match run_session(&config, &metrics, &shutdown, &mut streamed).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                if streamed {
+                    delays = backoff();
+                }
+                let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                warn!(pipeline = %config.name, error = %chain(&e), delay_ms = delay.as_millis() as u64, "pipeline session ended; reconnecting");
+                metrics.reconnects.inc();
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = sleep(delay) => {}
+                }
+            }
+            Err(e) => {
+                error!(pipeline = %config.name, error = %chain(&e), "pipeline stopped by an error that retrying cannot fix");
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// One session: check the slot, connect, stream until shutdown or an error.
+async fn run_session(
+    config: &PipelineConfig,
+    metrics: &PipelineMetrics,
+    shutdown: &CancellationToken,
+    streamed: &mut bool,
+) -> Result<(), Error> {
+    let pg = config.source_config()?;
+    let (client, connection) = pg.connect(NoTls).await.map_err(SourceError::Sql)?;
+    let connection = tokio::spawn(connection);
+    let state = slot::prepare(&client, &config.slot, &config.publication, &config.table, config.create_slot).await;
+    drop(client);
+    let _ = connection.await;
+    let state = state?;
+
+    let mut replication = ReplicationClient::connect(&pg).await?;
+    let identity = replication.identify_system().await?;
+    let stream = replication
+        .start_replication(&config.slot, Lsn::ZERO, &config.publication)
+        .await?;
+    let sink = KafkaSink::new(&config.kafka, &format!("outbox-relay-{}", config.name), config.max_in_flight_events)?;
+    info!(
+        pipeline = %config.name,
+        slot = %config.slot,
+        confirmed_flush_lsn = %state.confirmed_flush_lsn,
+        server_lsn = %identity.xlogpos,
+        timeline = identity.timeline,
+        "streaming"
+    );
+    *streamed = true;
+
+    // Status updates at most every min(status interval, wal_sender_timeout / 2).
+    let mut status_interval = config.status_interval();
+    if !state.wal_sender_timeout.is_zero() {
+        status_interval = status_interval.min(state.wal_sender_timeout / 2);
+    }
+    let receive_timeout = (!state.wal_sender_timeout.is_zero())
+        .then(|| MIN_RECEIVE_TIMEOUT.max(state.wal_sender_timeout * 10));
+
+    let session = Session {
+        config,
+        metrics,
+        stream,
+        sink,
+        tracker: AckTracker::new(state.confirmed_flush_lsn),
+        decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone()),
+        router: Router,
+        commit_time_ms: None,
+        last_received: state.confirmed_flush_lsn,
+        sent_flush: Lsn::ZERO,
+        last_status: Instant::now(),
+    };
+    metrics.confirmed_flush_lsn.set(lsn_gauge(state.confirmed_flush_lsn));
+    session.stream_until_shutdown(shutdown, status_interval, receive_timeout).await
+}
+
+struct Session<'a> {
+    config: &'a PipelineConfig,
+    metrics: &'a PipelineMetrics,
+    stream: ReplicationStream,
+    sink: KafkaSink,
+    tracker: AckTracker,
+    decoder: OutboxDecoder,
+    router: Router,
+    /// Commit time of the open transaction (Unix ms), from its Begin message.
+    commit_time_ms: Option<i64>,
+    /// Highest LSN received (the status update's write position).
+    last_received: Lsn,
+    /// Flush LSN of the last status update sent.
+    sent_flush: Lsn,
+    last_status: Instant,
+}
+
+impl Session<'_> {
+    async fn stream_until_shutdown(
+        mut self,
+        shutdown: &CancellationToken,
+        status_interval: Duration,
+        receive_timeout: Option<Duration>,
+    ) -> Result<(), Error> {
+        let mut status_timer = interval(status_interval);
+        status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+        let mut last_wal_wait = Instant::now();
+
+        loop {
+            let in_flight = self.sink.in_flight();
+            let has_capacity = in_flight.events < self.config.max_in_flight_events
+                && in_flight.bytes < self.config.max_in_flight_bytes;
+            // While draining, finish the open transaction (so its events are confirmed and
+            // not published again after restart) but start no new one.
+            let draining = drain_deadline.is_some();
+            let read_wal = has_capacity && (!draining || self.tracker.in_transaction());
+            if draining && !self.tracker.in_transaction() && in_flight.events == 0 {
+                break;
+            }
+            if !read_wal {
+                last_wal_wait = Instant::now();
+            }
+
+            tokio::select! {
+                biased;
+                // 1. Shutdown: stop taking new transactions, drain what is in flight.
+                _ = shutdown.cancelled(), if !draining => {
+                    info!(pipeline = %self.config.name, in_flight = in_flight.events, "draining before shutdown");
+                    drain_deadline = Some(tokio::time::Instant::now() + self.config.shutdown_timeout());
+                }
+                _ = sleep_until(drain_deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
+                    warn!(
+                        pipeline = %self.config.name,
+                        in_flight = in_flight.events,
+                        in_transaction = self.tracker.in_transaction(),
+                        "shutdown timeout reached; events after the confirmed LSN will be published again on restart"
+                    );
+                    break;
+                }
+                // 2. Delivery outcomes: free capacity, move the flush LSN.
+                Some(delivery) = self.sink.next_delivery(), if in_flight.events > 0 => {
+                    self.on_delivery(delivery)?;
+                }
+                // 3. Status updates on a timer, also while WAL is not being read.
+                _ = status_timer.tick() => {
+                    if let Some(timeout) = receive_timeout {
+                        if last_wal_wait.elapsed() > timeout {
+                            return Err(SourceError::ReceiveTimeout(timeout).into());
+                        }
+                    }
+                    self.send_status().await?;
+                }
+                // 4. New WAL, only while there is room in flight.
+                message = self.stream.recv(), if read_wal => {
+                    last_wal_wait = Instant::now();
+                    match message? {
+                        Some(message) => self.on_message(message).await?,
+                        None => return Err(SourceError::Closed.into()),
+                    }
+                }
+            }
+
+            if self.tracker.flush_lsn() > self.sent_flush && self.last_status.elapsed() >= MIN_STATUS_GAP {
+                self.send_status().await?;
+            }
+        }
+
+        self.send_status().await?;
+        let flush = self.tracker.flush_lsn();
+        if let Err(e) = self.stream.stop(STOP_TIMEOUT).await {
+            warn!(pipeline = %self.config.name, error = %chain(&e), "walsender did not end the stream cleanly");
+        }
+        info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
+        Ok(())
+    }
+
+    async fn on_message(&mut self, message: ReplicationMessage) -> Result<(), Error> {
+        match message {
+            ReplicationMessage::XLogData { wal_start, data, .. } => {
+                self.last_received = self.last_received.max(wal_start);
+                let message = pgoutput::decode(data).map_err(|source| SourceError::Decode { lsn: wal_start, source })?;
+                self.on_pgoutput(message, wal_start).await
+            }
+            ReplicationMessage::PrimaryKeepalive { wal_end, reply_requested, .. } => {
+                self.last_received = self.last_received.max(wal_end);
+                self.tracker.idle(wal_end);
+                if reply_requested {
+                    self.send_status().await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    async fn on_pgoutput(&mut self, message: LogicalReplicationMessage, lsn: Lsn) -> Result<(), Error> {
+        let tracker_error = |source| SourceError::Tracker { lsn, source };
+        match message {
+            LogicalReplicationMessage::Begin(begin) => {
+                self.tracker.begin().map_err(tracker_error)?;
+                self.commit_time_ms = Some(begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000);
+            }
+            LogicalReplicationMessage::Commit(commit) => {
+                self.tracker.commit(commit.end_lsn).map_err(tracker_error)?;
+                self.commit_time_ms = None;
+                self.metrics.transactions.inc();
+            }
+            LogicalReplicationMessage::Relation(relation) => {
+                debug!(pipeline = %self.config.name, rel_id = relation.rel_id, table = %format_args!("{}.{}", relation.namespace, relation.name), "relation");
+                self.decoder.on_relation(&relation);
+            }
+            LogicalReplicationMessage::Insert(insert) => {
+                let Some(event) = self.decoder.on_insert(&insert, lsn)? else {
+                    self.metrics.skipped("insert");
+                    return Ok(());
+                };
+                let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
+                    SourceError::Protocol(format!("insert at LSN {lsn} outside a transaction"))
+                })?;
+                if event.aggregate_id.is_none() {
+                    self.metrics.events_null_key.inc();
+                }
+                let record = self.router.route(event, commit_time_ms)?;
+                let token = self.tracker.track_event().map_err(tracker_error)?;
+                self.sink.send(record, token).await?;
+                self.update_in_flight_gauges();
+            }
+            other => self.metrics.skipped(other.kind()),
+        }
+        Ok(())
+    }
+
+    fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {
+        self.update_in_flight_gauges();
+        match delivery.result {
+            Ok(()) => {
+                self.tracker
+                    .ack(delivery.token)
+                    .map_err(|source| SourceError::Tracker { lsn: self.last_received, source })?;
+                self.metrics.events_published.inc();
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.delivery_failed(e.retryable);
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn send_status(&mut self) -> Result<(), Error> {
+        let flush = self.tracker.flush_lsn();
+        let write = self.last_received.max(flush);
+        self.stream.send_status(write, flush).await?;
+        if flush != self.sent_flush {
+            debug!(pipeline = %self.config.name, flush_lsn = %flush, "confirmed");
+        }
+        self.sent_flush = flush;
+        self.last_status = Instant::now();
+        self.metrics.status_updates.inc();
+        self.metrics.confirmed_flush_lsn.set(lsn_gauge(flush));
+        Ok(())
+    }
+
+    fn update_in_flight_gauges(&self) {
+        let in_flight = self.sink.in_flight();
+        self.metrics.in_flight_events.set(in_flight.events as i64);
+        self.metrics.in_flight_bytes.set(in_flight.bytes as i64);
+    }
+}
+
+fn lsn_gauge(lsn: Lsn) -> i64 {
+    i64::try_from(lsn.0).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,193 @@
+//! The Kafka sink: an rdkafka idempotent producer with one delivery future per record.
+//!
+//! `enable.idempotence=true` with `acks=all` keeps each partition's records in send order
+//! without duplicates across librdkafka's internal retries; the partition is chosen from the
+//! key (the aggregate id), so one aggregate's events stay in commit order.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::Message;
+
+use super::{Delivery, DeliveryError, InFlight, Record, Sink};
+use crate::checkpoint::EventToken;
+use crate::config::KafkaConfig;
+
+/// Kafka client setup failed (bad property, unknown security protocol, ...).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create the Kafka producer")]
+pub struct ProducerError(#[source] pub KafkaError);
+
+/// An rdkafka [`FutureProducer`] as a [`Sink`].
+pub struct KafkaSink {
+    producer: FutureProducer,
+    pending: FuturesUnordered<PendingDelivery>,
+    /// Outcomes taken while waiting for queue space, not yet handed out.
+    ready: Vec<Delivery>,
+    in_flight: InFlight,
+}
+
+impl KafkaSink {
+    /// Creates the idempotent producer for `config`, with `queue_messages` as librdkafka's
+    /// local queue limit (at least the pipeline's in-flight limit, so the relay's own limit
+    /// is what applies).
+    ///
+    /// Returns an error if librdkafka rejects the configuration. Does not contact the broker.
+    pub fn new(config: &KafkaConfig, client_id: &str, queue_messages: usize) -> Result<Self, ProducerError> {
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", &config.bootstrap_servers)
+            .set("client.id", client_id)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("queue.buffering.max.messages", queue_messages.max(100_000).to_string());
+        for (key, value) in &config.properties {
+            client.set(key, value);
+        }
+        Ok(KafkaSink {
+            producer: client.create().map_err(ProducerError)?,
+            pending: FuturesUnordered::new(),
+            ready: Vec::new(),
+            in_flight: InFlight::default(),
+        })
+    }
+
+    /// Waits up to `timeout` for librdkafka to send what it has queued.
+    pub fn flush(&self, timeout: Duration) {
+        let _ = self.producer.flush(timeout);
+    }
+}
+
+impl Sink for KafkaSink {
+    async fn send(&mut self, record: Record, token: EventToken) -> Result<(), DeliveryError> {
+        let size = record.size();
+        let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+        for (key, value) in &record.headers {
+            headers = headers.insert(Header { key, value: Some(value.as_ref()) });
+        }
+        loop {
+            let mut future_record: FutureRecord<'_, [u8], [u8]> =
+                FutureRecord::to(&record.topic).headers(headers.clone());
+            if let Some(key) = &record.key {
+                future_record = future_record.key(key.as_ref());
+            }
+            if let Some(value) = &record.value {
+                future_record = future_record.payload(value.as_ref());
+            }
+            if let Some(timestamp) = record.timestamp_ms {
+                future_record = future_record.timestamp(timestamp);
+            }
+            match self.producer.send_result(future_record) {
+                Ok(future) => {
+                    self.pending.push(PendingDelivery { future, token, size });
+                    self.in_flight.events += 1;
+                    self.in_flight.bytes += size;
+                    return Ok(());
+                }
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    // librdkafka's queue is full: wait for one outcome, keep it, try again.
+                    match self.pending.next().await {
+                        Some(outcome) => {
+                            let delivery = self.finish(outcome);
+                            self.ready.push(delivery);
+                        }
+                        None => tokio::time::sleep(Duration::from_millis(10)).await,
+                    }
+                }
+                Err((error, _)) => {
+                    return Err(DeliveryError {
+                        event_id: record.event_id(),
+                        topic: record.topic.clone(),
+                        retryable: is_retryable(&error),
+                        reason: format!("{error} (record size {size} bytes)"),
+                    })
+                }
+            }
+        }
+    }
+
+    async fn next_delivery(&mut self) -> Option<Delivery> {
+        if let Some(delivery) = self.ready.pop() {
+            return Some(delivery);
+        }
+        let outcome = self.pending.next().await?;
+        Some(self.finish(outcome))
+    }
+
+    fn in_flight(&self) -> InFlight {
+        self.in_flight
+    }
+}
+
+impl KafkaSink {
+    fn finish(&mut self, (token, size, outcome): (EventToken, usize, DeliveryOutcome)) -> Delivery {
+        self.in_flight.events -= 1;
+        self.in_flight.bytes -= size;
+        let result = match outcome {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((error, message))) => Err(DeliveryError {
+                event_id: message
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default(),
+                topic: message.topic().to_owned(),
+                retryable: is_retryable(&error),
+                reason: format!("{error} (record size {size} bytes)"),
+            }),
+            Err(_canceled) => Err(DeliveryError {
+                event_id: String::new(),
+                topic: String::new(),
+                retryable: true,
+                reason: "the producer was dropped before the delivery report".into(),
+            }),
+        };
+        Delivery { token, result }
+    }
+}
+
+type DeliveryOutcome = Result<OwnedDeliveryResult, futures::channel::oneshot::Canceled>;
+
+/// A delivery future tagged with the record's token and size.
+struct PendingDelivery {
+    future: DeliveryFuture,
+    token: EventToken,
+    size: usize,
+}
+
+impl Future for PendingDelivery {
+    type Output = (EventToken, usize, DeliveryOutcome);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let (token, size) = (self.token, self.size);
+        Pin::new(&mut self.future).poll(cx).map(|outcome| (token, size, outcome))
+    }
+}
+
+/// Errors that publishing the same record again cannot fix.
+fn is_retryable(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode::*;
+    !matches!(
+        error.rdkafka_error_code(),
+        Some(
+            MessageSizeTooLarge
+                | InvalidMessageSize
+                | InvalidMessage
+                | InvalidTopic
+                | UnknownTopic
+                | TopicAuthorizationFailed
+                | ClusterAuthorizationFailed
+                | InvalidRecord
+                | InvalidArgument
+        )
+    )
+}

@@ -1,0 +1,87 @@
+//! Where records go: the [`Sink`] trait and its Kafka implementation.
+//!
+//! A sink separates accepting a record ([`Sink::send`], which may wait for capacity) from its
+//! delivery outcome ([`Sink::next_delivery`]): the pipeline confirms an LSN only from
+//! outcomes, never from acceptance.
+
+pub mod kafka;
+
+use std::future::Future;
+
+use bytes::Bytes;
+
+use crate::checkpoint::EventToken;
+
+/// A message for the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub topic: String,
+    /// `None`: a null key.
+    pub key: Option<Bytes>,
+    /// `None`: a tombstone.
+    pub value: Option<Bytes>,
+    pub headers: Vec<(&'static str, Bytes)>,
+    /// Unix epoch, ms.
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Record {
+    /// Bytes of key, value and headers: what the in-flight byte limit counts.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Bytes::len)
+            + self.value.as_ref().map_or(0, Bytes::len)
+            + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+    }
+
+    /// The `id` header, for error messages.
+    pub fn event_id(&self) -> String {
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == "id")
+            .map_or_else(String::new, |(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// Why a record was not delivered.
+#[derive(Debug, thiserror::Error)]
+#[error("delivery of event {event_id} to topic {topic:?} failed: {reason}")]
+pub struct DeliveryError {
+    pub event_id: String,
+    pub topic: String,
+    pub reason: String,
+    /// Whether publishing again may succeed (broker down, timeout) or not (record too large,
+    /// invalid topic, not authorized).
+    pub retryable: bool,
+}
+
+/// The outcome of one record.
+#[derive(Debug)]
+pub struct Delivery {
+    pub token: EventToken,
+    pub result: Result<(), DeliveryError>,
+}
+
+/// Records and bytes accepted but without an outcome yet.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    pub events: usize,
+    pub bytes: usize,
+}
+
+/// A destination for records with per-record delivery outcomes.
+pub trait Sink: Send {
+    /// Accepts `record` for delivery; its outcome later comes from [`Sink::next_delivery`]
+    /// with `token`. Waits while the client's own queue is full.
+    ///
+    /// Returns an error if the record is refused outright (e.g. larger than the client's
+    /// limit). Not cancel-safe.
+    fn send(&mut self, record: Record, token: EventToken) -> impl Future<Output = Result<(), DeliveryError>> + Send;
+
+    /// The next delivery outcome, in no particular order; `None` when nothing is in flight.
+    ///
+    /// Cancel-safe.
+    fn next_delivery(&mut self) -> impl Future<Output = Option<Delivery>> + Send;
+
+    /// What was accepted and has no outcome yet.
+    fn in_flight(&self) -> InFlight;
+}

@@ -1,0 +1,1225 @@
+//! Decodes pgoutput logical replication messages, protocol version 1.
+//!
+//! The wire format is the one in the PostgreSQL docs, 55.9 Logical Replication Message Formats
+//! (PostgreSQL 15), for protocol version 1: no streaming (`S`, `E`, `c`, `A`) or two-phase
+//! messages, and no xid in Insert, Update, Delete, Truncate or Message.
+//!
+//! The decoder is sans-IO: [`decode`] takes the bytes of one message (what the walsender puts
+//! inside an XLogData frame, starting at the tag byte) and never panics, whatever those bytes
+//! are. Every length and count is checked against the bytes that remain before it is used.
+//!
+//! Column values and logical message contents are zero-copy slices of the input, exactly as
+//! PostgreSQL sent them: text values stay in the text form PostgreSQL printed them (jsonb as
+//! jsonb_out wrote it, for instance). The relay relies on this to publish byte-exact payloads.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::lsn::Lsn;
+
+const BEGIN_TAG: u8 = b'B';
+const COMMIT_TAG: u8 = b'C';
+const ORIGIN_TAG: u8 = b'O';
+const RELATION_TAG: u8 = b'R';
+const TYPE_TAG: u8 = b'Y';
+const INSERT_TAG: u8 = b'I';
+const UPDATE_TAG: u8 = b'U';
+const DELETE_TAG: u8 = b'D';
+const TRUNCATE_TAG: u8 = b'T';
+const MESSAGE_TAG: u8 = b'M';
+
+const NEW_TUPLE_TAG: u8 = b'N';
+const KEY_TUPLE_TAG: u8 = b'K';
+const OLD_TUPLE_TAG: u8 = b'O';
+
+const NULL_VALUE_TAG: u8 = b'n';
+const UNCHANGED_TOAST_VALUE_TAG: u8 = b'u';
+const TEXT_VALUE_TAG: u8 = b't';
+const BINARY_VALUE_TAG: u8 = b'b';
+
+/// Smallest encoding of one Relation column: flags, an empty name, type oid and modifier.
+const MIN_RELATION_COLUMN_LEN: usize = 1 + 1 + 4 + 4;
+
+/// One decoded pgoutput message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogicalReplicationMessage {
+    Begin(BeginBody),
+    Commit(CommitBody),
+    Origin(OriginBody),
+    Relation(RelationBody),
+    Type(TypeBody),
+    Insert(InsertBody),
+    Update(UpdateBody),
+    Delete(DeleteBody),
+    Truncate(TruncateBody),
+    Message(MessageBody),
+}
+
+impl LogicalReplicationMessage {
+    /// The message kind in lowercase (`"begin"`, `"insert"`, ...), for low-cardinality labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Begin(_) => "begin",
+            Self::Commit(_) => "commit",
+            Self::Origin(_) => "origin",
+            Self::Relation(_) => "relation",
+            Self::Type(_) => "type",
+            Self::Insert(_) => "insert",
+            Self::Update(_) => "update",
+            Self::Delete(_) => "delete",
+            Self::Truncate(_) => "truncate",
+            Self::Message(_) => "message",
+        }
+    }
+}
+
+/// `B`: the start of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginBody {
+    /// The LSN of the transaction's commit record.
+    pub final_lsn: Lsn,
+    /// Commit time in microseconds since 2000-01-01 00:00:00 UTC, as on the wire.
+    pub timestamp_us: i64,
+    pub xid: u32,
+}
+
+/// `C`: the end of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitBody {
+    /// Currently unused by PostgreSQL (always 0).
+    pub flags: u8,
+    /// The LSN of the commit record.
+    pub commit_lsn: Lsn,
+    /// The LSN just past the commit record: the position to confirm once the transaction is done.
+    pub end_lsn: Lsn,
+    /// Commit time in microseconds since 2000-01-01 00:00:00 UTC, as on the wire.
+    pub timestamp_us: i64,
+}
+
+/// `O`: the transaction was replayed under a replication origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OriginBody {
+    /// The commit LSN on the origin server.
+    pub commit_lsn: Lsn,
+    pub name: String,
+}
+
+/// `R`: the schema of a relation, sent before its first change in a session and after DDL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationBody {
+    pub rel_id: u32,
+    /// Empty for `pg_catalog`.
+    pub namespace: String,
+    pub name: String,
+    /// `d` default, `n` nothing, `f` full, `i` index (`relreplident`).
+    pub replica_identity: u8,
+    pub columns: Vec<RelationColumn>,
+}
+
+/// One column of a [`RelationBody`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationColumn {
+    /// 1 = part of the key (replica identity).
+    pub flags: u8,
+    pub name: String,
+    pub type_oid: u32,
+    pub type_modifier: i32,
+}
+
+/// `Y`: a non-built-in type used by a following Relation.
+///
+/// PostgreSQL sends the column's type oid (a domain's own oid) but the namespace and name of its
+/// base type; the namespace is empty for `pg_catalog`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeBody {
+    pub type_oid: u32,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// `I`: an inserted row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InsertBody {
+    pub rel_id: u32,
+    pub new_tuple: TupleData,
+}
+
+/// `U`: an updated row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateBody {
+    pub rel_id: u32,
+    /// `K`: the old key, when the update changed it (replica identity default or index).
+    pub key_tuple: Option<TupleData>,
+    /// `O`: the whole old row (replica identity full).
+    pub old_tuple: Option<TupleData>,
+    pub new_tuple: TupleData,
+}
+
+/// `D`: a deleted row; exactly one of `key_tuple` and `old_tuple` is `Some`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteBody {
+    pub rel_id: u32,
+    /// `K`: the key of the deleted row; non-key columns are null.
+    pub key_tuple: Option<TupleData>,
+    /// `O`: the whole deleted row (replica identity full).
+    pub old_tuple: Option<TupleData>,
+}
+
+/// `T`: truncated relations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncateBody {
+    /// Bit 1 = `CASCADE`, bit 2 = `RESTART IDENTITY`.
+    pub options: u8,
+    pub rel_ids: Vec<u32>,
+}
+
+/// `M`: a logical decoding message (`pg_logical_emit_message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageBody {
+    /// Flags bit 1: the message was emitted inside a transaction (between Begin and Commit).
+    pub transactional: bool,
+    pub lsn: Lsn,
+    pub prefix: String,
+    pub content: Bytes,
+}
+
+/// The columns of one row, in the Relation's column order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TupleData {
+    pub columns: Vec<TupleValue>,
+}
+
+/// One column value of a [`TupleData`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TupleValue {
+    /// `n`: SQL NULL.
+    Null,
+    /// `u`: an unchanged TOASTed value that PostgreSQL did not send.
+    UnchangedToast,
+    /// `t`: the value in PostgreSQL's text output form.
+    Text(Bytes),
+    /// `b`: the value in PostgreSQL's binary send form.
+    Binary(Bytes),
+}
+
+/// A message could not be decoded; `offset` is the byte offset into it (0 = the tag).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{kind} at offset {offset}")]
+pub struct DecodeError {
+    pub offset: usize,
+    pub kind: DecodeErrorKind,
+}
+
+/// What was wrong with a message.
+#[derive(Debug, Clone, Copy, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeErrorKind {
+    #[error("empty message")]
+    Empty,
+    #[error("unknown message tag {}", ByteChar(*.0))]
+    UnknownTag(u8),
+    #[error("truncated message: needed {needed} bytes, {available} available")]
+    Truncated { needed: usize, available: usize },
+    #[error("negative length {0}")]
+    NegativeLength(i32),
+    #[error("unknown tuple value kind {}", ByteChar(*.0))]
+    UnknownTupleKind(u8),
+    #[error("unexpected tuple marker {}, expected {expected}", ByteChar(*.found))]
+    UnexpectedTupleMarker { expected: &'static str, found: u8 },
+    #[error("unterminated string")]
+    UnterminatedString,
+    #[error("invalid utf-8 in string")]
+    InvalidUtf8,
+    #[error("{0} trailing bytes after the message")]
+    TrailingBytes(usize),
+}
+
+/// Prints a wire byte as `'X' (0x58)`, or `0x00` when it is not printable ASCII.
+struct ByteChar(u8);
+
+impl fmt::Display for ByteChar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_ascii_graphic() {
+            write!(f, "'{}' (0x{:02x})", char::from(self.0), self.0)
+        } else {
+            write!(f, "0x{:02x}", self.0)
+        }
+    }
+}
+
+/// Decodes one pgoutput (protocol version 1) message, starting at its tag byte.
+///
+/// Column values and message content are slices of `buf`.
+///
+/// # Errors
+///
+/// Returns an error if `buf` is empty, starts with a tag that protocol version 1 does not define
+/// (streaming and two-phase tags included), ends before a field or a value its lengths claim,
+/// holds a negative length or count, an unknown tuple value kind or an unexpected tuple marker,
+/// a string without its NUL terminator or that is not UTF-8, or has bytes left over after the
+/// message.
+pub fn decode(buf: Bytes) -> Result<LogicalReplicationMessage, DecodeError> {
+    let mut r = Reader { buf, pos: 0 };
+    if r.remaining() == 0 {
+        return Err(r.err(DecodeErrorKind::Empty));
+    }
+    let message = match r.u8()? {
+        BEGIN_TAG => LogicalReplicationMessage::Begin(BeginBody {
+            final_lsn: r.lsn()?,
+            timestamp_us: r.i64()?,
+            xid: r.u32()?,
+        }),
+        COMMIT_TAG => LogicalReplicationMessage::Commit(CommitBody {
+            flags: r.u8()?,
+            commit_lsn: r.lsn()?,
+            end_lsn: r.lsn()?,
+            timestamp_us: r.i64()?,
+        }),
+        ORIGIN_TAG => LogicalReplicationMessage::Origin(OriginBody {
+            commit_lsn: r.lsn()?,
+            name: r.cstr()?,
+        }),
+        RELATION_TAG => LogicalReplicationMessage::Relation(relation(&mut r)?),
+        TYPE_TAG => LogicalReplicationMessage::Type(TypeBody {
+            type_oid: r.u32()?,
+            namespace: r.cstr()?,
+            name: r.cstr()?,
+        }),
+        INSERT_TAG => {
+            let rel_id = r.u32()?;
+            r.marker(&[NEW_TUPLE_TAG], "'N'")?;
+            let new_tuple = r.tuple()?;
+            LogicalReplicationMessage::Insert(InsertBody { rel_id, new_tuple })
+        }
+        UPDATE_TAG => LogicalReplicationMessage::Update(update(&mut r)?),
+        DELETE_TAG => {
+            let rel_id = r.u32()?;
+            let marker = r.marker(&[KEY_TUPLE_TAG, OLD_TUPLE_TAG], "'K' or 'O'")?;
+            let tuple = r.tuple()?;
+            let (key_tuple, old_tuple) = if marker == KEY_TUPLE_TAG {
+                (Some(tuple), None)
+            } else {
+                (None, Some(tuple))
+            };
+            LogicalReplicationMessage::Delete(DeleteBody {
+                rel_id,
+                key_tuple,
+                old_tuple,
+            })
+        }
+        TRUNCATE_TAG => {
+            let count = r.len_i32()?;
+            let options = r.u8()?;
+            let mut rel_ids = Vec::with_capacity(count.min(r.remaining() / 4));
+            for _ in 0..count {
+                rel_ids.push(r.u32()?);
+            }
+            LogicalReplicationMessage::Truncate(TruncateBody { options, rel_ids })
+        }
+        MESSAGE_TAG => {
+            let flags = r.u8()?;
+            let lsn = r.lsn()?;
+            let prefix = r.cstr()?;
+            let len = r.len_i32()?;
+            LogicalReplicationMessage::Message(MessageBody {
+                transactional: flags & 1 != 0,
+                lsn,
+                prefix,
+                content: r.bytes(len)?,
+            })
+        }
+        tag => {
+            return Err(DecodeError {
+                offset: 0,
+                kind: DecodeErrorKind::UnknownTag(tag),
+            })
+        }
+    };
+    match r.remaining() {
+        0 => Ok(message),
+        n => Err(r.err(DecodeErrorKind::TrailingBytes(n))),
+    }
+}
+
+fn relation(r: &mut Reader) -> Result<RelationBody, DecodeError> {
+    let rel_id = r.u32()?;
+    let namespace = r.cstr()?;
+    let name = r.cstr()?;
+    let replica_identity = r.u8()?;
+    let count = r.count_i16()?;
+    let mut columns = Vec::with_capacity(count.min(r.remaining() / MIN_RELATION_COLUMN_LEN));
+    for _ in 0..count {
+        columns.push(RelationColumn {
+            flags: r.u8()?,
+            name: r.cstr()?,
+            type_oid: r.u32()?,
+            type_modifier: r.i32()?,
+        });
+    }
+    Ok(RelationBody {
+        rel_id,
+        namespace,
+        name,
+        replica_identity,
+        columns,
+    })
+}
+
+fn update(r: &mut Reader) -> Result<UpdateBody, DecodeError> {
+    let rel_id = r.u32()?;
+    let mut key_tuple = None;
+    let mut old_tuple = None;
+    let allowed = [KEY_TUPLE_TAG, OLD_TUPLE_TAG, NEW_TUPLE_TAG];
+    match r.marker(&allowed, "'K', 'O' or 'N'")? {
+        KEY_TUPLE_TAG => key_tuple = Some(r.tuple()?),
+        OLD_TUPLE_TAG => old_tuple = Some(r.tuple()?),
+        _ => {
+            return Ok(UpdateBody {
+                rel_id,
+                key_tuple,
+                old_tuple,
+                new_tuple: r.tuple()?,
+            })
+        }
+    }
+    r.marker(&[NEW_TUPLE_TAG], "'N'")?;
+    Ok(UpdateBody {
+        rel_id,
+        key_tuple,
+        old_tuple,
+        new_tuple: r.tuple()?,
+    })
+}
+
+/// A cursor over one message; every read checks the bytes that remain and reports its offset.
+struct Reader {
+    buf: Bytes,
+    pos: usize,
+}
+
+impl Reader {
+    fn remaining(&self) -> usize {
+        self.buf.len().saturating_sub(self.pos)
+    }
+
+    fn rest(&self) -> &[u8] {
+        match self.buf.get(self.pos..) {
+            Some(rest) => rest,
+            None => &[],
+        }
+    }
+
+    fn err(&self, kind: DecodeErrorKind) -> DecodeError {
+        DecodeError {
+            offset: self.pos,
+            kind,
+        }
+    }
+
+    fn truncated(&self, needed: usize) -> DecodeError {
+        self.err(DecodeErrorKind::Truncated {
+            needed,
+            available: self.remaining(),
+        })
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        match self.rest().first_chunk::<N>() {
+            Some(&chunk) => {
+                self.pos += N;
+                Ok(chunk)
+            }
+            None => Err(self.truncated(N)),
+        }
+    }
+
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        self.array::<1>().map(u8::from_be_bytes)
+    }
+
+    fn i16(&mut self) -> Result<i16, DecodeError> {
+        self.array().map(i16::from_be_bytes)
+    }
+
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        self.array().map(i32::from_be_bytes)
+    }
+
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        self.array().map(u32::from_be_bytes)
+    }
+
+    fn i64(&mut self) -> Result<i64, DecodeError> {
+        self.array().map(i64::from_be_bytes)
+    }
+
+    fn lsn(&mut self) -> Result<Lsn, DecodeError> {
+        self.array().map(|b| Lsn(u64::from_be_bytes(b)))
+    }
+
+    /// The next `n` bytes, as a zero-copy slice of the message.
+    fn bytes(&mut self, n: usize) -> Result<Bytes, DecodeError> {
+        if n > self.remaining() {
+            return Err(self.truncated(n));
+        }
+        let start = self.pos;
+        // Cannot overflow or exceed `buf.len()`: `n <= buf.len() - pos` was just checked.
+        self.pos += n;
+        Ok(self.buf.slice(start..self.pos))
+    }
+
+    /// A NUL-terminated UTF-8 string (`String` in the docs).
+    fn cstr(&mut self) -> Result<String, DecodeError> {
+        let rest = self.rest();
+        let Some(nul) = rest.iter().position(|&b| b == 0) else {
+            return Err(self.err(DecodeErrorKind::UnterminatedString));
+        };
+        let text = rest.get(..nul).map(std::str::from_utf8);
+        let Some(Ok(text)) = text else {
+            return Err(self.err(DecodeErrorKind::InvalidUtf8));
+        };
+        let text = text.to_owned();
+        self.pos += nul + 1;
+        Ok(text)
+    }
+
+    /// A signed 32-bit length or count, which must not be negative.
+    fn len_i32(&mut self) -> Result<usize, DecodeError> {
+        let offset = self.pos;
+        let n = self.i32()?;
+        non_negative(offset, n)
+    }
+
+    /// A signed 16-bit count, which must not be negative.
+    fn count_i16(&mut self) -> Result<usize, DecodeError> {
+        let offset = self.pos;
+        let n = self.i16()?;
+        non_negative(offset, i32::from(n))
+    }
+
+    /// A tuple marker byte (`N`, `K` or `O`), which must be one of `allowed`.
+    fn marker(&mut self, allowed: &[u8], expected: &'static str) -> Result<u8, DecodeError> {
+        let offset = self.pos;
+        let found = self.u8()?;
+        if allowed.contains(&found) {
+            Ok(found)
+        } else {
+            Err(DecodeError {
+                offset,
+                kind: DecodeErrorKind::UnexpectedTupleMarker { expected, found },
+            })
+        }
+    }
+
+    /// `TupleData`: a column count, then one kind byte (and maybe a value) per column.
+    fn tuple(&mut self) -> Result<TupleData, DecodeError> {
+        let count = self.count_i16()?;
+        // Every column takes at least its kind byte.
+        let mut columns = Vec::with_capacity(count.min(self.remaining()));
+        for _ in 0..count {
+            let offset = self.pos;
+            let value = match self.u8()? {
+                NULL_VALUE_TAG => TupleValue::Null,
+                UNCHANGED_TOAST_VALUE_TAG => TupleValue::UnchangedToast,
+                TEXT_VALUE_TAG => {
+                    let len = self.len_i32()?;
+                    TupleValue::Text(self.bytes(len)?)
+                }
+                BINARY_VALUE_TAG => {
+                    let len = self.len_i32()?;
+                    TupleValue::Binary(self.bytes(len)?)
+                }
+                kind => {
+                    return Err(DecodeError {
+                        offset,
+                        kind: DecodeErrorKind::UnknownTupleKind(kind),
+                    })
+                }
+            };
+            columns.push(value);
+        }
+        Ok(TupleData { columns })
+    }
+}
+
+/// Converts a wire length or count read at `offset`; fails only for negative values, since any
+/// non-negative `i32` fits a `usize` on the 32- and 64-bit targets the relay runs on.
+fn non_negative(offset: usize, n: i32) -> Result<usize, DecodeError> {
+    usize::try_from(n).map_err(|_| DecodeError {
+        offset,
+        kind: DecodeErrorKind::NegativeLength(n),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const FIXTURE: &str = include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/pgoutput-v1-stream.jsonl"
+    ));
+
+    /// One line of the fixture; see `/work/shared/fixtures/README.md` for the SQL behind it.
+    struct Line {
+        lsn: Lsn,
+        xid: u32,
+        tag: u8,
+        bytes: Bytes,
+    }
+
+    fn fixture() -> Vec<Line> {
+        FIXTURE
+            .lines()
+            .map(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap();
+                let tag = v["tag"].as_str().unwrap().as_bytes();
+                assert_eq!(tag.len(), 1, "{line}");
+                Line {
+                    lsn: v["lsn"].as_str().unwrap().parse().unwrap(),
+                    xid: v["xid"].as_str().unwrap().parse().unwrap(),
+                    tag: tag[0],
+                    bytes: hex::decode(v["hex"].as_str().unwrap()).unwrap().into(),
+                }
+            })
+            .collect()
+    }
+
+    /// Decodes the fixture message on 1-based line `n` (as `nl` or an editor numbers them).
+    fn line(n: usize) -> LogicalReplicationMessage {
+        decode(fixture()[n - 1].bytes.clone()).unwrap()
+    }
+
+    fn text(s: &str) -> TupleValue {
+        TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    fn err(bytes: &[u8]) -> DecodeError {
+        decode(Bytes::copy_from_slice(bytes)).unwrap_err()
+    }
+
+    /// A byte string from parts: `&[u8]`/`&str` pieces concatenated.
+    fn msg(parts: &[&[u8]]) -> Vec<u8> {
+        parts.concat()
+    }
+
+    const UUID_1: &str = "00000000-0000-0000-0000-000000000001";
+    const OUTBOX_REL_ID: u32 = 16655;
+    const OTHER_REL_ID: u32 = 16665;
+    const TEXT_OID: u32 = 25;
+
+    #[test]
+    fn every_fixture_message_decodes_to_the_kind_of_its_tag() {
+        let lines = fixture();
+        assert_eq!(lines.len(), 40);
+        for (i, l) in lines.iter().enumerate() {
+            let m = decode(l.bytes.clone()).unwrap_or_else(|e| panic!("line {}: {e}", i + 1));
+            // Type is the one kind whose tag ('Y') is not its first letter.
+            let expected = if l.tag == TYPE_TAG {
+                b't'
+            } else {
+                l.tag.to_ascii_lowercase()
+            };
+            assert_eq!(m.kind().as_bytes()[0], expected, "line {}", i + 1);
+        }
+    }
+
+    #[test]
+    fn begin_and_commit_match_the_fixture_lsns_and_xids() {
+        let mut begin = None;
+        let (mut begins, mut commits) = (0, 0);
+        for l in fixture() {
+            match decode(l.bytes.clone()).unwrap() {
+                LogicalReplicationMessage::Begin(b) => {
+                    assert_eq!(b.xid, l.xid);
+                    begin = Some(b);
+                    begins += 1;
+                }
+                LogicalReplicationMessage::Commit(c) => {
+                    let b = begin.take().expect("commit without begin");
+                    assert_eq!(c.end_lsn, l.lsn);
+                    assert_eq!(c.commit_lsn, b.final_lsn);
+                    assert!(c.commit_lsn < c.end_lsn);
+                    assert_eq!(c.timestamp_us, b.timestamp_us);
+                    assert_eq!(c.flags, 0);
+                    commits += 1;
+                }
+                LogicalReplicationMessage::Message(m) => assert_eq!(m.lsn, l.lsn),
+                _ => {}
+            }
+        }
+        assert_eq!((begins, commits), (10, 10));
+        let LogicalReplicationMessage::Begin(first) = line(1) else {
+            panic!()
+        };
+        assert_eq!(first.final_lsn.to_string(), "0/113E11D0");
+        assert_eq!(first.xid, 340852);
+    }
+
+    #[test]
+    fn first_type_and_relation_describe_the_outbox() {
+        let LogicalReplicationMessage::Type(ty) = line(2) else {
+            panic!()
+        };
+        // pgoutput sends the domain's oid with its *base* type's name, and an empty namespace for
+        // pg_catalog: not "public"."outbox_json".
+        assert_eq!(
+            ty,
+            TypeBody {
+                type_oid: 16654,
+                namespace: String::new(),
+                name: "jsonb".into()
+            }
+        );
+
+        let LogicalReplicationMessage::Relation(rel) = line(3) else {
+            panic!()
+        };
+        assert_eq!(rel.rel_id, OUTBOX_REL_ID);
+        assert_eq!(
+            (rel.namespace.as_str(), rel.name.as_str()),
+            ("public", "outbox")
+        );
+        assert_eq!(rel.replica_identity, b'd');
+        let names: Vec<_> = rel.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "id",
+                "aggregate_type",
+                "aggregate_id",
+                "event_type",
+                "payload",
+                "headers",
+                "created_at"
+            ]
+        );
+        let flags: Vec<_> = rel.columns.iter().map(|c| c.flags).collect();
+        assert_eq!(flags, [1, 0, 0, 0, 0, 0, 0]);
+        let oids: Vec<_> = rel.columns.iter().map(|c| c.type_oid).collect();
+        // uuid, text, text, text, jsonb, the outbox_json domain, timestamptz
+        assert_eq!(oids, [2950, 25, 25, 25, 3802, ty.type_oid, 1184]);
+        assert!(rel.columns.iter().all(|c| c.type_modifier == -1));
+    }
+
+    #[test]
+    fn first_insert_keeps_values_byte_exact_and_zero_copy() {
+        let bytes = fixture()[3].bytes.clone();
+        let LogicalReplicationMessage::Insert(ins) = decode(bytes.clone()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(ins.rel_id, OUTBOX_REL_ID);
+        let payload = r#"{"s": "é😀", "total": 12.50}"#;
+        assert_eq!(
+            ins.new_tuple.columns,
+            [
+                text(UUID_1),
+                text("Order"),
+                TupleValue::Null,
+                text("OrderCreated"),
+                text(payload),
+                text(r#"{"trace": "t-1"}"#),
+                text("2026-01-02 03:04:05.678901+00"),
+            ]
+        );
+        let TupleValue::Text(p) = &ins.new_tuple.columns[4] else {
+            panic!()
+        };
+        assert_eq!(
+            hex::encode(p),
+            "7b2273223a2022c3a9f09f9880222c2022746f74616c223a2031322e35307d"
+        );
+        // The value is a slice of the input buffer, not a copy.
+        let range = bytes.as_ptr_range();
+        assert!(range.contains(&p.as_ptr()) && p.as_ptr_range().end <= range.end);
+    }
+
+    #[test]
+    fn multi_row_transaction_has_null_payload_and_delete_by_key() {
+        let LogicalReplicationMessage::Insert(ins) = line(8) else {
+            panic!()
+        };
+        assert_eq!(ins.new_tuple.columns[3], text("Deleted"));
+        assert_eq!(ins.new_tuple.columns[4], TupleValue::Null);
+
+        let LogicalReplicationMessage::Delete(del) = line(9) else {
+            panic!()
+        };
+        assert_eq!(del.rel_id, OUTBOX_REL_ID);
+        assert_eq!(del.old_tuple, None);
+        let mut key = vec![text("00000000-0000-0000-0000-000000000002")];
+        key.resize(7, TupleValue::Null);
+        assert_eq!(del.key_tuple, Some(TupleData { columns: key }));
+    }
+
+    #[test]
+    fn full_identity_update_and_delete_send_the_old_tuple() {
+        let big = "9dd4e461268c8034f5c8564e155c67a6".repeat(400); // repeat(md5('x'), 400)
+        let LogicalReplicationMessage::Relation(rel) = line(12) else {
+            panic!()
+        };
+        assert_eq!((rel.rel_id, rel.name.as_str()), (OTHER_REL_ID, "other"));
+        assert_eq!(rel.replica_identity, b'f');
+        assert!(rel.columns.iter().all(|c| c.flags == 1));
+
+        let LogicalReplicationMessage::Update(up) = line(16) else {
+            panic!()
+        };
+        assert_eq!(up.rel_id, OTHER_REL_ID);
+        assert_eq!(up.key_tuple, None);
+        let old = TupleData {
+            columns: vec![text("1"), text(&big), text("1")],
+        };
+        assert_eq!(up.old_tuple, Some(old));
+        // The fixture has no 'u' here: repeat(md5('x'), 400) compresses to far below the TOAST
+        // threshold, is stored inline and never out of line, so PostgreSQL sends it in full.
+        // `unchanged_toast_and_binary_values` covers 'u' with a synthetic message.
+        let new = TupleData {
+            columns: vec![text("1"), text(&big), text("2")],
+        };
+        assert_eq!(up.new_tuple, new);
+
+        let LogicalReplicationMessage::Delete(del) = line(22) else {
+            panic!()
+        };
+        assert_eq!(del.key_tuple, None);
+        assert_eq!(del.old_tuple, Some(new));
+    }
+
+    #[test]
+    fn default_identity_update_sends_only_the_new_tuple() {
+        let LogicalReplicationMessage::Update(up) = line(19) else {
+            panic!()
+        };
+        assert_eq!(
+            (up.rel_id, &up.key_tuple, &up.old_tuple),
+            (OUTBOX_REL_ID, &None, &None)
+        );
+        assert_eq!(up.new_tuple.columns[0], text(UUID_1));
+        assert_eq!(up.new_tuple.columns[3], text("Changed"));
+    }
+
+    #[test]
+    fn truncate_lists_the_relation() {
+        assert_eq!(
+            line(26),
+            LogicalReplicationMessage::Truncate(TruncateBody {
+                options: 0,
+                rel_ids: vec![OTHER_REL_ID]
+            })
+        );
+    }
+
+    #[test]
+    fn logical_messages() {
+        let LogicalReplicationMessage::Message(m) = line(29) else {
+            panic!()
+        };
+        assert!(m.transactional);
+        assert_eq!(m.prefix, "outbox");
+        assert_eq!(
+            m.content,
+            r#"{"aggregate_type":"Order","aggregate_id":"o-m","event_type":"E1","payload":{}}"#
+        );
+
+        assert_eq!(
+            line(31),
+            LogicalReplicationMessage::Message(MessageBody {
+                transactional: false,
+                lsn: "0/113E27F0".parse().unwrap(),
+                prefix: "heartbeat".into(),
+                content: Bytes::from_static(b"ping"),
+            })
+        );
+    }
+
+    #[test]
+    fn relation_after_alter_table_has_the_new_column() {
+        let LogicalReplicationMessage::Relation(rel) = line(34) else {
+            panic!()
+        };
+        assert_eq!(rel.rel_id, OUTBOX_REL_ID);
+        assert_eq!(rel.columns.len(), 8);
+        let last = rel.columns.last().unwrap();
+        assert_eq!(
+            (last.name.as_str(), last.type_oid, last.flags),
+            ("tenant_id", TEXT_OID, 0)
+        );
+
+        let LogicalReplicationMessage::Insert(ins) = line(35) else {
+            panic!()
+        };
+        assert_eq!(ins.new_tuple.columns.len(), 8);
+        assert_eq!(ins.new_tuple.columns[7], text("t-9"));
+    }
+
+    #[test]
+    fn origin_transaction() {
+        assert_eq!(
+            line(38),
+            LogicalReplicationMessage::Origin(OriginBody {
+                commit_lsn: Lsn(0xAB_CDEF),
+                name: "upstream_a".into(),
+            })
+        );
+        // pg_replication_origin_xact_setup's timestamp, 2026-01-01 00:00:00+00, becomes the
+        // transaction's commit time.
+        let LogicalReplicationMessage::Begin(b) = line(37) else {
+            panic!()
+        };
+        assert_eq!(b.timestamp_us, 820_540_800_000_000);
+        let LogicalReplicationMessage::Insert(ins) = line(39) else {
+            panic!()
+        };
+        assert_eq!(ins.new_tuple.columns[7], TupleValue::Null);
+    }
+
+    #[test]
+    fn unchanged_toast_and_binary_values() {
+        let bytes = msg(&[
+            b"U\0\0\0\x07K\0\x01t\0\0\0\x011N\0\x03u",
+            b"b\0\0\0\x02\x00\xff",
+            b"n",
+        ]);
+        let expected = UpdateBody {
+            rel_id: 7,
+            key_tuple: Some(TupleData {
+                columns: vec![text("1")],
+            }),
+            old_tuple: None,
+            new_tuple: TupleData {
+                columns: vec![
+                    TupleValue::UnchangedToast,
+                    TupleValue::Binary(Bytes::from_static(b"\x00\xff")),
+                    TupleValue::Null,
+                ],
+            },
+        };
+        assert_eq!(
+            decode(bytes.into()).unwrap(),
+            LogicalReplicationMessage::Update(expected)
+        );
+    }
+
+    #[test]
+    fn empty_input() {
+        let e = err(b"");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 0,
+                kind: DecodeErrorKind::Empty
+            }
+        );
+        assert_eq!(e.to_string(), "empty message at offset 0");
+    }
+
+    #[test]
+    fn unknown_tags_including_streaming_and_two_phase() {
+        assert_eq!(
+            err(b"Z").to_string(),
+            "unknown message tag 'Z' (0x5a) at offset 0"
+        );
+        assert_eq!(
+            err(b"\0").to_string(),
+            "unknown message tag 0x00 at offset 0"
+        );
+        // Stream start/stop/commit/abort and the two-phase tags (protocol versions 2 and 3).
+        for &tag in b"SEcAbPKrs" {
+            let e = err(&[tag, 0, 0, 0, 1, 1]);
+            assert_eq!(
+                e,
+                DecodeError {
+                    offset: 0,
+                    kind: DecodeErrorKind::UnknownTag(tag)
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn every_proper_prefix_of_every_fixture_message_is_an_error() {
+        // No prefix of a message is itself a complete message: every count and length in the
+        // format is explicit, so a cut always falls short of something.
+        for (i, l) in fixture().iter().enumerate() {
+            for n in 1..l.bytes.len() {
+                let e = decode(l.bytes.slice(..n)).expect_err("prefix decoded");
+                assert!(
+                    matches!(
+                        e.kind,
+                        DecodeErrorKind::Truncated { .. } | DecodeErrorKind::UnterminatedString
+                    ),
+                    "line {} cut at {n}: {e}",
+                    i + 1
+                );
+                assert!(e.offset <= n, "line {} cut at {n}: {e}", i + 1);
+            }
+        }
+    }
+
+    #[test]
+    fn truncated_reports_needed_and_available() {
+        let e = err(b"B\0\0\0\0\0\0\0\x01\0\0");
+        let kind = DecodeErrorKind::Truncated {
+            needed: 8,
+            available: 2,
+        };
+        assert_eq!(e, DecodeError { offset: 9, kind });
+        assert_eq!(
+            e.to_string(),
+            "truncated message: needed 8 bytes, 2 available at offset 9"
+        );
+        // A text value claiming far more bytes than there are.
+        let e = err(b"I\0\0\0\x01N\0\x01t\x7f\xff\xff\xffabc");
+        let kind = DecodeErrorKind::Truncated {
+            needed: usize::try_from(i32::MAX).unwrap(),
+            available: 3,
+        };
+        assert_eq!(e, DecodeError { offset: 13, kind });
+    }
+
+    #[test]
+    fn negative_tuple_value_length() {
+        let e = err(b"I\0\0\0\x01N\0\x01t\xff\xff\xff\xfbxx");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 9,
+                kind: DecodeErrorKind::NegativeLength(-5)
+            }
+        );
+        assert_eq!(e.to_string(), "negative length -5 at offset 9");
+    }
+
+    #[test]
+    fn negative_counts() {
+        let e = err(b"I\0\0\0\x01N\xff\xfe");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 6,
+                kind: DecodeErrorKind::NegativeLength(-2)
+            }
+        );
+        let e = err(b"T\x80\0\0\0\0");
+        let kind = DecodeErrorKind::NegativeLength(i32::MIN);
+        assert_eq!(e, DecodeError { offset: 1, kind });
+    }
+
+    #[test]
+    fn negative_message_content_length() {
+        let bytes = msg(&[b"M\x01", &[0; 8], b"outbox\0", b"\xff\xff\xff\xff{}"]);
+        let e = err(&bytes);
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 17,
+                kind: DecodeErrorKind::NegativeLength(-1)
+            }
+        );
+    }
+
+    #[test]
+    fn huge_counts_with_few_bytes_are_truncated_without_allocating() {
+        // 30000 columns claimed, one and a half present.
+        let bytes = msg(&[
+            b"R\0\0\0\x01public\0t\0d\x75\x30",
+            b"\x01id\0\0\0\0\x19\xff\xff\xff\xff",
+        ]);
+        let bytes = msg(&[&bytes, b"\0x\0\0\0\x19"]);
+        let e = err(&bytes);
+        let kind = DecodeErrorKind::Truncated {
+            needed: 4,
+            available: 3,
+        };
+        assert_eq!(e, DecodeError { offset: 32, kind });
+        // 2^31 - 1 relation ids claimed, one present.
+        let e = err(b"T\x7f\xff\xff\xff\x01\0\0\0\x01");
+        let kind = DecodeErrorKind::Truncated {
+            needed: 4,
+            available: 0,
+        };
+        assert_eq!(e, DecodeError { offset: 10, kind });
+        // 32767 tuple columns claimed, none present.
+        let e = err(b"I\0\0\0\x01N\x7f\xff");
+        let kind = DecodeErrorKind::Truncated {
+            needed: 1,
+            available: 0,
+        };
+        assert_eq!(e, DecodeError { offset: 8, kind });
+    }
+
+    #[test]
+    fn trailing_bytes() {
+        let begin = fixture()[0].bytes.clone();
+        let e = err(&msg(&[&begin, b"xy"]));
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 21,
+                kind: DecodeErrorKind::TrailingBytes(2)
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "2 trailing bytes after the message at offset 21"
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_and_unterminated_strings() {
+        let e = err(b"R\0\0\0\x01public\0ou\xfftbox\0d\0\0");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 12,
+                kind: DecodeErrorKind::InvalidUtf8
+            }
+        );
+        assert_eq!(e.to_string(), "invalid utf-8 in string at offset 12");
+        let e = err(b"Y\0\0\0\x01pg\0json");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 8,
+                kind: DecodeErrorKind::UnterminatedString
+            }
+        );
+        let e = err(b"M\0\0\0\0\0\0\0\0\x01\xc3\x28\0\0\0\0\0");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 10,
+                kind: DecodeErrorKind::InvalidUtf8
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_tuple_value_kind() {
+        let e = err(b"I\0\0\0\x01N\0\x02nx");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 9,
+                kind: DecodeErrorKind::UnknownTupleKind(b'x')
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "unknown tuple value kind 'x' (0x78) at offset 9"
+        );
+    }
+
+    #[test]
+    fn unexpected_tuple_markers() {
+        let marker = |expected, found| DecodeErrorKind::UnexpectedTupleMarker { expected, found };
+        let e = err(b"I\0\0\0\x01K\0\0");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 5,
+                kind: marker("'N'", b'K')
+            }
+        );
+        assert_eq!(
+            e.to_string(),
+            "unexpected tuple marker 'K' (0x4b), expected 'N' at offset 5"
+        );
+        let e = err(b"U\0\0\0\x01X\0\0");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 5,
+                kind: marker("'K', 'O' or 'N'", b'X')
+            }
+        );
+        let e = err(b"U\0\0\0\x01O\0\0K\0\0");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 8,
+                kind: marker("'N'", b'K')
+            }
+        );
+        let e = err(b"D\0\0\0\x01N\0\0");
+        assert_eq!(
+            e,
+            DecodeError {
+                offset: 5,
+                kind: marker("'K' or 'O'", b'N')
+            }
+        );
+    }
+
+    /// Checks the decoder's contract on any input: no panic, and errors point inside it.
+    fn check(bytes: Vec<u8>) {
+        let len = bytes.len();
+        if let Err(e) = decode(bytes.into()) {
+            assert!(e.offset <= len, "{e} for {len} bytes");
+        }
+    }
+
+    const TAGS: &[u8] = b"BCORYIUDTM";
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            check(bytes);
+        }
+
+        #[test]
+        fn arbitrary_bodies_after_a_valid_tag_never_panic(
+            tag in proptest::sample::select(TAGS),
+            body in proptest::collection::vec(any::<u8>(), 0..256),
+        ) {
+            check(msg(&[&[tag], &body]));
+        }
+
+        #[test]
+        fn mutated_fixture_messages_never_panic(
+            n in 0..40usize,
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let mut bytes = fixture()[n].bytes.to_vec();
+            let len = bytes.len();
+            for (at, b) in edits {
+                bytes[at % len] = b;
+            }
+            check(bytes.clone());
+            bytes.truncate(cut % (len + 1));
+            check(bytes);
+        }
+
+        #[test]
+        fn insert_values_round_trip(
+            values in proptest::collection::vec(
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..16)),
+                0..20,
+            ),
+        ) {
+            let mut bytes = msg(&[b"I\0\0\x01\x02N", &i16::try_from(values.len()).unwrap().to_be_bytes()]);
+            for v in &values {
+                match v {
+                    None => bytes.push(b'n'),
+                    Some(v) => {
+                        bytes.push(b't');
+                        bytes.extend_from_slice(&u32::try_from(v.len()).unwrap().to_be_bytes());
+                        bytes.extend_from_slice(v);
+                    }
+                }
+            }
+            let columns = values
+                .into_iter()
+                .map(|v| v.map_or(TupleValue::Null, |v| TupleValue::Text(v.into())))
+                .collect();
+            let expected = InsertBody { rel_id: 0x102, new_tuple: TupleData { columns } };
+            prop_assert_eq!(
+                decode(bytes.into()).unwrap(),
+                LogicalReplicationMessage::Insert(expected)
+            );
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! Opens a walsender connection and runs the logical replication CopyBoth stream.
+//!
+//! tokio-postgres has no replication API, so this is a small client of its own on
+//! `postgres-protocol`'s message codecs and SCRAM implementation. It follows the PostgreSQL
+//! docs, 55.2 "Message Flow" (startup, authentication, simple query) and 55.4 "Streaming
+//! Replication Protocol" (`IDENTIFY_SYSTEM`, `START_REPLICATION`, XLogData, primary keepalive
+//! and standby status update messages).
+//!
+//! The stream is read through a framed reader so [`ReplicationStream::recv`] is cancel-safe
+//! and can sit in a `select!` beside the status timer and the broker's delivery reports;
+//! writes (status updates) go to the other half of the socket and never wait for a read.
+
+use std::collections::HashMap;
+use std::io;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use fallible_iterator::FallibleIterator;
+use futures::StreamExt;
+use postgres_protocol::authentication::{self, sasl};
+use postgres_protocol::message::backend::{Message, ErrorResponseBody};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::{TcpStream, UnixStream};
+use tokio_postgres::config::{Host, SslMode};
+use tokio_util::codec::{Decoder, FramedRead};
+
+use super::SourceError;
+use crate::lsn::Lsn;
+
+/// Seconds from the Unix epoch to PostgreSQL's epoch, 2000-01-01 00:00:00 UTC.
+pub const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
+
+const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
+const XLOG_DATA_TAG: u8 = b'w';
+const PRIMARY_KEEPALIVE_TAG: u8 = b'k';
+const STANDBY_STATUS_UPDATE_TAG: u8 = b'r';
+
+/// A message of the replication stream, carried in CopyData (docs 55.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicationMessage {
+    /// WAL data: here one pgoutput message starting at `wal_start`.
+    XLogData {
+        wal_start: Lsn,
+        /// The current end of WAL on the server.
+        wal_end: Lsn,
+        /// Server clock, microseconds since 2000-01-01 UTC.
+        send_time_us: i64,
+        data: Bytes,
+    },
+    /// A keepalive; with `reply_requested` the walsender disconnects unless a status update
+    /// follows before `wal_sender_timeout`.
+    PrimaryKeepalive {
+        wal_end: Lsn,
+        send_time_us: i64,
+        reply_requested: bool,
+    },
+}
+
+/// Parses the payload of one CopyData message of the replication stream.
+///
+/// Returns an error if the tag is neither `w` nor `k` or the message is truncated.
+pub fn parse_copy_data(mut buf: Bytes) -> Result<ReplicationMessage, SourceError> {
+    let protocol = |what: &str| SourceError::Protocol(format!("{what} in replication CopyData"));
+    if buf.is_empty() {
+        return Err(protocol("empty message"));
+    }
+    match buf.get_u8() {
+        XLOG_DATA_TAG => {
+            if buf.len() < 24 {
+                return Err(protocol("truncated XLogData header"));
+            }
+            Ok(ReplicationMessage::XLogData {
+                wal_start: Lsn(buf.get_u64()),
+                wal_end: Lsn(buf.get_u64()),
+                send_time_us: buf.get_i64(),
+                data: buf,
+            })
+        }
+        PRIMARY_KEEPALIVE_TAG => {
+            if buf.len() != 17 {
+                return Err(protocol("malformed primary keepalive"));
+            }
+            Ok(ReplicationMessage::PrimaryKeepalive {
+                wal_end: Lsn(buf.get_u64()),
+                send_time_us: buf.get_i64(),
+                reply_requested: buf.get_u8() != 0,
+            })
+        }
+        tag => Err(protocol(&format!("unknown tag 0x{tag:02x}"))),
+    }
+}
+
+/// Encodes a standby status update (docs 55.4): `write` is the last LSN received, `flush`
+/// and `apply` the LSN the relay confirms (everything before it is in Kafka).
+pub fn standby_status_update(write: Lsn, flush: Lsn, apply: Lsn, now_us: i64) -> Bytes {
+    let mut buf = BytesMut::with_capacity(34);
+    buf.put_u8(STANDBY_STATUS_UPDATE_TAG);
+    buf.put_u64(write.0);
+    buf.put_u64(flush.0);
+    buf.put_u64(apply.0);
+    buf.put_i64(now_us);
+    buf.put_u8(0);
+    buf.freeze()
+}
+
+/// Microseconds from 2000-01-01 UTC to `time`, the clock unit of the replication protocol.
+pub fn pg_timestamp_us(time: SystemTime) -> i64 {
+    let since_unix = time.duration_since(UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since_unix.as_micros()).unwrap_or(i64::MAX) - PG_EPOCH_OFFSET_SECS * 1_000_000
+}
+
+/// Quotes an SQL identifier (`"a""b"`).
+pub fn quote_ident(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// Quotes an SQL string literal (`'it''s'`).
+pub fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// The `START_REPLICATION` command for pgoutput protocol version 1 with logical messages.
+pub fn start_replication_command(slot: &str, start: Lsn, publication: &str) -> String {
+    format!(
+        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true')",
+        quote_ident(slot),
+        start,
+        quote_literal(&quote_ident(publication)),
+    )
+}
+
+trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
+
+/// What the backend codec yields: postgres-protocol's messages plus CopyBothResponse, which
+/// postgres-protocol does not parse.
+enum Backend {
+    Message(Message),
+    CopyBothResponse,
+}
+
+struct BackendCodec;
+
+impl Decoder for BackendCodec {
+    type Item = Backend;
+    type Error = io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<Backend>> {
+        if src.first() == Some(&COPY_BOTH_RESPONSE_TAG) {
+            let Some(len) = src.get(1..5) else {
+                return Ok(None);
+            };
+            let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|len| *len >= 4)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "invalid message length"))?;
+            if src.len() < 1 + len {
+                src.reserve(1 + len - src.len());
+                return Ok(None);
+            }
+            src.advance(1 + len);
+            return Ok(Some(Backend::CopyBothResponse));
+        }
+        Message::parse(src).map(|m| m.map(Backend::Message))
+    }
+}
+
+/// A walsender connection in `replication=database` mode, before streaming.
+pub struct ReplicationClient {
+    reader: FramedRead<ReadHalf<Box<dyn Socket>>, BackendCodec>,
+    writer: WriteHalf<Box<dyn Socket>>,
+    server_params: HashMap<String, String>,
+}
+
+/// The answer to `IDENTIFY_SYSTEM`.
+#[derive(Debug, Clone)]
+pub struct SystemIdentity {
+    pub system_id: String,
+    pub timeline: u32,
+    /// The current WAL flush location.
+    pub xlogpos: Lsn,
+    pub dbname: Option<String>,
+}
+
+impl ReplicationClient {
+    /// Connects and authenticates as a logical walsender (`replication=database`).
+    ///
+    /// Tries each host of `config` in turn. Session settings the relay relies on are fixed in
+    /// the startup packet (`client_encoding=UTF8`, `DateStyle=ISO`, `TimeZone=UTC`), so role or
+    /// database defaults cannot change how values are printed.
+    ///
+    /// Returns an error if no host accepts the connection, authentication fails, the server
+    /// asks for an authentication method other than trust, password, MD5 or SCRAM-SHA-256, or
+    /// the config asks for TLS (`sslmode=require` or stricter), which this client does not do yet.
+    pub async fn connect(config: &tokio_postgres::Config) -> Result<Self, SourceError> {
+        if !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer) {
+            return Err(SourceError::Config(
+                "sslmode: TLS on the replication connection is not supported yet; use sslmode=disable or prefer".into(),
+            ));
+        }
+        let socket = open_socket(config).await?;
+        let (read, write) = tokio::io::split(socket);
+        let mut client = ReplicationClient {
+            reader: FramedRead::new(read, BackendCodec),
+            writer: write,
+            server_params: HashMap::new(),
+        };
+        client.startup(config).await?;
+        Ok(client)
+    }
+
+    async fn startup(&mut self, config: &tokio_postgres::Config) -> Result<(), SourceError> {
+        let user = config
+            .get_user()
+            .ok_or_else(|| SourceError::Config("source url: user is required".into()))?;
+        let mut params = vec![
+            ("user", user),
+            ("database", config.get_dbname().unwrap_or(user)),
+            ("replication", "database"),
+            ("application_name", config.get_application_name().unwrap_or("outbox-relay")),
+            ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO"),
+            ("TimeZone", "UTC"),
+        ];
+        if let Some(options) = config.get_options() {
+            params.push(("options", options));
+        }
+        let mut buf = BytesMut::new();
+        frontend::startup_message(params.iter().copied(), &mut buf)?;
+        self.write(&buf).await?;
+        self.authenticate(user, config.get_password()).await?;
+        loop {
+            match self.read().await? {
+                Message::ParameterStatus(body) => {
+                    self.server_params
+                        .insert(body.name()?.to_owned(), body.value()?.to_owned());
+                }
+                Message::BackendKeyData(_) | Message::NoticeResponse(_) => {}
+                Message::ReadyForQuery(_) => return Ok(()),
+                Message::ErrorResponse(body) => return Err(server_error(&body)),
+                _ => return Err(unexpected("startup")),
+            }
+        }
+    }
+
+    async fn authenticate(&mut self, user: &str, password: Option<&[u8]>) -> Result<(), SourceError> {
+        let need_password = || {
+            SourceError::Auth("the server asks for a password and the source url has none".into())
+        };
+        let mut buf = BytesMut::new();
+        match self.read().await? {
+            Message::AuthenticationOk => return Ok(()),
+            Message::AuthenticationCleartextPassword => {
+                frontend::password_message(password.ok_or_else(need_password)?, &mut buf)?;
+                self.write(&buf).await?;
+            }
+            Message::AuthenticationMd5Password(body) => {
+                let hash = authentication::md5_hash(
+                    user.as_bytes(),
+                    password.ok_or_else(need_password)?,
+                    body.salt(),
+                );
+                frontend::password_message(hash.as_bytes(), &mut buf)?;
+                self.write(&buf).await?;
+            }
+            Message::AuthenticationSasl(body) => {
+                let mut mechanisms = body.mechanisms();
+                let mut scram = false;
+                while let Some(mechanism) = mechanisms.next()? {
+                    scram |= mechanism == sasl::SCRAM_SHA_256;
+                }
+                if !scram {
+                    return Err(SourceError::Auth(
+                        "the server offers no SASL mechanism this client supports (SCRAM-SHA-256 without channel binding)".into(),
+                    ));
+                }
+                let password = password.ok_or_else(need_password)?;
+                let mut scram =
+                    sasl::ScramSha256::new(password, sasl::ChannelBinding::unsupported());
+                frontend::sasl_initial_response(sasl::SCRAM_SHA_256, scram.message(), &mut buf)?;
+                self.write(&buf).await?;
+                match self.read().await? {
+                    Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
+                    Message::ErrorResponse(body) => return Err(server_error(&body)),
+                    _ => return Err(unexpected("SCRAM exchange")),
+                }
+                buf.clear();
+                frontend::sasl_response(scram.message(), &mut buf)?;
+                self.write(&buf).await?;
+                match self.read().await? {
+                    Message::AuthenticationSaslFinal(body) => scram.finish(body.data())?,
+                    Message::ErrorResponse(body) => return Err(server_error(&body)),
+                    _ => return Err(unexpected("SCRAM exchange")),
+                }
+            }
+            Message::ErrorResponse(body) => return Err(server_error(&body)),
+            _ => {
+                return Err(SourceError::Auth(
+                    "the server asks for an authentication method this client does not support (trust, password, md5 and scram-sha-256 are)".into(),
+                ))
+            }
+        }
+        match self.read().await? {
+            Message::AuthenticationOk => Ok(()),
+            Message::ErrorResponse(body) => Err(server_error(&body)),
+            _ => Err(unexpected("authentication")),
+        }
+    }
+
+    /// A server parameter reported at startup (`server_version`, ...).
+    pub fn server_param(&self, name: &str) -> Option<&str> {
+        self.server_params.get(name).map(String::as_str)
+    }
+
+    /// Runs a replication command or query with the simple query protocol and returns the
+    /// rows of its result as text.
+    ///
+    /// Returns an error if the server reports one (keeping its SQLSTATE).
+    pub async fn simple_query(&mut self, query: &str) -> Result<Vec<Vec<Option<String>>>, SourceError> {
+        let mut buf = BytesMut::new();
+        frontend::query(query, &mut buf)?;
+        self.write(&buf).await?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            match self.read().await? {
+                Message::DataRow(body) => {
+                    let buf = body.buffer();
+                    let row = body
+                        .ranges()
+                        .map(|range| {
+                            Ok(range.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()))
+                        })
+                        .collect()?;
+                    rows.push(row);
+                }
+                Message::ErrorResponse(body) => error = Some(server_error(&body)),
+                Message::ReadyForQuery(_) => break,
+                _ => {}
+            }
+        }
+        match error {
+            Some(error) => Err(error),
+            None => Ok(rows),
+        }
+    }
+
+    /// Runs `IDENTIFY_SYSTEM`.
+    pub async fn identify_system(&mut self) -> Result<SystemIdentity, SourceError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let row = rows
+            .first()
+            .filter(|row| row.len() >= 4)
+            .ok_or_else(|| SourceError::Protocol("IDENTIFY_SYSTEM returned no row".into()))?;
+        let field = |i: usize| row[i].clone().unwrap_or_default();
+        Ok(SystemIdentity {
+            system_id: field(0),
+            timeline: field(1).parse().map_err(|_| SourceError::Protocol("IDENTIFY_SYSTEM timeline".into()))?,
+            xlogpos: field(2)
+                .parse()
+                .map_err(|_| SourceError::Protocol("IDENTIFY_SYSTEM xlogpos".into()))?,
+            dbname: row[3].clone(),
+        })
+    }
+
+    /// Sends `START_REPLICATION` for `slot` from `start` (`0/0`: the slot's
+    /// `confirmed_flush_lsn`) with pgoutput protocol version 1 and logical messages, and
+    /// returns the stream once the server answered CopyBothResponse.
+    ///
+    /// Returns an error if the server refuses, e.g. SQLSTATE 55006 when another process holds
+    /// the slot.
+    pub async fn start_replication(
+        mut self,
+        slot: &str,
+        start: Lsn,
+        publication: &str,
+    ) -> Result<ReplicationStream, SourceError> {
+        let mut buf = BytesMut::new();
+        frontend::query(&start_replication_command(slot, start, publication), &mut buf)?;
+        self.write(&buf).await?;
+        loop {
+            match self.reader.next().await.transpose()? {
+                Some(Backend::CopyBothResponse) => break,
+                Some(Backend::Message(Message::NoticeResponse(_))) => {}
+                Some(Backend::Message(Message::ErrorResponse(body))) => return Err(server_error(&body)),
+                Some(Backend::Message(_)) => return Err(unexpected("START_REPLICATION")),
+                None => return Err(SourceError::Closed),
+            }
+        }
+        Ok(ReplicationStream { client: self })
+    }
+
+    async fn read(&mut self) -> Result<Message, SourceError> {
+        match self.reader.next().await.transpose()? {
+            Some(Backend::Message(message)) => Ok(message),
+            Some(Backend::CopyBothResponse) => Err(unexpected("a query")),
+            None => Err(SourceError::Closed),
+        }
+    }
+
+    async fn write(&mut self, buf: &[u8]) -> Result<(), SourceError> {
+        self.writer.write_all(buf).await?;
+        self.writer.flush().await?;
+        Ok(())
+    }
+}
+
+/// A running logical replication stream (CopyBoth mode).
+pub struct ReplicationStream {
+    client: ReplicationClient,
+}
+
+impl ReplicationStream {
+    /// Receives the next XLogData or keepalive; `Ok(None)` when the server ended the stream.
+    ///
+    /// Cancel-safe: a message partly read when the future is dropped is kept for the next call.
+    /// Returns an error if the server reports one or the connection breaks.
+    pub async fn recv(&mut self) -> Result<Option<ReplicationMessage>, SourceError> {
+        loop {
+            match self.client.reader.next().await.transpose()? {
+                Some(Backend::Message(Message::CopyData(body))) => {
+                    return parse_copy_data(body.into_bytes()).map(Some)
+                }
+                Some(Backend::Message(Message::CopyDone)) => return Ok(None),
+                Some(Backend::Message(Message::ErrorResponse(body))) => return Err(server_error(&body)),
+                Some(Backend::Message(Message::NoticeResponse(_) | Message::ParameterStatus(_))) => {}
+                Some(_) => return Err(unexpected("replication stream")),
+                None => return Err(SourceError::Closed),
+            }
+        }
+    }
+
+    /// Sends a standby status update with `write` (last received), `flush` and `apply` (both
+    /// the confirmed LSN).
+    ///
+    /// Not cancel-safe: call it from a `select!` arm's body, not as a branch future.
+    pub async fn send_status(&mut self, write: Lsn, flush: Lsn) -> Result<(), SourceError> {
+        let update = standby_status_update(write, flush, flush, pg_timestamp_us(SystemTime::now()));
+        let mut buf = BytesMut::new();
+        frontend::CopyData::new(update)?.write(&mut buf);
+        self.client.write(&buf).await
+    }
+
+    /// Ends streaming: sends CopyDone, waits (up to `timeout`) for the server to finish the
+    /// command, discarding WAL still in flight, then terminates the session. The server has
+    /// processed every status update sent before when this returns `Ok`.
+    pub async fn stop(mut self, timeout: Duration) -> Result<(), SourceError> {
+        let mut buf = BytesMut::new();
+        frontend::copy_done(&mut buf);
+        self.client.write(&buf).await?;
+        let drain = async {
+            loop {
+                match self.client.reader.next().await.transpose()? {
+                    Some(Backend::Message(Message::ReadyForQuery(_))) => return Ok(()),
+                    Some(Backend::Message(Message::ErrorResponse(body))) => return Err(server_error(&body)),
+                    Some(_) => {}
+                    None => return Err(SourceError::Closed),
+                }
+            }
+        };
+        tokio::time::timeout(timeout, drain)
+            .await
+            .map_err(|_| SourceError::Protocol("timed out waiting for the walsender to end the stream".into()))??;
+        buf.clear();
+        frontend::terminate(&mut buf);
+        self.client.write(&buf).await?;
+        Ok(())
+    }
+}
+
+async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>, SourceError> {
+    let hosts = config.get_hosts();
+    let ports = config.get_ports();
+    let connect_timeout = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(30));
+    let mut last_error = None;
+    for (i, host) in hosts.iter().enumerate() {
+        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let attempt = async {
+            match host {
+                Host::Tcp(name) => {
+                    let stream = TcpStream::connect((name.as_str(), port)).await?;
+                    stream.set_nodelay(true)?;
+                    Ok::<Box<dyn Socket>, io::Error>(Box::new(stream))
+                }
+                Host::Unix(dir) => {
+                    let path = dir.join(format!(".s.PGSQL.{port}"));
+                    Ok::<Box<dyn Socket>, io::Error>(Box::new(UnixStream::connect(path).await?))
+                }
+            }
+        };
+        match tokio::time::timeout(connect_timeout, attempt).await {
+            Ok(Ok(socket)) => return Ok(socket),
+            Ok(Err(error)) => last_error = Some(error),
+            Err(_) => last_error = Some(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+        }
+    }
+    Err(SourceError::Io(last_error.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "source url names no host")
+    })))
+}
+
+/// Turns an ErrorResponse into an error keeping SQLSTATE and message.
+fn server_error(body: &ErrorResponseBody) -> SourceError {
+    let mut code = String::new();
+    let mut message = String::new();
+    let mut fields = body.fields();
+    while let Ok(Some(field)) = fields.next() {
+        match field.type_() {
+            b'C' => code = String::from_utf8_lossy(field.value_bytes()).into_owned(),
+            b'M' => message = String::from_utf8_lossy(field.value_bytes()).into_owned(),
+            _ => {}
+        }
+    }
+    SourceError::Server { code, message }
+}
+
+fn unexpected(during: &str) -> SourceError {
+    SourceError::Protocol(format!("unexpected message during {during}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_xlogdata_and_keepalive() {
+        let mut buf = BytesMut::new();
+        buf.put_u8(b'w');
+        buf.put_u64(0x10);
+        buf.put_u64(0x20);
+        buf.put_i64(7);
+        buf.put_slice(b"Bdata");
+        assert_eq!(
+            parse_copy_data(buf.freeze()).unwrap(),
+            ReplicationMessage::XLogData {
+                wal_start: Lsn(0x10),
+                wal_end: Lsn(0x20),
+                send_time_us: 7,
+                data: Bytes::from_static(b"Bdata"),
+            }
+        );
+        let mut buf = BytesMut::new();
+        buf.put_u8(b'k');
+        buf.put_u64(0x30);
+        buf.put_i64(9);
+        buf.put_u8(1);
+        assert_eq!(
+            parse_copy_data(buf.freeze()).unwrap(),
+            ReplicationMessage::PrimaryKeepalive { wal_end: Lsn(0x30), send_time_us: 9, reply_requested: true }
+        );
+    }
+
+    #[test]
+    fn rejects_truncated_and_unknown_copy_data() {
+        for bad in [&b""[..], b"w\0\0", b"k\0\0\0\0\0\0\0\0", b"x123"] {
+            assert!(parse_copy_data(Bytes::copy_from_slice(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn encodes_standby_status_update() {
+        let update = standby_status_update(Lsn(1), Lsn(2), Lsn(3), 4);
+        let mut expected = vec![b'r'];
+        for n in [1u64, 2, 3, 4] {
+            expected.extend_from_slice(&n.to_be_bytes());
+        }
+        expected.push(0);
+        assert_eq!(&update[..], &expected[..]);
+    }
+
+    #[test]
+    fn quotes_identifiers_in_start_replication() {
+        assert_eq!(
+            start_replication_command("s1", Lsn(0x1_0000_0010), "my \"pub\" 'x'"),
+            "START_REPLICATION SLOT \"s1\" LOGICAL 1/10 (proto_version '1', publication_names '\"my \"\"pub\"\" ''x''\"', messages 'true')"
+        );
+    }
+
+    #[test]
+    fn postgres_epoch_clock() {
+        let t = UNIX_EPOCH + Duration::from_secs(PG_EPOCH_OFFSET_SECS as u64) + Duration::from_micros(5);
+        assert_eq!(pg_timestamp_us(t), 5);
+    }
+}

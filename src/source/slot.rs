@@ -1,0 +1,137 @@
+//! Checks the publication and the replication slot before streaming, over an ordinary SQL
+//! connection (tokio-postgres).
+
+use std::time::Duration;
+
+use tokio_postgres::Client;
+use tracing::info;
+
+use super::SourceError;
+use crate::config::TableName;
+use crate::lsn::Lsn;
+
+/// What the relay needs to know about the server before `START_REPLICATION`.
+#[derive(Debug, Clone)]
+pub struct SlotState {
+    /// The slot's `confirmed_flush_lsn`: streaming resumes after it, and the relay never
+    /// reports a lower flush LSN.
+    pub confirmed_flush_lsn: Lsn,
+    /// `wal_sender_timeout`; zero when disabled.
+    pub wal_sender_timeout: Duration,
+}
+
+/// Verifies that `publication` exists, publishes inserts and includes `table`, then makes sure
+/// the logical slot `slot` exists (creating it with pgoutput when `create` is set) and belongs
+/// to this database.
+///
+/// Returns an error naming the publication, table or slot when one is missing or wrong.
+pub async fn prepare(
+    client: &Client,
+    slot: &str,
+    publication: &str,
+    table: &TableName,
+    create: bool,
+) -> Result<SlotState, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?;
+    match row {
+        None => {
+            return Err(SourceError::Config(format!(
+                "publication {publication:?} does not exist in this database; create it, e.g. CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert')"
+            )))
+        }
+        Some(row) if !row.get::<_, bool>(0) => {
+            return Err(SourceError::Config(format!(
+                "publication {publication:?} does not publish inserts"
+            )))
+        }
+        Some(_) => {}
+    }
+    let published = client
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
+            &[&publication, &table.schema, &table.name],
+        )
+        .await?;
+    if published.is_none() {
+        return Err(SourceError::Config(format!(
+            "table {table} is not in publication {publication:?} (or does not exist); ALTER PUBLICATION {publication} ADD TABLE {table}"
+        )));
+    }
+
+    let confirmed_flush_lsn = match read_slot(client, slot).await? {
+        Some(lsn) => lsn,
+        None if create => {
+            let created = client
+                .query_one(
+                    "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[&slot],
+                )
+                .await;
+            match created {
+                Ok(row) => info!(slot, lsn = row.get::<_, &str>(0), "created replication slot"),
+                // Another replica created it first.
+                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {}
+                Err(e) => return Err(e.into()),
+            }
+            read_slot(client, slot).await?.ok_or_else(|| {
+                SourceError::Config(format!("replication slot {slot:?} vanished after creation"))
+            })?
+        }
+        None => {
+            return Err(SourceError::Config(format!(
+                "replication slot {slot:?} does not exist; create it with pg_create_logical_replication_slot('{slot}', 'pgoutput') or allow the relay to create it"
+            )))
+        }
+    };
+
+    let timeout_ms: i64 = client
+        .query_one(
+            "SELECT setting::bigint FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(SlotState {
+        confirmed_flush_lsn,
+        wal_sender_timeout: Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)),
+    })
+}
+
+/// Reads the slot's `confirmed_flush_lsn`; `None` if there is no such slot.
+///
+/// Returns an error if the slot is not a pgoutput logical slot of the current database.
+async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text
+             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let plugin: Option<String> = row.get(0);
+    let slot_type: String = row.get(1);
+    let same_database: Option<bool> = row.get(2);
+    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
+        return Err(SourceError::Config(format!(
+            "replication slot {slot:?} is a {slot_type} slot with plugin {plugin:?}, not a logical pgoutput slot"
+        )));
+    }
+    if same_database != Some(true) {
+        return Err(SourceError::Config(format!(
+            "replication slot {slot:?} belongs to another database"
+        )));
+    }
+    let lsn: Option<String> = row.get(3);
+    let lsn = lsn
+        .as_deref()
+        .unwrap_or("0/0")
+        .parse()
+        .map_err(|_| SourceError::Protocol(format!("slot {slot:?} confirmed_flush_lsn {lsn:?}")))?;
+    Ok(Some(lsn))
+}
