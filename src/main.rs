@@ -107,7 +107,10 @@ impl RunArgs {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match cli.log_format {
         LogFormat::Text => subscriber.init(),
         LogFormat::Json => subscriber.json().init(),

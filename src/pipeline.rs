@@ -135,11 +135,11 @@ async fn run_session(
     session.stream_until_shutdown(shutdown, status_interval, receive_timeout).await
 }
 
-struct Session<'a> {
+struct Session<'a, S: Sink> {
     config: &'a PipelineConfig,
     metrics: &'a PipelineMetrics,
     stream: ReplicationStream,
-    sink: KafkaSink,
+    sink: S,
     tracker: AckTracker,
     decoder: OutboxDecoder,
     router: Router,
@@ -152,7 +152,7 @@ struct Session<'a> {
     last_status: Instant,
 }
 
-impl Session<'_> {
+impl<S: Sink> Session<'_, S> {
     async fn stream_until_shutdown(
         mut self,
         shutdown: &CancellationToken,

@@ -74,18 +74,17 @@ impl Sink for KafkaSink {
         for (key, value) in &record.headers {
             headers = headers.insert(Header { key, value: Some(value.as_ref()) });
         }
+        let mut future_record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic).headers(headers);
+        if let Some(key) = &record.key {
+            future_record = future_record.key(key.as_ref());
+        }
+        if let Some(value) = &record.value {
+            future_record = future_record.payload(value.as_ref());
+        }
+        if let Some(timestamp) = record.timestamp_ms {
+            future_record = future_record.timestamp(timestamp);
+        }
         loop {
-            let mut future_record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(&record.topic).headers(headers.clone());
-            if let Some(key) = &record.key {
-                future_record = future_record.key(key.as_ref());
-            }
-            if let Some(value) = &record.value {
-                future_record = future_record.payload(value.as_ref());
-            }
-            if let Some(timestamp) = record.timestamp_ms {
-                future_record = future_record.timestamp(timestamp);
-            }
             match self.producer.send_result(future_record) {
                 Ok(future) => {
                     self.pending.push(PendingDelivery { future, token, size });
@@ -93,8 +92,9 @@ impl Sink for KafkaSink {
                     self.in_flight.bytes += size;
                     return Ok(());
                 }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // librdkafka's queue is full: wait for one outcome, keep it, try again.
+                    future_record = returned;
                     match self.pending.next().await {
                         Some(outcome) => {
                             let delivery = self.finish(outcome);
