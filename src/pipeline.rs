@@ -153,8 +153,47 @@ struct Session<'a, S: Sink> {
 }
 
 impl<S: Sink> Session<'_, S> {
+    /// Streams until `shutdown` (then drains and returns `Ok`) or an error. On a permanent
+    /// error, what was sent before the failing event is still delivered and confirmed (up to
+    /// the shutdown timeout), so a restart after the fix publishes as little again as possible;
+    /// the failing event's transaction stays unconfirmed.
     async fn stream_until_shutdown(
         mut self,
+        shutdown: &CancellationToken,
+        status_interval: Duration,
+        receive_timeout: Option<Duration>,
+    ) -> Result<(), Error> {
+        let result = self.stream(shutdown, status_interval, receive_timeout).await;
+        if let Err(e) = &result {
+            if e.is_transient() {
+                return result;
+            }
+            self.drain_in_flight(self.config.shutdown_timeout()).await;
+        }
+        self.send_status().await?;
+        let flush = self.tracker.flush_lsn();
+        if let Err(e) = self.stream.stop(STOP_TIMEOUT).await {
+            warn!(pipeline = %self.config.name, error = %chain(&e), "walsender did not end the stream cleanly");
+        }
+        info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
+        result
+    }
+
+    /// Waits up to `timeout` for the outcomes of records in flight, acknowledging them.
+    async fn drain_in_flight(&mut self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.sink.in_flight().events > 0 {
+            let Ok(Some(delivery)) = tokio::time::timeout_at(deadline, self.sink.next_delivery()).await else {
+                break;
+            };
+            if self.on_delivery(delivery).is_err() {
+                break;
+            }
+        }
+    }
+
+    async fn stream(
+        &mut self,
         shutdown: &CancellationToken,
         status_interval: Duration,
         receive_timeout: Option<Duration>,
@@ -223,12 +262,6 @@ impl<S: Sink> Session<'_, S> {
             }
         }
 
-        self.send_status().await?;
-        let flush = self.tracker.flush_lsn();
-        if let Err(e) = self.stream.stop(STOP_TIMEOUT).await {
-            warn!(pipeline = %self.config.name, error = %chain(&e), "walsender did not end the stream cleanly");
-        }
-        info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
         Ok(())
     }
 

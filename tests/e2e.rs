@@ -1,0 +1,298 @@
+//! End to end: a real PostgreSQL 15 cluster in, a real Kafka-protocol broker (tansu) out,
+//! the relay binary in between. One cluster and one broker per run (tests/support); each test
+//! has its own database, slot, publication and topics.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::{consume, kafka, parse_lsn, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb};
+
+/// One outbox row as written, with what PostgreSQL printed for it.
+#[derive(Debug, Clone)]
+struct Written {
+    id: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    /// `payload::text`: what must arrive as the record value, byte for byte.
+    payload: String,
+}
+
+/// A payload with what tends to break relays: many-digit numbers, unicode, escapes, nesting.
+fn payload(n: usize) -> String {
+    format!(
+        r#"{{"n": {n}, "amount": 1234567890.12345678901234567890, "tiny": 1e-30, "s": "é😀 \"q\" \\ {n}", "nested": {{"list": [1, 2.50, null, true]}}}}"#
+    )
+}
+
+/// Writes `txns` transactions of `per_txn` events each, cycling through `types` and `keys`
+/// aggregate ids per type, one transaction after another (so commit order = write order).
+/// Returns the rows and, for each transaction, the WAL insert LSN just before its COMMIT (the
+/// commit record starts at or after it).
+async fn write_events(
+    client: &tokio_postgres::Client,
+    txns: usize,
+    per_txn: usize,
+    types: &[String],
+    keys: usize,
+    offset: usize,
+    pause: Duration,
+) -> (Vec<Written>, Vec<u64>) {
+    let mut written = Vec::with_capacity(txns * per_txn);
+    let mut before_commit = Vec::with_capacity(txns);
+    for t in 0..txns {
+        client.batch_execute("BEGIN").await.unwrap();
+        for e in 0..per_txn {
+            let n = offset + t * per_txn + e;
+            let aggregate_type = types[n % types.len()].clone();
+            let aggregate_id = format!("{}-{}", aggregate_type.to_lowercase(), (n / types.len()) % keys);
+            let event_type = format!("Event{}", n % 7);
+            let row = client
+                .query_one(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                     VALUES ($1, $2, $3, $4::text::jsonb) RETURNING id::text, payload::text",
+                    &[&aggregate_type, &aggregate_id, &event_type, &payload(n)],
+                )
+                .await
+                .unwrap();
+            written.push(Written { id: row.get(0), aggregate_type, aggregate_id, event_type, payload: row.get(1) });
+        }
+        let lsn: String = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get(0);
+        before_commit.push(parse_lsn(&lsn));
+        client.batch_execute("COMMIT").await.unwrap();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
+    }
+    (written, before_commit)
+}
+
+
+fn header<'a>(record: &'a Consumed, name: &str) -> Option<&'a [u8]> {
+    record.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
+}
+
+/// Asserts I1, I5 and I3 on what the consumer saw: every written event exactly once (when
+/// `exactly_once`) or at least once, in its `<aggregate_type>.events` topic, key, value and
+/// headers byte for byte, and per key in write order.
+fn assert_delivered(written: &[Written], consumed: &[Consumed], exactly_once: bool) {
+    let by_id: HashMap<&str, &Written> = written.iter().map(|w| (w.id.as_str(), w)).collect();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for record in consumed {
+        let id = std::str::from_utf8(header(record, "id").expect("id header")).unwrap();
+        let w = by_id.get(id).unwrap_or_else(|| panic!("record with unknown id {id} in {}", record.topic));
+        *seen.entry(&w.id).or_default() += 1;
+        assert_eq!(record.topic, format!("{}.events", w.aggregate_type), "topic of {id}");
+        assert_eq!(record.key.as_deref(), Some(w.aggregate_id.as_bytes()), "key of {id}");
+        assert_eq!(record.value.as_deref(), Some(w.payload.as_bytes()), "value of {id}");
+        assert_eq!(header(record, "event_type"), Some(w.event_type.as_bytes()), "event_type of {id}");
+    }
+    let missing: Vec<&str> = written.iter().filter(|w| !seen.contains_key(w.id.as_str())).map(|w| w.id.as_str()).collect();
+    assert!(missing.is_empty(), "{} of {} events never arrived, e.g. {:?}", missing.len(), written.len(), &missing[..missing.len().min(3)]);
+    if exactly_once {
+        let duplicated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        assert!(duplicated.is_empty(), "{} events arrived more than once, e.g. {:?}", duplicated.len(), duplicated.first());
+        assert_eq!(consumed.len(), written.len());
+    }
+    // Per key, first arrivals are in commit order (consumed records are in offset order per
+    // partition, and a key lives in one partition).
+    let mut expected_order: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
+    for w in written {
+        expected_order.entry((&w.aggregate_type, &w.aggregate_id)).or_default().push(&w.id);
+    }
+    let mut actual_order: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
+    for record in consumed {
+        let id = std::str::from_utf8(header(record, "id").unwrap()).unwrap();
+        let w = by_id[id];
+        let ids = actual_order.entry((&w.aggregate_type, &w.aggregate_id)).or_default();
+        if !ids.contains(&w.id.as_str()) {
+            ids.push(&w.id);
+        }
+    }
+    for (key, expected) in &expected_order {
+        assert_eq!(actual_order.get(key), Some(expected), "order of events for aggregate {key:?}");
+    }
+}
+
+/// A test's database, slot, topics and the relay arguments that point at them.
+struct Setup {
+    db: TestDb,
+    slot: String,
+    types: Vec<String>,
+}
+
+impl Setup {
+    async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
+        let name = unique_name(prefix);
+        let db = pg().create_database(&name).await;
+        // Aggregate types unique to this test keep topics apart; case is preserved in topics.
+        let types: Vec<String> = types.iter().map(|t| format!("{t}_{name}")).collect();
+        for t in &types {
+            kafka().create_topic(&format!("{t}.events"), partitions);
+        }
+        Setup { db, slot: format!("{name}_slot"), types }
+    }
+
+    fn relay_args(&self, bootstrap: &str, auth: Auth) -> Vec<String> {
+        [
+            "run",
+            "--source-url", &self.db.url(auth),
+            "--slot", &self.slot,
+            "--publication", "outbox_pub",
+            "--table", "public.outbox",
+            "--bootstrap-servers", bootstrap,
+            "--pipeline-name", &self.slot,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    fn topics(&self) -> Vec<String> {
+        self.types.iter().map(|t| format!("{t}.events")).collect()
+    }
+
+    async fn confirmed_flush(&self) -> u64 {
+        self.db.confirmed_flush_lsn(&self.slot).await.map(|l| parse_lsn(&l)).unwrap_or(0)
+    }
+
+    /// Waits until the relay created its slot and is streaming from it.
+    async fn wait_streaming(&self) {
+        wait_for("the relay to stream from its slot", Duration::from_secs(60), || async {
+            self.db.slot_active_pid(&self.slot).await.map(|_| ())
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up() {
+    let setup = Setup::new("roundtrip", &["Order", "customer", "PAYMENT"], 3).await;
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+
+    let started = std::time::Instant::now();
+    let (written, before_commit) = write_events(&setup.db.client, 1_000, 10, &setup.types, 25, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(3), Duration::from_secs(120)).await;
+    let elapsed = started.elapsed();
+    eprintln!("10,000 events written and consumed in {elapsed:?} ({:.0} events/s)", 10_000.0 / elapsed.as_secs_f64());
+    assert_delivered(&written, &consumed, true);
+
+    let last_commit = *before_commit.last().unwrap();
+    wait_for("confirmed_flush_lsn to pass the last commit", Duration::from_secs(5), || async {
+        (setup.confirmed_flush().await > last_commit).then_some(())
+    })
+    .await;
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_lsn_waits_for_an_unreachable_broker() {
+    let setup = Setup::new("outage", &["Order", "Invoice"], 2).await;
+    let port = support::free_port();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let relay = Relay::spawn(&setup.relay_args(&bootstrap, Auth::Trust));
+    setup.wait_streaming().await;
+
+    let (written, before_commit) = write_events(&setup.db.client, 20, 5, &setup.types, 4, 0, Duration::ZERO).await;
+    let first_commit = before_commit[0];
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let confirmed = setup.confirmed_flush().await;
+        assert!(confirmed <= first_commit, "confirmed_flush_lsn {confirmed:X} passed an unacknowledged commit at {first_commit:X}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    let broker = support::Broker::start_on(port);
+    for topic in setup.topics() {
+        broker.create_topic(&topic, 2);
+    }
+    let topics = setup.topics();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let consumed = consume(&bootstrap, &topics, written.len(), Duration::from_secs(2), Duration::from_secs(90)).await;
+    assert_delivered(&written, &consumed, false);
+    let last_commit = *before_commit.last().unwrap();
+    wait_for("confirmed_flush_lsn to pass the last commit once the broker is back", Duration::from_secs(30), || async {
+        (setup.confirmed_flush().await > last_commit).then_some(())
+    })
+    .await;
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_then_restart_loses_and_duplicates_nothing() {
+    let setup = Setup::new("restart", &["Order", "Shipment"], 2).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+
+    let (mut written, _) = write_events(&setup.db.client, 100, 10, &setup.types, 10, 0, Duration::ZERO).await;
+    // Stop while events are still flowing in.
+    let writer_db = pg().connect(&setup.db.name, Auth::Trust).await;
+    let types = setup.types.clone();
+    let writer = tokio::spawn(async move { write_events(&writer_db, 200, 5, &types, 10, 1_000, Duration::from_millis(10)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(40));
+    assert!(status.success(), "relay exited with {status} after SIGTERM:\n{}", relay.log());
+    assert!(!writer.is_finished(), "the writer finished before the relay stopped: not mid-stream");
+
+    let mut relay = Relay::spawn(&args);
+    let (more, _) = writer.await.unwrap();
+    written.extend(more);
+    let topics = setup.topics();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(3), Duration::from_secs(120)).await;
+    assert_delivered(&written, &consumed, true);
+    relay.sigterm();
+    relay.wait(Duration::from_secs(40));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn illegal_topic_name_halts_without_confirming_the_transaction() {
+    let setup = Setup::new("badtopic", &["Order"], 1).await;
+    let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let (good, _) = write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
+    let bad_types = vec!["no spaces allowed".to_string()];
+    let (bad, before_commit) = write_events(&setup.db.client, 1, 1, &bad_types, 1, 1, Duration::ZERO).await;
+
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "relay must stop on an illegal topic name");
+    let log = relay.log();
+    assert!(log.contains(&bad[0].id), "error names the event id {}:\n{log}", bad[0].id);
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 1, Duration::from_secs(1), Duration::from_secs(30)).await;
+    assert_delivered(&good, &consumed, true);
+    let confirmed = setup.confirmed_flush().await;
+    assert!(confirmed <= before_commit[0], "confirmed_flush_lsn {confirmed:X} passed the bad event's commit");
+}
+
+#[tokio::test]
+async fn replication_connection_authenticates_with_every_method() {
+    use outbox_relay::source::replication::ReplicationClient;
+    let db = pg().create_database(&unique_name("auth")).await;
+    for auth in [Auth::Trust, Auth::Password, Auth::Md5, Auth::Scram] {
+        let config: tokio_postgres::Config = db.url(auth).parse().unwrap();
+        let mut client = ReplicationClient::connect(&config)
+            .await
+            .unwrap_or_else(|e| panic!("{auth:?}: {}", outbox_relay::error::chain(&e)));
+        let identity = client.identify_system().await.unwrap();
+        assert_eq!(identity.dbname.as_deref(), Some(db.name.as_str()), "{auth:?}");
+        assert!(identity.xlogpos.0 > 0);
+    }
+    for auth in [Auth::Password, Auth::Md5, Auth::Scram] {
+        let url = db.url(auth);
+        let config: tokio_postgres::Config = url.replace(support::PASSWORD, "wrong").parse().unwrap();
+        let error = ReplicationClient::connect(&config).await.err().expect("wrong password accepted");
+        assert!(
+            matches!(&error, outbox_relay::source::SourceError::Server { code, .. } if code == "28P01"),
+            "{auth:?}: {error}"
+        );
+        assert!(!error.is_transient(), "{auth:?}: a wrong password is not worth retrying");
+    }
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Makes a fresh Debian 12 machine ready for the integration tests and the demo:
+#   - PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin), from apt;
+#   - what rdkafka's bundled librdkafka needs to build (C compiler, make, zlib headers,
+#     pkg-config), from apt;
+#   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time).
+# Idempotent: installs only what is missing and takes a few seconds when all is there.
+# Prints one line per step. Runs as root (or with sudo for apt-get).
+set -euo pipefail
+
+TANSU_VERSION="0.6.0"
+TANSU_FEATURES="dynostore"
+PG_BINDIR="/usr/lib/postgresql/15/bin"
+
+say() { echo "setup-deps: $*"; }
+
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=()
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO=(sudo)
+else
+  SUDO=()
+fi
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" -eq 0 ]; then
+    say "apt-get update"
+    "${SUDO[@]}" apt-get update -qq
+    apt_updated=1
+  fi
+  say "apt-get install $*"
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# Prints the packages among "$@" that are not installed.
+missing_debs() {
+  local p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+      echo "$p"
+    fi
+  done
+}
+
+# 1. PostgreSQL 15 ------------------------------------------------------------------------
+if [ -x "$PG_BINDIR/initdb" ]; then
+  say "postgresql-15: found ($("$PG_BINDIR/postgres" --version))"
+else
+  apt_install postgresql-15
+  [ -x "$PG_BINDIR/initdb" ] || { say "postgresql-15: $PG_BINDIR/initdb still missing after install"; exit 1; }
+  say "postgresql-15: installed ($("$PG_BINDIR/postgres" --version))"
+fi
+if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
+  say "postgres user: missing (initdb refuses to run as root); the postgresql-common package creates it"
+  exit 1
+fi
+
+# 2. Build needs of rdkafka's bundled librdkafka ------------------------------------------------
+build_debs=(gcc libc6-dev make zlib1g-dev pkg-config)
+mapfile -t missing < <(missing_debs "${build_debs[@]}")
+if [ "${#missing[@]}" -eq 0 ] && command -v cc >/dev/null && command -v make >/dev/null; then
+  say "librdkafka build needs: found (${build_debs[*]})"
+else
+  # cc may be missing while gcc is installed (no alternatives link): reinstalling fixes it.
+  [ "${#missing[@]}" -gt 0 ] || missing=(gcc make)
+  apt_install "${missing[@]}"
+  say "librdkafka build needs: installed ${missing[*]}"
+fi
+
+# 3. tansu -----------------------------------------------------------------------------------
+cargo_home="${CARGO_HOME:-${HOME:-/root}/.cargo}"
+tansu="$cargo_home/bin/tansu"
+cargo="$(command -v cargo || echo "$cargo_home/bin/cargo")"
+have=""
+if [ -x "$tansu" ]; then
+  have="$("$tansu" --version 2>/dev/null | head -n1 || true)"
+fi
+reason=""
+case "$have" in
+  "") reason="not installed" ;;
+  *" $TANSU_VERSION") ;;
+  *) reason="$tansu reports '$have', want $TANSU_VERSION" ;;
+esac
+# cargo's install record says which features the binary was built with (memory:// storage
+# needs dynostore); a binary that came some other way is judged by its version alone.
+record="$cargo_home/.crates2.json"
+if [ -z "$reason" ] && [ -f "$record" ] && grep -q "\"tansu $TANSU_VERSION " "$record"; then
+  entry="$(grep -o "\"tansu $TANSU_VERSION [^}]*}" "$record" || true)"
+  case "$entry" in
+    *"\"$TANSU_FEATURES\""*) ;;
+    *) reason="$tansu was built without --features $TANSU_FEATURES" ;;
+  esac
+fi
+if [ -z "$reason" ]; then
+  say "tansu: found $tansu ($have)"
+else
+  say "tansu: $reason; cargo install tansu --version $TANSU_VERSION --features $TANSU_FEATURES (10+ minutes)"
+  "$cargo" install tansu --locked --features "$TANSU_FEATURES" --version "$TANSU_VERSION" --force --quiet
+  have="$("$tansu" --version 2>/dev/null | head -n1 || true)"
+  case "$have" in
+    *" $TANSU_VERSION") say "tansu: installed $tansu ($have)" ;;
+    *) say "tansu: after cargo install, $tansu reports '$have', want $TANSU_VERSION"; exit 1 ;;
+  esac
+fi

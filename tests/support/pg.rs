@@ -1,0 +1,542 @@
+//! The PostgreSQL 15 test cluster (one per test-binary run) and per-test databases.
+
+use super::run::{self, chown_for_pg, pg_command, run_cmd, run_dir, wait_tcp};
+use super::within;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+use tokio_postgres::{Client, NoTls};
+
+/// Password of the roles `relay_md5`, `relay_scram` and `relay_password`.
+pub const PASSWORD: &str = "s3cret!";
+
+/// Deadline for one SQL round trip of a harness helper.
+const QUERY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How a TCP connection to the test cluster authenticates (see the cluster's pg_hba.conf).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Auth {
+    /// User `postgres` (superuser), no password (`trust`).
+    Trust,
+    /// User `relay_password`, cleartext password (`password`).
+    Password,
+    /// User `relay_md5`, `md5` (its password is stored as an md5 hash).
+    Md5,
+    /// User `relay_scram`, `scram-sha-256`.
+    Scram,
+}
+
+impl Auth {
+    /// All four methods.
+    pub const ALL: [Auth; 4] = [Auth::Trust, Auth::Password, Auth::Md5, Auth::Scram];
+
+    /// The role that pg_hba.conf maps to this method.
+    pub fn user(self) -> &'static str {
+        match self {
+            Auth::Trust => "postgres",
+            Auth::Password => "relay_password",
+            Auth::Md5 => "relay_md5",
+            Auth::Scram => "relay_scram",
+        }
+    }
+
+    /// The password to send (None for `Trust`).
+    pub fn password(self) -> Option<&'static str> {
+        match self {
+            Auth::Trust => None,
+            _ => Some(PASSWORD),
+        }
+    }
+}
+
+/// The PostgreSQL 15 cluster of this test run: `wal_level=logical`, listening on 127.0.0.1 on a
+/// free port and on a Unix socket in its temp dir, run as user `postgres` when we are root.
+/// Roles `relay_md5`, `relay_scram`, `relay_password` (LOGIN REPLICATION, member of
+/// `pg_read_all_data`, password [`PASSWORD`]) exist. Stopped at process exit.
+pub struct PgCluster {
+    port: u16,
+    dir: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
+}
+
+/// The test run's PostgreSQL cluster, started (initdb + pg_ctl start, a few seconds) on the
+/// first call. Panics if it cannot be started (and so does every later call, quickly).
+pub fn pg() -> &'static PgCluster {
+    static PG: OnceLock<Result<PgCluster, String>> = OnceLock::new();
+    let r = PG.get_or_init(|| {
+        std::panic::catch_unwind(PgCluster::start).map_err(|e| {
+            e.downcast_ref::<String>()
+                .cloned()
+                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into())
+        })
+    });
+    match r {
+        Ok(c) => c,
+        Err(e) => panic!("the PostgreSQL test cluster failed to start: {e}"),
+    }
+}
+
+impl PgCluster {
+    fn start() -> PgCluster {
+        let t0 = std::time::Instant::now();
+        let dir = run_dir().join("pg");
+        fs::create_dir_all(&dir).expect("creating pg dir");
+        run::set_mode(&dir, 0o700);
+        chown_for_pg(&dir);
+        let data = dir.join("data");
+        let log = dir.join("postgresql.log");
+        let port = super::free_port();
+
+        let mut initdb = pg_command("initdb");
+        initdb.current_dir(&dir).arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+        ]);
+        run_cmd(initdb, Duration::from_secs(120));
+
+        let mut conf = String::from("\n# --- outbox-relay test harness ---\n");
+        let settings: &[(&str, String)] = &[
+            ("listen_addresses", "'127.0.0.1'".into()),
+            ("port", port.to_string()),
+            ("unix_socket_directories", format!("'{}'", dir.display())),
+            ("wal_level", "logical".into()),
+            ("max_replication_slots", "64".into()),
+            ("max_wal_senders", "64".into()),
+            ("max_connections", "200".into()),
+            ("fsync", "off".into()),
+            ("synchronous_commit", "off".into()),
+            ("full_page_writes", "off".into()),
+            ("logging_collector", "off".into()),
+            ("log_min_messages", "info".into()),
+            ("log_line_prefix", "'%m [%p] %q%u@%d '".into()),
+            ("log_connections", "on".into()),
+            ("log_replication_commands", "on".into()),
+        ];
+        for (k, v) in settings {
+            let _ = writeln!(conf, "{k} = {v}");
+        }
+        append(&data.join("postgresql.conf"), &conf);
+        // pg_hba.conf is written in place so it keeps its owner. The first matching line wins.
+        let hba = "\
+# outbox-relay test harness
+local all all trust
+host all relay_md5 127.0.0.1/32 md5
+host all relay_scram 127.0.0.1/32 scram-sha-256
+host all relay_password 127.0.0.1/32 password
+host all all 127.0.0.1/32 trust
+host replication all 127.0.0.1/32 trust
+";
+        fs::write(data.join("pg_hba.conf"), hba).expect("writing pg_hba.conf");
+
+        let mut start = pg_command("pg_ctl");
+        start
+            .current_dir(&dir)
+            .arg("start")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60"]);
+        // Registered before starting, so a failed start is cleaned up too.
+        run::register_pg(&data);
+        let started = run::run_cmd_status(start, Duration::from_secs(90));
+        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
+        match started {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!(
+                "pg_ctl start failed ({}): {}{}\n--- {}:\n{}",
+                o.status,
+                o.stdout,
+                o.stderr,
+                log.display(),
+                log_tail()
+            ),
+            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
+        }
+        if !wait_tcp(port, Duration::from_secs(30), || false) {
+            panic!(
+                "PostgreSQL started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}",
+                log.display(),
+                log_tail()
+            );
+        }
+        let cluster = PgCluster {
+            port,
+            dir,
+            data,
+            log,
+        };
+        cluster.psql(
+            "postgres",
+            &format!(
+                "SET password_encryption = 'md5';
+                 CREATE ROLE relay_md5 LOGIN REPLICATION PASSWORD '{PASSWORD}';
+                 SET password_encryption = 'scram-sha-256';
+                 CREATE ROLE relay_scram LOGIN REPLICATION PASSWORD '{PASSWORD}';
+                 CREATE ROLE relay_password LOGIN REPLICATION PASSWORD '{PASSWORD}';
+                 GRANT pg_read_all_data TO relay_md5, relay_scram, relay_password;"
+            ),
+        );
+        eprintln!(
+            "[support] PostgreSQL 15 on 127.0.0.1:{port} (data {}, log {}) started in {:?}",
+            cluster.data.display(),
+            cluster.log.display(),
+            t0.elapsed()
+        );
+        cluster
+    }
+
+    /// The TCP port (on 127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The Unix-socket directory (also the cluster's temp dir).
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data
+    }
+
+    /// A libpq URL for database `db` over TCP authenticating with `auth`:
+    /// `postgres://USER[:PASS]@127.0.0.1:PORT/DB` (`Trust` is user `postgres` without password).
+    pub fn url(&self, db: &str, auth: Auth) -> String {
+        match auth.password() {
+            None => format!("postgres://{}@127.0.0.1:{}/{db}", auth.user(), self.port),
+            Some(p) => format!(
+                "postgres://{}:{p}@127.0.0.1:{}/{db}",
+                auth.user(),
+                self.port
+            ),
+        }
+    }
+
+    /// The server log (`pg_ctl -l`; `log_min_messages=info`, with `log_connections` and
+    /// `log_replication_commands` on). Shared by all tests of the run.
+    pub fn log_file(&self) -> PathBuf {
+        self.log.clone()
+    }
+
+    /// The current content of [`PgCluster::log_file`].
+    pub fn log_contents(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// Runs `sql` (one or more statements) with psql as `postgres` over the Unix socket in
+    /// database `db`, stopping at the first error; returns psql's unaligned, tuples-only output.
+    /// Blocking; usable outside async code. Panics on error or after 60 s.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let mut cmd = pg_command("psql");
+        cmd.current_dir(&self.dir)
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
+            .arg(&self.dir)
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-c",
+                sql,
+            ]);
+        run_cmd(cmd, Duration::from_secs(60)).stdout
+    }
+
+    /// Runs `sql` with psql connecting by `conninfo` (a URL or `key=value` string, e.g. with
+    /// `replication=database` for walsender commands such as `IDENTIFY_SYSTEM`). Returns psql's
+    /// unaligned, tuples-only output, or its error output. Blocking; panics after 60 s.
+    pub fn psql_conninfo(&self, conninfo: &str, sql: &str) -> Result<String, String> {
+        let mut cmd = pg_command("psql");
+        cmd.current_dir(&self.dir).args([
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-w",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-d",
+            conninfo,
+            "-c",
+            sql,
+        ]);
+        match run::run_cmd_status(cmd, Duration::from_secs(60)) {
+            Ok(o) if o.status.success() => Ok(o.stdout),
+            Ok(o) => Err(format!("{}{}", o.stderr, o.stdout)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Connects with tokio-postgres to `db` using `auth` and spawns the connection task on the
+    /// current tokio runtime (so use the client only on this runtime). Panics after 30 s.
+    pub async fn connect(&self, db: &str, auth: Auth) -> Client {
+        let url = self.url(db, auth);
+        let (client, conn) = within(
+            &format!("connecting to {url}"),
+            QUERY_DEADLINE,
+            tokio_postgres::connect(&url, NoTls),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+        tokio::spawn(async move {
+            // An error here only means the connection broke; the next query reports it.
+            let _ = conn.await;
+        });
+        client
+    }
+
+    /// Creates a fresh database `name` with the outbox schema by executing the SQL file
+    /// `<repo>/sql/outbox.sql` in it, and returns it with a client connected as `postgres`.
+    pub async fn create_database(&self, name: &str) -> TestDb {
+        let sql_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("sql")
+            .join("outbox.sql");
+        let sql = fs::read_to_string(&sql_path)
+            .unwrap_or_else(|e| panic!("reading the outbox schema {}: {e}", sql_path.display()));
+        {
+            let admin = self.connect("postgres", Auth::Trust).await;
+            within(
+                &format!("CREATE DATABASE {name}"),
+                Duration::from_secs(60),
+                admin.batch_execute(&format!("CREATE DATABASE {}", quote_ident(name))),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+        }
+        let client = self.connect(name, Auth::Trust).await;
+        within(
+            &format!("{} in {name}", sql_path.display()),
+            Duration::from_secs(60),
+            client.batch_execute(&sql),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("executing {} in database {name}: {e}", sql_path.display()));
+        TestDb {
+            name: name.to_string(),
+            client,
+            port: self.port,
+        }
+    }
+}
+
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    f.write_all(text.as_bytes())
+        .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+}
+
+/// Quotes an SQL identifier.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// Parses a textual LSN `X/Y` (hex) into a u64 (`X << 32 | Y`). Panics on malformed input.
+pub fn parse_lsn(s: &str) -> u64 {
+    let (hi, lo) = s
+        .trim()
+        .split_once('/')
+        .unwrap_or_else(|| panic!("not an LSN: {s:?}"));
+    let hi = u64::from_str_radix(hi, 16).unwrap_or_else(|_| panic!("not an LSN: {s:?}"));
+    let lo = u64::from_str_radix(lo, 16).unwrap_or_else(|_| panic!("not an LSN: {s:?}"));
+    (hi << 32) | lo
+}
+
+/// Formats a u64 LSN as PostgreSQL prints it (`X/Y`, upper-case hex).
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+/// A database of the test cluster with the outbox schema (see [`PgCluster::create_database`]).
+pub struct TestDb {
+    /// The database name.
+    pub name: String,
+    /// Connected as `postgres` (superuser); its connection task runs on the runtime that
+    /// created the database, so use it only there.
+    pub client: Client,
+    port: u16,
+}
+
+impl TestDb {
+    /// A libpq URL for this database with the given authentication (see [`PgCluster::url`]).
+    pub fn url(&self, auth: Auth) -> String {
+        pg().url(&self.name, auth)
+    }
+
+    /// The cluster's TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `confirmed_flush_lsn` of replication slot `slot` as text (`X/Y`), or None if there is no
+    /// such slot (or it has none).
+    pub async fn confirmed_flush_lsn(&self, slot: &str) -> Option<String> {
+        let rows = within(
+            &format!("confirmed_flush_lsn of slot {slot}"),
+            QUERY_DEADLINE,
+            self.client.query(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("reading confirmed_flush_lsn of slot {slot}: {e}"));
+        rows.first().and_then(|r| r.get::<_, Option<String>>(0))
+    }
+
+    /// [`TestDb::confirmed_flush_lsn`] as a number for comparisons (see [`parse_lsn`]).
+    pub async fn confirmed_flush_lsn_u64(&self, slot: &str) -> Option<u64> {
+        self.confirmed_flush_lsn(slot).await.map(|s| parse_lsn(&s))
+    }
+
+    /// `pg_current_wal_lsn()` (the WAL write position) as a number. With
+    /// `synchronous_commit=off` a just-committed transaction may still be past it for up to
+    /// ~200 ms (the WAL writer's delay); see also [`TestDb::current_wal_insert_lsn`] and
+    /// [`TestDb::current_wal_flush_lsn`] (the walsender sends only flushed WAL).
+    pub async fn current_wal_lsn(&self) -> u64 {
+        let s: String = self
+            .query_one_value("SELECT pg_current_wal_lsn()::text")
+            .await;
+        parse_lsn(&s)
+    }
+
+    /// `pg_current_wal_insert_lsn()` as a number: the end of everything inserted so far
+    /// (always at or past the end of any committed transaction).
+    pub async fn current_wal_insert_lsn(&self) -> u64 {
+        let s: String = self
+            .query_one_value("SELECT pg_current_wal_insert_lsn()::text")
+            .await;
+        parse_lsn(&s)
+    }
+
+    /// `pg_current_wal_flush_lsn()` as a number: how far WAL is durable (and sendable).
+    pub async fn current_wal_flush_lsn(&self) -> u64 {
+        let s: String = self
+            .query_one_value("SELECT pg_current_wal_flush_lsn()::text")
+            .await;
+        parse_lsn(&s)
+    }
+
+    /// PID of the walsender holding replication slot `slot` (`active_pid`), or None if the slot
+    /// is inactive or does not exist.
+    pub async fn slot_active_pid(&self, slot: &str) -> Option<i32> {
+        let rows = within(
+            &format!("active_pid of slot {slot}"),
+            QUERY_DEADLINE,
+            self.client.query(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("reading active_pid of slot {slot}: {e}"));
+        rows.first().and_then(|r| r.get::<_, Option<i32>>(0))
+    }
+
+    /// Creates logical replication slot `slot` with plugin pgoutput in this database and
+    /// returns its consistent-point LSN (text).
+    pub async fn create_slot(&self, slot: &str) -> String {
+        let row = within(
+            &format!("creating slot {slot}"),
+            QUERY_DEADLINE,
+            self.client.query_one(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating replication slot {slot}: {e}"));
+        row.get(0)
+    }
+
+    /// Drops replication slot `slot` if it exists (waits up to 30 s for it to become inactive).
+    pub async fn drop_slot(&self, slot: &str) {
+        within(
+            &format!("dropping slot {slot}"),
+            QUERY_DEADLINE,
+            self.client.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[&slot],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("dropping replication slot {slot}: {e}"));
+    }
+
+    /// Terminates the walsender holding slot `slot` (the relay sees its replication connection
+    /// die); returns whether there was one.
+    pub async fn terminate_slot_backend(&self, slot: &str) -> bool {
+        let rows = within(
+            &format!("terminating the walsender of slot {slot}"),
+            QUERY_DEADLINE,
+            self.client.query(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("terminating the walsender of slot {slot}: {e}"));
+        rows.first().map(|r| r.get::<_, bool>(0)).unwrap_or(false)
+    }
+
+    /// Inserts one outbox row (default columns for the rest) and returns its id (uuid text).
+    /// `payload` and `headers` are JSON text (`headers` None means the column default `{}`).
+    pub async fn insert_event(
+        &self,
+        aggregate_type: &str,
+        aggregate_id: &str,
+        event_type: &str,
+        payload: Option<&str>,
+        headers: Option<&str>,
+    ) -> String {
+        let row = within(
+            "inserting an outbox row",
+            QUERY_DEADLINE,
+            self.client.query_one(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers) \
+                 VALUES ($1, $2, $3, $4::text::jsonb, COALESCE($5::text::jsonb, '{}'::jsonb)) \
+                 RETURNING id::text",
+                &[
+                    &aggregate_type,
+                    &aggregate_id,
+                    &event_type,
+                    &payload,
+                    &headers,
+                ],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("inserting an outbox row: {e}"));
+        row.get(0)
+    }
+
+    /// Runs a query returning one row with one column and returns that value.
+    pub async fn query_one_value<T>(&self, sql: &str) -> T
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        let row = within(sql, QUERY_DEADLINE, self.client.query_one(sql, &[]))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        row.get(0)
+    }
+}
