@@ -131,5 +131,9 @@ if [ "$KEEP" = 0 ]; then
   step "stopping (SIGTERM drains in-flight deliveries and confirms the LSN)"
   kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
   tail -n 2 "$WORK/relay.log"
-  "${PSQL[@]}" "$SOURCE_URL" -c "SELECT pg_drop_replication_slot('quickstart')"
+  for _ in $(seq 50); do
+    "${PSQL[@]}" "$SOURCE_URL" -c "SELECT pg_drop_replication_slot('quickstart')" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  echo "relay stopped, slot quickstart dropped"
 fi
