@@ -48,19 +48,23 @@ pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: Can
     config.validate()?;
     let backoff = || {
         ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(500))
+            .with_min_delay(Duration::from_secs(1))
             .with_max_delay(Duration::from_secs(30))
             .with_jitter()
             .without_max_times()
             .build()
     };
     let mut delays = backoff();
+    // Once this process streamed from the slot, a missing slot means someone dropped it and
+    // the events after its confirmed LSN may be gone: never re-create it silently.
+    let mut slot_seen = false;
     loop {
         let mut streamed = false;
-        match run_session(&config, &metrics, &shutdown, &mut streamed).await {
+        match run_session(&config, &metrics, &shutdown, !slot_seen && config.create_slot, &mut streamed).await {
             Ok(()) => return Ok(()),
             Err(e) if e.is_transient() => {
                 if streamed {
+                    slot_seen = true;
                     delays = backoff();
                 }
                 let delay = delays.next().unwrap_or(Duration::from_secs(30));
@@ -84,12 +88,13 @@ async fn run_session(
     config: &PipelineConfig,
     metrics: &PipelineMetrics,
     shutdown: &CancellationToken,
+    create_slot: bool,
     streamed: &mut bool,
 ) -> Result<(), Error> {
     let pg = config.source_config()?;
     let (client, connection) = pg.connect(NoTls).await.map_err(SourceError::Sql)?;
     let connection = tokio::spawn(connection);
-    let state = slot::prepare(&client, &config.slot, &config.publication, &config.table, config.create_slot).await;
+    let state = slot::prepare(&client, &config.slot, &config.publication, &config.table, create_slot).await;
     drop(client);
     let _ = connection.await;
     let state = state?;

@@ -296,3 +296,87 @@ async fn replication_connection_authenticates_with_every_method() {
         assert!(!error.is_transient(), "{auth:?}: a wrong password is not worth retrying");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
+    let setup = Setup::new("terminate", &["Order", "Refund"], 2).await;
+    let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Scram));
+    setup.wait_streaming().await;
+    let first_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+
+    let (mut written, _) = write_events(&setup.db.client, 30, 3, &setup.types, 5, 0, Duration::ZERO).await;
+    assert!(setup.db.terminate_slot_backend(&setup.slot).await, "no walsender to terminate");
+    let (more, before_commit) = write_events(&setup.db.client, 30, 3, &setup.types, 5, 90, Duration::ZERO).await;
+    written.extend(more);
+
+    relay.wait_for_log("reconnecting", Duration::from_secs(30)).await;
+    wait_for("the relay to stream again from a new walsender", Duration::from_secs(60), || async {
+        setup.db.slot_active_pid(&setup.slot).await.filter(|pid| *pid != first_pid)
+    })
+    .await;
+    let topics = setup.topics();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(2), Duration::from_secs(90)).await;
+    assert_delivered(&written, &consumed, false);
+    let last_commit = *before_commit.last().unwrap();
+    wait_for("confirmed_flush_lsn to pass the last commit after the reconnect", Duration::from_secs(30), || async {
+        (setup.confirmed_flush().await > last_commit).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
+    let setup = Setup::new("standby", &["Order"], 2).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Md5);
+    let mut active = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let mut standby = Relay::spawn(&args);
+    standby.wait_for_log("is active for PID", Duration::from_secs(30)).await;
+
+    let (mut written, _) = write_events(&setup.db.client, 10, 2, &setup.types, 3, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consume(&kafka().bootstrap(), &topics, written.len(), Duration::ZERO, Duration::from_secs(60)).await;
+    assert!(!standby.log().contains("streaming"), "the standby streamed while the slot was held:\n{}", standby.log());
+
+    active.kill();
+    let (more, before_commit) = write_events(&setup.db.client, 10, 2, &setup.types, 3, 20, Duration::ZERO).await;
+    written.extend(more);
+    standby.wait_for_log("streaming", Duration::from_secs(60)).await;
+    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(2), Duration::from_secs(90)).await;
+    assert_delivered(&written, &consumed, false);
+    let last_commit = *before_commit.last().unwrap();
+    wait_for("the standby to confirm past the last commit", Duration::from_secs(30), || async {
+        (setup.confirmed_flush().await > last_commit).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_outbox_lets_the_slot_follow_other_wal() {
+    let setup = Setup::new("idle", &["Order"], 1).await;
+    // wal_sender_timeout = 0: the walsender never asks for a reply; the slot must advance anyway.
+    let setting = format!("ALTER DATABASE {} SET wal_sender_timeout = 0", setup.db.name);
+    setup.db.client.batch_execute(&setting).await.unwrap();
+    setup.db.client.batch_execute("CREATE TABLE noise (id bigserial PRIMARY KEY, filler text)").await.unwrap();
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+
+    let (written, _) = write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
+    for _ in 0..20 {
+        setup.db.client
+            .batch_execute("INSERT INTO noise (filler) SELECT repeat(md5(g::text), 16) FROM generate_series(1, 2000) g")
+            .await
+            .unwrap();
+    }
+    let end_of_noise = setup.db.current_wal_insert_lsn().await;
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 1, Duration::ZERO, Duration::from_secs(30)).await;
+    assert_delivered(&written, &consumed, true);
+    wait_for("confirmed_flush_lsn to follow WAL written outside the publication", Duration::from_secs(60), || async {
+        (setup.confirmed_flush().await >= end_of_noise).then_some(())
+    })
+    .await;
+    drop(relay);
+}

@@ -84,7 +84,7 @@ pub async fn prepare(
         }
         None => {
             return Err(SourceError::Config(format!(
-                "replication slot {slot:?} does not exist; create it with pg_create_logical_replication_slot('{slot}', 'pgoutput') or allow the relay to create it"
+                "replication slot {slot:?} does not exist (it is created only on a first start, never after this process streamed from it: a dropped slot may mean lost events); create it with pg_create_logical_replication_slot('{slot}', 'pgoutput') or restart the relay"
             )))
         }
     };
@@ -108,7 +108,7 @@ pub async fn prepare(
 async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
     let row = client
         .query_opt(
-            "SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text
+            "SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text, wal_status
              FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
@@ -125,6 +125,12 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     if same_database != Some(true) {
         return Err(SourceError::Config(format!(
             "replication slot {slot:?} belongs to another database"
+        )));
+    }
+    let wal_status: Option<String> = row.get(4);
+    if wal_status.as_deref() == Some("lost") {
+        return Err(SourceError::Config(format!(
+            "replication slot {slot:?} is invalidated (wal_status = 'lost'): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while the relay was behind may never be published; reconcile those events from the outbox table, then drop the slot (SELECT pg_drop_replication_slot('{slot}')) and start the relay again to create a new one"
         )));
     }
     let lsn: Option<String> = row.get(3);
