@@ -17,8 +17,12 @@ pub enum Error {
     Outbox(#[from] OutboxError),
     #[error(transparent)]
     Route(#[from] RouteError),
+    /// Kafka reported a failed delivery (asynchronously: later records may be in flight).
     #[error(transparent)]
     Delivery(#[from] DeliveryError),
+    /// The producer refused a record outright: nothing after it was sent.
+    #[error(transparent)]
+    Rejected(DeliveryError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
 }
@@ -29,7 +33,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Source(e) => e.is_transient(),
-            Error::Delivery(e) => e.retryable,
+            Error::Delivery(e) | Error::Rejected(e) => e.retryable,
             Error::Config(_) | Error::Outbox(_) | Error::Route(_) | Error::Producer(_) => false,
         }
     }

@@ -159,9 +159,11 @@ struct Session<'a, S: Sink> {
 
 impl<S: Sink> Session<'_, S> {
     /// Streams until `shutdown` (then drains and returns `Ok`) or an error. On a permanent
-    /// error, what was sent before the failing event is still delivered and confirmed (up to
-    /// the shutdown timeout), so a restart after the fix publishes as little again as possible;
-    /// the failing event's transaction stays unconfirmed.
+    /// error found before its event was sent (bad input, a record the producer refuses), what
+    /// was sent before it is still delivered and confirmed (up to the shutdown timeout), so a
+    /// restart after the fix publishes as little again as possible; the failing event's
+    /// transaction stays unconfirmed. After a failed delivery nothing more is awaited: later
+    /// records of the same key may be queued behind it, and dropping the producer purges them.
     async fn stream_until_shutdown(
         mut self,
         shutdown: &CancellationToken,
@@ -170,7 +172,7 @@ impl<S: Sink> Session<'_, S> {
     ) -> Result<(), Error> {
         let result = self.stream(shutdown, status_interval, receive_timeout).await;
         if let Err(e) = &result {
-            if e.is_transient() {
+            if e.is_transient() || matches!(e, Error::Delivery(_)) {
                 return result;
             }
             self.drain_in_flight(self.config.shutdown_timeout()).await;
@@ -317,7 +319,7 @@ impl<S: Sink> Session<'_, S> {
                 }
                 let record = self.router.route(event, commit_time_ms)?;
                 let token = self.tracker.track_event().map_err(tracker_error)?;
-                self.sink.send(record, token).await?;
+                self.sink.send(record, token).await.map_err(Error::Rejected)?;
                 self.update_in_flight_gauges();
             }
             other => self.metrics.skipped(other.kind()),

@@ -380,3 +380,137 @@ async fn idle_outbox_lets_the_slot_follow_other_wal() {
     .await;
     drop(relay);
 }
+
+/// Inserts one event per statement in the current transaction of `client`; returns what was written.
+async fn insert(client: &tokio_postgres::Client, aggregate_type: &str, aggregate_id: &str, payload: &str) -> Written {
+    let row = client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ($1, $2, 'Test', $3::text::jsonb) RETURNING id::text, payload::text",
+            &[&aggregate_type, &aggregate_id, &payload],
+        )
+        .await
+        .unwrap();
+    Written {
+        id: row.get(0),
+        aggregate_type: aggregate_type.to_owned(),
+        aggregate_id: aggregate_id.to_owned(),
+        event_type: "Test".to_owned(),
+        payload: row.get(1),
+    }
+}
+
+async fn insert_lsn(client: &tokio_postgres::Client) -> u64 {
+    let lsn: String = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get(0);
+    parse_lsn(&lsn)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_after_the_limit_is_raised() {
+    let setup = Setup::new("oversized", &["Order"], 2).await;
+    let t = setup.types[0].clone();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let base_args = args.clone();
+    args.extend(["--kafka-property".to_string(), "message.max.bytes=2000".to_string()]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+
+    let client = &setup.db.client;
+    let big_payload = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5_000));
+    client.batch_execute("BEGIN").await.unwrap();
+    let big = insert(client, &t, "k1", &big_payload).await;
+    let before_big_commit = insert_lsn(client).await;
+    client.batch_execute("COMMIT").await.unwrap();
+    let after_same_key = insert(client, &t, "k1", r#"{"n": 2}"#).await;
+    let other_key = insert(client, &t, "k2", r#"{"n": 3}"#).await;
+
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "relay must halt on a record it cannot publish");
+    let log = relay.log();
+    for needle in [big.id.as_str(), "message.max.bytes = 2000", "bytes"] {
+        assert!(log.contains(needle), "the error names {needle:?}:\n{log}");
+    }
+    let confirmed = setup.confirmed_flush().await;
+    assert!(confirmed <= before_big_commit, "confirmed_flush_lsn {confirmed:X} passed the oversized event");
+
+    let relay = Relay::spawn(&base_args);
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 3, Duration::from_secs(2), Duration::from_secs(60)).await;
+    assert_delivered(&[big, after_same_key, other_key], &consumed, true);
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_follow_commit_order_not_insert_order() {
+    let setup = Setup::new("commitorder", &["Order"], 2).await;
+    let t = setup.types[0].clone();
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+
+    let s1 = &setup.db.client;
+    let s2 = pg().connect(&setup.db.name, Auth::Trust).await;
+    s1.batch_execute("BEGIN").await.unwrap();
+    let first_inserted = insert(s1, &t, "o-c", r#"{"session": 1}"#).await;
+    s2.batch_execute("BEGIN").await.unwrap();
+    let first_committed = insert(&s2, &t, "o-c", r#"{"session": 2}"#).await;
+    s2.batch_execute("COMMIT").await.unwrap();
+    s1.batch_execute("COMMIT").await.unwrap();
+
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 2, Duration::from_secs(1), Duration::from_secs(60)).await;
+    assert_delivered(&[first_committed, first_inserted], &consumed, true);
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_work_is_never_published_and_the_lsn_moves_past_it() {
+    let setup = Setup::new("rollback", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let c = &setup.db.client;
+
+    c.batch_execute("BEGIN").await.unwrap();
+    let a = insert(c, &t, "k", r#"{"e": "a"}"#).await;
+    c.batch_execute("SAVEPOINT s").await.unwrap();
+    insert(c, &t, "k", r#"{"e": "b"}"#).await;
+    c.batch_execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+    let c_event = insert(c, &t, "k", r#"{"e": "c"}"#).await;
+    c.batch_execute("COMMIT").await.unwrap();
+
+    // A PL/pgSQL exception block rolls back its own subtransaction.
+    c.batch_execute(&format!(
+        "DO $$ BEGIN
+           BEGIN
+             INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('{t}', 'k', 'Test', '{{\"e\": \"inner\"}}');
+             RAISE EXCEPTION 'roll back the inner block';
+           EXCEPTION WHEN raise_exception THEN NULL;
+           END;
+           INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('{t}', 'k', 'Test', '{{\"e\": \"d\"}}');
+         END $$"
+    ))
+    .await
+    .unwrap();
+    let d: String = c.query_one("SELECT id::text FROM outbox WHERE payload->>'e' = 'd'", &[]).await.unwrap().get(0);
+    let d_event = Written { id: d, aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "Test".into(), payload: r#"{"e": "d"}"#.into() };
+
+    for rows in [10, 100_000] {
+        c.batch_execute(&format!(
+            "BEGIN; INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT '{t}', 'k', 'Test', jsonb_build_object('rolled_back', g) FROM generate_series(1, {rows}) g; ROLLBACK"
+        ))
+        .await
+        .unwrap();
+    }
+    let last = insert(c, &t, "k", r#"{"e": "last"}"#).await;
+    let after_rollbacks = insert_lsn(c).await;
+
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 4, Duration::from_secs(2), Duration::from_secs(60)).await;
+    assert_delivered(&[a, c_event, d_event, last], &consumed, true);
+    wait_for("confirmed_flush_lsn to move past the rolled-back transactions", Duration::from_secs(30), || async {
+        (setup.confirmed_flush().await >= after_rollbacks).then_some(())
+    })
+    .await;
+    drop(relay);
+}

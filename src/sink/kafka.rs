@@ -34,6 +34,8 @@ pub struct KafkaSink {
     /// Outcomes taken while waiting for queue space, not yet handed out.
     ready: Vec<Delivery>,
     in_flight: InFlight,
+    /// librdkafka's `message.max.bytes`, named in size errors.
+    message_max_bytes: String,
 }
 
 impl KafkaSink {
@@ -53,7 +55,9 @@ impl KafkaSink {
         for (key, value) in &config.properties {
             client.set(key, value);
         }
+        let message_max_bytes = client.get("message.max.bytes").unwrap_or("1000000").to_owned();
         Ok(KafkaSink {
+            message_max_bytes,
             producer: client.create().map_err(ProducerError)?,
             pending: FuturesUnordered::new(),
             ready: Vec::new(),
@@ -108,7 +112,7 @@ impl Sink for KafkaSink {
                         event_id: record.event_id(),
                         topic: record.topic.clone(),
                         retryable: is_retryable(&error),
-                        reason: format!("{error} (record size {size} bytes)"),
+                        reason: self.describe(&error, size),
                     })
                 }
             }
@@ -129,6 +133,16 @@ impl Sink for KafkaSink {
 }
 
 impl KafkaSink {
+    fn describe(&self, error: &KafkaError, size: usize) -> String {
+        match error.rdkafka_error_code() {
+            Some(RDKafkaErrorCode::MessageSizeTooLarge) => format!(
+                "{error}: record of {size} bytes (key, value and headers) exceeds the limit (producer message.max.bytes = {}; the broker's and topic's max.message.bytes apply too)",
+                self.message_max_bytes
+            ),
+            _ => format!("{error} (record of {size} bytes)"),
+        }
+    }
+
     fn finish(&mut self, (token, size, outcome): (EventToken, usize, DeliveryOutcome)) -> Delivery {
         self.in_flight.events -= 1;
         self.in_flight.bytes -= size;
@@ -142,7 +156,7 @@ impl KafkaSink {
                     .unwrap_or_default(),
                 topic: message.topic().to_owned(),
                 retryable: is_retryable(&error),
-                reason: format!("{error} (record size {size} bytes)"),
+                reason: self.describe(&error, size),
             }),
             Err(_canceled) => Err(DeliveryError {
                 event_id: String::new(),
