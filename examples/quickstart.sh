@@ -25,7 +25,14 @@ while [ $# -gt 0 ]; do
 done
 
 step() { printf '\n== %s\n' "$*"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A port nothing listens on (a random one in 20000-59999 that refuses a connection).
+free_port() {
+  local port
+  while :; do
+    port=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
+  done
+}
 
 step "installing what is missing (PostgreSQL 15, build tools, tansu broker)"
 tests/setup-deps.sh
@@ -38,7 +45,8 @@ RELAY=target/debug/outbox-relay
 WORK=$(mktemp -d /tmp/outbox-relay-quickstart.XXXXXX)
 PIDS=()
 PGBIN=/usr/lib/postgresql/15/bin
-as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+# initdb refuses to run as root: run the server as the postgres user (from /, which it can read).
+as_pg() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 cleanup() {
   if [ "$KEEP" = 1 ]; then
     printf '\nLeft running (--keep). Work dir: %s\nStop everything: kill %s; %s\n' "$WORK" "${PIDS[*]:-}" \
@@ -66,7 +74,7 @@ listen_addresses = '127.0.0.1'
 unix_socket_directories = '$WORK/pg'
 CONF
   as_pg "$PGBIN/pg_ctl" -D "$WORK/pg/data" -l "$WORK/pg/log" -w start >/dev/null
-  PGDATA_STOP="runuser -u postgres -- $PGBIN/pg_ctl -D $WORK/pg/data -m fast stop"
+  PGDATA_STOP="cd / && runuser -u postgres -- $PGBIN/pg_ctl -D $WORK/pg/data -m fast stop"
   [ "$(id -u)" = 0 ] || PGDATA_STOP="$PGBIN/pg_ctl -D $WORK/pg/data -m fast stop"
   "${PSQL[@]}" -h 127.0.0.1 -p "$PGPORT" -U postgres -c "CREATE DATABASE shop"
   SOURCE_URL="postgres://postgres@127.0.0.1:$PGPORT/shop"
@@ -124,7 +132,11 @@ step "the events as a Kafka consumer sees them"
 target/debug/examples/tail --bootstrap-servers "$BOOTSTRAP" --topics Order.events,Customer.events --count 3 --timeout-secs 30
 
 step "the slot: confirmed only after Kafka acknowledged"
-sleep 1.5
+WRITTEN_UP_TO=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT pg_current_wal_lsn()")
+for _ in $(seq 100); do
+  [ "$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT confirmed_flush_lsn >= '$WRITTEN_UP_TO' FROM pg_replication_slots WHERE slot_name = 'quickstart'")" = t ] && break
+  sleep 0.1
+done
 "${PSQL[@]}" "$SOURCE_URL" -c "SELECT slot_name, active_pid, confirmed_flush_lsn, pg_current_wal_lsn() AS current_wal_lsn FROM pg_replication_slots WHERE slot_name = 'quickstart'"
 
 if [ "$KEEP" = 0 ]; then

@@ -514,3 +514,55 @@ async fn rolled_back_work_is_never_published_and_the_lsn_moves_past_it() {
     .await;
     drop(relay);
 }
+
+/// Peak resident set size of a process (`VmHWM`), bytes.
+fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kb * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100k_row_transaction_streams_through_bounded_memory_in_key_order() {
+    let setup = Setup::new("bulk", &["Order"], 3).await;
+    let t = setup.types[0].clone();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--max-in-flight-bytes", "8388608", "--max-in-flight-events", "5000"].map(String::from));
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let c = &setup.db.client;
+
+    // 100,000 rows of ~1 kB for 1,000 keys in one transaction, then one more event for key 7.
+    c.batch_execute(&format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+         SELECT '{t}', 'key-' || (g % 1000), 'Bulk', jsonb_build_object('seq', g, 'pad', repeat('p', 1000))
+         FROM generate_series(1, 100000) g"
+    ))
+    .await
+    .unwrap();
+    let last = insert(c, &t, "key-7", r#"{"seq": "after the bulk"}"#).await;
+    let rows = c
+        .query(
+            "SELECT id::text, aggregate_id, payload::text FROM outbox WHERE event_type = 'Bulk' ORDER BY (payload->>'seq')::int",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut written: Vec<Written> = rows
+        .iter()
+        .map(|r| Written { id: r.get(0), aggregate_type: t.clone(), aggregate_id: r.get(1), event_type: "Bulk".into(), payload: r.get(2) })
+        .collect();
+    written.push(last);
+
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(2), Duration::from_secs(300)).await;
+    assert_delivered(&written, &consumed, true);
+    let rss = peak_rss_bytes(relay.pid());
+    eprintln!("peak RSS of the relay after a 100,000-row (~100 MB) transaction with 8 MiB in flight: {} MiB", rss >> 20);
+    // Buffering the transaction would take well over 100 MB.
+    assert!(rss < 100 << 20, "peak RSS {} MiB: memory is not bounded by the in-flight limits", rss >> 20);
+}
