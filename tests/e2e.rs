@@ -566,3 +566,93 @@ async fn a_100k_row_transaction_streams_through_bounded_memory_in_key_order() {
     // Buffering the transaction would take well over 100 MB.
     assert!(rss < 100 << 20, "peak RSS {} MiB: memory is not bounded by the in-flight limits", rss >> 20);
 }
+
+/// Writes 10,000 events in one round: 5,000 in one multi-row INSERT ... SELECT transaction,
+/// 4,000 by COPY (one transaction), 1,000 as 100 transactions of 10 VALUES rows. `seq`
+/// numbers the events in commit order.
+async fn write_bulk_round(client: &tokio_postgres::Client, t: &str, seq: &mut u64) {
+    use futures::SinkExt;
+    let start = *seq;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT '{t}', 'key-' || (g % 97), 'Bulk', jsonb_build_object('seq', g)
+             FROM generate_series({}, {}) g",
+            start,
+            start + 4_999
+        ))
+        .await
+        .unwrap();
+    *seq += 5_000;
+    let sink = client
+        .copy_in("COPY outbox (aggregate_type, aggregate_id, event_type, payload) FROM STDIN")
+        .await
+        .unwrap();
+    futures::pin_mut!(sink);
+    let mut data = String::new();
+    for s in *seq..*seq + 4_000 {
+        data.push_str(&format!("{t}\tkey-{}\tCopied\t{{\"seq\": {s}}}\n", s % 97));
+    }
+    sink.send(bytes::Bytes::from(data)).await.unwrap();
+    sink.finish().await.unwrap();
+    *seq += 4_000;
+    for _ in 0..100 {
+        let values: Vec<String> = (*seq..*seq + 10)
+            .map(|s| format!("('{t}', 'key-{}', 'Small', '{{\"seq\": {s}}}')", s % 97))
+            .collect();
+        client
+            .batch_execute(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES {}",
+                values.join(", ")
+            ))
+            .await
+            .unwrap();
+        *seq += 10;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
+    let setup = Setup::new("kill9", &["Order"], 3).await;
+    let t = setup.types[0].clone();
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let mut rng = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    eprintln!("kill -9 test seed {rng}");
+    let mut next_delay_ms = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % 1_500
+    };
+    let mut seq = 0u64;
+    for round in 0..20 {
+        let mut relay = Relay::spawn(&args);
+        setup.wait_streaming().await;
+        write_bulk_round(&setup.db.client, &t, &mut seq).await;
+        tokio::time::sleep(Duration::from_millis(next_delay_ms())).await;
+        relay.kill();
+        // The old walsender must let go of the slot before the next round's relay can stream.
+        wait_for(&format!("the slot to be released after kill -9 in round {round}"), Duration::from_secs(30), || async {
+            setup.db.slot_active_pid(&setup.slot).await.is_none().then_some(())
+        })
+        .await;
+    }
+    let relay = Relay::spawn(&args);
+
+    let rows = setup
+        .db
+        .client
+        .query("SELECT id::text, aggregate_id, event_type, payload::text FROM outbox ORDER BY (payload->>'seq')::bigint", &[])
+        .await
+        .unwrap();
+    let written: Vec<Written> = rows
+        .iter()
+        .map(|r| Written { id: r.get(0), aggregate_type: t.clone(), aggregate_id: r.get(1), event_type: r.get(2), payload: r.get(3) })
+        .collect();
+    assert_eq!(written.len(), 200_000);
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(3), Duration::from_secs(600)).await;
+    eprintln!("{} records for {} events after 20 kill -9s", consumed.len(), written.len());
+    assert_delivered(&written, &consumed, false);
+    drop(relay);
+}
