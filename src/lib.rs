@@ -30,11 +30,13 @@
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end, with reconnects.
-//! - [`metrics`], [`shutdown`], [`error`], [`lsn`].
+//! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
+//! - [`shutdown`], [`error`], [`lsn`].
 
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
@@ -44,6 +46,7 @@ pub mod sink;
 pub mod source;
 
 use std::future::Future;
+use std::net::SocketAddr;
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -53,15 +56,25 @@ pub use error::Error;
 pub use metrics::Metrics;
 
 /// Runs every pipeline until `shutdown` completes, then drains them (in-flight deliveries up
-/// to each pipeline's `shutdown_timeout_secs`, final status update) and returns.
+/// to each pipeline's `shutdown_timeout_secs`, final status update) and returns. Serves
+/// `/metrics`, `/healthz` and `/readyz` on `metrics_listen` when given.
 ///
 /// A pipeline stopped by a permanent error does not stop the others; `run` returns the first
 /// such error once all pipelines have ended.
-pub async fn run(pipelines: Vec<PipelineConfig>, metrics: Metrics, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+pub async fn run(
+    pipelines: Vec<PipelineConfig>,
+    metrics: Metrics,
+    metrics_listen: Option<SocketAddr>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     for pipeline in &pipelines {
         pipeline.validate()?;
     }
     let token = CancellationToken::new();
+    let server = match metrics_listen {
+        Some(listen) => Some(tokio::spawn(health::serve(listen, metrics.clone(), token.clone()))),
+        None => None,
+    };
     let mut tasks = JoinSet::new();
     for pipeline in pipelines {
         let metrics = metrics.pipeline(&pipeline.name);
@@ -78,6 +91,14 @@ pub async fn run(pipelines: Vec<PipelineConfig>, metrics: Metrics, shutdown: imp
                 Some(Ok(Err(e))) => { first_error.get_or_insert(e); }
                 Some(Err(join_error)) => std::panic::resume_unwind(join_error.into_panic()),
             },
+        }
+    }
+    token.cancel();
+    if let Some(server) = server {
+        match server.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "metrics endpoint failed"),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            _ => {}
         }
     }
     first_error.map_or(Ok(()), Err)

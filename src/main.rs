@@ -26,20 +26,34 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Streams the outbox table's inserts to Kafka until SIGINT or SIGTERM.
+    /// Streams the outbox tables' inserts to Kafka until SIGINT or SIGTERM.
     ///
-    /// Example:
+    /// One database from flags:
     ///   outbox-relay run --source-url postgres://relay:secret@localhost/app \
     ///     --slot outbox_relay --publication outbox_pub --table public.outbox \
     ///     --bootstrap-servers localhost:9092
+    ///
+    /// Several databases from a config file (see examples/relay.toml):
+    ///   outbox-relay run --config relay.toml
+    #[command(verbatim_doc_comment)]
     Run(RunArgs),
 }
 
 #[derive(clap::Args)]
 struct RunArgs {
+    /// TOML config file with one [[pipelines]] entry per database (examples/relay.toml);
+    /// replaces the single-database flags.
+    #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = ["source_url", "bootstrap_servers"])]
+    config: Option<std::path::PathBuf>,
+    /// With --config: run only this pipeline (repeatable).
+    #[arg(long = "pipeline", requires = "config")]
+    pipelines: Vec<String>,
+    /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9187).
+    #[arg(long, env = "OUTBOX_RELAY_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// libpq URL or key=value string of the source database; the role needs REPLICATION.
-    #[arg(long, env = "OUTBOX_RELAY_SOURCE_URL", hide_env_values = true)]
-    source_url: String,
+    #[arg(long, env = "OUTBOX_RELAY_SOURCE_URL", hide_env_values = true, required_unless_present = "config")]
+    source_url: Option<String>,
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot.
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     slot: String,
@@ -50,8 +64,8 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_TABLE", default_value = "public.outbox")]
     table: TableName,
     /// Kafka bootstrap servers, host:port[,host:port].
-    #[arg(long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS")]
-    bootstrap_servers: String,
+    #[arg(long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS", required_unless_present = "config")]
+    bootstrap_servers: Option<String>,
     /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
     #[arg(long = "kafka-property", value_parser = parse_property)]
     kafka_properties: Vec<(String, String)>,
@@ -85,14 +99,14 @@ impl RunArgs {
     fn into_config(self) -> PipelineConfig {
         PipelineConfig {
             name: self.pipeline_name,
-            source_url: self.source_url,
+            source_url: self.source_url.unwrap_or_default(),
             slot: self.slot,
             publication: self.publication,
             table: self.table,
             columns: OutboxColumns::default(),
             create_slot: !self.no_create_slot,
             kafka: KafkaConfig {
-                bootstrap_servers: self.bootstrap_servers,
+                bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),
                 properties: self.kafka_properties,
             },
             status_interval_ms: self.status_interval_ms,
@@ -127,10 +141,29 @@ async fn main() -> std::process::ExitCode {
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
-            let config = args.into_config();
-            config.validate().context("check the flags and OUTBOX_RELAY_* variables")?;
-            tracing::info!(?config, "starting");
-            outbox_relay::run(vec![config], Metrics::new(), outbox_relay::shutdown::signal()).await?;
+            let (pipelines, metrics_listen) = match &args.config {
+                Some(path) => {
+                    let file = config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
+                    let mut pipelines = file.pipelines;
+                    if !args.pipelines.is_empty() {
+                        for name in &args.pipelines {
+                            anyhow::ensure!(pipelines.iter().any(|p| &p.name == name), "--pipeline {name}: no such pipeline in {}", path.display());
+                        }
+                        pipelines.retain(|p| args.pipelines.contains(&p.name));
+                    }
+                    (pipelines, args.metrics_listen.or(file.metrics_listen))
+                }
+                None => {
+                    let metrics_listen = args.metrics_listen;
+                    let config = args.into_config();
+                    config.validate().context("check the flags and OUTBOX_RELAY_* variables")?;
+                    (vec![config], metrics_listen)
+                }
+            };
+            for config in &pipelines {
+                tracing::info!(?config, "starting pipeline");
+            }
+            outbox_relay::run(pipelines, Metrics::new(), metrics_listen, outbox_relay::shutdown::signal()).await?;
             Ok(())
         }
     }

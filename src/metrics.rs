@@ -1,7 +1,12 @@
 //! Prometheus metrics, defined once here. Names follow `outbox_relay_<what>_<unit>[_total]`;
 //! labels are low-cardinality (pipeline, message kind), never event ids.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use serde::Serialize;
 
 /// All metrics of the process, registered in one [`Registry`].
 #[derive(Clone)]
@@ -17,6 +22,30 @@ pub struct Metrics {
     confirmed_flush_lsn: IntGaugeVec,
     in_flight_events: IntGaugeVec,
     in_flight_bytes: IntGaugeVec,
+    streaming: IntGaugeVec,
+    health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+}
+
+/// Where a pipeline is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineState {
+    Connecting,
+    Streaming,
+    /// Waiting to reconnect after a transient error.
+    Reconnecting,
+    /// Stopped by an error that retrying cannot fix.
+    Failed,
+    Stopped,
+}
+
+/// A pipeline's state as `/readyz` reports it.
+#[derive(Clone, Debug, Serialize)]
+pub struct PipelineHealth {
+    pub state: PipelineState,
+    /// Unix epoch, ms.
+    pub since_ms: u64,
+    pub last_error: Option<String>,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -51,6 +80,8 @@ impl Metrics {
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
             in_flight_events: gauge(&r, "outbox_relay_in_flight_events", "Records sent to Kafka and not yet acknowledged."),
             in_flight_bytes: gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records."),
+            streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
+            health: Arc::default(),
             registry: r,
         }
     }
@@ -68,8 +99,15 @@ impl Metrics {
             confirmed_flush_lsn: self.confirmed_flush_lsn.with_label_values(&[pipeline]),
             in_flight_events: self.in_flight_events.with_label_values(&[pipeline]),
             in_flight_bytes: self.in_flight_bytes.with_label_values(&[pipeline]),
+            streaming: self.streaming.with_label_values(&[pipeline]),
+            health: self.health.clone(),
             pipeline: pipeline.to_owned(),
         }
+    }
+
+    /// Every pipeline's state, by name.
+    pub fn health(&self) -> BTreeMap<String, PipelineHealth> {
+        self.health.lock().expect("health lock").clone()
     }
 
     /// The Prometheus text exposition of every metric.
@@ -97,9 +135,20 @@ pub struct PipelineMetrics {
     pub confirmed_flush_lsn: IntGauge,
     pub in_flight_events: IntGauge,
     pub in_flight_bytes: IntGauge,
+    streaming: IntGauge,
+    health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
 }
 
 impl PipelineMetrics {
+    /// Records the pipeline's state (and the error that led to it) for `/readyz`.
+    pub fn set_state(&self, state: PipelineState, error: Option<String>) {
+        self.streaming.set(i64::from(state == PipelineState::Streaming));
+        let since_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut health = self.health.lock().expect("health lock");
+        let last_error = error.or_else(|| health.get(&self.pipeline).and_then(|h| h.last_error.clone()));
+        health.insert(self.pipeline.clone(), PipelineHealth { state, since_ms, last_error });
+    }
+
     /// Counts a pgoutput message of `kind` that is not an outbox insert.
     pub fn skipped(&self, kind: &str) {
         self.messages_skipped.with_label_values(&[&self.pipeline, kind]).inc();

@@ -19,7 +19,7 @@ use crate::checkpoint::AckTracker;
 use crate::config::PipelineConfig;
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
-use crate::metrics::PipelineMetrics;
+use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::Router;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{Delivery, Sink};
@@ -59,10 +59,15 @@ pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: Can
     // the events after its confirmed LSN may be gone: never re-create it silently.
     let mut slot_seen = false;
     loop {
+        metrics.set_state(PipelineState::Connecting, None);
         let mut streamed = false;
         match run_session(&config, &metrics, &shutdown, !slot_seen && config.create_slot, &mut streamed).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                metrics.set_state(PipelineState::Stopped, None);
+                return Ok(());
+            }
             Err(e) if e.is_transient() => {
+                metrics.set_state(PipelineState::Reconnecting, Some(chain(&e)));
                 if streamed {
                     slot_seen = true;
                     delays = backoff();
@@ -76,6 +81,7 @@ pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: Can
                 }
             }
             Err(e) => {
+                metrics.set_state(PipelineState::Failed, Some(chain(&e)));
                 error!(pipeline = %config.name, error = %chain(&e), "pipeline stopped by an error that retrying cannot fix");
                 return Err(e);
             }
@@ -114,6 +120,7 @@ async fn run_session(
         "streaming"
     );
     *streamed = true;
+    metrics.set_state(PipelineState::Streaming, None);
 
     // Status updates at most every min(status interval, wal_sender_timeout / 2).
     let mut status_interval = config.status_interval();

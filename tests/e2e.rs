@@ -656,3 +656,91 @@ async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
     assert_delivered(&written, &consumed, false);
     drop(relay);
 }
+
+/// A plain HTTP/1.1 GET; returns the status code and body.
+async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself() {
+    let setups = [
+        Setup::new("multi_a", &["Order"], 1).await,
+        Setup::new("multi_b", &["Order"], 1).await,
+        Setup::new("multi_c", &["Order"], 1).await,
+    ];
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut toml = format!("[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n", kafka().bootstrap());
+    let mut env = Vec::new();
+    for (i, s) in setups.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[pipelines]]\nname = \"db{i}\"\nsource_url = \"${{DB{i}_URL}}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n",
+            s.slot
+        ));
+        env.push((format!("DB{i}_URL"), s.db.url(Auth::Scram)));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let relay = Relay::spawn_with_env(&["run".into(), "--config".into(), path.display().to_string()], &env_refs);
+
+    wait_for("/readyz to report all three pipelines streaming", Duration::from_secs(60), || async {
+        http_get(&metrics, "/readyz").await.filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let mut written = Vec::new();
+    for s in &setups {
+        written.push(write_events(&s.db.client, 3, 2, &s.types, 2, 0, Duration::ZERO).await.0);
+    }
+    for (s, w) in setups.iter().zip(&written) {
+        let topics = s.topics();
+        let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], w.len(), Duration::ZERO, Duration::from_secs(60)).await;
+        assert_delivered(w, &consumed, false);
+    }
+
+    // Database b goes away: its pipeline reconnects while a and c keep flowing.
+    let b = &setups[1];
+    let admin = pg().connect("postgres", Auth::Trust).await;
+    admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS false", b.db.name)).await.unwrap();
+    assert!(b.db.terminate_slot_backend(&b.slot).await);
+    let (status, body) = wait_for("/readyz to report db1 reconnecting", Duration::from_secs(30), || async {
+        http_get(&metrics, "/readyz").await.filter(|(_, body)| body.contains("reconnecting"))
+    })
+    .await;
+    assert_eq!(status, 503, "{body}");
+    let readiness: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(readiness["pipelines"]["db0"]["state"], "streaming", "{body}");
+    assert_eq!(readiness["pipelines"]["db1"]["state"], "reconnecting", "{body}");
+    assert_eq!(readiness["pipelines"]["db2"]["state"], "streaming", "{body}");
+    for i in [0, 2] {
+        let s = &setups[i];
+        let more = write_events(&s.db.client, 3, 2, &s.types, 2, 100, Duration::ZERO).await.0;
+        written[i].extend(more);
+        let topics = s.topics();
+        let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written[i].len(), Duration::ZERO, Duration::from_secs(60)).await;
+        assert_delivered(&written[i], &consumed, false);
+    }
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    assert!(text.contains("outbox_relay_pipeline_streaming{pipeline=\"db1\"} 0"), "{text}");
+    assert!(text.contains("outbox_relay_events_published_total{pipeline=\"db0\"} 12"), "{text}");
+
+    // b comes back and catches up.
+    admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", b.db.name)).await.unwrap();
+    let more = write_events(&b.db.client, 3, 2, &b.types, 2, 100, Duration::ZERO).await.0;
+    written[1].extend(more);
+    let topics = b.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written[1].len(), Duration::ZERO, Duration::from_secs(90)).await;
+    assert_delivered(&written[1], &consumed, false);
+    drop(relay);
+}

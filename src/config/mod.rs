@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod file;
+
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
 /// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
@@ -30,7 +32,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(field: &str, problem: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &str, problem: impl Into<String>) -> Self {
         ConfigError {
             field: field.to_owned(),
             problem: problem.into(),
@@ -103,12 +105,11 @@ impl Default for OutboxColumns {
 }
 
 /// Kafka producer settings.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
     /// `host:port[,host:port...]`.
     pub bootstrap_servers: String,
     /// Extra librdkafka properties (`security.protocol`, `sasl.*`, `linger.ms`, ...).
-    #[serde(default)]
     pub properties: Vec<(String, String)>,
 }
 
@@ -127,7 +128,7 @@ impl fmt::Debug for KafkaConfig {
 }
 
 /// One source database and where its events go.
-#[derive(Clone, Deserialize)]
+#[derive(Clone)]
 pub struct PipelineConfig {
     /// Label in logs and metrics.
     pub name: String,
@@ -139,37 +140,16 @@ pub struct PipelineConfig {
     pub publication: String,
     /// The outbox table.
     pub table: TableName,
-    #[serde(default)]
     pub columns: OutboxColumns,
     /// Create the slot when it does not exist.
-    #[serde(default = "yes")]
     pub create_slot: bool,
     pub kafka: KafkaConfig,
-    #[serde(default = "default_status_interval_ms")]
     pub status_interval_ms: u64,
-    #[serde(default = "default_max_in_flight_events")]
     pub max_in_flight_events: usize,
-    #[serde(default = "default_max_in_flight_bytes")]
     pub max_in_flight_bytes: usize,
-    #[serde(default = "default_shutdown_timeout_secs")]
     pub shutdown_timeout_secs: u64,
 }
 
-fn yes() -> bool {
-    true
-}
-fn default_status_interval_ms() -> u64 {
-    DEFAULT_STATUS_INTERVAL_MS
-}
-fn default_max_in_flight_events() -> usize {
-    DEFAULT_MAX_IN_FLIGHT_EVENTS
-}
-fn default_max_in_flight_bytes() -> usize {
-    DEFAULT_MAX_IN_FLIGHT_BYTES
-}
-fn default_shutdown_timeout_secs() -> u64 {
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS
-}
 
 impl fmt::Debug for PipelineConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

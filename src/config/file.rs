@@ -1,0 +1,323 @@
+//! Loads the TOML config file: one `[[pipelines]]` entry per source database, `[kafka]`
+//! defaults a pipeline may override, and `[metrics]`.
+//!
+//! Layering is figment's: the file, then `OUTBOX_RELAY__<SECTION>__<KEY>` environment
+//! variables for top-level sections (e.g. `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS`). Inside
+//! pipelines, values name environment variables with `${NAME}` (any string value of
+//! `source_url`, `kafka.bootstrap_servers` and `kafka.properties`), and `source_url_file`
+//! reads the URL from a file (a mounted secret). Problems are listed all at once, each with its
+//! field path.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::Deserialize;
+
+use super::{
+    ConfigError, KafkaConfig, OutboxColumns, PipelineConfig, TableName, DEFAULT_MAX_IN_FLIGHT_BYTES,
+    DEFAULT_MAX_IN_FLIGHT_EVENTS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_STATUS_INTERVAL_MS,
+};
+
+/// The whole file, resolved: pipelines with their Kafka settings merged, and the metrics
+/// listener.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub pipelines: Vec<PipelineConfig>,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint; `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    kafka: KafkaSection,
+    #[serde(default)]
+    metrics: MetricsSection,
+    #[serde(default)]
+    pipelines: Vec<PipelineSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KafkaSection {
+    bootstrap_servers: Option<String>,
+    #[serde(default)]
+    properties: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetricsSection {
+    listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PipelineSection {
+    name: String,
+    source_url: Option<String>,
+    source_url_file: Option<String>,
+    slot: String,
+    publication: String,
+    table: TableName,
+    #[serde(default)]
+    columns: OutboxColumns,
+    #[serde(default = "yes")]
+    create_slot: bool,
+    #[serde(default)]
+    kafka: KafkaSection,
+    #[serde(default = "default_status_interval_ms")]
+    status_interval_ms: u64,
+    #[serde(default = "default_max_in_flight_events")]
+    max_in_flight_events: usize,
+    #[serde(default = "default_max_in_flight_bytes")]
+    max_in_flight_bytes: usize,
+    #[serde(default = "default_shutdown_timeout_secs")]
+    shutdown_timeout_secs: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_status_interval_ms() -> u64 {
+    DEFAULT_STATUS_INTERVAL_MS
+}
+fn default_max_in_flight_events() -> usize {
+    DEFAULT_MAX_IN_FLIGHT_EVENTS
+}
+fn default_max_in_flight_bytes() -> usize {
+    DEFAULT_MAX_IN_FLIGHT_BYTES
+}
+fn default_shutdown_timeout_secs() -> u64 {
+    DEFAULT_SHUTDOWN_TIMEOUT_SECS
+}
+
+/// Every problem found in a config file; `Display` lists them one per line.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {}: {}", e.field, e.problem)).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+/// Loads `path`, applies `OUTBOX_RELAY__...` overrides, resolves `${NAME}` references and
+/// secret files, and validates every pipeline.
+///
+/// Returns all problems at once, each naming its field path (e.g. `pipelines[1].slot`).
+pub fn load(path: &Path) -> Result<RelayConfig, ConfigErrors> {
+    let figment = Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(Env::prefixed("OUTBOX_RELAY__").split("__"));
+    resolve(figment, &|name| std::env::var(name).ok())
+}
+
+fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<RelayConfig, ConfigErrors> {
+    let file: FileConfig = figment.extract().map_err(|errors| {
+        ConfigErrors(
+            errors
+                .into_iter()
+                .map(|e| ConfigError {
+                    field: if e.path.is_empty() { "config".into() } else { e.path.join(".") },
+                    problem: e.kind.to_string(),
+                })
+                .collect(),
+        )
+    })?;
+    let mut problems = Vec::new();
+    if file.pipelines.is_empty() {
+        problems.push(ConfigError::new("pipelines", "at least one [[pipelines]] entry is required"));
+    }
+    let mut names = HashSet::new();
+    let mut pipelines = Vec::new();
+    for (i, p) in file.pipelines.into_iter().enumerate() {
+        let at = |field: &str| format!("pipelines[{i}].{field}");
+        let mut problem = |field: &str, text: String| problems.push(ConfigError { field: at(field), problem: text });
+        if !names.insert(p.name.clone()) {
+            problem("name", format!("{:?} is used by another pipeline", p.name));
+        }
+        let source_url = match (&p.source_url, &p.source_url_file) {
+            (Some(url), None) => expand(url, env).unwrap_or_else(|e| {
+                problem("source_url", e);
+                String::new()
+            }),
+            (None, Some(file)) => match std::fs::read_to_string(file) {
+                Ok(url) => url.trim().to_owned(),
+                Err(e) => {
+                    problem("source_url_file", format!("cannot read {file:?}: {e}"));
+                    String::new()
+                }
+            },
+            _ => {
+                problem("source_url", "set exactly one of source_url and source_url_file".into());
+                String::new()
+            }
+        };
+        let bootstrap = p.kafka.bootstrap_servers.as_ref().or(file.kafka.bootstrap_servers.as_ref());
+        let bootstrap_servers = match bootstrap {
+            Some(servers) => expand(servers, env).unwrap_or_else(|e| {
+                problem("kafka.bootstrap_servers", e);
+                String::new()
+            }),
+            None => {
+                problem("kafka.bootstrap_servers", "not set here nor in [kafka]".into());
+                String::new()
+            }
+        };
+        let mut properties = file.kafka.properties.clone();
+        properties.extend(p.kafka.properties.clone());
+        let properties = properties
+            .into_iter()
+            .map(|(key, value)| {
+                let value = expand(&value, env).unwrap_or_else(|e| {
+                    problem(&format!("kafka.properties.{key}"), e);
+                    String::new()
+                });
+                (key, value)
+            })
+            .collect();
+        let config = PipelineConfig {
+            name: p.name,
+            source_url,
+            slot: p.slot,
+            publication: p.publication,
+            table: p.table,
+            columns: p.columns,
+            create_slot: p.create_slot,
+            kafka: KafkaConfig { bootstrap_servers, properties },
+            status_interval_ms: p.status_interval_ms,
+            max_in_flight_events: p.max_in_flight_events,
+            max_in_flight_bytes: p.max_in_flight_bytes,
+            shutdown_timeout_secs: p.shutdown_timeout_secs,
+        };
+        if let Err(e) = config.validate() {
+            if !problems.iter().any(|known| known.field == at(&e.field)) {
+                problems.push(ConfigError { field: at(&e.field), problem: e.problem });
+            }
+        }
+        pipelines.push(config);
+    }
+    if !problems.is_empty() {
+        return Err(ConfigErrors(problems));
+    }
+    Ok(RelayConfig {
+        pipelines,
+        metrics_listen: file.metrics.listen,
+    })
+}
+
+/// Replaces each `${NAME}` in `value` with the environment variable `NAME`.
+///
+/// Returns an error naming the variable if it is not set, or if a `${` is not closed.
+fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| format!("unclosed ${{ in {value:?}"))?;
+        let name = &after[..end];
+        out.push_str(&env(name).ok_or_else(|| format!("environment variable {name} is not set"))?);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(toml: &str, env: &[(&str, &str)]) -> Result<RelayConfig, ConfigErrors> {
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    const EXAMPLE: &str = include_str!("../../examples/relay.toml");
+
+    #[test]
+    fn the_example_file_loads() {
+        let config = load_str(EXAMPLE, &[("ORDERS_DATABASE_URL", "postgres://relay:pw@orders-db/orders"), ("BILLING_DATABASE_URL", "postgres://relay:pw@billing-db/billing")]).unwrap();
+        assert_eq!(config.pipelines.len(), 2);
+        let orders = &config.pipelines[0];
+        assert_eq!(orders.source_url, "postgres://relay:pw@orders-db/orders");
+        assert_eq!(orders.kafka.bootstrap_servers, "kafka-1:9092,kafka-2:9092");
+        assert!(orders.kafka.properties.contains(&("linger.ms".into(), "5".into())));
+        let billing = &config.pipelines[1];
+        assert_eq!(billing.table.to_string(), "billing.outbox");
+        assert_eq!(billing.columns.aggregate_type, "aggregatetype");
+        assert_eq!(billing.max_in_flight_events, 2_000);
+        assert!(config.metrics_listen.is_some());
+    }
+
+    #[test]
+    fn pipeline_kafka_settings_override_the_defaults() {
+        let config = load_str(
+            r#"
+            [kafka]
+            bootstrap_servers = "a:9092"
+            properties = { "linger.ms" = "5", "compression.type" = "lz4" }
+            [[pipelines]]
+            name = "p"
+            source_url = "postgres://u@h/db"
+            slot = "s"
+            publication = "pub"
+            table = "outbox"
+            kafka = { bootstrap_servers = "b:9092", properties = { "linger.ms" = "0" } }
+            "#,
+            &[],
+        )
+        .unwrap();
+        let kafka = &config.pipelines[0].kafka;
+        assert_eq!(kafka.bootstrap_servers, "b:9092");
+        assert!(kafka.properties.contains(&("linger.ms".into(), "0".into())));
+        assert!(kafka.properties.contains(&("compression.type".into(), "lz4".into())));
+    }
+
+    #[test]
+    fn lists_every_problem_with_its_field_path() {
+        let errors = load_str(
+            r#"
+            [[pipelines]]
+            name = "a"
+            source_url = "${MISSING_URL}"
+            slot = "Bad-Slot"
+            publication = "pub"
+            table = "outbox"
+            [[pipelines]]
+            name = "a"
+            source_url = "postgres://u@h/db"
+            slot = "ok"
+            publication = "pub"
+            table = "outbox"
+            kafka = { properties = { "acks" = "1" } }
+            "#,
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        for expected in ["pipelines[0].source_url", "pipelines[0].kafka.bootstrap_servers", "pipelines[1].name", "pipelines[1].kafka.bootstrap_servers"] {
+            assert!(fields.contains(&expected), "{expected} missing in {errors}");
+        }
+        assert!(errors.to_string().contains("MISSING_URL"));
+    }
+
+    #[test]
+    fn unknown_fields_and_wrong_types_name_the_key() {
+        let errors = load_str("[[pipelines]]\nname = \"a\"\nslott = \"x\"\n", &[]).unwrap_err();
+        assert!(errors.to_string().contains("slott"), "{errors}");
+        let errors = load_str("[[pipelines]]\nname = \"a\"\nsource_url = \"x\"\nslot = \"s\"\npublication = \"p\"\ntable = \"t\"\nmax_in_flight_events = \"many\"\n", &[]).unwrap_err();
+        assert!(errors.to_string().contains("max_in_flight_events"), "{errors}");
+    }
+
+    #[test]
+    fn expands_environment_references() {
+        let env = |name: &str| (name == "PW").then(|| "s3cret".to_owned());
+        assert_eq!(expand("postgres://u:${PW}@h/db", &env).unwrap(), "postgres://u:s3cret@h/db");
+        assert_eq!(expand("plain", &env).unwrap(), "plain");
+        assert!(expand("${NOPE}", &env).unwrap_err().contains("NOPE"));
+        assert!(expand("${PW", &env).is_err());
+    }
+}
