@@ -37,6 +37,22 @@ enum Command {
     ///   outbox-relay run --config relay.toml
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
+    /// Creates what each pipeline needs in its database: the publication (FOR TABLE the
+    /// outbox, publish = 'insert') when missing, and the logical replication slot. Run it once
+    /// before the first start, then run the relay with --no-create-slot (or create_slot =
+    /// false), so a slot that disappears later stops the relay instead of silently starting
+    /// after the events it missed.
+    ///
+    ///   outbox-relay setup --config relay.toml
+    ///   outbox-relay setup --source-url ... --bootstrap-servers ... --print-sql
+    #[command(verbatim_doc_comment)]
+    Setup {
+        #[command(flatten)]
+        args: RunArgs,
+        /// Print the SQL instead of running it.
+        #[arg(long)]
+        print_sql: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -138,32 +154,58 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// The pipelines and metrics address from --config or from the single-database flags.
+fn pipelines(args: RunArgs) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::net::SocketAddr>)> {
+    match &args.config {
+        Some(path) => {
+            let file = config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
+            let mut pipelines = file.pipelines;
+            for name in &args.pipelines {
+                anyhow::ensure!(
+                    pipelines.iter().any(|p| &p.name == name),
+                    "--pipeline {name}: no such pipeline in {}",
+                    path.display()
+                );
+            }
+            if !args.pipelines.is_empty() {
+                pipelines.retain(|p| args.pipelines.contains(&p.name));
+            }
+            Ok((pipelines, args.metrics_listen.or(file.metrics_listen)))
+        }
+        None => {
+            let metrics_listen = args.metrics_listen;
+            let config = args.into_config();
+            config.validate().context("check the flags and OUTBOX_RELAY_* variables")?;
+            Ok((vec![config], metrics_listen))
+        }
+    }
+}
+
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
-            let (pipelines, metrics_listen) = match &args.config {
-                Some(path) => {
-                    let file = config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
-                    let mut pipelines = file.pipelines;
-                    if !args.pipelines.is_empty() {
-                        for name in &args.pipelines {
-                            anyhow::ensure!(pipelines.iter().any(|p| &p.name == name), "--pipeline {name}: no such pipeline in {}", path.display());
-                        }
-                        pipelines.retain(|p| args.pipelines.contains(&p.name));
-                    }
-                    (pipelines, args.metrics_listen.or(file.metrics_listen))
-                }
-                None => {
-                    let metrics_listen = args.metrics_listen;
-                    let config = args.into_config();
-                    config.validate().context("check the flags and OUTBOX_RELAY_* variables")?;
-                    (vec![config], metrics_listen)
-                }
-            };
+            let (pipelines, metrics_listen) = pipelines(args)?;
             for config in &pipelines {
                 tracing::info!(?config, "starting pipeline");
             }
             outbox_relay::run(pipelines, Metrics::new(), metrics_listen, outbox_relay::shutdown::signal()).await?;
+            Ok(())
+        }
+        Command::Setup { args, print_sql } => {
+            let (pipelines, _) = pipelines(args)?;
+            for config in &pipelines {
+                if print_sql {
+                    println!("-- pipeline {}, in its database:\n{}\n", config.name, outbox_relay::source::slot::setup_sql(config));
+                    continue;
+                }
+                let lsn = outbox_relay::source::slot::setup(config)
+                    .await
+                    .with_context(|| format!("pipeline {}", config.name))?;
+                println!(
+                    "pipeline {}: publication {} includes {}; slot {} confirmed at {lsn}",
+                    config.name, config.publication, config.table, config.slot
+                );
+            }
             Ok(())
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -33,10 +33,6 @@ use crate::source::{slot, SourceError};
 /// Minimum gap between status updates sent because the flush LSN moved; the timer sends
 /// one every `status_interval_ms` regardless.
 const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
-/// A silent walsender is not a dead one (it can decode a huge transaction for minutes before
-/// sending it); give up on the connection only after this long with no message at all, and
-/// never sooner than ten `wal_sender_timeout`s.
-const MIN_RECEIVE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long to wait for the walsender to acknowledge the end of streaming.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -97,24 +93,28 @@ async fn run_session(
     create_slot: bool,
     streamed: &mut bool,
 ) -> Result<(), Error> {
-    let pg = config.source_config()?;
-    let (client, connection) = pg.connect(NoTls).await.map_err(SourceError::Sql)?;
-    let connection = tokio::spawn(connection);
-    let state = slot::prepare(&client, &config.slot, &config.publication, &config.table, create_slot).await;
-    drop(client);
-    let _ = connection.await;
-    let state = state?;
+    let (pg, tls) = config.source_config()?;
+    let sql_tls = MakeRustlsConnect::new(tls.client_config().map_err(SourceError::Tls)?);
+    let (client, connection) = pg.connect(sql_tls).await.map_err(SourceError::Sql)?;
+    let connection = AbortOnDrop(tokio::spawn(connection));
+    let state = slot::prepare(&client, &config.slot, &config.publication, &config.table, create_slot).await?;
 
-    let mut replication = ReplicationClient::connect(&pg).await?;
+    let mut replication = ReplicationClient::connect(&pg, &tls).await?;
     let identity = replication.identify_system().await?;
     let stream = replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
         .await?;
+    // Read the confirmed LSN again now that this walsender holds the slot: another relay may
+    // have confirmed more since `prepare`, and PostgreSQL 15 would let an older flush LSN move
+    // the slot backwards.
+    let confirmed_flush_lsn = slot::confirmed_flush_lsn(&client, &config.slot).await?;
+    drop(client);
+    drop(connection);
     let sink = KafkaSink::new(&config.kafka, &format!("outbox-relay-{}", config.name), config.max_in_flight_events)?;
     info!(
         pipeline = %config.name,
         slot = %config.slot,
-        confirmed_flush_lsn = %state.confirmed_flush_lsn,
+        confirmed_flush_lsn = %confirmed_flush_lsn,
         server_lsn = %identity.xlogpos,
         timeline = identity.timeline,
         "streaming"
@@ -127,24 +127,22 @@ async fn run_session(
     if !state.wal_sender_timeout.is_zero() {
         status_interval = status_interval.min(state.wal_sender_timeout / 2);
     }
-    let receive_timeout = (!state.wal_sender_timeout.is_zero())
-        .then(|| MIN_RECEIVE_TIMEOUT.max(state.wal_sender_timeout * 10));
 
     let session = Session {
         config,
         metrics,
         stream,
         sink,
-        tracker: AckTracker::new(state.confirmed_flush_lsn),
+        tracker: AckTracker::new(confirmed_flush_lsn),
         decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone()),
         router: Router,
         commit_time_ms: None,
-        last_received: state.confirmed_flush_lsn,
+        last_received: confirmed_flush_lsn,
         sent_flush: Lsn::ZERO,
         last_status: Instant::now(),
     };
-    metrics.confirmed_flush_lsn.set(lsn_gauge(state.confirmed_flush_lsn));
-    session.stream_until_shutdown(shutdown, status_interval, receive_timeout).await
+    metrics.confirmed_flush_lsn.set(lsn_gauge(confirmed_flush_lsn));
+    session.stream_until_shutdown(shutdown, status_interval).await
 }
 
 struct Session<'a, S: Sink> {
@@ -157,7 +155,7 @@ struct Session<'a, S: Sink> {
     router: Router,
     /// Commit time of the open transaction (Unix ms), from its Begin message.
     commit_time_ms: Option<i64>,
-    /// Highest LSN received (the status update's write position).
+    /// Highest LSN received, for error context.
     last_received: Lsn,
     /// Flush LSN of the last status update sent.
     sent_flush: Lsn,
@@ -175,16 +173,18 @@ impl<S: Sink> Session<'_, S> {
         mut self,
         shutdown: &CancellationToken,
         status_interval: Duration,
-        receive_timeout: Option<Duration>,
     ) -> Result<(), Error> {
-        let result = self.stream(shutdown, status_interval, receive_timeout).await;
+        let result = self.stream(shutdown, status_interval).await;
         if let Err(e) = &result {
             if e.is_transient() || matches!(e, Error::Delivery(_)) {
                 return result;
             }
             self.drain_in_flight(self.config.shutdown_timeout()).await;
         }
-        self.send_status().await?;
+        if let Err(e) = self.send_status().await {
+            warn!(pipeline = %self.config.name, error = %chain(&e), "could not send the final status update");
+            return result.and(Err(e));
+        }
         let flush = self.tracker.flush_lsn();
         if let Err(e) = self.stream.stop(STOP_TIMEOUT).await {
             warn!(pipeline = %self.config.name, error = %chain(&e), "walsender did not end the stream cleanly");
@@ -210,12 +210,10 @@ impl<S: Sink> Session<'_, S> {
         &mut self,
         shutdown: &CancellationToken,
         status_interval: Duration,
-        receive_timeout: Option<Duration>,
     ) -> Result<(), Error> {
         let mut status_timer = interval(status_interval);
         status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut drain_deadline: Option<tokio::time::Instant> = None;
-        let mut last_wal_wait = Instant::now();
 
         loop {
             let in_flight = self.sink.in_flight();
@@ -227,9 +225,6 @@ impl<S: Sink> Session<'_, S> {
             let read_wal = has_capacity && (!draining || self.tracker.in_transaction());
             if draining && !self.tracker.in_transaction() && in_flight.events == 0 {
                 break;
-            }
-            if !read_wal {
-                last_wal_wait = Instant::now();
             }
 
             tokio::select! {
@@ -253,17 +248,9 @@ impl<S: Sink> Session<'_, S> {
                     self.on_delivery(delivery)?;
                 }
                 // 3. Status updates on a timer, also while WAL is not being read.
-                _ = status_timer.tick() => {
-                    if let Some(timeout) = receive_timeout {
-                        if last_wal_wait.elapsed() > timeout {
-                            return Err(SourceError::ReceiveTimeout(timeout).into());
-                        }
-                    }
-                    self.send_status().await?;
-                }
+                _ = status_timer.tick() => self.send_status().await?,
                 // 4. New WAL, only while there is room in flight.
                 message = self.stream.recv(), if read_wal => {
-                    last_wal_wait = Instant::now();
                     match message? {
                         Some(message) => self.on_message(message).await?,
                         None => return Err(SourceError::Closed.into()),
@@ -351,10 +338,12 @@ impl<S: Sink> Session<'_, S> {
         }
     }
 
+    /// Sends write = flush = apply = the tracker's flush LSN. Reporting a write position
+    /// beyond flush would stop the walsender's unsolicited keepalives (it sends them while
+    /// both are behind what it has read), and with them idle progress.
     async fn send_status(&mut self) -> Result<(), Error> {
         let flush = self.tracker.flush_lsn();
-        let write = self.last_received.max(flush);
-        self.stream.send_status(write, flush).await?;
+        self.stream.send_status(flush, flush).await?;
         if flush != self.sent_flush {
             debug!(pipeline = %self.config.name, flush_lsn = %flush, "confirmed");
         }
@@ -369,6 +358,15 @@ impl<S: Sink> Session<'_, S> {
         let in_flight = self.sink.in_flight();
         self.metrics.in_flight_events.set(in_flight.events as i64);
         self.metrics.in_flight_bytes.set(in_flight.bytes as i64);
+    }
+}
+
+/// Aborts the task when dropped (a dropped JoinHandle would detach it).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

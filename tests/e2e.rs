@@ -158,10 +158,21 @@ impl Setup {
         self.db.confirmed_flush_lsn(&self.slot).await.map(|l| parse_lsn(&l)).unwrap_or(0)
     }
 
-    /// Waits until the relay created its slot and is streaming from it.
+    /// Waits until a walsender streams from the slot. (While the relay creates the slot, its
+    /// SQL backend is the slot's `active_pid`, and events committed then are before the slot's
+    /// start: only a walsender in `pg_stat_replication` means streaming.)
     async fn wait_streaming(&self) {
         wait_for("the relay to stream from its slot", Duration::from_secs(60), || async {
-            self.db.slot_active_pid(&self.slot).await.map(|_| ())
+            let row = self
+                .db
+                .client
+                .query_opt(
+                    "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
+                    &[&self.slot],
+                )
+                .await
+                .unwrap();
+            row.map(|_| ())
         })
         .await;
     }
@@ -272,13 +283,19 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     assert!(confirmed <= before_commit[0], "confirmed_flush_lsn {confirmed:X} passed the bad event's commit");
 }
 
+/// The relay's own parsing of a source URL (TLS parameters included).
+fn source_config(url: &str) -> (tokio_postgres::Config, outbox_relay::source::tls::TlsSettings) {
+    let (rest, tls) = outbox_relay::source::tls::split_url(url).unwrap();
+    (rest.parse().unwrap(), tls)
+}
+
 #[tokio::test]
 async fn replication_connection_authenticates_with_every_method() {
     use outbox_relay::source::replication::ReplicationClient;
     let db = pg().create_database(&unique_name("auth")).await;
     for auth in [Auth::Trust, Auth::Password, Auth::Md5, Auth::Scram] {
-        let config: tokio_postgres::Config = db.url(auth).parse().unwrap();
-        let mut client = ReplicationClient::connect(&config)
+        let (config, tls) = source_config(&db.url(auth));
+        let mut client = ReplicationClient::connect(&config, &tls)
             .await
             .unwrap_or_else(|e| panic!("{auth:?}: {}", outbox_relay::error::chain(&e)));
         let identity = client.identify_system().await.unwrap();
@@ -287,8 +304,8 @@ async fn replication_connection_authenticates_with_every_method() {
     }
     for auth in [Auth::Password, Auth::Md5, Auth::Scram] {
         let url = db.url(auth);
-        let config: tokio_postgres::Config = url.replace(support::PASSWORD, "wrong").parse().unwrap();
-        let error = ReplicationClient::connect(&config).await.err().expect("wrong password accepted");
+        let (config, tls) = source_config(&url.replace(support::PASSWORD, "wrong"));
+        let error = ReplicationClient::connect(&config, &tls).await.err().expect("wrong password accepted");
         assert!(
             matches!(&error, outbox_relay::source::SourceError::Server { code, .. } if code == "28P01"),
             "{auth:?}: {error}"
@@ -743,4 +760,87 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
     let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written[1].len(), Duration::ZERO, Duration::from_secs(90)).await;
     assert_delivered(&written[1], &consumed, false);
     drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
+    use outbox_relay::source::replication::ReplicationClient;
+    use outbox_relay::source::SourceError;
+    let setup = Setup::new("tls", &["Order"], 1).await;
+    let ca = pg().ca_cert();
+    // relay_tls may only connect over TLS (pg_hba: hostnossl reject).
+    let url = |host: &str, mode: &str| {
+        format!(
+            "postgres://relay_tls:{}@{host}:{}/{}?sslmode={mode}&sslrootcert={}",
+            support::PASSWORD,
+            pg().port(),
+            setup.db.name,
+            ca.display()
+        )
+    };
+
+    for (host, mode) in [("localhost", "verify-full"), ("127.0.0.1", "verify-ca"), ("127.0.0.1", "require")] {
+        let (config, tls) = source_config(&url(host, mode));
+        let mut client = ReplicationClient::connect(&config, &tls)
+            .await
+            .unwrap_or_else(|e| panic!("{host} {mode}: {}", outbox_relay::error::chain(&e)));
+        client.identify_system().await.unwrap();
+    }
+    // The server certificate names only localhost.
+    let (config, tls) = source_config(&url("127.0.0.1", "verify-full"));
+    let error = ReplicationClient::connect(&config, &tls).await.err().expect("verify-full accepted a wrong host name");
+    assert!(matches!(&error, SourceError::Tls(text) if text.contains("127.0.0.1")), "{error}");
+    assert!(!error.is_transient());
+    // Without TLS the server refuses relay_tls: the connections above really used TLS.
+    let (config, tls) = source_config(&url("localhost", "disable"));
+    let error = ReplicationClient::connect(&config, &tls).await.err().expect("plain connection accepted");
+    assert!(matches!(&error, SourceError::Server { code, .. } if code == "28000"), "{error}");
+
+    // The relay end to end over TLS (replication and SQL connections).
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = url("localhost", "verify-full");
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (written, _) = write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    assert_delivered(&written, &consumed, true);
+    assert!(!relay.log().contains(support::PASSWORD), "the password was logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay() {
+    let setup = Setup::new("setupcmd", &["Order"], 1).await;
+    setup.db.client.batch_execute("DROP PUBLICATION outbox_pub").await.unwrap();
+    let mut run_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let mut setup_args = run_args.clone();
+    setup_args[0] = "setup".into();
+
+    let mut print = setup_args.clone();
+    print.push("--print-sql".into());
+    let mut printer = Relay::spawn(&print);
+    assert!(printer.wait(Duration::from_secs(30)).success(), "{}", printer.log());
+    assert!(printer.log().contains("CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox\""), "{}", printer.log());
+    assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(), "--print-sql created the slot");
+
+    let mut creator = Relay::spawn(&setup_args);
+    assert!(creator.wait(Duration::from_secs(60)).success(), "{}", creator.log());
+    assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_some(), "setup did not create the slot");
+
+    // Events committed between setup and the first start are published: the slot holds them.
+    let (written, _) = write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    run_args.push("--no-create-slot".into());
+    let mut relay = Relay::spawn(&run_args);
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    assert_delivered(&written, &consumed, true);
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+
+    setup.db.drop_slot(&setup.slot).await;
+    let mut relay = Relay::spawn(&run_args);
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "the relay ran without its slot");
+    assert!(relay.log().contains("does not exist"), "{}", relay.log());
+    assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(), "the slot was re-created");
 }

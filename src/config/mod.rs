@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::source::tls::{self, TlsSettings};
+
 pub mod file;
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
@@ -114,7 +116,11 @@ pub struct KafkaConfig {
 }
 
 /// librdkafka properties the relay's guarantees depend on; setting them otherwise is an error.
-const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("enable.gapless.guarantee", "true"),
+];
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -224,20 +230,23 @@ impl PipelineConfig {
     }
 
     /// The source URL parsed by tokio-postgres, with the default host (the local socket
-    /// directory) filled in as libpq would.
+    /// directory) filled in as libpq would, and its TLS settings.
     ///
     /// Returns an error naming `source_url` (without its password) if it does not parse.
-    pub fn source_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
-        let mut config: tokio_postgres::Config = self.source_url.parse().map_err(|e| {
+    pub fn source_config(&self) -> Result<(tokio_postgres::Config, TlsSettings), ConfigError> {
+        let invalid = |e: &dyn fmt::Display| {
             ConfigError::new("source_url", format!("{}: {e}", redact_url(&self.source_url)))
-        })?;
+        };
+        let (rest, tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
+        let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
         if config.get_hosts().is_empty() {
             config.host_path("/var/run/postgresql");
         }
         if config.get_user().is_none() {
             return Err(ConfigError::new("source_url", "no user given"));
         }
-        Ok(config)
+        config.ssl_mode(tls.tokio_postgres_mode());
+        Ok((config, tls))
     }
 
     pub fn status_interval(&self) -> Duration {
@@ -255,20 +264,55 @@ pub fn redact_url(url: &str) -> String {
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
         let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let mut out = url.to_owned();
         if let Some(at) = rest[..authority_end].rfind('@') {
             if let Some(colon) = rest[..at].find(':') {
-                return format!("{}{}:***{}", &url[..scheme_end + 3], &rest[..colon], &rest[at..]);
+                out = format!("{}{}:***{}", &url[..scheme_end + 3], &rest[..colon], &rest[at..]);
             }
         }
-        return url.to_owned();
+        // A password may also come as a query parameter.
+        if let Some((base, query)) = out.clone().split_once('?') {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some(("password", _)) => "password=***".to_owned(),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out = format!("{base}?{}", query.join("&"));
+        }
+        return out;
     }
-    url.split_whitespace()
-        .map(|part| match part.split_once('=') {
-            Some((key, _)) if key == "password" => "password=***".to_owned(),
-            _ => part.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    // key=value form; a quoted value may contain spaces.
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(start) = rest.find("password") {
+        let after = &rest[start + "password".len()..];
+        let Some(value) = after.trim_start().strip_prefix('=') else {
+            out.push_str(&rest[..start + "password".len()]);
+            rest = after;
+            continue;
+        };
+        let value = value.trim_start();
+        let end = if let Some(quoted) = value.strip_prefix('\'') {
+            let mut escaped = false;
+            quoted
+                .char_indices()
+                .find(|&(_, c)| {
+                    let close = c == '\'' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    close
+                })
+                .map_or(value.len(), |(i, _)| i + 2)
+        } else {
+            value.find(char::is_whitespace).unwrap_or(value.len())
+        };
+        out.push_str(&rest[..start]);
+        out.push_str("password=***");
+        rest = &value[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -340,6 +384,8 @@ mod tests {
         assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("host=h password=secret user=u"), "host=h password=*** user=u");
+        assert_eq!(redact_url("host=h password = 'a b\\' c' user=u"), "host=h password=*** user=u");
+        assert_eq!(redact_url("postgres://u@h/db?sslmode=require&password=secret"), "postgres://u@h/db?sslmode=require&password=***");
         assert!(!format!("{:?}", config()).contains(":pw@"));
     }
 }

@@ -15,7 +15,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::Message;
 
 use super::{Delivery, DeliveryError, InFlight, Record, Sink};
@@ -29,10 +29,12 @@ pub struct ProducerError(#[source] pub KafkaError);
 
 /// An rdkafka [`FutureProducer`] as a [`Sink`].
 pub struct KafkaSink {
-    producer: FutureProducer,
+    /// `None` only while being dropped.
+    producer: Option<FutureProducer>,
     pending: FuturesUnordered<PendingDelivery>,
-    /// Outcomes taken while waiting for queue space, not yet handed out.
-    ready: Vec<Delivery>,
+    /// Outcomes taken while waiting for queue space, not yet handed out (still in flight
+    /// for the accounting), with their sizes.
+    ready: Vec<(Delivery, usize)>,
     in_flight: InFlight,
     /// librdkafka's `message.max.bytes`, named in size errors.
     message_max_bytes: String,
@@ -49,25 +51,49 @@ impl KafkaSink {
         client
             .set("bootstrap.servers", &config.bootstrap_servers)
             .set("client.id", client_id)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("queue.buffering.max.messages", queue_messages.max(100_000).to_string());
+            // The Java client's partitioner (Debezium, Kafka Connect, Kafka Streams): an
+            // aggregate keeps the partition it had before the switch to this relay.
+            .set("partitioner", "murmur2_random");
         for (key, value) in &config.properties {
             client.set(key, value);
         }
+        // What the delivery guarantees rest on, after the user's properties so nothing
+        // weakens them (validation already rejects conflicting values).
+        let queue_messages = client
+            .get("queue.buffering.max.messages")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0)
+            .max(queue_messages)
+            .max(100_000);
+        client
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            // A timed-out record must not leave a gap that later records of its partition
+            // fill ahead of it: fail the producer instead, and the session restarts.
+            .set("enable.gapless.guarantee", "true")
+            .set("queue.buffering.max.messages", queue_messages.to_string());
         let message_max_bytes = client.get("message.max.bytes").unwrap_or("1000000").to_owned();
         Ok(KafkaSink {
             message_max_bytes,
-            producer: client.create().map_err(ProducerError)?,
+            producer: Some(client.create().map_err(ProducerError)?),
             pending: FuturesUnordered::new(),
             ready: Vec::new(),
             in_flight: InFlight::default(),
         })
     }
 
-    /// Waits up to `timeout` for librdkafka to send what it has queued.
-    pub fn flush(&self, timeout: Duration) {
-        let _ = self.producer.flush(timeout);
+}
+
+impl Drop for KafkaSink {
+    /// Dropping a producer joins librdkafka's threads and may wait for in-flight requests:
+    /// do it off the async runtime.
+    fn drop(&mut self) {
+        if let Some(producer) = self.producer.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(producer))),
+                Err(_) => drop(producer),
+            }
+        }
     }
 }
 
@@ -89,7 +115,8 @@ impl Sink for KafkaSink {
             future_record = future_record.timestamp(timestamp);
         }
         loop {
-            match self.producer.send_result(future_record) {
+            let producer = self.producer.as_ref().expect("producer present until drop");
+            match producer.send_result(future_record) {
                 Ok(future) => {
                     self.pending.push(PendingDelivery { future, token, size });
                     self.in_flight.events += 1;
@@ -100,9 +127,9 @@ impl Sink for KafkaSink {
                     // librdkafka's queue is full: wait for one outcome, keep it, try again.
                     future_record = returned;
                     match self.pending.next().await {
-                        Some(outcome) => {
-                            let delivery = self.finish(outcome);
-                            self.ready.push(delivery);
+                        Some((token, size, outcome)) => {
+                            let delivery = self.describe_outcome(token, size, outcome);
+                            self.ready.push((delivery, size));
                         }
                         None => tokio::time::sleep(Duration::from_millis(10)).await,
                     }
@@ -120,11 +147,16 @@ impl Sink for KafkaSink {
     }
 
     async fn next_delivery(&mut self) -> Option<Delivery> {
-        if let Some(delivery) = self.ready.pop() {
-            return Some(delivery);
-        }
-        let outcome = self.pending.next().await?;
-        Some(self.finish(outcome))
+        let (delivery, size) = match self.ready.pop() {
+            Some(ready) => ready,
+            None => {
+                let (token, size, outcome) = self.pending.next().await?;
+                (self.describe_outcome(token, size, outcome), size)
+            }
+        };
+        self.in_flight.events -= 1;
+        self.in_flight.bytes -= size;
+        Some(delivery)
     }
 
     fn in_flight(&self) -> InFlight {
@@ -143,9 +175,7 @@ impl KafkaSink {
         }
     }
 
-    fn finish(&mut self, (token, size, outcome): (EventToken, usize, DeliveryOutcome)) -> Delivery {
-        self.in_flight.events -= 1;
-        self.in_flight.bytes -= size;
+    fn describe_outcome(&self, token: EventToken, size: usize, outcome: DeliveryOutcome) -> Delivery {
         let result = match outcome {
             Ok(Ok(_)) => Ok(()),
             Ok(Err((error, message))) => Err(DeliveryError {
@@ -202,6 +232,8 @@ fn is_retryable(error: &KafkaError) -> bool {
                 | ClusterAuthorizationFailed
                 | InvalidRecord
                 | InvalidArgument
+                | InvalidTimestamp
+                | PolicyViolation
         )
     )
 }

@@ -4,13 +4,13 @@
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
 //! - [`slot`]: checks of the publication and the slot over an ordinary SQL connection.
+//! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
 pub mod outbox;
 pub mod pgoutput;
 pub mod replication;
 pub mod slot;
-
-use std::time::Duration;
+pub mod tls;
 
 use crate::checkpoint::TrackerError;
 use crate::lsn::Lsn;
@@ -44,8 +44,8 @@ pub enum SourceError {
         #[source]
         source: TrackerError,
     },
-    #[error("no message from the walsender for {0:?}")]
-    ReceiveTimeout(Duration),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 impl SourceError {
@@ -53,13 +53,14 @@ impl SourceError {
     /// unknown one counts as transient.
     pub fn is_transient(&self) -> bool {
         match self {
-            SourceError::Io(_) | SourceError::Closed | SourceError::ReceiveTimeout(_) => true,
+            SourceError::Io(_) | SourceError::Closed => true,
             SourceError::Protocol(_) => true,
             SourceError::Server { code, .. } => sqlstate_is_transient(code),
             SourceError::Sql(error) => error
                 .code()
                 .map_or(true, |code| sqlstate_is_transient(code.code())),
             SourceError::Auth(_)
+            | SourceError::Tls(_)
             | SourceError::Config(_)
             | SourceError::Decode { .. }
             | SourceError::Tracker { .. } => false,

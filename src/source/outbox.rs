@@ -39,6 +39,8 @@ pub enum OutboxError {
     Null { column: String, event_id: String, lsn: Lsn },
     #[error("outbox row at LSN {lsn} has a non-text value in column {column:?}")]
     NotText { column: String, lsn: Lsn },
+    #[error("outbox row at LSN {lsn} has {columns} values, fewer than its Relation message's columns")]
+    ShortTuple { columns: usize, lsn: Lsn },
 }
 
 #[derive(Debug)]
@@ -100,11 +102,6 @@ impl OutboxDecoder {
         self.relations.insert(relation.rel_id, kind);
     }
 
-    /// Whether `rel_id` is the outbox table.
-    pub fn is_outbox(&self, rel_id: u32) -> bool {
-        matches!(self.relations.get(&rel_id), Some(RelationKind::Outbox(_)))
-    }
-
     /// Maps an Insert at `lsn` to an event; `Ok(None)` when it is not on the outbox table.
     ///
     /// Returns an error if the relation is unknown, a mapped column is missing, `id` or
@@ -128,8 +125,8 @@ impl OutboxDecoder {
                 Some(TupleValue::Text(bytes)) => Ok(Some(bytes.clone())),
                 Some(TupleValue::Null) => Ok(None),
                 Some(_) => Err(OutboxError::NotText { column: name.to_owned(), lsn }),
-                // The tuple is shorter than its Relation: a column added since is NULL here.
-                None => Ok(None),
+                // pgoutput sends every column of the Relation: a shorter tuple is corrupt.
+                None => Err(OutboxError::ShortTuple { columns: values.len(), lsn }),
             }
         };
         let c = &self.columns;

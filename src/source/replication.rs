@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -22,9 +23,11 @@ use postgres_protocol::message::backend::{Message, ErrorResponseBody};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpStream, UnixStream};
-use tokio_postgres::config::{Host, SslMode};
+use tokio::io::AsyncReadExt;
+use tokio_postgres::config::Host;
 use tokio_util::codec::{Decoder, FramedRead};
 
+use super::tls::{SslMode, TlsSettings};
 use super::SourceError;
 use crate::lsn::Lsn;
 
@@ -32,6 +35,9 @@ use crate::lsn::Lsn;
 pub const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
 
 const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
+/// PostgreSQL never sends a message over 1 GiB (plus headers); a larger length is corrupt
+/// input, refused before anything is allocated for it.
+const MAX_MESSAGE_LEN: usize = (1 << 30) + 64;
 const XLOG_DATA_TAG: u8 = b'w';
 const PRIMARY_KEEPALIVE_TAG: u8 = b'k';
 const STANDBY_STATUS_UPDATE_TAG: u8 = b'r';
@@ -154,7 +160,7 @@ impl Decoder for BackendCodec {
             let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
             let len = usize::try_from(len)
                 .ok()
-                .filter(|len| *len >= 4)
+                .filter(|len| (4..=MAX_MESSAGE_LEN).contains(len))
                 .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "invalid message length"))?;
             if src.len() < 1 + len {
                 src.reserve(1 + len - src.len());
@@ -162,6 +168,15 @@ impl Decoder for BackendCodec {
             }
             src.advance(1 + len);
             return Ok(Some(Backend::CopyBothResponse));
+        }
+        if let Some(len) = src.get(1..5) {
+            let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+            if usize::try_from(len).map_or(true, |len| len > MAX_MESSAGE_LEN) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("message length {len} exceeds PostgreSQL's 1 GiB limit"),
+                ));
+            }
         }
         Message::parse(src).map(|m| m.map(Backend::Message))
     }
@@ -191,16 +206,14 @@ impl ReplicationClient {
     /// the startup packet (`client_encoding=UTF8`, `DateStyle=ISO`, `TimeZone=UTC`), so role or
     /// database defaults cannot change how values are printed.
     ///
-    /// Returns an error if no host accepts the connection, authentication fails, the server
-    /// asks for an authentication method other than trust, password, MD5 or SCRAM-SHA-256, or
-    /// the config asks for TLS (`sslmode=require` or stricter), which this client does not do yet.
-    pub async fn connect(config: &tokio_postgres::Config) -> Result<Self, SourceError> {
-        if !matches!(config.get_ssl_mode(), SslMode::Disable | SslMode::Prefer) {
-            return Err(SourceError::Config(
-                "sslmode: TLS on the replication connection is not supported yet; use sslmode=disable or prefer".into(),
-            ));
-        }
-        let socket = open_socket(config).await?;
+    /// TCP connections negotiate TLS as `tls` says (docs 55.2.10 "SSL Session Encryption");
+    /// Unix sockets never use it.
+    ///
+    /// Returns an error if no host accepts the connection, TLS is required and refused or the
+    /// server's certificate fails verification, authentication fails, or the server asks for
+    /// an authentication method other than trust, password, MD5 or SCRAM-SHA-256.
+    pub async fn connect(config: &tokio_postgres::Config, tls: &TlsSettings) -> Result<Self, SourceError> {
+        let socket = open_socket(config, tls).await?;
         let (read, write) = tokio::io::split(socket);
         let mut client = ReplicationClient {
             reader: FramedRead::new(read, BackendCodec),
@@ -470,13 +483,17 @@ impl ReplicationStream {
     }
 }
 
-async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>, SourceError> {
+async fn open_socket(config: &tokio_postgres::Config, tls: &TlsSettings) -> Result<Box<dyn Socket>, SourceError> {
     let hosts = config.get_hosts();
     let ports = config.get_ports();
     let connect_timeout = config
         .get_connect_timeout()
         .copied()
         .unwrap_or(Duration::from_secs(30));
+    let tls_config = match tls.mode {
+        SslMode::Disable => None,
+        _ => Some(Arc::new(tls.client_config().map_err(SourceError::Tls)?)),
+    };
     let mut last_error = None;
     for (i, host) in hosts.iter().enumerate() {
         let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
@@ -485,23 +502,82 @@ async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>,
                 Host::Tcp(name) => {
                     let stream = TcpStream::connect((name.as_str(), port)).await?;
                     stream.set_nodelay(true)?;
-                    Ok::<Box<dyn Socket>, io::Error>(Box::new(stream))
+                    set_keepalive(&stream, config)?;
+                    match &tls_config {
+                        Some(tls_config) => negotiate_tls(stream, name, tls_config.clone(), tls.mode).await,
+                        None => Ok(Box::new(stream) as Box<dyn Socket>),
+                    }
                 }
                 Host::Unix(dir) => {
                     let path = dir.join(format!(".s.PGSQL.{port}"));
-                    Ok::<Box<dyn Socket>, io::Error>(Box::new(UnixStream::connect(path).await?))
+                    Ok(Box::new(UnixStream::connect(path).await?) as Box<dyn Socket>)
                 }
             }
         };
         match tokio::time::timeout(connect_timeout, attempt).await {
             Ok(Ok(socket)) => return Ok(socket),
+            Ok(Err(error @ SourceError::Tls(_))) => return Err(error),
             Ok(Err(error)) => last_error = Some(error),
-            Err(_) => last_error = Some(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+            Err(_) => last_error = Some(io::Error::new(io::ErrorKind::TimedOut, "connect timed out").into()),
         }
     }
-    Err(SourceError::Io(last_error.unwrap_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, "source url names no host")
-    })))
+    Err(last_error.unwrap_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "source url names no host").into()
+    }))
+}
+
+/// Detects a dead server or network without relying on the walsender's own messages: a
+/// walsender can be silent for minutes while it decodes a large transaction or skips WAL of
+/// other tables, so silence is not death. TCP keepalives probe an idle connection, and
+/// `TCP_USER_TIMEOUT` fails a write (the status updates sent every second) that the peer does
+/// not acknowledge. libpq's `keepalives*` and `tcp_user_timeout` settings apply when given.
+fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Result<()> {
+    let socket = socket2::SockRef::from(stream);
+    if !config.get_keepalives() {
+        return Ok(());
+    }
+    // tokio-postgres reports 2 h when keepalives_idle is not set: far too long to notice a
+    // lost server, so the relay's default is 30 s.
+    let idle = match config.get_keepalives_idle() {
+        d if d == Duration::from_secs(2 * 60 * 60) => Duration::from_secs(30),
+        d => d,
+    };
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(config.get_keepalives_interval().unwrap_or(Duration::from_secs(10)))
+        .with_retries(config.get_keepalives_retries().unwrap_or(3));
+    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_user_timeout(Some(config.get_tcp_user_timeout().copied().unwrap_or(Duration::from_secs(60))))
+}
+
+/// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host`.
+async fn negotiate_tls(
+    mut stream: TcpStream,
+    host: &str,
+    config: Arc<rustls::ClientConfig>,
+    mode: SslMode,
+) -> Result<Box<dyn Socket>, SourceError> {
+    let mut buf = BytesMut::new();
+    frontend::ssl_request(&mut buf);
+    stream.write_all(&buf).await?;
+    match stream.read_u8().await? {
+        b'S' => {
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| SourceError::Tls(format!("host {host:?}: {e}")))?;
+            match tokio_rustls::TlsConnector::from(config).connect(name, stream).await {
+                Ok(tls) => Ok(Box::new(tls)),
+                Err(e) => match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+                    Some(rustls_error) => Err(SourceError::Tls(format!("handshake with {host}: {rustls_error}"))),
+                    None => Err(e.into()),
+                },
+            }
+        }
+        b'N' if mode >= SslMode::Require => Err(SourceError::Tls(format!(
+            "{host} does not accept TLS connections and sslmode requires TLS"
+        ))),
+        b'N' => Ok(Box::new(stream)),
+        other => Err(SourceError::Protocol(format!("unexpected answer 0x{other:02x} to SSLRequest"))),
+    }
 }
 
 /// Turns an ErrorResponse into an error keeping SQLSTATE and message.

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use tokio_postgres::Client;
-use tracing::info;
+use tracing::warn;
 
+use super::replication::{quote_ident, quote_literal};
 use super::SourceError;
-use crate::config::TableName;
+use crate::config::{PipelineConfig, TableName};
 use crate::lsn::Lsn;
 
 /// What the relay needs to know about the server before `START_REPLICATION`.
@@ -73,7 +74,11 @@ pub async fn prepare(
                 )
                 .await;
             match created {
-                Ok(row) => info!(slot, lsn = row.get::<_, &str>(0), "created replication slot"),
+                Ok(row) => warn!(
+                    slot,
+                    lsn = row.get::<_, &str>(0),
+                    "created replication slot: events committed before this LSN are not published; in production create the slot once with `outbox-relay setup` and run with --no-create-slot, so a dropped slot stops the relay instead of skipping events"
+                ),
                 // Another replica created it first.
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {}
                 Err(e) => return Err(e.into()),
@@ -100,6 +105,16 @@ pub async fn prepare(
         confirmed_flush_lsn,
         wal_sender_timeout: Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)),
     })
+}
+
+/// Reads the `confirmed_flush_lsn` of `slot`.
+///
+/// Returns an error if the slot does not exist (any more) or is not a pgoutput slot of this
+/// database.
+pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, SourceError> {
+    read_slot(client, slot)
+        .await?
+        .ok_or_else(|| SourceError::Config(format!("replication slot {slot:?} disappeared")))
 }
 
 /// Reads the slot's `confirmed_flush_lsn`; `None` if there is no such slot.
@@ -140,4 +155,45 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
         .parse()
         .map_err(|_| SourceError::Protocol(format!("slot {slot:?} confirmed_flush_lsn {lsn:?}")))?;
     Ok(Some(lsn))
+}
+
+/// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
+pub fn setup_sql(config: &PipelineConfig) -> String {
+    format!(
+        "CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        quote_ident(&config.publication),
+        quote_ident(&config.table.schema),
+        quote_ident(&config.table.name),
+        quote_literal(&config.slot),
+    )
+}
+
+/// Creates the publication of `config` if it does not exist and the slot if it does not
+/// exist; returns the slot's `confirmed_flush_lsn`.
+///
+/// Returns an error if the database is unreachable, the role may not create them, or an
+/// existing publication or slot does not fit (see [`prepare`]).
+pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
+    let (pg, tls) = config.source_config()?;
+    let sql_tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls.client_config().map_err(SourceError::Tls)?);
+    let (client, connection) = pg.connect(sql_tls).await.map_err(SourceError::Sql)?;
+    let connection = tokio::spawn(connection);
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1", &[&config.publication])
+        .await
+        .map_err(SourceError::Sql)?
+        .is_some();
+    if !exists {
+        let create = format!(
+            "CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert')",
+            quote_ident(&config.publication),
+            quote_ident(&config.table.schema),
+            quote_ident(&config.table.name)
+        );
+        client.batch_execute(&create).await.map_err(SourceError::Sql)?;
+    }
+    let state = prepare(&client, &config.slot, &config.publication, &config.table, true).await;
+    drop(client);
+    let _ = connection.await;
+    Ok(state?.confirmed_flush_lsn)
 }

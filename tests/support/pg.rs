@@ -5,6 +5,7 @@ use super::within;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
@@ -80,7 +81,41 @@ pub fn pg() -> &'static PgCluster {
     }
 }
 
+/// Makes a CA (`<dir>/ca.crt`) and a server certificate for the name `localhost` only (no IP
+/// address, so `verify-full` to 127.0.0.1 fails on the host name), owned by the server user.
+fn generate_certificates(dir: &Path, data: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").current_dir(dir).args(args).output().expect("running openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&[
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "7", "-subj", "/CN=outbox-relay test CA",
+        "-keyout", "ca.key", "-out", "ca.crt",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key", "-out", "server.csr"]);
+    fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("writing server.ext");
+    openssl(&[
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "7",
+        "-out", "server.crt", "-extfile", "server.ext",
+    ]);
+    for file in ["server.crt", "server.key"] {
+        fs::copy(dir.join(file), data.join(file)).expect("copying the server certificate");
+        run::set_mode(&data.join(file), 0o600);
+        chown_for_pg(&data.join(file));
+    }
+}
+
 impl PgCluster {
+    /// The CA certificate that signed the server's (PEM), for `sslrootcert`.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
     fn start() -> PgCluster {
         let t0 = std::time::Instant::now();
         let dir = run_dir().join("pg");
@@ -121,7 +156,12 @@ impl PgCluster {
             ("log_line_prefix", "'%m [%p] %q%u@%d '".into()),
             ("log_connections", "on".into()),
             ("log_replication_commands", "on".into()),
+            // TLS with a throwaway CA (see generate_certificates): clients choose per connection.
+            ("ssl", "on".into()),
+            ("ssl_cert_file", "'server.crt'".into()),
+            ("ssl_key_file", "'server.key'".into()),
         ];
+        generate_certificates(&dir, &data);
         for (k, v) in settings {
             let _ = writeln!(conf, "{k} = {v}");
         }
@@ -130,6 +170,8 @@ impl PgCluster {
         let hba = "\
 # outbox-relay test harness
 local all all trust
+hostnossl all relay_tls 127.0.0.1/32 reject
+hostssl all relay_tls 127.0.0.1/32 scram-sha-256
 host all relay_md5 127.0.0.1/32 md5
 host all relay_scram 127.0.0.1/32 scram-sha-256
 host all relay_password 127.0.0.1/32 password
@@ -184,7 +226,8 @@ host replication all 127.0.0.1/32 trust
                  SET password_encryption = 'scram-sha-256';
                  CREATE ROLE relay_scram LOGIN REPLICATION PASSWORD '{PASSWORD}';
                  CREATE ROLE relay_password LOGIN REPLICATION PASSWORD '{PASSWORD}';
-                 GRANT pg_read_all_data TO relay_md5, relay_scram, relay_password;"
+                 CREATE ROLE relay_tls LOGIN REPLICATION PASSWORD '{PASSWORD}';
+                 GRANT pg_read_all_data TO relay_md5, relay_scram, relay_password, relay_tls;"
             ),
         );
         eprintln!(

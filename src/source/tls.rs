@@ -1,0 +1,290 @@
+//! TLS for both PostgreSQL connections (rustls), with libpq's `sslmode` semantics.
+//!
+//! | sslmode | TLS | certificate checked |
+//! |---|---|---|
+//! | `disable` | never | - |
+//! | `prefer` (default) | if the server offers it | no (as libpq) |
+//! | `require` | always | no; with `sslrootcert`, the chain (as libpq) |
+//! | `verify-ca` | always | the chain, against `sslrootcert` |
+//! | `verify-full` | always | the chain and the host name |
+//!
+//! `sslrootcert` is a PEM file or `system` (the OS trust store); without it the verify modes
+//! use `~/.postgresql/root.crt`. `sslcert` and `sslkey` give a client certificate. These
+//! parameters are taken out of the URL before tokio-postgres parses the rest (it knows only
+//! disable/prefer/require).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum SslMode {
+    Disable,
+    #[default]
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// The TLS parameters of a connection string.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub mode: SslMode,
+    pub root_cert: Option<String>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
+
+const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// Takes the TLS parameters out of a libpq URL (`postgres://...?sslmode=verify-full`) or
+/// key=value string, returning the rest for tokio-postgres and the settings.
+///
+/// Returns an error naming the parameter if `sslmode` has an unknown value.
+pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
+    let mut settings = TlsSettings::default();
+    let mut set = |key: &str, value: String| -> Result<(), String> {
+        match key {
+            "sslmode" => {
+                settings.mode = match value.as_str() {
+                    "disable" => SslMode::Disable,
+                    "allow" | "prefer" => SslMode::Prefer,
+                    "require" => SslMode::Require,
+                    "verify-ca" => SslMode::VerifyCa,
+                    "verify-full" => SslMode::VerifyFull,
+                    other => return Err(format!("sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full")),
+                }
+            }
+            "sslrootcert" => settings.root_cert = Some(value),
+            "sslcert" => settings.client_cert = Some(value.into()),
+            _ => settings.client_key = Some(value.into()),
+        }
+        Ok(())
+    };
+    let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_owned(), settings));
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            match pair.split_once('=') {
+                Some((key, value)) if TLS_PARAMS.contains(&key) => set(key, percent_decode(value))?,
+                _ => kept.push(pair),
+            }
+        }
+        if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        }
+    } else {
+        let mut kept = Vec::new();
+        for part in url.split_whitespace() {
+            match part.split_once('=') {
+                Some((key, value)) if TLS_PARAMS.contains(&key) => set(key, value.trim_matches('\'').to_owned())?,
+                _ => kept.push(part),
+            }
+        }
+        kept.join(" ")
+    };
+    Ok((rest, settings))
+}
+
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl TlsSettings {
+    /// The sslmode tokio-postgres should use for the SQL connection (it verifies nothing
+    /// itself; the rustls config from [`TlsSettings::client_config`] does).
+    pub fn tokio_postgres_mode(&self) -> tokio_postgres::config::SslMode {
+        match self.mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        }
+    }
+
+    /// Builds the rustls client config for this mode.
+    ///
+    /// Returns an error if a certificate or key file cannot be read or parsed.
+    pub fn client_config(&self) -> Result<ClientConfig, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?;
+        let check_chain = self.mode >= SslMode::VerifyCa || (self.mode == SslMode::Require && self.root_cert.is_some());
+        let builder = if check_chain {
+            let roots = Arc::new(self.root_store()?);
+            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                .build()
+                .map_err(|e| format!("sslrootcert: {e}"))?;
+            if self.mode == SslMode::VerifyFull {
+                builder.with_webpki_verifier(webpki)
+            } else {
+                builder.dangerous().with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+            }
+        } else {
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        };
+        match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => {
+                let certs = CertificateDer::pem_file_iter(cert)
+                    .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+                builder.with_client_auth_cert(certs, key).map_err(|e| format!("sslcert/sslkey: {e}"))
+            }
+            (None, None) => Ok(builder.with_no_client_auth()),
+            _ => Err("sslcert and sslkey must be given together".into()),
+        }
+    }
+
+    fn root_store(&self) -> Result<RootCertStore, String> {
+        let mut roots = RootCertStore::empty();
+        let default_path = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".postgresql/root.crt"));
+        match self.root_cert.as_deref() {
+            Some("system") => {
+                for cert in rustls_native_certs::load_native_certs().certs {
+                    let _ = roots.add(cert);
+                }
+            }
+            Some(path) => add_pem(&mut roots, &PathBuf::from(path))?,
+            None => match default_path.filter(|p| p.exists()) {
+                Some(path) => add_pem(&mut roots, &path)?,
+                None => {
+                    return Err("sslrootcert: verify-ca and verify-full need a CA certificate file (or sslrootcert=system)".into())
+                }
+            },
+        }
+        if roots.is_empty() {
+            return Err("sslrootcert: no CA certificate found".into());
+        }
+        Ok(roots)
+    }
+}
+
+fn add_pem(roots: &mut RootCertStore, path: &PathBuf) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("sslrootcert {}: {e}", path.display());
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| err(&e))? {
+        roots.add(cert.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
+    }
+    Ok(())
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the host name is not checked.
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `prefer` and `require` without a root certificate: encryption without authentication of
+/// the server, as libpq does. Handshake signatures are still checked.
+#[derive(Debug)]
+struct AnyCertificate(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_tls_parameters_out_of_urls() {
+        let (rest, tls) = split_url("postgres://u:p@h:5432/db?application_name=x&sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem").unwrap();
+        assert_eq!(rest, "postgres://u:p@h:5432/db?application_name=x");
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.root_cert.as_deref(), Some("/etc/ca.pem"));
+        let (rest, tls) = split_url("postgres://u@h/db?sslmode=require").unwrap();
+        assert_eq!(rest, "postgres://u@h/db");
+        assert_eq!(tls.mode, SslMode::Require);
+        let (rest, tls) = split_url("host=h user=u sslmode=verify-ca sslcert=/c sslkey=/k dbname=d").unwrap();
+        assert_eq!(rest, "host=h user=u dbname=d");
+        assert_eq!((tls.mode, tls.client_cert.as_deref()), (SslMode::VerifyCa, Some(std::path::Path::new("/c"))));
+        assert_eq!(split_url("postgres://u@h/db").unwrap().1.mode, SslMode::Prefer);
+        assert!(split_url("postgres://u@h/db?sslmode=sometimes").unwrap_err().contains("sslmode"));
+    }
+
+    #[test]
+    fn verify_modes_need_a_root_certificate() {
+        let tls = TlsSettings { mode: SslMode::VerifyFull, root_cert: Some("/nonexistent/ca.pem".into()), ..TlsSettings::default() };
+        assert!(tls.client_config().unwrap_err().contains("sslrootcert"));
+        let tls = TlsSettings { mode: SslMode::Require, ..TlsSettings::default() };
+        tls.client_config().unwrap();
+    }
+}
