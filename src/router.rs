@@ -5,10 +5,18 @@
 //!   an error, never a silent rename.
 //! - Key: the aggregate id bytes; SQL NULL gives a null key.
 //! - Value: the payload bytes exactly as PostgreSQL printed them; SQL NULL gives a tombstone.
-//! - Headers: `id` (the event id, as Debezium's outbox router) and `event_type`.
+//! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
+//!   entry of the row's `headers` jsonb object in its order: a string as its text, any other
+//!   JSON value as its JSON text, `null` as a null header value. Entries named `id` or
+//!   `event_type` are left out: the relay's own headers are the ones consumers dedupe by.
 //! - Timestamp: the transaction's commit time.
 
+use std::borrow::Cow;
+use std::fmt;
+
 use bytes::Bytes;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
 
 use crate::sink::Record;
 use crate::source::outbox::OutboxEvent;
@@ -20,12 +28,16 @@ const MAX_TOPIC_LEN: usize = 249;
 
 /// An event that cannot be routed; the pipeline stops before confirming its transaction.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("event {event_id}: aggregate type {aggregate_type:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
-pub struct RouteError {
-    pub event_id: String,
-    pub aggregate_type: String,
-    pub topic: String,
-    pub reason: &'static str,
+pub enum RouteError {
+    #[error("event {event_id}: aggregate type {aggregate_type:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
+    IllegalTopic {
+        event_id: String,
+        aggregate_type: String,
+        topic: String,
+        reason: &'static str,
+    },
+    #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
+    Headers { event_id: String, reason: String },
 }
 
 /// Turns events into records.
@@ -45,17 +57,25 @@ impl Router {
             validate_topic(&topic)
         };
         if let Err(reason) = valid {
-            return Err(RouteError {
+            return Err(RouteError::IllegalTopic {
                 event_id: String::from_utf8_lossy(&event.id).into_owned(),
                 aggregate_type: aggregate_type.into_owned(),
                 topic,
                 reason,
             });
         }
-        let mut headers: Vec<(&'static str, Bytes)> = Vec::with_capacity(2);
-        headers.push(("id", event.id));
+        let mut headers: Vec<(Cow<'static, str>, Option<Bytes>)> = Vec::with_capacity(2);
+        if let Some(row_headers) = event.headers.as_deref().filter(|h| *h != b"{}") {
+            let entries = row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
+                event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                reason,
+            })?;
+            headers.reserve(entries.len());
+            headers.extend(entries);
+        }
+        headers.insert(0, (Cow::Borrowed("id"), Some(event.id)));
         if let Some(event_type) = event.event_type {
-            headers.push(("event_type", event_type));
+            headers.insert(1, (Cow::Borrowed("event_type"), Some(event_type)));
         }
         Ok(Record {
             topic,
@@ -64,6 +84,46 @@ impl Router {
             headers,
             timestamp_ms: Some(commit_time_ms),
         })
+    }
+}
+
+/// Turns a jsonb object's text into headers, in the object's order.
+fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<(Cow<'static, str>, Option<Bytes>)>, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(json);
+    let entries = deserializer.deserialize_map(EntriesVisitor).map_err(|e| e.to_string())?;
+    deserializer.end().map_err(|e| e.to_string())?;
+    let mut headers = Vec::with_capacity(entries.len());
+    for (key, raw) in entries {
+        if key == "id" || key == "event_type" {
+            continue;
+        }
+        let text = raw.get();
+        let value = match text.as_bytes().first() {
+            Some(b'"') => Some(Bytes::from(serde_json::from_str::<String>(text).map_err(|e| e.to_string())?)),
+            _ if text == "null" => None,
+            _ => Some(Bytes::copy_from_slice(text.as_bytes())),
+        };
+        headers.push((Cow::Owned(key), value));
+    }
+    Ok(headers)
+}
+
+/// A JSON object's entries in order, values as their raw JSON text.
+struct EntriesVisitor;
+
+impl<'de> Visitor<'de> for EntriesVisitor {
+    type Value = Vec<(String, Box<RawValue>)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some(entry) = map.next_entry::<String, Box<RawValue>>()? {
+            entries.push(entry);
+        }
+        Ok(entries)
     }
 }
 
@@ -96,6 +156,7 @@ mod tests {
             aggregate_id: Some(Bytes::from_static(b"42")),
             event_type: Some(Bytes::from_static(b"CreditDisbursed")),
             payload: Some(Bytes::from_static(b"{\"amount\": 1500000.10}")),
+            headers: Some(Bytes::from_static(b"{}")),
             lsn: Lsn(1),
         }
     }
@@ -109,11 +170,42 @@ mod tests {
         assert_eq!(
             record.headers,
             vec![
-                ("id", Bytes::from_static(b"00000000-0000-0000-0000-000000000001")),
-                ("event_type", Bytes::from_static(b"CreditDisbursed")),
+                (Cow::Borrowed("id"), Some(Bytes::from_static(b"00000000-0000-0000-0000-000000000001"))),
+                (Cow::Borrowed("event_type"), Some(Bytes::from_static(b"CreditDisbursed"))),
             ]
         );
         assert_eq!(record.timestamp_ms, Some(1234));
+    }
+
+    #[test]
+    fn row_headers_follow_in_order_with_json_text_for_non_strings() {
+        let mut e = event("Order");
+        e.headers = Some(Bytes::from_static(
+            br#"{"n": 12.50, "id": "spoofed", "trace": "t-\"1\" \u00e9", "none": null, "obj": {"a": [1, 2]}}"#,
+        ));
+        let record = Router.route(e, 0).unwrap();
+        let headers: Vec<(&str, Option<&[u8]>)> = record.headers.iter().map(|(k, v)| (k.as_ref(), v.as_deref())).collect();
+        assert_eq!(
+            headers,
+            vec![
+                ("id", Some(&b"00000000-0000-0000-0000-000000000001"[..])),
+                ("event_type", Some(&b"CreditDisbursed"[..])),
+                ("n", Some(&b"12.50"[..])),
+                ("trace", Some("t-\"1\" é".as_bytes())),
+                ("none", None),
+                ("obj", Some(&br#"{"a": [1, 2]}"#[..])),
+            ]
+        );
+    }
+
+    #[test]
+    fn headers_that_are_not_an_object_are_an_error_naming_the_event() {
+        for bad in [&b"[1]"[..], b"\"x\"", b"{\"a\": ", b"{} trailing"] {
+            let mut e = event("Order");
+            e.headers = Some(Bytes::copy_from_slice(bad));
+            let err = Router.route(e, 0).unwrap_err();
+            assert!(matches!(&err, RouteError::Headers { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"), "{err}");
+        }
     }
 
     #[test]
@@ -130,7 +222,7 @@ mod tests {
     fn illegal_topic_names_are_errors_naming_the_event() {
         for bad in ["", "has space", "ünicode", "a/b", &"x".repeat(250)] {
             let err = Router.route(event(bad), 0).unwrap_err();
-            assert_eq!(err.event_id, "00000000-0000-0000-0000-000000000001");
+            assert!(matches!(&err, RouteError::IllegalTopic { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"));
             assert!(err.to_string().contains("00000000-0000-0000-0000-000000000001"));
         }
         assert!(validate_topic("..").is_err());

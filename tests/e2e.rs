@@ -844,3 +844,46 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
     assert!(relay.log().contains("does not exist"), "{}", relay.log());
     assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(), "the slot was re-created");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_them() {
+    let setup = Setup::new("fidelity", &["OrderLine", "orderline"], 1).await;
+    let (upper, lower) = (setup.types[0].clone(), setup.types[1].clone());
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let c = &setup.db.client;
+
+    let mut ids = Vec::new();
+    for payload in ["NULL", "'{}'", "'null'", "'\"FIRST\"'", "'42'", r#"'{ "b":1, "a":2, "a":3 }'"#] {
+        let row = c
+            .query_one(
+                &format!(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+                     VALUES ($1, 'k', 'T', {payload}, '{{\"trace\": \"t-1\", \"n\": 12.50, \"none\": null}}') RETURNING id::text"
+                ),
+                &[&upper],
+            )
+            .await
+            .unwrap();
+        ids.push(row.get::<_, String>(0));
+    }
+    let other = insert(c, &lower, "k", r#"{"case": "lower"}"#).await;
+
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 6, Duration::from_secs(1), Duration::from_secs(60)).await;
+    let values: Vec<Option<&[u8]>> = consumed.iter().map(|r| r.value.as_deref()).collect();
+    assert_eq!(
+        values,
+        vec![None, Some(&b"{}"[..]), Some(b"null"), Some(b"\"FIRST\""), Some(b"42"), Some(br#"{"a": 3, "b": 1}"#)],
+        "one tombstone, then the values byte for byte, in commit order"
+    );
+    for (record, id) in consumed.iter().zip(&ids) {
+        assert_eq!(header(record, "id"), Some(id.as_bytes()));
+        assert_eq!(header(record, "trace"), Some(&b"t-1"[..]), "string header as its text");
+        assert_eq!(header(record, "n"), Some(&b"12.50"[..]), "number header as its JSON text");
+        assert_eq!(record.headers.iter().find(|(k, _)| k == "none").map(|(_, v)| v.is_none()), Some(true), "null header value");
+    }
+    let lower_topic = consume(&kafka().bootstrap(), &[topics[1].as_str()], 1, Duration::from_secs(1), Duration::from_secs(30)).await;
+    assert_delivered(&[other], &lower_topic, true);
+    drop(relay);
+}

@@ -92,6 +92,8 @@ pub struct OutboxColumns {
     pub event_type: String,
     /// The Kafka value, byte for byte as PostgreSQL prints it; NULL gives a tombstone.
     pub payload: String,
+    /// Optional jsonb object whose entries become Kafka headers.
+    pub headers: String,
 }
 
 impl Default for OutboxColumns {
@@ -102,6 +104,7 @@ impl Default for OutboxColumns {
             aggregate_id: "aggregate_id".into(),
             event_type: "event_type".into(),
             payload: "payload".into(),
+            headers: "headers".into(),
         }
     }
 }

@@ -102,7 +102,7 @@ impl Sink for KafkaSink {
         let size = record.size();
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
-            headers = headers.insert(Header { key, value: Some(value.as_ref()) });
+            headers = headers.insert(Header { key: key.as_ref(), value: value.as_deref() });
         }
         let mut future_record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic).headers(headers);
         if let Some(key) = &record.key {

@@ -8,6 +8,8 @@ pub mod kafka;
 
 use std::future::Future;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::checkpoint::EventToken;
@@ -20,7 +22,8 @@ pub struct Record {
     pub key: Option<Bytes>,
     /// `None`: a tombstone.
     pub value: Option<Bytes>,
-    pub headers: Vec<(&'static str, Bytes)>,
+    /// Name and value (`None`: a null header value), in order.
+    pub headers: Vec<(Cow<'static, str>, Option<Bytes>)>,
     /// Unix epoch, ms.
     pub timestamp_ms: Option<i64>,
 }
@@ -30,15 +33,16 @@ impl Record {
     pub fn size(&self) -> usize {
         self.key.as_ref().map_or(0, Bytes::len)
             + self.value.as_ref().map_or(0, Bytes::len)
-            + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len)).sum::<usize>()
     }
 
     /// The `id` header, for error messages.
     pub fn event_id(&self) -> String {
         self.headers
             .iter()
-            .find(|(k, _)| *k == "id")
-            .map_or_else(String::new, |(_, v)| String::from_utf8_lossy(v).into_owned())
+            .find(|(k, _)| k == "id")
+            .and_then(|(_, v)| v.as_deref())
+            .map_or_else(String::new, |v| String::from_utf8_lossy(v).into_owned())
     }
 }
 

@@ -24,6 +24,8 @@ pub struct OutboxEvent {
     pub event_type: Option<Bytes>,
     /// `None` for SQL NULL (a tombstone).
     pub payload: Option<Bytes>,
+    /// The `headers` column (jsonb text); `None` for SQL NULL or a table without it.
+    pub headers: Option<Bytes>,
     /// Where the Insert is in the WAL.
     pub lsn: Lsn,
 }
@@ -50,6 +52,8 @@ struct ColumnIndexes {
     aggregate_id: usize,
     event_type: usize,
     payload: usize,
+    /// Optional: a table without the column has no extra headers.
+    headers: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -94,6 +98,7 @@ impl OutboxDecoder {
                     aggregate_id: find(&c.aggregate_id)?,
                     event_type: find(&c.event_type)?,
                     payload: find(&c.payload)?,
+                    headers: find(&c.headers).ok(),
                 })
             })())
         } else {
@@ -146,6 +151,10 @@ impl OutboxDecoder {
             aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?,
             event_type: text(indexes.event_type, &c.event_type)?,
             payload: text(indexes.payload, &c.payload)?,
+            headers: match indexes.headers {
+                Some(index) => text(index, &c.headers)?,
+                None => None,
+            },
             lsn,
         }))
     }
@@ -202,6 +211,7 @@ mod tests {
         assert_eq!(first.event_type.as_deref(), Some(&b"OrderCreated"[..]));
         assert_eq!(first.payload.as_deref(), Some("{\"s\": \"é😀\", \"total\": 12.50}".as_bytes()));
         assert_eq!(events[2].payload, None, "NULL payload is a tombstone");
+        assert_eq!(first.headers.as_deref(), Some(&b"{\"trace\": \"t-1\"}"[..]), "a DOMAIN over jsonb is text too");
         // After ALTER TABLE ... ADD COLUMN tenant_id, columns are found by name again.
         assert_eq!(&events[3].aggregate_type[..], b"Customer");
         assert_eq!(events[3].aggregate_id.as_deref(), Some(&b"c-1"[..]));
