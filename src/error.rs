@@ -28,6 +28,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// Whether another walsender holds the slot (SQLSTATE 55006, "replication slot ... is
+    /// active for PID n").
+    pub fn is_slot_in_use(&self) -> bool {
+        matches!(self, Error::Source(crate::source::SourceError::Server { code, .. }) if code == "55006")
+    }
+
     /// Whether restarting the pipeline session (reconnect, new producer, resume from the slot)
     /// may succeed. Permanent errors stop the pipeline without confirming past the failing event.
     pub fn is_transient(&self) -> bool {

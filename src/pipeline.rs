@@ -33,6 +33,8 @@ use crate::source::{slot, SourceError};
 /// Minimum gap between status updates sent because the flush LSN moved; the timer sends
 /// one every `status_interval_ms` regardless.
 const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
+/// Longest wait between attempts while another walsender holds the slot.
+const SLOT_IN_USE_RETRY: Duration = Duration::from_secs(3);
 /// How long to wait for the walsender to acknowledge the end of streaming.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -68,7 +70,12 @@ pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: Can
                     slot_seen = true;
                     delays = backoff();
                 }
-                let delay = delays.next().unwrap_or(Duration::from_secs(30));
+                let mut delay = delays.next().unwrap_or(Duration::from_secs(30));
+                if e.is_slot_in_use() {
+                    // A standby waiting for the slot: poll often enough to take over within
+                    // seconds of the active relay's exit.
+                    delay = delay.min(SLOT_IN_USE_RETRY);
+                }
                 warn!(pipeline = %config.name, error = %chain(&e), delay_ms = delay.as_millis() as u64, "pipeline session ended; reconnecting");
                 metrics.reconnects.inc();
                 tokio::select! {
