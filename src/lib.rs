@@ -30,9 +30,11 @@
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end, with reconnects.
+//! - [`check`]: the `check` and `status` commands.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`shutdown`], [`error`], [`lsn`].
 
+pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -53,6 +53,19 @@ enum Command {
         #[arg(long)]
         print_sql: bool,
     },
+    /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
+    /// slots and WAL senders, REPLICATION and SELECT on the outbox, the publication, the slot,
+    /// and that the Kafka brokers answer. Exits 1 if anything fails.
+    ///
+    ///   outbox-relay check --config relay.toml
+    #[command(verbatim_doc_comment)]
+    Check(RunArgs),
+    /// Shows, per pipeline, the slot's holder pid, confirmed flush LSN, lag in bytes behind
+    /// the server's WAL, wal_status and safe_wal_size.
+    ///
+    ///   outbox-relay status --config relay.toml
+    #[command(verbatim_doc_comment)]
+    Status(RunArgs),
 }
 
 #[derive(clap::Args)]
@@ -206,6 +219,49 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     config.name, config.publication, config.table, config.slot
                 );
             }
+            Ok(())
+        }
+        Command::Check(args) => {
+            let (pipelines, _) = pipelines(args)?;
+            let mut failed = false;
+            for config in &pipelines {
+                println!("pipeline {}", config.name);
+                for finding in outbox_relay::check::check(config).await {
+                    failed |= finding.verdict == outbox_relay::check::Verdict::Fail;
+                    println!("  {finding}");
+                }
+            }
+            anyhow::ensure!(!failed, "some checks failed");
+            Ok(())
+        }
+        Command::Status(args) => {
+            let (pipelines, _) = pipelines(args)?;
+            println!("{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}", "PIPELINE", "SLOT", "PID", "CONFIRMED", "LAG_BYTES", "WAL", "SAFE_WAL_SIZE");
+            let mut failed = false;
+            for config in &pipelines {
+                let text = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+                match outbox_relay::check::status(config).await {
+                    Ok(Some(s)) => println!(
+                        "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}",
+                        config.name,
+                        config.slot,
+                        text(s.active_pid.map(|p| p.to_string())),
+                        text(s.confirmed_flush_lsn),
+                        text(s.lag_bytes.map(|b| b.to_string())),
+                        text(s.wal_status),
+                        text(s.safe_wal_size.map(|b| b.to_string())),
+                    ),
+                    Ok(None) => {
+                        failed = true;
+                        println!("{:<16} {:<24} slot does not exist", config.name, config.slot)
+                    }
+                    Err(e) => {
+                        failed = true;
+                        println!("{:<16} {:<24} {e}", config.name, config.slot)
+                    }
+                }
+            }
+            anyhow::ensure!(!failed, "some pipelines have no readable slot");
             Ok(())
         }
     }

@@ -887,3 +887,36 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
     assert_delivered(&[other], &lower_topic, true);
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is() {
+    let setup = Setup::new("check", &["Order"], 1).await;
+    let args = |command: &str| {
+        let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Scram);
+        args[0] = command.into();
+        args
+    };
+    let mut check = Relay::spawn(&args("check"));
+    assert!(check.wait(Duration::from_secs(60)).success(), "{}", check.log());
+    for needle in ["ok    wal_level", "ok    role", "ok    publication", "WARN  slot", "ok    kafka"] {
+        assert!(check.log().contains(needle), "{needle:?} missing:\n{}", check.log());
+    }
+
+    setup.db.client.batch_execute("ALTER PUBLICATION outbox_pub DROP TABLE outbox").await.unwrap();
+    let mut check = Relay::spawn(&args("check"));
+    assert!(!check.wait(Duration::from_secs(60)).success(), "check passed without the table in the publication");
+    assert!(check.log().contains("FAIL  publication"), "{}", check.log());
+    setup.db.client.batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE outbox").await.unwrap();
+
+    let mut status = Relay::spawn(&args("status"));
+    assert!(!status.wait(Duration::from_secs(30)).success(), "status succeeded without a slot");
+    assert!(status.log().contains("slot does not exist"), "{}", status.log());
+    let relay = Relay::spawn(&args("run"));
+    setup.wait_streaming().await;
+    let mut status = Relay::spawn(&args("status"));
+    assert!(status.wait(Duration::from_secs(30)).success(), "{}", status.log());
+    let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+    let line = status.log().lines().find(|l| l.contains(&setup.slot)).map(str::to_owned).unwrap_or_default();
+    assert!(line.contains(&pid.to_string()) && line.contains("reserved"), "status line {line:?}");
+    drop(relay);
+}

@@ -1,0 +1,253 @@
+//! `outbox-relay check` and `status`: what an operator asks before and while running.
+//!
+//! `check` verifies, per pipeline, everything the relay needs from PostgreSQL and Kafka and
+//! says what to change; `status` reports each slot's position and the WAL it holds back.
+
+use std::fmt;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use tokio_postgres::Client;
+
+use crate::config::PipelineConfig;
+use crate::error::chain;
+use crate::source::SourceError;
+
+/// The verdict of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Ok,
+    /// Works, but worth a look.
+    Warn,
+    /// The relay cannot run like this.
+    Fail,
+}
+
+/// One line of `check`'s report.
+#[derive(Debug, Clone)]
+pub struct Finding {
+    pub check: &'static str,
+    pub verdict: Verdict,
+    pub detail: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = match self.verdict {
+            Verdict::Ok => "ok",
+            Verdict::Warn => "WARN",
+            Verdict::Fail => "FAIL",
+        };
+        write!(f, "{verdict:<4}  {:<22}  {}", self.check, self.detail)
+    }
+}
+
+fn finding(check: &'static str, verdict: Verdict, detail: impl Into<String>) -> Finding {
+    Finding { check, verdict, detail: detail.into() }
+}
+
+async fn connect(config: &PipelineConfig) -> Result<(Client, tokio::task::JoinHandle<()>), String> {
+    let (pg, tls) = config.source_config().map_err(|e| e.to_string())?;
+    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls.client_config()?);
+    let (client, connection) = pg.connect(connector).await.map_err(|e| chain(&SourceError::Sql(e)))?;
+    Ok((client, tokio::spawn(async move {
+        let _ = connection.await;
+    })))
+}
+
+/// Runs every check for `config`; never fails itself: problems are findings.
+pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    match connect(config).await {
+        Ok((client, connection)) => {
+            if let Err(e) = check_postgres(config, &client, &mut findings).await {
+                findings.push(finding("postgres", Verdict::Fail, format!("query failed: {}", chain(&e))));
+            }
+            drop(client);
+            let _ = connection.await;
+        }
+        Err(e) => findings.push(finding("connection", Verdict::Fail, e)),
+    }
+    findings.push(check_kafka(config).await);
+    findings
+}
+
+async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<Finding>) -> Result<(), tokio_postgres::Error> {
+    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    out.push(finding("connection", Verdict::Ok, format!("PostgreSQL {version}")));
+
+    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
+    out.push(if wal_level == "logical" {
+        finding("wal_level", Verdict::Ok, "logical")
+    } else {
+        finding("wal_level", Verdict::Fail, format!("{wal_level}: set wal_level = logical and restart PostgreSQL"))
+    });
+
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int,
+                    current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int,
+                    EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&config.slot],
+        )
+        .await?;
+    let (free_slots, free_senders, slot_exists): (i32, i32, bool) = (row.get(0), row.get(1), row.get(2));
+    out.push(match (slot_exists, free_slots) {
+        (true, _) => finding("replication slots", Verdict::Ok, format!("slot {} exists; {free_slots} free", config.slot)),
+        (false, n) if n > 0 => finding("replication slots", Verdict::Ok, format!("{n} free for slot {}", config.slot)),
+        _ => finding("replication slots", Verdict::Fail, "none free: raise max_replication_slots"),
+    });
+    out.push(if free_senders > 0 {
+        finding("wal senders", Verdict::Ok, format!("{free_senders} free"))
+    } else {
+        finding("wal senders", Verdict::Fail, "none free: raise max_wal_senders")
+    });
+
+    let row = client
+        .query_one("SELECT rolreplication OR rolsuper, current_user::text FROM pg_roles WHERE rolname = current_user", &[])
+        .await?;
+    let (replication, role): (bool, String) = (row.get(0), row.get(1));
+    out.push(if replication {
+        finding("role", Verdict::Ok, format!("{role} has REPLICATION"))
+    } else {
+        finding("role", Verdict::Fail, format!("ALTER ROLE {role} REPLICATION"))
+    });
+
+    let table = format!("{}.{}", quote(&config.table.schema), quote(&config.table.name));
+    let row = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL,
+                    to_regclass($1) IS NOT NULL AND has_table_privilege(to_regclass($1), 'SELECT'),
+                    (SELECT relreplident::text FROM pg_class WHERE oid = to_regclass($1))",
+            &[&table],
+        )
+        .await?;
+    let (exists, select, identity): (bool, bool, Option<String>) = (row.get(0), row.get(1), row.get(2));
+    out.push(match (exists, select) {
+        (false, _) => finding("outbox table", Verdict::Fail, format!("{} does not exist (sql/outbox.sql)", config.table)),
+        (true, false) => finding("outbox table", Verdict::Fail, format!("GRANT SELECT ON {table} TO {role}")),
+        (true, true) => finding(
+            "outbox table",
+            Verdict::Ok,
+            format!("{} readable; replica identity {}", config.table, match identity.as_deref() {
+                Some("d") => "default",
+                Some("f") => "full",
+                Some("i") => "index",
+                Some("n") => "nothing",
+                _ => "unknown",
+            }),
+        ),
+    });
+
+    let row = client
+        .query_opt(
+            "SELECT p.pubinsert, p.pubupdate OR p.pubdelete,
+                    EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3)
+             FROM pg_publication p WHERE p.pubname = $1",
+            &[&config.publication, &config.table.schema, &config.table.name],
+        )
+        .await?;
+    out.push(match row.map(|r| (r.get::<_, bool>(0), r.get::<_, bool>(1), r.get::<_, bool>(2))) {
+        None => finding("publication", Verdict::Fail, format!("{} does not exist: outbox-relay setup creates it", config.publication)),
+        Some((_, _, false)) => finding("publication", Verdict::Fail, format!("{} does not include {}", config.publication, config.table)),
+        Some((false, _, _)) => finding("publication", Verdict::Fail, format!("{} does not publish inserts", config.publication)),
+        Some((true, true, true)) => finding(
+            "publication",
+            Verdict::Warn,
+            format!("{} also publishes updates/deletes, which the relay reads and passes over: WITH (publish = 'insert') saves work", config.publication),
+        ),
+        Some((true, false, true)) => finding("publication", Verdict::Ok, format!("{} publishes inserts of {}", config.publication, config.table)),
+    });
+
+    let row = client
+        .query_opt(
+            "SELECT plugin, database = current_database(), wal_status, active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.slot],
+        )
+        .await?;
+    out.push(match row {
+        None if config.create_slot => finding("slot", Verdict::Warn, format!("{} does not exist; the relay will create it (outbox-relay setup does it ahead)", config.slot)),
+        None => finding("slot", Verdict::Fail, format!("{} does not exist and create_slot is off: outbox-relay setup", config.slot)),
+        Some(r) => {
+            let (plugin, same_db, wal_status, pid): (Option<String>, Option<bool>, Option<String>, Option<i32>) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
+                finding("slot", Verdict::Fail, format!("{} is not a pgoutput slot of this database", config.slot))
+            } else if wal_status.as_deref() == Some("lost") {
+                finding("slot", Verdict::Fail, format!("{} is invalidated (wal_status lost): events may be missing", config.slot))
+            } else {
+                let holder = pid.map_or_else(|| "inactive".to_owned(), |pid| format!("held by pid {pid}"));
+                finding("slot", Verdict::Ok, format!("{} pgoutput, wal_status {}, {holder}", config.slot, wal_status.unwrap_or_default()))
+            }
+        }
+    });
+    Ok(())
+}
+
+fn quote(ident: &str) -> String {
+    crate::source::replication::quote_ident(ident)
+}
+
+async fn check_kafka(config: &PipelineConfig) -> Finding {
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
+    for (key, value) in &config.kafka.properties {
+        client.set(key, value);
+    }
+    let result = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client.create().map_err(|e| e.to_string())?;
+        let metadata = consumer.fetch_metadata(None, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        let events = metadata.topics().iter().filter(|t| t.name().ends_with(".events")).count();
+        Ok::<_, String>((metadata.brokers().len(), events))
+    })
+    .await;
+    match result {
+        Ok(Ok((brokers, topics))) => finding(
+            "kafka",
+            Verdict::Ok,
+            format!("{brokers} broker(s) reachable; {topics} *.events topic(s) (topics must exist or be auto-created)"),
+        ),
+        Ok(Err(e)) => finding("kafka", Verdict::Fail, format!("{}: {e}", config.kafka.bootstrap_servers)),
+        Err(e) => finding("kafka", Verdict::Fail, e.to_string()),
+    }
+}
+
+/// A slot's position, as `status` prints it.
+#[derive(Debug, Clone)]
+pub struct SlotStatus {
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<String>,
+    /// Bytes of WAL between the server's current position and the confirmed LSN.
+    pub lag_bytes: Option<i64>,
+    pub wal_status: Option<String>,
+    /// Bytes of WAL that may still be written before the slot is invalidated (`None`: no
+    /// `max_slot_wal_keep_size` limit).
+    pub safe_wal_size: Option<i64>,
+}
+
+/// Reads the slot of `config`; `Ok(None)` if it does not exist.
+///
+/// Returns an error if the database cannot be reached.
+pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, String> {
+    let (client, connection) = connect(config).await?;
+    let row = client
+        .query_opt(
+            "SELECT active_pid, confirmed_flush_lsn::text,
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+                    wal_status, safe_wal_size
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.slot],
+        )
+        .await
+        .map_err(|e| chain(&SourceError::Sql(e)))?;
+    drop(client);
+    let _ = connection.await;
+    Ok(row.map(|r| SlotStatus {
+        active_pid: r.get(0),
+        confirmed_flush_lsn: r.get(1),
+        lag_bytes: r.get(2),
+        wal_status: r.get(3),
+        safe_wal_size: r.get(4),
+    }))
+}
