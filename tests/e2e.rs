@@ -920,3 +920,27 @@ async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is(
     assert!(line.contains(&pid.to_string()) && line.contains("reserved"), "status line {line:?}");
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libpq_environment_and_password_file_are_honoured() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new("pgenv", &["Order"], 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let passfile = dir.path().join("pgpass");
+    std::fs::write(&passfile, format!("127.0.0.1:{}:{}:relay_scram:{}\n", pg().port(), setup.db.name, support::PASSWORD)).unwrap();
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = format!("dbname={}", setup.db.name);
+    let port = pg().port().to_string();
+    let passfile = passfile.display().to_string();
+    let relay = Relay::spawn_with_env(
+        &args,
+        &[("PGHOST", "127.0.0.1"), ("PGPORT", &port), ("PGUSER", "relay_scram"), ("PGPASSFILE", &passfile), ("PGSSLMODE", "disable")],
+    );
+    setup.wait_streaming().await;
+    let (written, _) = write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    assert_delivered(&written, &consumed, true);
+    assert!(!relay.log().contains(support::PASSWORD), "the password was logged");
+}

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::source::tls::{self, TlsSettings};
 
 pub mod file;
+pub mod libpq_env;
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
 /// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).
@@ -232,22 +233,18 @@ impl PipelineConfig {
         Ok(())
     }
 
-    /// The source URL parsed by tokio-postgres, with the default host (the local socket
-    /// directory) filled in as libpq would, and its TLS settings.
+    /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
+    /// would (`PG*` environment variables, the password file, the local socket directory;
+    /// see [`libpq_env`]), and its TLS settings.
     ///
     /// Returns an error naming `source_url` (without its password) if it does not parse.
     pub fn source_config(&self) -> Result<(tokio_postgres::Config, TlsSettings), ConfigError> {
         let invalid = |e: &dyn fmt::Display| {
             ConfigError::new("source_url", format!("{}: {e}", redact_url(&self.source_url)))
         };
-        let (rest, tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
+        let (rest, mut tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
-        if config.get_hosts().is_empty() {
-            config.host_path("/var/run/postgresql");
-        }
-        if config.get_user().is_none() {
-            return Err(ConfigError::new("source_url", "no user given"));
-        }
+        libpq_env::apply(&mut config, &mut tls, &|name| std::env::var(name).ok()).map_err(|e| invalid(&e))?;
         config.ssl_mode(tls.tokio_postgres_mode());
         Ok((config, tls))
     }

@@ -34,10 +34,27 @@ pub enum SslMode {
     VerifyFull,
 }
 
+impl std::str::FromStr for SslMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "disable" => SslMode::Disable,
+            "allow" | "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            other => return Err(format!("sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full")),
+        })
+    }
+}
+
 /// The TLS parameters of a connection string.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsSettings {
     pub mode: SslMode,
+    /// Whether the connection string set `sslmode` (else `PGSSLMODE` may).
+    pub mode_given: bool,
     pub root_cert: Option<String>,
     pub client_cert: Option<PathBuf>,
     pub client_key: Option<PathBuf>,
@@ -54,14 +71,8 @@ pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
     let mut set = |key: &str, value: String| -> Result<(), String> {
         match key {
             "sslmode" => {
-                settings.mode = match value.as_str() {
-                    "disable" => SslMode::Disable,
-                    "allow" | "prefer" => SslMode::Prefer,
-                    "require" => SslMode::Require,
-                    "verify-ca" => SslMode::VerifyCa,
-                    "verify-full" => SslMode::VerifyFull,
-                    other => return Err(format!("sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full")),
-                }
+                settings.mode = value.parse()?;
+                settings.mode_given = true;
             }
             "sslrootcert" => settings.root_cert = Some(value),
             "sslcert" => settings.client_cert = Some(value.into()),

@@ -1,0 +1,212 @@
+//! Fills in what a connection string leaves out the way libpq does: the `PGHOST`, `PGPORT`,
+//! `PGUSER`, `PGDATABASE`, `PGPASSWORD`, `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`,
+//! `PGSSLCERT`, `PGSSLKEY` and `PGCONNECT_TIMEOUT` environment variables, then the password file
+//! (`PGPASSFILE`, default `~/.pgpass`; PostgreSQL docs, 34.16 "The Password File"), then
+//! libpq's defaults (the local socket directory, the OS user name).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::source::tls::TlsSettings;
+
+type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Completes `config` and `tls` from `env` and the password file.
+///
+/// Returns an error naming the variable if one holds an invalid value, or if no user can be
+/// determined.
+pub fn apply(config: &mut tokio_postgres::Config, tls: &mut TlsSettings, env: Env<'_>) -> Result<(), String> {
+    // tokio-postgres fills in port 5432 for a URL host without one, so PGPORT applies only
+    // when the host, too, comes from the environment or the default.
+    let port_from_env = config.get_hosts().is_empty() || config.get_ports().is_empty();
+    if config.get_hosts().is_empty() {
+        match env("PGHOST") {
+            Some(hosts) => {
+                for host in hosts.split(',') {
+                    if host.starts_with('/') {
+                        config.host_path(host);
+                    } else {
+                        config.host(host);
+                    }
+                }
+            }
+            None => {
+                config.host_path("/var/run/postgresql");
+            }
+        }
+    }
+    if port_from_env {
+        if let Some(port) = env("PGPORT") {
+            config.port(port.parse().map_err(|_| format!("PGPORT {port:?} is not a port"))?);
+        }
+    }
+    if config.get_user().is_none() {
+        let user = env("PGUSER")
+            .or_else(|| env("USER"))
+            .ok_or("no user given (source_url, PGUSER or USER)")?;
+        config.user(&user);
+    }
+    if config.get_dbname().is_none() {
+        if let Some(db) = env("PGDATABASE") {
+            config.dbname(&db);
+        }
+    }
+    if config.get_application_name().is_none() {
+        if let Some(name) = env("PGAPPNAME") {
+            config.application_name(&name);
+        }
+    }
+    if config.get_connect_timeout().is_none() {
+        if let Some(secs) = env("PGCONNECT_TIMEOUT") {
+            let secs: u64 = secs.parse().map_err(|_| format!("PGCONNECT_TIMEOUT {secs:?} is not a number of seconds"))?;
+            config.connect_timeout(Duration::from_secs(secs));
+        }
+    }
+    if !tls.mode_given {
+        if let Some(mode) = env("PGSSLMODE") {
+            tls.mode = mode.parse().map_err(|e| format!("PGSSLMODE: {e}"))?;
+        }
+    }
+    tls.root_cert = tls.root_cert.take().or_else(|| env("PGSSLROOTCERT"));
+    tls.client_cert = tls.client_cert.take().or_else(|| env("PGSSLCERT").map(PathBuf::from));
+    tls.client_key = tls.client_key.take().or_else(|| env("PGSSLKEY").map(PathBuf::from));
+    if config.get_password().is_none() {
+        if let Some(password) = env("PGPASSWORD").or_else(|| from_passfile(config, env)) {
+            config.password(password);
+        }
+    }
+    Ok(())
+}
+
+/// The password for `config`'s first host from the password file, if any line matches.
+fn from_passfile(config: &tokio_postgres::Config, env: Env<'_>) -> Option<String> {
+    let path = env("PGPASSFILE")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".pgpass")))?;
+    let text = std::fs::read_to_string(&path).ok()?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).ok()?.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(path = %path.display(), "password file has group or world access and is ignored (chmod 0600)");
+            return None;
+        }
+    }
+    let host = match config.get_hosts().first()? {
+        tokio_postgres::config::Host::Tcp(name) => name.clone(),
+        // libpq matches a socket directory as "localhost".
+        tokio_postgres::config::Host::Unix(_) => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
+    let user = config.get_user()?;
+    let database = config.get_dbname().unwrap_or(user);
+    passfile_lookup(&text, [&host, &port, database, user])
+}
+
+/// Finds the first line of a password file whose host, port, database and user fields match
+/// (`*` matches anything; `\:` and `\\` are escapes).
+fn passfile_lookup(text: &str, wanted: [&str; 4]) -> Option<String> {
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let fields = split_fields(line);
+        if fields.len() != 5 {
+            continue;
+        }
+        if fields[..4].iter().zip(wanted).all(|(field, want)| field == "*" || field == want) {
+            return Some(fields[4].clone());
+        }
+    }
+    None
+}
+
+fn split_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(next) = chars.next() {
+                    fields.last_mut().expect("one field").push(next);
+                }
+            }
+            ':' if fields.len() < 5 => fields.push(String::new()),
+            c => fields.last_mut().expect("one field").push(c),
+        }
+    }
+    fields
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn resolve(url: &str, vars: &[(&str, &str)]) -> Result<(tokio_postgres::Config, TlsSettings), String> {
+        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (rest, mut tls) = crate::source::tls::split_url(url)?;
+        let mut config: tokio_postgres::Config = rest.parse().map_err(|e| format!("{e}"))?;
+        apply(&mut config, &mut tls, &|name| vars.get(name).cloned())?;
+        Ok((config, tls))
+    }
+
+    #[test]
+    fn environment_fills_what_the_url_leaves_out() {
+        let (config, tls) = resolve(
+            "postgres:///",
+            &[("PGHOST", "db.internal"), ("PGPORT", "6432"), ("PGUSER", "relay"), ("PGDATABASE", "app"),
+              ("PGPASSWORD", "pw"), ("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", "/ca.pem")],
+        )
+        .unwrap();
+        assert!(matches!(&config.get_hosts()[0], tokio_postgres::config::Host::Tcp(h) if h == "db.internal"));
+        assert_eq!(config.get_ports(), &[6432]);
+        assert_eq!((config.get_user(), config.get_dbname()), (Some("relay"), Some("app")));
+        assert_eq!(config.get_password(), Some(&b"pw"[..]));
+        assert_eq!(tls.mode, crate::source::tls::SslMode::VerifyFull);
+        assert_eq!(tls.root_cert.as_deref(), Some("/ca.pem"));
+    }
+
+    #[test]
+    fn the_url_wins_over_the_environment() {
+        let (config, tls) = resolve(
+            "postgres://u:secret@h:5433/db?sslmode=disable",
+            &[("PGHOST", "other"), ("PGPORT", "1"), ("PGUSER", "x"), ("PGPASSWORD", "y"), ("PGSSLMODE", "verify-full")],
+        )
+        .unwrap();
+        assert!(matches!(&config.get_hosts()[0], tokio_postgres::config::Host::Tcp(h) if h == "h"));
+        assert_eq!((config.get_ports(), config.get_user()), (&[5433][..], Some("u")));
+        assert_eq!(config.get_password(), Some(&b"secret"[..]));
+        assert_eq!(tls.mode, crate::source::tls::SslMode::Disable);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        assert!(resolve("postgres:///db?user=u", &[("PGPORT", "x")]).unwrap_err().contains("PGPORT"));
+        assert!(resolve("postgres://u@h/db", &[("PGSSLMODE", "maybe")]).unwrap_err().contains("PGSSLMODE"));
+        assert!(resolve("postgres://h/db", &[]).unwrap_err().contains("no user"));
+    }
+
+    #[test]
+    fn password_file_lines_match_with_wildcards_and_escapes() {
+        let file = "# comment\nother:5432:*:relay:wrong\ndb\\:1:*:app:relay:pa\\:ss\\\\word\n*:*:*:*:fallback\n";
+        assert_eq!(passfile_lookup(file, ["db:1", "5432", "app", "relay"]).as_deref(), Some("pa:ss\\word"));
+        assert_eq!(passfile_lookup(file, ["x", "1", "y", "z"]).as_deref(), Some("fallback"));
+        assert_eq!(passfile_lookup("h:5432:db:u:pw\n", ["h", "5432", "db", "v"]), None);
+    }
+
+    #[test]
+    fn password_file_is_read_when_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pgpass");
+        std::fs::write(&path, "h:5432:db:u:from-file\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let file = path.display().to_string();
+        let (config, _) = resolve("postgres://u@h/db", &[("PGPASSFILE", &file)]).unwrap();
+        assert_eq!(config.get_password(), Some(&b"from-file"[..]));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (config, _) = resolve("postgres://u@h/db", &[("PGPASSFILE", &file)]).unwrap();
+        assert_eq!(config.get_password(), None, "a world-readable password file is ignored");
+    }
+}
