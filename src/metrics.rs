@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use serde::Serialize;
 
 /// All metrics of the process, registered in one [`Registry`].
@@ -23,7 +23,20 @@ pub struct Metrics {
     in_flight_events: IntGaugeVec,
     in_flight_bytes: IntGaugeVec,
     streaming: IntGaugeVec,
+    lag_bytes: IntGaugeVec,
+    delivery_latency: HistogramVec,
+    commit_to_ack: HistogramVec,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+}
+
+/// Seconds: 1 ms to 60 s.
+const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+fn histogram(registry: &Registry, name: &str, help: &str) -> HistogramVec {
+    let metric = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), &["pipeline"])
+        .expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    metric
 }
 
 /// Where a pipeline is in its life.
@@ -81,6 +94,9 @@ impl Metrics {
             in_flight_events: gauge(&r, "outbox_relay_in_flight_events", "Records sent to Kafka and not yet acknowledged."),
             in_flight_bytes: gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records."),
             streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
+            lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL and the confirmed flush LSN."),
+            delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the producer to Kafka's acknowledgement."),
+            commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to Kafka's acknowledgement (wall clocks of both hosts)."),
             health: Arc::default(),
             registry: r,
         }
@@ -100,6 +116,9 @@ impl Metrics {
             in_flight_events: self.in_flight_events.with_label_values(&[pipeline]),
             in_flight_bytes: self.in_flight_bytes.with_label_values(&[pipeline]),
             streaming: self.streaming.with_label_values(&[pipeline]),
+            lag_bytes: self.lag_bytes.with_label_values(&[pipeline]),
+            delivery_latency: self.delivery_latency.with_label_values(&[pipeline]),
+            commit_to_ack: self.commit_to_ack.with_label_values(&[pipeline]),
             health: self.health.clone(),
             pipeline: pipeline.to_owned(),
         }
@@ -136,6 +155,9 @@ pub struct PipelineMetrics {
     pub in_flight_events: IntGauge,
     pub in_flight_bytes: IntGauge,
     streaming: IntGauge,
+    pub lag_bytes: IntGauge,
+    pub delivery_latency: Histogram,
+    pub commit_to_ack: Histogram,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
 }
 

@@ -7,7 +7,7 @@
 //! acknowledged (see [`crate::checkpoint`]), everything after that LSN is published again:
 //! duplicates are possible after a failure, loss is not (DESIGN.md I1, I4, I6).
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
@@ -33,6 +33,10 @@ use crate::source::{slot, SourceError};
 /// Minimum gap between status updates sent because the flush LSN moved; the timer sends
 /// one every `status_interval_ms` regardless.
 const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
+/// How often the catch-up progress line is logged.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+/// Lag that counts as catching up: 16 MiB of WAL.
+const PROGRESS_MIN_LAG_BYTES: u64 = 16 << 20;
 /// Longest wait between attempts while another walsender holds the slot.
 const SLOT_IN_USE_RETRY: Duration = Duration::from_secs(3);
 /// How long to wait for the walsender to acknowledge the end of streaming.
@@ -145,6 +149,8 @@ async fn run_session(
         router: Router,
         commit_time_ms: None,
         last_received: confirmed_flush_lsn,
+        server_wal_end: confirmed_flush_lsn,
+        progress: Progress { at: Instant::now(), published: metrics.events_published.get(), flush: confirmed_flush_lsn },
         sent_flush: Lsn::ZERO,
         last_status: Instant::now(),
     };
@@ -164,6 +170,10 @@ struct Session<'a, S: Sink> {
     commit_time_ms: Option<i64>,
     /// Highest LSN received, for error context.
     last_received: Lsn,
+    /// The server's end of WAL, as last reported in XLogData or a keepalive.
+    server_wal_end: Lsn,
+    /// For the catch-up progress line: when it was last logged, with the counts then.
+    progress: Progress,
     /// Flush LSN of the last status update sent.
     sent_flush: Lsn,
     last_status: Instant,
@@ -275,13 +285,15 @@ impl<S: Sink> Session<'_, S> {
 
     async fn on_message(&mut self, message: ReplicationMessage) -> Result<(), Error> {
         match message {
-            ReplicationMessage::XLogData { wal_start, data, .. } => {
+            ReplicationMessage::XLogData { wal_start, wal_end, data, .. } => {
                 self.last_received = self.last_received.max(wal_start);
+                self.server_wal_end = self.server_wal_end.max(wal_end);
                 let message = pgoutput::decode(data).map_err(|source| SourceError::Decode { lsn: wal_start, source })?;
                 self.on_pgoutput(message, wal_start).await
             }
             ReplicationMessage::PrimaryKeepalive { wal_end, reply_requested, .. } => {
                 self.last_received = self.last_received.max(wal_end);
+                self.server_wal_end = self.server_wal_end.max(wal_end);
                 self.tracker.idle(wal_end);
                 if reply_requested {
                     self.send_status().await?;
@@ -336,6 +348,11 @@ impl<S: Sink> Session<'_, S> {
                     .ack(delivery.token)
                     .map_err(|source| SourceError::Tracker { lsn: self.last_received, source })?;
                 self.metrics.events_published.inc();
+                self.metrics.delivery_latency.observe(delivery.latency.as_secs_f64());
+                if let Some(commit_ms) = delivery.timestamp_ms {
+                    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+                    self.metrics.commit_to_ack.observe((now_ms - commit_ms).max(0) as f64 / 1_000.0);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -358,7 +375,33 @@ impl<S: Sink> Session<'_, S> {
         self.last_status = Instant::now();
         self.metrics.status_updates.inc();
         self.metrics.confirmed_flush_lsn.set(lsn_gauge(flush));
+        let lag = self.server_wal_end.0.saturating_sub(flush.0);
+        self.metrics.lag_bytes.set(i64::try_from(lag).unwrap_or(i64::MAX));
+        self.log_progress(flush, lag);
         Ok(())
+    }
+
+    /// While catching up on a backlog (more than [`PROGRESS_MIN_LAG_BYTES`] behind), logs every
+    /// [`PROGRESS_INTERVAL`] how fast it goes and when it should be done.
+    fn log_progress(&mut self, flush: Lsn, lag: u64) {
+        let elapsed = self.progress.at.elapsed();
+        if elapsed < PROGRESS_INTERVAL {
+            return;
+        }
+        let published = self.metrics.events_published.get();
+        if lag > PROGRESS_MIN_LAG_BYTES {
+            let secs = elapsed.as_secs_f64();
+            let bytes_per_sec = flush.0.saturating_sub(self.progress.flush.0) as f64 / secs;
+            let eta = (bytes_per_sec > 0.0).then(|| format!("{:.0}s", lag as f64 / bytes_per_sec));
+            info!(
+                pipeline = %self.config.name,
+                events_per_sec = ((published - self.progress.published) as f64 / secs).round(),
+                lag_bytes = lag,
+                eta = eta.as_deref().unwrap_or("unknown"),
+                "catching up"
+            );
+        }
+        self.progress = Progress { at: Instant::now(), published, flush };
     }
 
     fn update_in_flight_gauges(&self) {
@@ -366,6 +409,13 @@ impl<S: Sink> Session<'_, S> {
         self.metrics.in_flight_events.set(in_flight.events as i64);
         self.metrics.in_flight_bytes.set(in_flight.bytes as i64);
     }
+}
+
+/// Snapshot for the catch-up progress line.
+struct Progress {
+    at: Instant,
+    published: u64,
+    flush: Lsn,
 }
 
 /// Aborts the task when dropped (a dropped JoinHandle would detach it).

@@ -751,6 +751,9 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
     let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
     assert!(text.contains("outbox_relay_pipeline_streaming{pipeline=\"db1\"} 0"), "{text}");
     assert!(text.contains("outbox_relay_events_published_total{pipeline=\"db0\"} 12"), "{text}");
+    assert!(text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\"} 12"), "{text}");
+    assert!(text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\"} 12"), "{text}");
+    assert!(text.contains("outbox_relay_replication_lag_bytes{pipeline=\"db0\"}"), "{text}");
 
     // b comes back and catches up.
     admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", b.db.name)).await.unwrap();

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -118,7 +118,8 @@ impl Sink for KafkaSink {
             let producer = self.producer.as_ref().expect("producer present until drop");
             match producer.send_result(future_record) {
                 Ok(future) => {
-                    self.pending.push(PendingDelivery { future, token, size });
+                    let meta = RecordMeta { token, size, sent: Instant::now(), timestamp_ms: record.timestamp_ms };
+                    self.pending.push(PendingDelivery { future, meta });
                     self.in_flight.events += 1;
                     self.in_flight.bytes += size;
                     return Ok(());
@@ -127,9 +128,9 @@ impl Sink for KafkaSink {
                     // librdkafka's queue is full: wait for one outcome, keep it, try again.
                     future_record = returned;
                     match self.pending.next().await {
-                        Some((token, size, outcome)) => {
-                            let delivery = self.describe_outcome(token, size, outcome);
-                            self.ready.push((delivery, size));
+                        Some((meta, outcome)) => {
+                            let delivery = self.describe_outcome(meta, outcome);
+                            self.ready.push((delivery, meta.size));
                         }
                         None => tokio::time::sleep(Duration::from_millis(10)).await,
                     }
@@ -150,8 +151,8 @@ impl Sink for KafkaSink {
         let (delivery, size) = match self.ready.pop() {
             Some(ready) => ready,
             None => {
-                let (token, size, outcome) = self.pending.next().await?;
-                (self.describe_outcome(token, size, outcome), size)
+                let (meta, outcome) = self.pending.next().await?;
+                (self.describe_outcome(meta, outcome), meta.size)
             }
         };
         self.in_flight.events -= 1;
@@ -175,7 +176,8 @@ impl KafkaSink {
         }
     }
 
-    fn describe_outcome(&self, token: EventToken, size: usize, outcome: DeliveryOutcome) -> Delivery {
+    fn describe_outcome(&self, meta: RecordMeta, outcome: DeliveryOutcome) -> Delivery {
+        let size = meta.size;
         let result = match outcome {
             Ok(Ok(_)) => Ok(()),
             Ok(Err((error, message))) => Err(DeliveryError {
@@ -195,7 +197,12 @@ impl KafkaSink {
                 reason: "the producer was dropped before the delivery report".into(),
             }),
         };
-        Delivery { token, result }
+        Delivery {
+            token: meta.token,
+            result,
+            latency: meta.sent.elapsed(),
+            timestamp_ms: meta.timestamp_ms,
+        }
     }
 }
 
@@ -204,16 +211,24 @@ type DeliveryOutcome = Result<OwnedDeliveryResult, futures::channel::oneshot::Ca
 /// A delivery future tagged with the record's token and size.
 struct PendingDelivery {
     future: DeliveryFuture,
+    meta: RecordMeta,
+}
+
+/// What the sink keeps of a record while it is in flight.
+#[derive(Clone, Copy)]
+struct RecordMeta {
     token: EventToken,
     size: usize,
+    sent: Instant,
+    timestamp_ms: Option<i64>,
 }
 
 impl Future for PendingDelivery {
-    type Output = (EventToken, usize, DeliveryOutcome);
+    type Output = (RecordMeta, DeliveryOutcome);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let (token, size) = (self.token, self.size);
-        Pin::new(&mut self.future).poll(cx).map(|outcome| (token, size, outcome))
+        let meta = self.meta;
+        Pin::new(&mut self.future).poll(cx).map(|outcome| (meta, outcome))
     }
 }
 

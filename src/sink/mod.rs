@@ -63,6 +63,10 @@ pub struct DeliveryError {
 pub struct Delivery {
     pub token: EventToken,
     pub result: Result<(), DeliveryError>,
+    /// From acceptance to outcome.
+    pub latency: std::time::Duration,
+    /// The record's timestamp (the commit time, Unix ms).
+    pub timestamp_ms: Option<i64>,
 }
 
 /// Records and bytes accepted but without an outcome yet.
