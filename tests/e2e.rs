@@ -947,3 +947,80 @@ async fn libpq_environment_and_password_file_are_honoured() {
     assert_delivered(&written, &consumed, true);
     assert!(!relay.log().contains(support::PASSWORD), "the password was logged");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_uncommitted() {
+    // A cluster of its own: this test restarts it.
+    let cluster = support::PgCluster::start_private(&unique_name("restartable"));
+    let name = unique_name("srvrestart");
+    let db = cluster.create_database(&name).await;
+    let types = vec![format!("Order_{name}")];
+    let topic = format!("{}.events", types[0]);
+    kafka().create_topic(&topic, 2);
+    let slot = format!("{name}_slot");
+    let args: Vec<String> = [
+        "run", "--source-url", &db.url(Auth::Scram), "--slot", &slot, "--publication", "outbox_pub",
+        "--table", "public.outbox", "--bootstrap-servers", &kafka().bootstrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut relay = Relay::spawn(&args);
+    let streaming = |client: tokio_postgres::Client| {
+        let slot = slot.clone();
+        async move {
+            wait_for("a walsender on the slot", Duration::from_secs(60), || async {
+                client
+                    .query_opt(
+                        "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
+                        &[&slot],
+                    )
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|_| ())
+            })
+            .await;
+            client
+        }
+    };
+    // Commits must be durable before a crash for the comparison to mean anything.
+    let session = |client: tokio_postgres::Client| async move {
+        client.batch_execute("SET synchronous_commit = on").await.unwrap();
+        client
+    };
+    let client = session(streaming(cluster.connect(&name, Auth::Trust).await).await).await;
+    let (mut written, _) = write_events(&client, 10, 3, &types, 3, 0, Duration::ZERO).await;
+
+    // A transaction open at the crash is never published.
+    let open = cluster.connect(&name, Auth::Trust).await;
+    open.batch_execute(&format!(
+        "BEGIN; INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('{}', 'k', 'Phantom', '{{}}')",
+        types[0]
+    ))
+    .await
+    .unwrap();
+    cluster.restart("immediate");
+    let client = session(streaming(cluster.connect(&name, Auth::Trust).await).await).await;
+    written.extend(write_events(&client, 10, 3, &types, 3, 30, Duration::ZERO).await.0);
+
+    cluster.restart("fast");
+    let client = session(streaming(cluster.connect(&name, Auth::Trust).await).await).await;
+    let (more, before_commit) = write_events(&client, 10, 3, &types, 3, 60, Duration::ZERO).await;
+    written.extend(more);
+
+    let consumed = consume(&kafka().bootstrap(), &[topic.as_str()], written.len(), Duration::from_secs(3), Duration::from_secs(120)).await;
+    // Unknown ids (the phantom) fail here too.
+    assert_delivered(&written, &consumed, false);
+    relay.wait_for_log("reconnecting", Duration::from_secs(5)).await;
+    let last_commit = *before_commit.last().unwrap();
+    wait_for("confirmed_flush_lsn to pass the last commit after the restarts", Duration::from_secs(30), || async {
+        let lsn: Option<String> = client
+            .query_one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+            .await
+            .ok()
+            .and_then(|r| r.get(0));
+        lsn.filter(|l| parse_lsn(l) > last_commit).map(|_| ())
+    })
+    .await;
+}

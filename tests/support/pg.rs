@@ -117,8 +117,30 @@ impl PgCluster {
     }
 
     fn start() -> PgCluster {
+        Self::start_in("pg")
+    }
+
+    /// Starts a cluster of its own for a test that must restart or stop it (the shared one
+    /// serves every other test). Stopped at process exit like the shared one.
+    pub fn start_private(name: &str) -> PgCluster {
+        Self::start_in(name)
+    }
+
+    /// Restarts the cluster with `pg_ctl restart -m MODE` (`fast` or `immediate`).
+    pub fn restart(&self, mode: &str) {
+        let mut restart = pg_command("pg_ctl");
+        restart
+            .current_dir(&self.dir)
+            .args(["restart", "-m", mode, "-w", "-t", "60", "-D"])
+            .arg(&self.data)
+            .arg("-l")
+            .arg(&self.log);
+        run_cmd(restart, Duration::from_secs(90));
+    }
+
+    fn start_in(subdir: &str) -> PgCluster {
         let t0 = std::time::Instant::now();
-        let dir = run_dir().join("pg");
+        let dir = run_dir().join(subdir);
         fs::create_dir_all(&dir).expect("creating pg dir");
         run::set_mode(&dir, 0o700);
         chown_for_pg(&dir);
@@ -420,7 +442,11 @@ pub struct TestDb {
 impl TestDb {
     /// A libpq URL for this database with the given authentication (see [`PgCluster::url`]).
     pub fn url(&self, auth: Auth) -> String {
-        pg().url(&self.name, auth)
+        let port = self.port;
+        match auth.password() {
+            None => format!("postgres://{}@127.0.0.1:{port}/{}", auth.user(), self.name),
+            Some(p) => format!("postgres://{}:{p}@127.0.0.1:{port}/{}", auth.user(), self.name),
+        }
     }
 
     /// The cluster's TCP port.
