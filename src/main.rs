@@ -98,6 +98,10 @@ struct RunArgs {
     /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
     #[arg(long = "kafka-property", value_parser = parse_property)]
     kafka_properties: Vec<(String, String)>,
+    /// Publish transactional logical decoding messages with this prefix as outbox events
+    /// (pg_logical_emit_message(true, 'PREFIX', '{"aggregate_type": ..., "payload": ...}')).
+    #[arg(long, env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
+    message_prefix: Option<String>,
     /// Pipeline name in logs and metrics.
     #[arg(long, env = "OUTBOX_RELAY_PIPELINE", default_value = "default")]
     pipeline_name: String,
@@ -133,6 +137,7 @@ impl RunArgs {
             publication: self.publication,
             table: self.table,
             columns: OutboxColumns::default(),
+            message_prefix: self.message_prefix,
             create_slot: !self.no_create_slot,
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),

@@ -23,7 +23,7 @@ use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::Router;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{Delivery, Sink};
-use crate::source::outbox::OutboxDecoder;
+use crate::source::outbox::{OutboxDecoder, OutboxEvent};
 use crate::source::pgoutput::{self, LogicalReplicationMessage};
 use crate::source::replication::{
     ReplicationClient, ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS,
@@ -145,7 +145,7 @@ async fn run_session(
         stream,
         sink,
         tracker: AckTracker::new(confirmed_flush_lsn),
-        decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone()),
+        decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone(), config.message_prefix.clone()),
         router: Router,
         commit_time_ms: None,
         last_received: confirmed_flush_lsn,
@@ -319,24 +319,39 @@ impl<S: Sink> Session<'_, S> {
                 debug!(pipeline = %self.config.name, rel_id = relation.rel_id, table = %format_args!("{}.{}", relation.namespace, relation.name), "relation");
                 self.decoder.on_relation(&relation);
             }
-            LogicalReplicationMessage::Insert(insert) => {
-                let Some(event) = self.decoder.on_insert(&insert, lsn)? else {
-                    self.metrics.skipped("insert");
-                    return Ok(());
-                };
-                let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
-                    SourceError::Protocol(format!("insert at LSN {lsn} outside a transaction"))
-                })?;
-                if event.aggregate_id.is_none() {
-                    self.metrics.events_null_key.inc();
+            LogicalReplicationMessage::Insert(insert) => match self.decoder.on_insert(&insert, lsn)? {
+                Some(event) => self.publish(event, lsn).await?,
+                None => self.metrics.skipped("insert"),
+            },
+            LogicalReplicationMessage::Message(message) => {
+                if !self.decoder.is_outbox_message(&message) {
+                    self.metrics.skipped("message");
+                } else if !message.transactional {
+                    // Emitted whether or not its transaction commits: not an outbox event.
+                    warn!(pipeline = %self.config.name, %lsn, prefix = %message.prefix, "non-transactional logical message with the outbox prefix passed over; emit outbox messages with pg_logical_emit_message(true, ...)");
+                    self.metrics.skipped("message_non_transactional");
+                } else {
+                    let event = self.decoder.on_message(&message, lsn)?;
+                    self.publish(event, lsn).await?;
                 }
-                let record = self.router.route(event, commit_time_ms)?;
-                let token = self.tracker.track_event().map_err(tracker_error)?;
-                self.sink.send(record, token).await.map_err(Error::Rejected)?;
-                self.update_in_flight_gauges();
             }
             other => self.metrics.skipped(other.kind()),
         }
+        Ok(())
+    }
+
+    /// Routes an event of the open transaction and hands it to the sink.
+    async fn publish(&mut self, event: OutboxEvent, lsn: Lsn) -> Result<(), Error> {
+        let commit_time_ms = self
+            .commit_time_ms
+            .ok_or_else(|| SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction")))?;
+        if event.aggregate_id.is_none() {
+            self.metrics.events_null_key.inc();
+        }
+        let record = self.router.route(event, commit_time_ms)?;
+        let token = self.tracker.track_event().map_err(|source| SourceError::Tracker { lsn, source })?;
+        self.sink.send(record, token).await.map_err(Error::Rejected)?;
+        self.update_in_flight_gauges();
         Ok(())
     }
 

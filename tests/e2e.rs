@@ -1024,3 +1024,41 @@ async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_unc
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
+    let setup = Setup::new("messages", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--message-prefix".to_string(), "outbox".to_string()]);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let c = &setup.db.client;
+    let message = |id: &str, payload: &str| {
+        format!(r#"{{"id": "{id}", "aggregate_type": "{t}", "aggregate_id": "k", "event_type": "T", "payload": {payload}, "headers": {{"via": "message"}}}}"#)
+    };
+
+    c.batch_execute("BEGIN").await.unwrap();
+    let row = insert(c, &t, "k", r#"{"from": "table"}"#).await;
+    c.execute("SELECT pg_logical_emit_message(true, 'outbox', $1)", &[&message("m-1", r#"{"from": "message", "n": 1.50}"#)]).await.unwrap();
+    c.execute("SELECT pg_logical_emit_message(true, 'other', $1)", &[&message("m-other", "1")]).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    c.execute("SELECT pg_logical_emit_message(true, 'outbox', $1)", &[&message("m-rolled-back", "2")]).await.unwrap();
+    c.batch_execute("ROLLBACK").await.unwrap();
+    c.execute("SELECT pg_logical_emit_message(false, 'outbox', $1)", &[&message("m-non-transactional", "3")]).await.unwrap();
+    c.execute("SELECT pg_logical_emit_message(true, 'outbox', $1)", &[&message("m-2", "null")]).await.unwrap();
+
+    let expected = vec![
+        row,
+        Written { id: "m-1".into(), aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "T".into(), payload: r#"{"from": "message", "n": 1.50}"#.into() },
+    ];
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 3, Duration::from_secs(2), Duration::from_secs(60)).await;
+    assert_eq!(consumed.len(), 3, "only the two committed outbox messages and the row: {consumed:?}");
+    assert_delivered(&expected, &consumed[..2], true);
+    assert_eq!(header(&consumed[1], "via"), Some(&b"message"[..]));
+    assert_eq!(header(&consumed[2], "id"), Some(&b"m-2"[..]));
+    assert_eq!(consumed[2].value, None, "a null payload is a tombstone");
+    assert!(relay.log().contains("non-transactional logical message"), "{}", relay.log());
+}

@@ -66,6 +66,7 @@ struct PipelineSection {
     table: TableName,
     #[serde(default)]
     columns: OutboxColumns,
+    message_prefix: Option<String>,
     #[serde(default = "yes")]
     create_slot: bool,
     #[serde(default)]
@@ -183,6 +184,7 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
             publication: p.publication,
             table: p.table,
             columns: p.columns,
+            message_prefix: p.message_prefix,
             create_slot: p.create_slot,
             kafka: KafkaConfig { bootstrap_servers, properties },
             status_interval_ms: p.status_interval_ms,

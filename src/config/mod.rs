@@ -151,6 +151,8 @@ pub struct PipelineConfig {
     /// The outbox table.
     pub table: TableName,
     pub columns: OutboxColumns,
+    /// Transactional logical decoding messages with this prefix are outbox events too.
+    pub message_prefix: Option<String>,
     /// Create the slot when it does not exist.
     pub create_slot: bool,
     pub kafka: KafkaConfig,
@@ -170,6 +172,7 @@ impl fmt::Debug for PipelineConfig {
             .field("publication", &self.publication)
             .field("table", &self.table)
             .field("columns", &self.columns)
+            .field("message_prefix", &self.message_prefix)
             .field("create_slot", &self.create_slot)
             .field("kafka", &self.kafka)
             .field("status_interval_ms", &self.status_interval_ms)
@@ -327,6 +330,7 @@ mod tests {
             publication: "outbox_pub".into(),
             table: "public.outbox".parse().unwrap(),
             columns: OutboxColumns::default(),
+            message_prefix: None,
             create_slot: true,
             kafka: KafkaConfig {
                 bootstrap_servers: "localhost:9092".into(),

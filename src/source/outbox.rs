@@ -9,7 +9,10 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use super::pgoutput::{InsertBody, RelationBody, TupleValue};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::pgoutput::{InsertBody, MessageBody, RelationBody, TupleValue};
 use crate::config::{OutboxColumns, TableName};
 use crate::lsn::Lsn;
 
@@ -43,6 +46,8 @@ pub enum OutboxError {
     NotText { column: String, lsn: Lsn },
     #[error("outbox row at LSN {lsn} has {columns} values, fewer than its Relation message's columns")]
     ShortTuple { columns: usize, lsn: Lsn },
+    #[error("outbox message at LSN {lsn} is not a valid event: {reason}")]
+    InvalidMessage { lsn: Lsn, reason: String },
 }
 
 #[derive(Debug)]
@@ -69,15 +74,60 @@ pub struct OutboxDecoder {
     table: TableName,
     columns: OutboxColumns,
     relations: HashMap<u32, RelationKind>,
+    /// Logical decoding messages with this prefix are outbox events too.
+    message_prefix: Option<String>,
+}
+
+/// An outbox event in a logical decoding message (`pg_logical_emit_message(true, prefix,
+/// content)`): a JSON object with these fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageEvent<'a> {
+    /// Defaults to `lsn-<message LSN>`, the same on every replay of the message.
+    id: Option<String>,
+    aggregate_type: String,
+    aggregate_id: Option<String>,
+    event_type: Option<String>,
+    /// Any JSON value, published as its text; absent or `null` gives a tombstone.
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    /// A JSON object, as the headers column.
+    #[serde(borrow)]
+    headers: Option<&'a RawValue>,
 }
 
 impl OutboxDecoder {
-    pub fn new(table: TableName, columns: OutboxColumns) -> Self {
+    pub fn new(table: TableName, columns: OutboxColumns, message_prefix: Option<String>) -> Self {
         OutboxDecoder {
             table,
             columns,
             relations: HashMap::new(),
+            message_prefix,
         }
+    }
+
+    /// Whether `message` carries an outbox event (its prefix is the configured one).
+    pub fn is_outbox_message(&self, message: &MessageBody) -> bool {
+        self.message_prefix.as_deref() == Some(message.prefix.as_str())
+    }
+
+    /// Maps a logical decoding message at `lsn` to an event.
+    ///
+    /// Returns an error naming the LSN if the content is not a JSON object with at least
+    /// `aggregate_type`, or has fields of the wrong type or unknown fields.
+    pub fn on_message(&self, message: &MessageBody, lsn: Lsn) -> Result<OutboxEvent, OutboxError> {
+        let invalid = |reason: String| OutboxError::InvalidMessage { lsn, reason };
+        let event: MessageEvent<'_> = serde_json::from_slice(&message.content).map_err(|e| invalid(e.to_string()))?;
+        let text = |raw: &RawValue| Bytes::copy_from_slice(raw.get().as_bytes());
+        Ok(OutboxEvent {
+            id: Bytes::from(event.id.unwrap_or_else(|| format!("lsn-{}", message.lsn))),
+            aggregate_type: Bytes::from(event.aggregate_type),
+            aggregate_id: event.aggregate_id.map(Bytes::from),
+            event_type: event.event_type.map(Bytes::from),
+            payload: event.payload.map(text),
+            headers: event.headers.map(text),
+            lsn,
+        })
     }
 
     /// Records a Relation message, replacing what was known about that relation id.
@@ -198,7 +248,7 @@ mod tests {
 
     #[test]
     fn maps_fixture_inserts_by_column_name() {
-        let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default());
+        let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), None);
         let events: Vec<OutboxEvent> = events(&mut decoder).into_iter().map(Result::unwrap).collect();
         let ids: Vec<&[u8]> = events.iter().map(|e| &e.id[..]).collect();
         assert_eq!(
@@ -220,7 +270,7 @@ mod tests {
     #[test]
     fn missing_column_is_an_error_naming_it() {
         let columns = OutboxColumns { aggregate_type: "aggregatetype".into(), ..OutboxColumns::default() };
-        let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), columns);
+        let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), columns, None);
         let first = events(&mut decoder).remove(0).unwrap_err();
         assert!(matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"), "{first}");
         assert!(first.to_string().contains("aggregatetype"));
@@ -228,7 +278,7 @@ mod tests {
 
     #[test]
     fn other_tables_are_not_events() {
-        let mut decoder = OutboxDecoder::new("public.other".parse().unwrap(), OutboxColumns::default());
+        let mut decoder = OutboxDecoder::new("public.other".parse().unwrap(), OutboxColumns::default(), None);
         // `other` has none of the outbox columns: its insert is an error, outbox inserts are not events.
         let results = events(&mut decoder);
         assert_eq!(results.len(), 1);
@@ -237,7 +287,7 @@ mod tests {
 
     #[test]
     fn insert_before_relation_is_an_error() {
-        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default());
+        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), None);
         let insert = fixture()
             .into_iter()
             .find_map(|m| match m {
@@ -246,5 +296,46 @@ mod tests {
             })
             .unwrap();
         assert!(matches!(decoder.on_insert(&insert, Lsn(7)), Err(OutboxError::UnknownRelation { lsn: Lsn(7), .. })));
+    }
+
+    #[test]
+    fn logical_messages_with_the_prefix_are_events() {
+        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), Some("outbox".into()));
+        let messages: Vec<MessageBody> = fixture()
+            .into_iter()
+            .filter_map(|m| match m {
+                LogicalReplicationMessage::Message(m) => Some(m),
+                _ => None,
+            })
+            .collect();
+        let (outbox, heartbeat) = (&messages[0], &messages[1]);
+        assert!(decoder.is_outbox_message(outbox) && outbox.transactional);
+        assert!(!decoder.is_outbox_message(heartbeat));
+        let event = decoder.on_message(outbox, Lsn(1)).unwrap();
+        assert_eq!(&event.aggregate_type[..], b"Order");
+        assert_eq!(event.aggregate_id.as_deref(), Some(&b"o-m"[..]));
+        assert_eq!(event.event_type.as_deref(), Some(&b"E1"[..]));
+        assert_eq!(event.payload.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(event.id, Bytes::from(format!("lsn-{}", outbox.lsn)), "a replay gets the same id");
+    }
+
+    #[test]
+    fn invalid_messages_are_errors_naming_the_lsn() {
+        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), Some("outbox".into()));
+        for content in [&b"not json"[..], b"[]", br#"{"aggregate_id": "x"}"#, br#"{"aggregate_type": 5}"#, br#"{"aggregate_type": "A", "typo": 1}"#] {
+            let message = MessageBody { transactional: true, lsn: Lsn(9), prefix: "outbox".into(), content: Bytes::copy_from_slice(content) };
+            let err = decoder.on_message(&message, Lsn(9)).unwrap_err();
+            assert!(matches!(err, OutboxError::InvalidMessage { lsn: Lsn(9), .. }), "{err}");
+        }
+        let message = MessageBody {
+            transactional: true,
+            lsn: Lsn(9),
+            prefix: "outbox".into(),
+            content: Bytes::from_static(br#"{"id": "e-1", "aggregate_type": "A", "payload": {"n": 1.50}, "headers": {"h": "v"}}"#),
+        };
+        let event = decoder.on_message(&message, Lsn(9)).unwrap();
+        assert_eq!((&event.id[..], event.payload.as_deref()), (&b"e-1"[..], Some(&br#"{"n": 1.50}"#[..])));
+        assert_eq!(event.headers.as_deref(), Some(&br#"{"h": "v"}"#[..]));
+        assert_eq!(event.aggregate_id, None);
     }
 }
