@@ -25,6 +25,12 @@ pub enum Error {
     Rejected(DeliveryError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
+    #[error("cannot serve metrics on {listen}")]
+    Listen {
+        listen: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -40,7 +46,7 @@ impl Error {
         match self {
             Error::Source(e) => e.is_transient(),
             Error::Delivery(e) | Error::Rejected(e) => e.retryable,
-            Error::Config(_) | Error::Outbox(_) | Error::Route(_) | Error::Producer(_) => false,
+            Error::Config(_) | Error::Outbox(_) | Error::Route(_) | Error::Producer(_) | Error::Listen { .. } => false,
         }
     }
 }

@@ -12,11 +12,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, PipelineState};
 
-/// Serves the endpoint on `listen` until `shutdown` is cancelled.
+/// Binds the endpoint's address.
 ///
-/// Returns an error if the address cannot be bound.
-pub async fn serve(listen: SocketAddr, metrics: Metrics, shutdown: CancellationToken) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
+/// Returns an error if the address cannot be bound (in use, not local, no permission).
+pub async fn bind(listen: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen).await
+}
+
+/// Serves the endpoint on `listener` until `shutdown` is cancelled.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, shutdown: CancellationToken) -> std::io::Result<()> {
+    let listen = listener.local_addr()?;
     tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     let app = Router::new()
         .route("/metrics", get(prometheus_text))

@@ -74,7 +74,10 @@ pub async fn run(
     }
     let token = CancellationToken::new();
     let server = match metrics_listen {
-        Some(listen) => Some(tokio::spawn(health::serve(listen, metrics.clone(), token.clone()))),
+        Some(listen) => {
+            let listener = health::bind(listen).await.map_err(|source| Error::Listen { listen, source })?;
+            Some(tokio::spawn(health::serve(listener, metrics.clone(), token.clone())))
+        }
         None => None,
     };
     let mut tasks = JoinSet::new();

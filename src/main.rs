@@ -72,7 +72,11 @@ enum Command {
 struct RunArgs {
     /// TOML config file with one [[pipelines]] entry per database (examples/relay.toml);
     /// replaces the single-database flags.
-    #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = ["source_url", "bootstrap_servers"])]
+    #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
+        "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
+        "message_prefix", "status_interval_ms", "max_in_flight_events", "max_in_flight_bytes",
+        "shutdown_timeout_secs",
+    ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
     #[arg(long = "pipeline", requires = "config")]
@@ -93,7 +97,7 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_TABLE", default_value = "public.outbox")]
     table: TableName,
     /// Kafka bootstrap servers, host:port[,host:port].
-    #[arg(long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS", required_unless_present = "config")]
+    #[arg(long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS")]
     bootstrap_servers: Option<String>,
     /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
     #[arg(long = "kafka-property", value_parser = parse_property)]
@@ -103,22 +107,23 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
     message_prefix: Option<String>,
     /// Pipeline name in logs and metrics.
-    #[arg(long, env = "OUTBOX_RELAY_PIPELINE", default_value = "default")]
+    #[arg(long, env = "OUTBOX_RELAY_PIPELINE_NAME", default_value = "default")]
     pipeline_name: String,
-    /// Fail instead of creating the slot when it does not exist.
-    #[arg(long)]
+    /// Fail instead of creating the slot when it does not exist (with --config: for every
+    /// pipeline, whatever the file says).
+    #[arg(long, env = "OUTBOX_RELAY_NO_CREATE_SLOT")]
     no_create_slot: bool,
     /// Standby status update interval, ms.
-    #[arg(long, default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
+    #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
     status_interval_ms: u64,
     /// Records sent to Kafka and not yet acknowledged before WAL reading pauses.
-    #[arg(long, default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
+    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
     max_in_flight_events: usize,
     /// Bytes (key + value + headers) in flight before WAL reading pauses.
-    #[arg(long, default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
     max_in_flight_bytes: usize,
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
-    #[arg(long, default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
+    #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout_secs: u64,
 }
 
@@ -173,7 +178,11 @@ async fn main() -> std::process::ExitCode {
 }
 
 /// The pipelines and metrics address from --config or from the single-database flags.
-fn pipelines(args: RunArgs) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::net::SocketAddr>)> {
+/// Commands that never contact Kafka (`setup`, `status`) pass `need_kafka = false`.
+fn pipelines(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::net::SocketAddr>)> {
+    if !need_kafka && args.config.is_none() && args.bootstrap_servers.is_none() {
+        args.bootstrap_servers = Some("unused:9092".into());
+    }
     match &args.config {
         Some(path) => {
             let file = config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
@@ -187,6 +196,11 @@ fn pipelines(args: RunArgs) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::
             }
             if !args.pipelines.is_empty() {
                 pipelines.retain(|p| args.pipelines.contains(&p.name));
+            }
+            if args.no_create_slot {
+                for p in &mut pipelines {
+                    p.create_slot = false;
+                }
             }
             Ok((pipelines, args.metrics_listen.or(file.metrics_listen)))
         }
@@ -202,7 +216,7 @@ fn pipelines(args: RunArgs) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => {
-            let (pipelines, metrics_listen) = pipelines(args)?;
+            let (pipelines, metrics_listen) = pipelines(args, true)?;
             for config in &pipelines {
                 tracing::info!(?config, "starting pipeline");
             }
@@ -210,7 +224,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Setup { args, print_sql } => {
-            let (pipelines, _) = pipelines(args)?;
+            let (pipelines, _) = pipelines(args, false)?;
             for config in &pipelines {
                 if print_sql {
                     println!("-- pipeline {}, in its database:\n{}\n", config.name, outbox_relay::source::slot::setup_sql(config));
@@ -227,7 +241,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Check(args) => {
-            let (pipelines, _) = pipelines(args)?;
+            let (pipelines, _) = pipelines(args, true)?;
             let mut failed = false;
             for config in &pipelines {
                 println!("pipeline {}", config.name);
@@ -240,7 +254,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(args) => {
-            let (pipelines, _) = pipelines(args)?;
+            let (pipelines, _) = pipelines(args, false)?;
             println!("{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}", "PIPELINE", "SLOT", "PID", "CONFIRMED", "LAG_BYTES", "WAL", "SAFE_WAL_SIZE");
             let mut failed = false;
             for config in &pipelines {

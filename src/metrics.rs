@@ -56,8 +56,8 @@ pub enum PipelineState {
 #[derive(Clone, Debug, Serialize)]
 pub struct PipelineHealth {
     pub state: PipelineState,
-    /// Unix epoch, ms.
-    pub since_ms: u64,
+    /// When the pipeline entered this state, Unix epoch ms.
+    pub since_unix_ms: u64,
     pub last_error: Option<String>,
 }
 
@@ -165,10 +165,10 @@ impl PipelineMetrics {
     /// Records the pipeline's state (and the error that led to it) for `/readyz`.
     pub fn set_state(&self, state: PipelineState, error: Option<String>) {
         self.streaming.set(i64::from(state == PipelineState::Streaming));
-        let since_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let since_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut health = self.health.lock().expect("health lock");
         let last_error = error.or_else(|| health.get(&self.pipeline).and_then(|h| h.last_error.clone()));
-        health.insert(self.pipeline.clone(), PipelineHealth { state, since_ms, last_error });
+        health.insert(self.pipeline.clone(), PipelineHealth { state, since_unix_ms, last_error });
     }
 
     /// Counts a pgoutput message of `kind` that is not an outbox insert.

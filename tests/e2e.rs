@@ -799,6 +799,14 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
     let error = ReplicationClient::connect(&config, &tls).await.err().expect("plain connection accepted");
     assert!(matches!(&error, SourceError::Server { code, .. } if code == "28000"), "{error}");
 
+    // The relay stops on a certificate that does not verify instead of retrying forever.
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = url("127.0.0.1", "verify-full");
+    let mut refused = Relay::spawn(&args);
+    let status = refused.wait(Duration::from_secs(30));
+    assert!(!status.success(), "the relay accepted a certificate for another host");
+    assert!(refused.log().to_lowercase().contains("certificate"), "{}", refused.log());
+
     // The relay end to end over TLS (replication and SQL connections).
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args[2] = url("localhost", "verify-full");

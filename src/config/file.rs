@@ -130,6 +130,7 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
         problems.push(ConfigError::new("pipelines", "at least one [[pipelines]] entry is required"));
     }
     let mut names = HashSet::new();
+    let mut slots = HashSet::new();
     let mut pipelines = Vec::new();
     for (i, p) in file.pipelines.into_iter().enumerate() {
         let at = |field: &str| format!("pipelines[{i}].{field}");
@@ -177,6 +178,9 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
                 (key, value)
             })
             .collect();
+        if !slots.insert((source_url.clone(), p.slot.clone())) && !source_url.is_empty() {
+            problem("slot", format!("{:?} on the same database is used by another pipeline (a slot admits one reader)", p.slot));
+        }
         let config = PipelineConfig {
             name: p.name,
             source_url,
@@ -217,7 +221,10 @@ fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, S
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after.find('}').ok_or_else(|| format!("unclosed ${{ in {value:?}"))?;
+        // The value may be a secret: name the position, not the text.
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unclosed ${{ at byte {}", value.len() - rest.len() + start))?;
         let name = &after[..end];
         out.push_str(&env(name).ok_or_else(|| format!("environment variable {name} is not set"))?);
         rest = &after[end + 1..];

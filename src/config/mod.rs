@@ -120,11 +120,7 @@ pub struct KafkaConfig {
 }
 
 /// librdkafka properties the relay's guarantees depend on; setting them otherwise is an error.
-const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] = &[
-    ("enable.idempotence", "true"),
-    ("acks", "all"),
-    ("enable.gapless.guarantee", "true"),
-];
+const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -247,8 +243,16 @@ impl PipelineConfig {
         };
         let (rest, mut tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
+        // tokio-postgres may have parsed an sslmode this parser did not see (`sslmode = require`
+        // with spaces): never go below it.
+        if !tls.mode_given && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            tls.mode = tls.mode.max(tls::SslMode::Require);
+            tls.mode_given = true;
+        }
         libpq_env::apply(&mut config, &mut tls, &|name| std::env::var(name).ok()).map_err(|e| invalid(&e))?;
-        config.ssl_mode(tls.tokio_postgres_mode());
+        // Unix sockets never use TLS (as libpq and the replication client).
+        let all_unix = config.get_hosts().iter().all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        config.ssl_mode(if all_unix { tokio_postgres::config::SslMode::Disable } else { tls.tokio_postgres_mode() });
         Ok((config, tls))
     }
 
@@ -266,7 +270,8 @@ impl PipelineConfig {
 pub fn redact_url(url: &str) -> String {
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        // The user info ends at the last '@' before the query (a password may hold '/').
+        let authority_end = rest.find('?').unwrap_or(rest.len());
         let mut out = url.to_owned();
         if let Some(at) = rest[..authority_end].rfind('@') {
             if let Some(colon) = rest[..at].find(':') {
@@ -387,6 +392,7 @@ mod tests {
     fn redacts_passwords() {
         assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://u:pa/ss@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact_url("host=h password=secret user=u"), "host=h password=*** user=u");
         assert_eq!(redact_url("host=h password = 'a b\\' c' user=u"), "host=h password=*** user=u");
         assert_eq!(redact_url("postgres://u@h/db?sslmode=require&password=secret"), "postgres://u@h/db?sslmode=require&password=***");

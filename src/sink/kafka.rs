@@ -65,12 +65,16 @@ impl KafkaSink {
             .unwrap_or(0)
             .max(queue_messages)
             .max(100_000);
+        // A record that times out can leave a gap that later records of its partition fill
+        // ahead of it. Unless the operator sets a timeout, librdkafka retries in order for
+        // as long as the broker is away, and the relay waits (reading no WAL beyond its
+        // in-flight limits, still answering the walsender).
+        if client.get("message.timeout.ms").is_none() && client.get("delivery.timeout.ms").is_none() {
+            client.set("message.timeout.ms", "0");
+        }
         client
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            // A timed-out record must not leave a gap that later records of its partition
-            // fill ahead of it: fail the producer instead, and the session restarts.
-            .set("enable.gapless.guarantee", "true")
             .set("queue.buffering.max.messages", queue_messages.to_string());
         let message_max_bytes = client.get("message.max.bytes").unwrap_or("1000000").to_owned();
         Ok(KafkaSink {

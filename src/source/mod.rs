@@ -56,9 +56,11 @@ impl SourceError {
             SourceError::Io(_) | SourceError::Closed => true,
             SourceError::Protocol(_) => true,
             SourceError::Server { code, .. } => sqlstate_is_transient(code),
-            SourceError::Sql(error) => error
-                .code()
-                .map_or(true, |code| sqlstate_is_transient(code.code())),
+            SourceError::Sql(error) => match error.code() {
+                Some(code) => sqlstate_is_transient(code.code()),
+                // A certificate that fails verification fails the same way next time.
+                None => !is_tls_error(error),
+            },
             SourceError::Auth(_)
             | SourceError::Tls(_)
             | SourceError::Config(_)
@@ -66,6 +68,23 @@ impl SourceError {
             | SourceError::Tracker { .. } => false,
         }
     }
+}
+
+/// Whether a tokio-postgres error came from the TLS layer (certificate or handshake).
+fn is_tls_error(error: &tokio_postgres::Error) -> bool {
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        if cause.is::<rustls::Error>() {
+            return true;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// SQLSTATE classes that retrying cannot fix: authorization (28), invalid catalog or

@@ -547,7 +547,9 @@ fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Res
         .with_interval(config.get_keepalives_interval().unwrap_or(Duration::from_secs(10)))
         .with_retries(config.get_keepalives_retries().unwrap_or(3));
     socket.set_tcp_keepalive(&keepalive)?;
-    socket.set_tcp_user_timeout(Some(config.get_tcp_user_timeout().copied().unwrap_or(Duration::from_secs(60))))
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
+    socket.set_tcp_user_timeout(Some(config.get_tcp_user_timeout().copied().unwrap_or(Duration::from_secs(60))))?;
+    Ok(())
 }
 
 /// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host`.

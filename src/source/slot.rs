@@ -89,7 +89,7 @@ pub async fn prepare(
         }
         None => {
             return Err(SourceError::Config(format!(
-                "replication slot {slot:?} does not exist (it is created only on a first start, never after this process streamed from it: a dropped slot may mean lost events); create it with pg_create_logical_replication_slot('{slot}', 'pgoutput') or restart the relay"
+                "replication slot {slot:?} does not exist: before a first start create it with `outbox-relay setup`; if it existed before, it was dropped or lost (a failover?) and events committed since its confirmed LSN may be missing: reconcile them from the outbox table first"
             )))
         }
     };
@@ -160,7 +160,7 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
 /// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
 pub fn setup_sql(config: &PipelineConfig) -> String {
     format!(
-        "CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
         quote_ident(&config.publication),
         quote_ident(&config.table.schema),
         quote_ident(&config.table.name),
@@ -192,7 +192,13 @@ pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
         );
         client.batch_execute(&create).await.map_err(SourceError::Sql)?;
     }
-    let state = prepare(&client, &config.slot, &config.publication, &config.table, true).await;
+    if read_slot(&client, &config.slot).await?.is_none() {
+        client
+            .query_one("SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')", &[&config.slot])
+            .await
+            .map_err(SourceError::Sql)?;
+    }
+    let state = prepare(&client, &config.slot, &config.publication, &config.table, false).await;
     drop(client);
     let _ = connection.await;
     Ok(state?.confirmed_flush_lsn)

@@ -106,6 +106,15 @@ pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
         }
         kept.join(" ")
     };
+    if settings.root_cert.as_deref() == Some("system") {
+        // The OS trust store vouches for any host with a public certificate: only a check of
+        // the host name makes it mean anything (libpq 16 has the same rule).
+        if !settings.mode_given {
+            settings.mode = SslMode::VerifyFull;
+        } else if settings.mode != SslMode::VerifyFull {
+            return Err("sslrootcert=system requires sslmode=verify-full".into());
+        }
+    }
     Ok((rest, settings))
 }
 
@@ -281,6 +290,8 @@ mod tests {
         assert_eq!(rest, "postgres://u:p@h:5432/db?application_name=x");
         assert_eq!(tls.mode, SslMode::VerifyFull);
         assert_eq!(tls.root_cert.as_deref(), Some("/etc/ca.pem"));
+        assert_eq!(split_url("postgres://u@h/db?sslrootcert=system").unwrap().1.mode, SslMode::VerifyFull);
+        assert!(split_url("postgres://u@h/db?sslrootcert=system&sslmode=require").is_err());
         let (rest, tls) = split_url("postgres://u@h/db?sslmode=require").unwrap();
         assert_eq!(rest, "postgres://u@h/db");
         assert_eq!(tls.mode, SslMode::Require);
