@@ -1070,3 +1070,47 @@ async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
     assert_eq!(consumed[2].value, None, "a null payload is a tombstone");
     assert!(relay.log().contains("non-transactional logical message"), "{}", relay.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_wal_sender_timeout_survives_idle_time_and_a_hung_broker() {
+    let setup = Setup::new("keepalive", &["Order"], 1).await;
+    setup.db.client.batch_execute(&format!("ALTER DATABASE {} SET wal_sender_timeout = '10s'", setup.db.name)).await.unwrap();
+    let broker = support::Broker::start_on(support::free_port());
+    for topic in setup.topics() {
+        broker.create_topic(&topic, 1);
+    }
+    let mut args = setup.relay_args(&broker.bootstrap(), Auth::Trust);
+    args.extend(["--max-in-flight-events", "1000"].map(String::from));
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+
+    // 120 s with nothing to send.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    // 40 s with the broker hung while a 20,000-row transaction waits behind the in-flight limit.
+    broker.pause(true);
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT '{}', 'k-' || (g % 10), 'Bulk', jsonb_build_object('seq', g) FROM generate_series(1, 20000) g",
+            setup.types[0]
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    broker.pause(false);
+
+    let topics = setup.topics();
+    let consumed = consume(&broker.bootstrap(), &[topics[0].as_str()], 20_000, Duration::from_secs(1), Duration::from_secs(120)).await;
+    assert!(consumed.len() >= 20_000);
+    assert_eq!(setup.db.slot_active_pid(&setup.slot).await, Some(pid), "the walsender was replaced:\n{}", relay.log());
+    let server_log = pg().log_contents();
+    let timeouts: Vec<&str> = server_log
+        .lines()
+        .filter(|l| l.contains(&setup.db.name) && l.contains("replication timeout"))
+        .collect();
+    assert!(timeouts.is_empty(), "walsender timed out: {timeouts:?}");
+    assert!(!relay.log().contains("reconnecting"), "{}", relay.log());
+}

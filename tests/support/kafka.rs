@@ -179,6 +179,17 @@ impl Broker {
     }
 
     /// Kills the broker now (SIGKILL; with in-memory storage its topics and records are gone).
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the broker process: connections stay open
+    /// but nothing is answered, as with a hung broker.
+    pub fn pause(&self, paused: bool) {
+        let g = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(child) = g.as_ref() {
+            let signal = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+            // SAFETY: kill(2) on a child process id this harness owns.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
     pub fn stop(&self) {
         let mut g = self.child.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(mut c) = g.take() {
