@@ -5,6 +5,7 @@
 mod support;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use support::{consume, kafka, parse_lsn, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb};
@@ -1113,4 +1114,66 @@ async fn short_wal_sender_timeout_survives_idle_time_and_a_hung_broker() {
         .collect();
     assert!(timeouts.is_empty(), "walsender timed out: {timeouts:?}");
     assert!(!relay.log().contains("reconnecting"), "{}", relay.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_event_function_and_debezium_named_columns() {
+    let setup = Setup::new("sqlkit", &["Order", "Payment"], 1).await;
+    let sql = |file: &str| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("sql").join(file)).unwrap();
+    setup.db.client.batch_execute(&sql("publish_event.sql")).await.unwrap();
+    setup.db.client.batch_execute(&sql("outbox_debezium.sql")).await.unwrap();
+    let (t, t2) = (setup.types[0].clone(), setup.types[1].clone());
+
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    // Debezium's column names, through a config file.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"debezium\"\nsource_url = \"{}\"\nslot = \"{}_dbz\"\npublication = \"outboxevent_pub\"\ntable = \"public.outboxevent\"\n[pipelines.columns]\naggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\nevent_type = \"type\"\n",
+            kafka().bootstrap(),
+            setup.db.url(Auth::Trust),
+            setup.slot
+        ),
+    )
+    .unwrap();
+    let debezium = Relay::spawn(&["run".into(), "--config".into(), config.display().to_string()]);
+    setup.wait_streaming().await;
+    wait_for("the Debezium-named pipeline to stream", Duration::from_secs(60), || async {
+        setup.db.slot_active_pid(&format!("{}_dbz", setup.slot)).await
+    })
+    .await;
+
+    let c = &setup.db.client;
+    c.batch_execute("BEGIN").await.unwrap();
+    let kept: String = c.query_one("SELECT publish_event($1, 'k', 'Kept', '{\"n\": 1}')::text", &[&t]).await.unwrap().get(0);
+    let dropped: String = c
+        .query_one("SELECT publish_event($1, 'k', 'Dropped', '{\"n\": 2}', keep => false)::text", &[&t])
+        .await
+        .unwrap()
+        .get(0);
+    c.batch_execute("COMMIT").await.unwrap();
+    let dbz_id: String = c
+        .query_one(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), $1, 'k', 'FromDebeziumTable', '{\"n\": 3}') RETURNING id::text",
+            &[&t2],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let remaining: i64 = c.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
+    assert_eq!(remaining, 1, "keep => false deletes the row");
+
+    let written = [
+        Written { id: kept, aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "Kept".into(), payload: r#"{"n": 1}"#.into() },
+        Written { id: dropped, aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "Dropped".into(), payload: r#"{"n": 2}"#.into() },
+    ];
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 2, Duration::from_secs(2), Duration::from_secs(60)).await;
+    assert_delivered(&written, &consumed, true);
+    let from_debezium_table = Written { id: dbz_id, aggregate_type: t2.clone(), aggregate_id: "k".into(), event_type: "FromDebeziumTable".into(), payload: r#"{"n": 3}"#.into() };
+    let consumed = consume(&kafka().bootstrap(), &[topics[1].as_str()], 1, Duration::from_secs(2), Duration::from_secs(60)).await;
+    assert_delivered(&[from_debezium_table], &consumed, true);
+    drop((relay, debezium));
 }

@@ -1,0 +1,7 @@
+-- A least-privilege role for outbox-relay: REPLICATION for the walsender, SELECT on the
+-- outbox only (the relay reads nothing else; `check` verifies both).
+CREATE ROLE outbox_relay LOGIN REPLICATION PASSWORD 'CHANGE_ME';
+GRANT USAGE ON SCHEMA public TO outbox_relay;
+GRANT SELECT ON outbox TO outbox_relay;
+-- `outbox-relay setup` creates the publication when missing, which needs ownership of the
+-- table; create it as the owner instead (sql/outbox.sql) and the role needs nothing more.
