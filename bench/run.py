@@ -140,6 +140,16 @@ class Relay:
             time.sleep(0.01)
         raise SystemExit(f"relay published {self.published()} of {n} within {timeout} s")
 
+    def mean_seconds(self, histogram):
+        """Mean of one of the relay's latency histograms (sum / count), seconds."""
+        text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=1).read().decode()
+        values = {}
+        for line in text.splitlines():
+            for part in ("sum", "count"):
+                if line.startswith(f"{histogram}_{part}"):
+                    values[part] = float(line.rsplit(" ", 1)[1])
+        return values["sum"] / values["count"] if values.get("count") else None
+
     def peak_rss_mib(self):
         for line in open(f"/proc/{self.proc.pid}/status"):
             if line.startswith("VmHWM:"):
@@ -241,12 +251,15 @@ def latency_scenario(cluster, broker, work, rate, seconds):
                    env={**os.environ, "PGOPTIONS": "-c synchronous_commit=on"})
     lat = sorted(json.loads(consumer.stdout.readline()))
     consumer.wait(30)
-    cpu = None
+    # Where the time goes: the relay's own view, commit -> broker ack and producer -> ack.
+    commit_to_ack_ms = (relay.mean_seconds("outbox_relay_commit_to_ack_latency_seconds") or 0) * 1000
+    produce_to_ack_ms = (relay.mean_seconds("outbox_relay_delivery_latency_seconds") or 0) * 1000
     relay.stop()
     cluster.sql(f"SELECT pg_drop_replication_slot('{slot}')")
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
     return {"rate": rate, "seconds": seconds, "received": len(lat), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "max_ms": lat[-1] if lat else None, "cpu": cpu}
+            "max_ms": lat[-1] if lat else None, "mean_commit_to_ack_ms": commit_to_ack_ms,
+            "mean_produce_to_ack_ms": produce_to_ack_ms}
 
 
 def big_scenario(cluster, broker, work, rows):
@@ -336,7 +349,8 @@ def main():
     if "steady" in results:
         s = results["steady"]
         print(f"| steady {s['rate']} ev/s, commit -> consumer | - | p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
-              f"max {s['max_ms']:.1f} ms ({s['received']} received) | - |")
+              f"max {s['max_ms']:.1f} ms ({s['received']} received); relay's mean commit -> ack "
+              f"{s['mean_commit_to_ack_ms']:.1f} ms, producer -> ack {s['mean_produce_to_ack_ms']:.1f} ms | - |")
     if "one_big_transaction" in results:
         b = results["one_big_transaction"]
         print(f"| one txn of {b['rows']:,} rows | - | {b['events_per_second']:,.0f} ev/s, peak RSS "
