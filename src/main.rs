@@ -74,7 +74,7 @@ struct RunArgs {
     /// replaces the single-database flags.
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
-        "message_prefix", "status_interval_ms", "max_in_flight_events", "max_in_flight_bytes",
+        "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs",
     ])]
     config: Option<std::path::PathBuf>,
@@ -106,6 +106,15 @@ struct RunArgs {
     /// (pg_logical_emit_message(true, 'PREFIX', '{"aggregate_type": ..., "payload": ...}')).
     #[arg(long, env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
     message_prefix: Option<String>,
+    /// Topic for each event, with ${routedByValue} where the routing value goes.
+    #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}.events")]
+    topic_template: String,
+    /// Route by this column's value instead of the aggregate type (Debezium's route.by.field).
+    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY_FIELD")]
+    route_by_field: Option<String>,
+    /// Case of the routing value in the topic name.
+    #[arg(long, env = "OUTBOX_RELAY_TOPIC_CASE", value_enum, default_value_t = config::TopicCase::Preserve)]
+    topic_case: config::TopicCase,
     /// Pipeline name in logs and metrics.
     #[arg(long, env = "OUTBOX_RELAY_PIPELINE_NAME", default_value = "default")]
     pipeline_name: String,
@@ -143,6 +152,11 @@ impl RunArgs {
             table: self.table,
             columns: OutboxColumns::default(),
             message_prefix: self.message_prefix,
+            route: config::RouteConfig {
+                by_field: self.route_by_field,
+                topic_template: self.topic_template,
+                topic_case: self.topic_case,
+            },
             create_slot: !self.no_create_slot,
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),

@@ -145,8 +145,9 @@ async fn run_session(
         stream,
         sink,
         tracker: AckTracker::new(confirmed_flush_lsn),
-        decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone(), config.message_prefix.clone()),
-        router: Router,
+        decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone(), config.message_prefix.clone())
+            .with_route_by(config.route.by_field.clone()),
+        router: Router::new(&config.route),
         commit_time_ms: None,
         last_received: confirmed_flush_lsn,
         server_wal_end: confirmed_flush_lsn,

@@ -1,8 +1,11 @@
 //! Routes outbox events to Kafka records: topic, key, value and headers.
 //!
-//! - Topic: `<aggregate_type>.events`, case preserved (Kafka topic names are case-sensitive,
-//!   so folding would merge distinct aggregates). A value that makes an illegal topic name is
-//!   an error, never a silent rename.
+//! - Topic: the template (default `${routedByValue}.events`, Debezium's
+//!   `route.topic.replacement`) with the routing value: the aggregate type, or the column
+//!   configured as `route.by_field` (Debezium's `route.by.field`). Case preserved by default
+//!   (Kafka topic names are case-sensitive, so folding would merge distinct aggregates);
+//!   `lower` and `upper` are options. A value that makes an illegal topic name is an error,
+//!   never a silent rename.
 //! - Key: the aggregate id bytes; SQL NULL gives a null key.
 //! - Value: the payload bytes exactly as PostgreSQL printed them; SQL NULL gives a tombstone.
 //! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
@@ -18,21 +21,23 @@ use bytes::Bytes;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::config::{RouteConfig, TopicCase};
 use crate::sink::Record;
 use crate::source::outbox::OutboxEvent;
 
-/// Appended to the aggregate type to name the topic.
-pub const TOPIC_SUFFIX: &str = ".events";
+/// Where the routing value goes in a topic template.
+pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
 /// Kafka's limit on topic name length.
 const MAX_TOPIC_LEN: usize = 249;
 
 /// An event that cannot be routed; the pipeline stops before confirming its transaction.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RouteError {
-    #[error("event {event_id}: aggregate type {aggregate_type:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
+    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
     IllegalTopic {
         event_id: String,
-        aggregate_type: String,
+        /// The aggregate type, or the `route.by_field` column's value.
+        value: String,
         topic: String,
         reason: &'static str,
     },
@@ -41,25 +46,45 @@ pub enum RouteError {
 }
 
 /// Turns events into records.
-#[derive(Debug, Default, Clone)]
-pub struct Router;
+#[derive(Debug, Clone)]
+pub struct Router {
+    /// The topic with `${routedByValue}` where the routing value goes.
+    template: String,
+    case: TopicCase,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Router::new(&RouteConfig::default())
+    }
+}
 
 impl Router {
+    pub fn new(config: &RouteConfig) -> Self {
+        Router {
+            template: config.topic_template.clone(),
+            case: config.topic_case,
+        }
+    }
+
     /// Routes `event`, committed at `commit_time_ms` (Unix epoch, ms).
     ///
-    /// Returns an error if the aggregate type does not make a legal topic name.
+    /// Returns an error if the routing value is empty or does not make a legal topic name,
+    /// or the headers column is not a JSON object.
     pub fn route(&self, event: OutboxEvent, commit_time_ms: i64) -> Result<Record, RouteError> {
-        let aggregate_type = String::from_utf8_lossy(&event.aggregate_type);
-        let topic = format!("{aggregate_type}{TOPIC_SUFFIX}");
-        let valid = if aggregate_type.is_empty() {
-            Err("the aggregate type is empty")
-        } else {
-            validate_topic(&topic)
+        let raw = event.routed_by.as_ref().unwrap_or(&event.aggregate_type);
+        let value = String::from_utf8_lossy(raw);
+        let cased = match self.case {
+            TopicCase::Preserve => Cow::Borrowed(value.as_ref()),
+            TopicCase::Lower => Cow::Owned(value.to_lowercase()),
+            TopicCase::Upper => Cow::Owned(value.to_uppercase()),
         };
+        let topic = self.template.replace(ROUTED_BY_VALUE, &cased);
+        let valid = if value.is_empty() { Err("the routing value is empty") } else { validate_topic(&topic) };
         if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {
                 event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                aggregate_type: aggregate_type.into_owned(),
+                value: value.into_owned(),
                 topic,
                 reason,
             });
@@ -157,13 +182,14 @@ mod tests {
             event_type: Some(Bytes::from_static(b"CreditDisbursed")),
             payload: Some(Bytes::from_static(b"{\"amount\": 1500000.10}")),
             headers: Some(Bytes::from_static(b"{}")),
+            routed_by: None,
             lsn: Lsn(1),
         }
     }
 
     #[test]
     fn routes_by_aggregate_type_preserving_case_and_bytes() {
-        let record = Router.route(event("Order"), 1234).unwrap();
+        let record = Router::default().route(event("Order"), 1234).unwrap();
         assert_eq!(record.topic, "Order.events");
         assert_eq!(record.key.as_deref(), Some(&b"42"[..]));
         assert_eq!(record.value.as_deref(), Some(&b"{\"amount\": 1500000.10}"[..]));
@@ -183,7 +209,7 @@ mod tests {
         e.headers = Some(Bytes::from_static(
             br#"{"n": 12.50, "id": "spoofed", "trace": "t-\"1\" \u00e9", "none": null, "obj": {"a": [1, 2]}}"#,
         ));
-        let record = Router.route(e, 0).unwrap();
+        let record = Router::default().route(e, 0).unwrap();
         let headers: Vec<(&str, Option<&[u8]>)> = record.headers.iter().map(|(k, v)| (k.as_ref(), v.as_deref())).collect();
         assert_eq!(
             headers,
@@ -203,9 +229,23 @@ mod tests {
         for bad in [&b"[1]"[..], b"\"x\"", b"{\"a\": ", b"{} trailing"] {
             let mut e = event("Order");
             e.headers = Some(Bytes::copy_from_slice(bad));
-            let err = Router.route(e, 0).unwrap_err();
+            let err = Router::default().route(e, 0).unwrap_err();
             assert!(matches!(&err, RouteError::Headers { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"), "{err}");
         }
+    }
+
+    #[test]
+    fn templates_case_and_route_by_field() {
+        let router = |template: &str, case| Router::new(&RouteConfig { by_field: None, topic_template: template.into(), topic_case: case });
+        assert_eq!(router("outbox.${routedByValue}", TopicCase::Lower).route(event("OrderLine"), 0).unwrap().topic, "outbox.orderline");
+        assert_eq!(router("${routedByValue}-v1", TopicCase::Upper).route(event("order"), 0).unwrap().topic, "ORDER-v1");
+        assert_eq!(router("all.events", TopicCase::Preserve).route(event("x"), 0).unwrap().topic, "all.events");
+        let mut e = event("Order");
+        e.routed_by = Some(Bytes::from_static(b"tenant-7"));
+        assert_eq!(Router::default().route(e, 0).unwrap().topic, "tenant-7.events");
+        let mut e = event("Order");
+        e.routed_by = Some(Bytes::new());
+        assert!(matches!(Router::default().route(e, 0), Err(RouteError::IllegalTopic { .. })), "an empty routing value is bad input");
     }
 
     #[test]
@@ -213,7 +253,7 @@ mod tests {
         let mut e = event("order");
         e.payload = None;
         e.aggregate_id = None;
-        let record = Router.route(e, 0).unwrap();
+        let record = Router::default().route(e, 0).unwrap();
         assert_eq!(record.value, None);
         assert_eq!(record.key, None);
     }
@@ -221,8 +261,8 @@ mod tests {
     #[test]
     fn illegal_topic_names_are_errors_naming_the_event() {
         for bad in ["", "has space", "ünicode", "a/b", &"x".repeat(250)] {
-            let err = Router.route(event(bad), 0).unwrap_err();
-            assert!(matches!(&err, RouteError::IllegalTopic { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"));
+            let err = Router::default().route(event(bad), 0).unwrap_err();
+            assert!(matches!(&err, RouteError::IllegalTopic { event_id, value, .. } if event_id == "00000000-0000-0000-0000-000000000001" && value == bad));
             assert!(err.to_string().contains("00000000-0000-0000-0000-000000000001"));
         }
         assert!(validate_topic("..").is_err());

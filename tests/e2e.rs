@@ -1177,3 +1177,29 @@ async fn publish_event_function_and_debezium_named_columns() {
     assert_delivered(&[from_debezium_table], &consumed, true);
     drop((relay, debezium));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_by_another_column_with_a_topic_template_and_lower_case() {
+    let setup = Setup::new("routing", &["Order"], 1).await;
+    setup.db.client.batch_execute("ALTER TABLE outbox ADD COLUMN tenant_id text").await.unwrap();
+    let tenant = format!("Tenant_{}", setup.db.name);
+    let topic = format!("tenant.{}", tenant.to_lowercase());
+    kafka().create_topic(&topic, 1);
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--route-by-field", "tenant_id", "--topic-template", "tenant.${routedByValue}", "--topic-case", "lower"].map(String::from));
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id: String = setup
+        .db
+        .client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, tenant_id) VALUES ('Order', 'k', 'T', '{}', $1) RETURNING id::text",
+            &[&tenant],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let consumed = consume(&kafka().bootstrap(), &[topic.as_str()], 1, Duration::from_secs(1), Duration::from_secs(60)).await;
+    assert_eq!(header(&consumed[0], "id"), Some(id.as_bytes()));
+    drop(relay);
+}

@@ -17,7 +17,7 @@ use figment::Figment;
 use serde::Deserialize;
 
 use super::{
-    ConfigError, KafkaConfig, OutboxColumns, PipelineConfig, TableName, DEFAULT_MAX_IN_FLIGHT_BYTES,
+    ConfigError, KafkaConfig, OutboxColumns, PipelineConfig, RouteConfig, TableName, DEFAULT_MAX_IN_FLIGHT_BYTES,
     DEFAULT_MAX_IN_FLIGHT_EVENTS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_STATUS_INTERVAL_MS,
 };
 
@@ -67,6 +67,8 @@ struct PipelineSection {
     #[serde(default)]
     columns: OutboxColumns,
     message_prefix: Option<String>,
+    #[serde(default)]
+    route: RouteConfig,
     #[serde(default = "yes")]
     create_slot: bool,
     #[serde(default)]
@@ -189,6 +191,7 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
             table: p.table,
             columns: p.columns,
             message_prefix: p.message_prefix,
+            route: p.route,
             create_slot: p.create_slot,
             kafka: KafkaConfig { bootstrap_servers, properties },
             status_interval_ms: p.status_interval_ms,
@@ -275,12 +278,16 @@ mod tests {
             publication = "pub"
             table = "outbox"
             kafka = { bootstrap_servers = "b:9092", properties = { "linger.ms" = "0" } }
+            route = { by_field = "tenant_id", topic_template = "t.${routedByValue}", topic_case = "lower" }
             "#,
             &[],
         )
         .unwrap();
         let kafka = &config.pipelines[0].kafka;
         assert_eq!(kafka.bootstrap_servers, "b:9092");
+        let route = &config.pipelines[0].route;
+        assert_eq!((route.by_field.as_deref(), route.topic_template.as_str()), (Some("tenant_id"), "t.${routedByValue}"));
+        assert_eq!(route.topic_case, crate::config::TopicCase::Lower);
         assert!(kafka.properties.contains(&("linger.ms".into(), "0".into())));
         assert!(kafka.properties.contains(&("compression.type".into(), "lz4".into())));
     }

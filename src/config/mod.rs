@@ -110,6 +110,38 @@ impl Default for OutboxColumns {
     }
 }
 
+/// How events map to topics (Debezium's `route.by.field`, `route.topic.replacement`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Column whose value routes the event; `None`: the aggregate type column.
+    pub by_field: Option<String>,
+    /// Topic name with `${routedByValue}` where the routing value goes.
+    pub topic_template: String,
+    pub topic_case: TopicCase,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            by_field: None,
+            topic_template: "${routedByValue}.events".into(),
+            topic_case: TopicCase::Preserve,
+        }
+    }
+}
+
+/// What happens to the routing value's case in the topic name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TopicCase {
+    /// Kafka topic names are case-sensitive: `Order` and `order` stay two topics.
+    #[default]
+    Preserve,
+    Lower,
+    Upper,
+}
+
 /// Kafka producer settings.
 #[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
@@ -149,6 +181,7 @@ pub struct PipelineConfig {
     pub columns: OutboxColumns,
     /// Transactional logical decoding messages with this prefix are outbox events too.
     pub message_prefix: Option<String>,
+    pub route: RouteConfig,
     /// Create the slot when it does not exist.
     pub create_slot: bool,
     pub kafka: KafkaConfig,
@@ -169,6 +202,7 @@ impl fmt::Debug for PipelineConfig {
             .field("table", &self.table)
             .field("columns", &self.columns)
             .field("message_prefix", &self.message_prefix)
+            .field("route", &self.route)
             .field("create_slot", &self.create_slot)
             .field("kafka", &self.kafka)
             .field("status_interval_ms", &self.status_interval_ms)
@@ -200,6 +234,12 @@ impl PipelineConfig {
         }
         if self.publication.is_empty() {
             return Err(ConfigError::new("publication", "must not be empty"));
+        }
+        if self.route.topic_template.is_empty() {
+            return Err(ConfigError::new("route.topic_template", "must not be empty"));
+        }
+        if self.route.by_field.as_deref() == Some("") {
+            return Err(ConfigError::new("route.by_field", "must not be empty"));
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError::new("kafka.bootstrap_servers", "must not be empty"));
@@ -336,6 +376,7 @@ mod tests {
             table: "public.outbox".parse().unwrap(),
             columns: OutboxColumns::default(),
             message_prefix: None,
+            route: RouteConfig::default(),
             create_slot: true,
             kafka: KafkaConfig {
                 bootstrap_servers: "localhost:9092".into(),

@@ -29,6 +29,9 @@ pub struct OutboxEvent {
     pub payload: Option<Bytes>,
     /// The `headers` column (jsonb text); `None` for SQL NULL or a table without it.
     pub headers: Option<Bytes>,
+    /// The `route.by_field` column's value, when routing is by another column than the
+    /// aggregate type.
+    pub routed_by: Option<Bytes>,
     /// Where the Insert is in the WAL.
     pub lsn: Lsn,
 }
@@ -59,6 +62,7 @@ struct ColumnIndexes {
     payload: usize,
     /// Optional: a table without the column has no extra headers.
     headers: Option<usize>,
+    routed_by: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -76,6 +80,8 @@ pub struct OutboxDecoder {
     relations: HashMap<u32, RelationKind>,
     /// Logical decoding messages with this prefix are outbox events too.
     message_prefix: Option<String>,
+    /// Column routing the event, when not the aggregate type's.
+    route_by: Option<String>,
 }
 
 /// An outbox event in a logical decoding message (`pg_logical_emit_message(true, prefix,
@@ -103,7 +109,14 @@ impl OutboxDecoder {
             columns,
             relations: HashMap::new(),
             message_prefix,
+            route_by: None,
         }
+    }
+
+    /// Routes by `column` instead of the aggregate type (`None`: the aggregate type).
+    pub fn with_route_by(mut self, column: Option<String>) -> Self {
+        self.route_by = column.filter(|c| *c != self.columns.aggregate_type);
+        self
     }
 
     /// Whether `message` carries an outbox event (its prefix is the configured one).
@@ -126,6 +139,7 @@ impl OutboxDecoder {
             event_type: event.event_type.map(Bytes::from),
             payload: event.payload.map(text),
             headers: event.headers.map(text),
+            routed_by: None,
             lsn,
         })
     }
@@ -149,6 +163,10 @@ impl OutboxDecoder {
                     event_type: find(&c.event_type)?,
                     payload: find(&c.payload)?,
                     headers: find(&c.headers).ok(),
+                    routed_by: match self.route_by.as_deref() {
+                        Some(column) => Some(find(column)?),
+                        None => None,
+                    },
                 })
             })())
         } else {
@@ -204,6 +222,10 @@ impl OutboxDecoder {
             headers: match indexes.headers {
                 Some(index) => text(index, &c.headers)?,
                 None => None,
+            },
+            routed_by: match (indexes.routed_by, self.route_by.as_deref()) {
+                (Some(index), Some(column)) => Some(required(text(index, column)?, column)?),
+                _ => None,
             },
             lsn,
         }))
