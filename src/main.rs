@@ -74,7 +74,7 @@ struct RunArgs {
     /// replaces the single-database flags.
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
-        "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "max_in_flight_events", "max_in_flight_bytes",
+        "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs",
     ])]
     config: Option<std::path::PathBuf>,
@@ -115,6 +115,9 @@ struct RunArgs {
     /// Case of the routing value in the topic name.
     #[arg(long, env = "OUTBOX_RELAY_TOPIC_CASE", value_enum, default_value_t = config::TopicCase::Preserve)]
     topic_case: config::TopicCase,
+    /// What an UPDATE or DELETE of an outbox row does.
+    #[arg(long, env = "OUTBOX_RELAY_OP_INVALID_BEHAVIOR", value_enum, default_value_t = config::InvalidOpBehavior::Ignore)]
+    op_invalid_behavior: config::InvalidOpBehavior,
     /// Pipeline name in logs and metrics.
     #[arg(long, env = "OUTBOX_RELAY_PIPELINE_NAME", default_value = "default")]
     pipeline_name: String,
@@ -157,6 +160,7 @@ impl RunArgs {
                 topic_template: self.topic_template,
                 topic_case: self.topic_case,
             },
+            op_invalid_behavior: self.op_invalid_behavior,
             create_slot: !self.no_create_slot,
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),

@@ -16,14 +16,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::checkpoint::AckTracker;
-use crate::config::PipelineConfig;
+use crate::config::{InvalidOpBehavior, PipelineConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::Router;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{Delivery, Sink};
-use crate::source::outbox::{OutboxDecoder, OutboxEvent};
+use crate::source::outbox::{OutboxDecoder, OutboxError, OutboxEvent};
 use crate::source::pgoutput::{self, LogicalReplicationMessage};
 use crate::source::replication::{
     ReplicationClient, ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS,
@@ -324,6 +324,8 @@ impl<S: Sink> Session<'_, S> {
                 Some(event) => self.publish(event, lsn).await?,
                 None => self.metrics.skipped("insert"),
             },
+            LogicalReplicationMessage::Update(update) if self.decoder.is_outbox(update.rel_id) => self.invalid_op("update", lsn)?,
+            LogicalReplicationMessage::Delete(delete) if self.decoder.is_outbox(delete.rel_id) => self.invalid_op("delete", lsn)?,
             LogicalReplicationMessage::Message(message) => {
                 if !self.decoder.is_outbox_message(&message) {
                     self.metrics.skipped("message");
@@ -338,6 +340,17 @@ impl<S: Sink> Session<'_, S> {
             }
             other => self.metrics.skipped(other.kind()),
         }
+        Ok(())
+    }
+
+    /// An UPDATE or DELETE of an outbox row, handled as `op_invalid_behavior` says.
+    fn invalid_op(&self, op: &'static str, lsn: Lsn) -> Result<(), Error> {
+        match self.config.op_invalid_behavior {
+            InvalidOpBehavior::Ignore => {}
+            InvalidOpBehavior::Warn => warn!(pipeline = %self.config.name, %lsn, op, "outbox row changed after its insert; passed over"),
+            InvalidOpBehavior::Error => return Err(OutboxError::InvalidOp { op, lsn }.into()),
+        }
+        self.metrics.skipped(op);
         Ok(())
     }
 

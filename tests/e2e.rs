@@ -1203,3 +1203,40 @@ async fn route_by_another_column_with_a_topic_template_and_lower_case() {
     assert_eq!(header(&consumed[0], "id"), Some(id.as_bytes()));
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configured() {
+    let setup = Setup::new("invalidop", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    c.batch_execute("ALTER PUBLICATION outbox_pub SET (publish = 'insert, update, delete'); ALTER TABLE outbox REPLICA IDENTITY FULL")
+        .await
+        .unwrap();
+    let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+
+    c.batch_execute("BEGIN").await.unwrap();
+    let a = insert(c, &t, "k", r#"{"e": "a"}"#).await;
+    c.execute("DELETE FROM outbox WHERE id = $1::text::uuid", &[&a.id]).await.unwrap();
+    let b = insert(c, &t, "k", r#"{"e": "b"}"#).await;
+    c.execute("UPDATE outbox SET event_type = 'Changed' WHERE id = $1::text::uuid", &[&b.id]).await.unwrap();
+    c.batch_execute("COMMIT").await.unwrap();
+    let topics = setup.topics();
+    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 2, Duration::from_secs(2), Duration::from_secs(60)).await;
+    assert_delivered(&[a, b], &consumed, true);
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--op-invalid-behavior", "error"].map(String::from));
+    let mut strict = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    c.batch_execute("BEGIN").await.unwrap();
+    let d = insert(c, &t, "k", r#"{"e": "d"}"#).await;
+    c.execute("UPDATE outbox SET event_type = 'Changed' WHERE id = $1::text::uuid", &[&d.id]).await.unwrap();
+    let before_commit = insert_lsn(c).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    assert!(!strict.wait(Duration::from_secs(30)).success(), "op_invalid_behavior = error must stop the relay");
+    assert!(strict.log().contains("update of an outbox row"), "{}", strict.log());
+    assert!(setup.confirmed_flush().await <= before_commit, "confirmed past the transaction with the update");
+}

@@ -69,6 +69,8 @@ struct PipelineSection {
     message_prefix: Option<String>,
     #[serde(default)]
     route: RouteConfig,
+    #[serde(default)]
+    op_invalid_behavior: super::InvalidOpBehavior,
     #[serde(default = "yes")]
     create_slot: bool,
     #[serde(default)]
@@ -192,6 +194,7 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
             columns: p.columns,
             message_prefix: p.message_prefix,
             route: p.route,
+            op_invalid_behavior: p.op_invalid_behavior,
             create_slot: p.create_slot,
             kafka: KafkaConfig { bootstrap_servers, properties },
             status_interval_ms: p.status_interval_ms,

@@ -142,6 +142,20 @@ pub enum TopicCase {
     Upper,
 }
 
+/// What an UPDATE or DELETE of an outbox row does (Debezium's `table.op.invalid.behavior`).
+/// Rows may be deleted right after the insert, so the default passes over them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum InvalidOpBehavior {
+    /// Passed over, counted in `outbox_relay_messages_skipped_total{kind}`.
+    #[default]
+    Ignore,
+    /// Passed over with a warning naming the LSN.
+    Warn,
+    /// The pipeline stops before confirming the transaction.
+    Error,
+}
+
 /// Kafka producer settings.
 #[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
@@ -182,6 +196,7 @@ pub struct PipelineConfig {
     /// Transactional logical decoding messages with this prefix are outbox events too.
     pub message_prefix: Option<String>,
     pub route: RouteConfig,
+    pub op_invalid_behavior: InvalidOpBehavior,
     /// Create the slot when it does not exist.
     pub create_slot: bool,
     pub kafka: KafkaConfig,
@@ -203,6 +218,7 @@ impl fmt::Debug for PipelineConfig {
             .field("columns", &self.columns)
             .field("message_prefix", &self.message_prefix)
             .field("route", &self.route)
+            .field("op_invalid_behavior", &self.op_invalid_behavior)
             .field("create_slot", &self.create_slot)
             .field("kafka", &self.kafka)
             .field("status_interval_ms", &self.status_interval_ms)
@@ -377,6 +393,7 @@ mod tests {
             columns: OutboxColumns::default(),
             message_prefix: None,
             route: RouteConfig::default(),
+            op_invalid_behavior: InvalidOpBehavior::Ignore,
             create_slot: true,
             kafka: KafkaConfig {
                 bootstrap_servers: "localhost:9092".into(),

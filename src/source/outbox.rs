@@ -49,6 +49,8 @@ pub enum OutboxError {
     NotText { column: String, lsn: Lsn },
     #[error("outbox row at LSN {lsn} has {columns} values, fewer than its Relation message's columns")]
     ShortTuple { columns: usize, lsn: Lsn },
+    #[error("{op} of an outbox row at LSN {lsn} (op_invalid_behavior = error); outbox rows are only inserted")]
+    InvalidOp { op: &'static str, lsn: Lsn },
     #[error("outbox message at LSN {lsn} is not a valid event: {reason}")]
     InvalidMessage { lsn: Lsn, reason: String },
 }
@@ -117,6 +119,11 @@ impl OutboxDecoder {
     pub fn with_route_by(mut self, column: Option<String>) -> Self {
         self.route_by = column.filter(|c| *c != self.columns.aggregate_type);
         self
+    }
+
+    /// Whether `rel_id` is the outbox table.
+    pub fn is_outbox(&self, rel_id: u32) -> bool {
+        matches!(self.relations.get(&rel_id), Some(RelationKind::Outbox(_)))
     }
 
     /// Whether `message` carries an outbox event (its prefix is the configured one).
