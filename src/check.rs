@@ -10,7 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio_postgres::Client;
 
-use crate::config::PipelineConfig;
+use crate::config::{InvalidOpBehavior, PipelineConfig};
 use crate::error::chain;
 use crate::source::SourceError;
 
@@ -152,10 +152,16 @@ async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<
         None => finding("publication", Verdict::Fail, format!("{} does not exist: outbox-relay setup creates it", config.publication)),
         Some((_, _, false)) => finding("publication", Verdict::Fail, format!("{} does not include {}", config.publication, config.table)),
         Some((false, _, _)) => finding("publication", Verdict::Fail, format!("{} does not publish inserts", config.publication)),
-        Some((true, true, true)) => finding(
+        Some((true, true, true)) if config.op_invalid_behavior == InvalidOpBehavior::Ignore => finding(
             "publication",
             Verdict::Warn,
             format!("{} also publishes updates/deletes, which the relay reads and passes over: WITH (publish = 'insert') saves work", config.publication),
+        ),
+        Some((true, true, true)) => finding("publication", Verdict::Ok, format!("{} publishes inserts, updates and deletes of {}", config.publication, config.table)),
+        Some((true, false, true)) if config.op_invalid_behavior != InvalidOpBehavior::Ignore => finding(
+            "publication",
+            Verdict::Fail,
+            format!("op_invalid_behavior needs updates and deletes: ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", config.publication),
         ),
         Some((true, false, true)) => finding("publication", Verdict::Ok, format!("{} publishes inserts of {}", config.publication, config.table)),
     });

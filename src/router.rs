@@ -76,8 +76,10 @@ impl Router {
         let value = String::from_utf8_lossy(raw);
         let cased = match self.case {
             TopicCase::Preserve => Cow::Borrowed(value.as_ref()),
-            TopicCase::Lower => Cow::Owned(value.to_lowercase()),
-            TopicCase::Upper => Cow::Owned(value.to_uppercase()),
+            // ASCII only: Unicode folding could turn an illegal name into a legal one that
+            // another aggregate already uses ("K" Kelvin sign -> "k").
+            TopicCase::Lower => Cow::Owned(value.to_ascii_lowercase()),
+            TopicCase::Upper => Cow::Owned(value.to_ascii_uppercase()),
         };
         let topic = self.template.replace(ROUTED_BY_VALUE, &cased);
         let valid = if value.is_empty() { Err("the routing value is empty") } else { validate_topic(&topic) };
@@ -243,6 +245,8 @@ mod tests {
         let mut e = event("Order");
         e.routed_by = Some(Bytes::from_static(b"tenant-7"));
         assert_eq!(Router::default().route(e, 0).unwrap().topic, "tenant-7.events");
+        let kelvin = router("${routedByValue}", TopicCase::Lower).route(event("\u{212A}unde"), 0);
+        assert!(kelvin.is_err(), "a non-ASCII name must not fold into a legal one");
         let mut e = event("Order");
         e.routed_by = Some(Bytes::new());
         assert!(matches!(Router::default().route(e, 0), Err(RouteError::IllegalTopic { .. })), "an empty routing value is bad input");

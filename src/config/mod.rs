@@ -257,6 +257,16 @@ impl PipelineConfig {
         if self.route.by_field.as_deref() == Some("") {
             return Err(ConfigError::new("route.by_field", "must not be empty"));
         }
+        if self.route.by_field.is_some() && self.message_prefix.is_some() {
+            return Err(ConfigError::new(
+                "route.by_field",
+                "cannot be combined with message_prefix: logical messages carry no such column",
+            ));
+        }
+        let sample = self.route.topic_template.replace(crate::router::ROUTED_BY_VALUE, "x");
+        if let Err(reason) = crate::router::validate_topic(&sample) {
+            return Err(ConfigError::new("route.topic_template", format!("gives no legal topic name: {reason}")));
+        }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError::new("kafka.bootstrap_servers", "must not be empty"));
         }
@@ -425,6 +435,14 @@ mod tests {
             ),
             ("kafka.properties", Box::new(|c| c.kafka.properties = vec![("acks".into(), "1".into())])),
             ("max_in_flight_events", Box::new(|c| c.max_in_flight_events = 0)),
+            ("route.topic_template", Box::new(|c| c.route.topic_template = "orders/${routedByValue}".into())),
+            (
+                "route.by_field",
+                Box::new(|c| {
+                    c.route.by_field = Some("tenant_id".into());
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
         ];
         for (field, mutate) in cases {
             let mut c = config();
