@@ -46,12 +46,23 @@ fn main() -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
     let mut seen = 0;
     while seen < args.count && Instant::now() < deadline {
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
         let message = message?;
-        let text = |b: Option<&[u8]>| b.map_or_else(|| "null".to_owned(), |b| String::from_utf8_lossy(b).into_owned());
+        let text = |b: Option<&[u8]>| {
+            b.map_or_else(
+                || "null".to_owned(),
+                |b| String::from_utf8_lossy(b).into_owned(),
+            )
+        };
         let headers: Vec<String> = message
             .headers()
-            .map(|h| h.iter().map(|h| format!("{}={}", h.key, text(h.value))).collect())
+            .map(|h| {
+                h.iter()
+                    .map(|h| format!("{}={}", h.key, text(h.value)))
+                    .collect()
+            })
             .unwrap_or_default();
         println!(
             "{}[{}]@{} key={} headers=[{}] value={}",
@@ -65,7 +76,11 @@ fn main() -> anyhow::Result<()> {
         seen += 1;
     }
     if seen < args.count && args.count != usize::MAX {
-        anyhow::bail!("only {seen} of {} records arrived within {} s", args.count, args.timeout_secs);
+        anyhow::bail!(
+            "only {seen} of {} records arrived within {} s",
+            args.count,
+            args.timeout_secs
+        );
     }
     Ok(())
 }

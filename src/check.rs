@@ -44,16 +44,26 @@ impl fmt::Display for Finding {
 }
 
 fn finding(check: &'static str, verdict: Verdict, detail: impl Into<String>) -> Finding {
-    Finding { check, verdict, detail: detail.into() }
+    Finding {
+        check,
+        verdict,
+        detail: detail.into(),
+    }
 }
 
 async fn connect(config: &PipelineConfig) -> Result<(Client, tokio::task::JoinHandle<()>), String> {
     let (pg, tls) = config.source_config().map_err(|e| e.to_string())?;
     let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls.client_config()?);
-    let (client, connection) = pg.connect(connector).await.map_err(|e| chain(&SourceError::Sql(e)))?;
-    Ok((client, tokio::spawn(async move {
-        let _ = connection.await;
-    })))
+    let (client, connection) = pg
+        .connect(connector)
+        .await
+        .map_err(|e| chain(&SourceError::Sql(e)))?;
+    Ok((
+        client,
+        tokio::spawn(async move {
+            let _ = connection.await;
+        }),
+    ))
 }
 
 /// Runs every check for `config`; never fails itself: problems are findings.
@@ -62,7 +72,11 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
     match connect(config).await {
         Ok((client, connection)) => {
             if let Err(e) = check_postgres(config, &client, &mut findings).await {
-                findings.push(finding("postgres", Verdict::Fail, format!("query failed: {}", chain(&e))));
+                findings.push(finding(
+                    "postgres",
+                    Verdict::Fail,
+                    format!("query failed: {}", chain(&e)),
+                ));
             }
             drop(client);
             let _ = connection.await;
@@ -73,15 +87,27 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
     findings
 }
 
-async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<Finding>) -> Result<(), tokio_postgres::Error> {
+async fn check_postgres(
+    config: &PipelineConfig,
+    client: &Client,
+    out: &mut Vec<Finding>,
+) -> Result<(), tokio_postgres::Error> {
     let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
-    out.push(finding("connection", Verdict::Ok, format!("PostgreSQL {version}")));
+    out.push(finding(
+        "connection",
+        Verdict::Ok,
+        format!("PostgreSQL {version}"),
+    ));
 
     let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
     out.push(if wal_level == "logical" {
         finding("wal_level", Verdict::Ok, "logical")
     } else {
-        finding("wal_level", Verdict::Fail, format!("{wal_level}: set wal_level = logical and restart PostgreSQL"))
+        finding(
+            "wal_level",
+            Verdict::Fail,
+            format!("{wal_level}: set wal_level = logical and restart PostgreSQL"),
+        )
     });
 
     let row = client
@@ -92,16 +118,33 @@ async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<
             &[&config.slot],
         )
         .await?;
-    let (free_slots, free_senders, slot_exists): (i32, i32, bool) = (row.get(0), row.get(1), row.get(2));
+    let (free_slots, free_senders, slot_exists): (i32, i32, bool) =
+        (row.get(0), row.get(1), row.get(2));
     out.push(match (slot_exists, free_slots) {
-        (true, _) => finding("replication slots", Verdict::Ok, format!("slot {} exists; {free_slots} free", config.slot)),
-        (false, n) if n > 0 => finding("replication slots", Verdict::Ok, format!("{n} free for slot {}", config.slot)),
-        _ => finding("replication slots", Verdict::Fail, "none free: raise max_replication_slots"),
+        (true, _) => finding(
+            "replication slots",
+            Verdict::Ok,
+            format!("slot {} exists; {free_slots} free", config.slot),
+        ),
+        (false, n) if n > 0 => finding(
+            "replication slots",
+            Verdict::Ok,
+            format!("{n} free for slot {}", config.slot),
+        ),
+        _ => finding(
+            "replication slots",
+            Verdict::Fail,
+            "none free: raise max_replication_slots",
+        ),
     });
     out.push(if free_senders > 0 {
         finding("wal senders", Verdict::Ok, format!("{free_senders} free"))
     } else {
-        finding("wal senders", Verdict::Fail, "none free: raise max_wal_senders")
+        finding(
+            "wal senders",
+            Verdict::Fail,
+            "none free: raise max_wal_senders",
+        )
     });
 
     let row = client
@@ -111,10 +154,18 @@ async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<
     out.push(if replication {
         finding("role", Verdict::Ok, format!("{role} has REPLICATION"))
     } else {
-        finding("role", Verdict::Fail, format!("ALTER ROLE {role} REPLICATION"))
+        finding(
+            "role",
+            Verdict::Fail,
+            format!("ALTER ROLE {role} REPLICATION"),
+        )
     });
 
-    let table = format!("{}.{}", quote(&config.table.schema), quote(&config.table.name));
+    let table = format!(
+        "{}.{}",
+        quote(&config.table.schema),
+        quote(&config.table.name)
+    );
     let row = client
         .query_one(
             "SELECT to_regclass($1) IS NOT NULL,
@@ -123,20 +174,33 @@ async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<
             &[&table],
         )
         .await?;
-    let (exists, select, identity): (bool, bool, Option<String>) = (row.get(0), row.get(1), row.get(2));
+    let (exists, select, identity): (bool, bool, Option<String>) =
+        (row.get(0), row.get(1), row.get(2));
     out.push(match (exists, select) {
-        (false, _) => finding("outbox table", Verdict::Fail, format!("{} does not exist (sql/outbox.sql)", config.table)),
-        (true, false) => finding("outbox table", Verdict::Fail, format!("GRANT SELECT ON {table} TO {role}")),
+        (false, _) => finding(
+            "outbox table",
+            Verdict::Fail,
+            format!("{} does not exist (sql/outbox.sql)", config.table),
+        ),
+        (true, false) => finding(
+            "outbox table",
+            Verdict::Fail,
+            format!("GRANT SELECT ON {table} TO {role}"),
+        ),
         (true, true) => finding(
             "outbox table",
             Verdict::Ok,
-            format!("{} readable; replica identity {}", config.table, match identity.as_deref() {
-                Some("d") => "default",
-                Some("f") => "full",
-                Some("i") => "index",
-                Some("n") => "nothing",
-                _ => "unknown",
-            }),
+            format!(
+                "{} readable; replica identity {}",
+                config.table,
+                match identity.as_deref() {
+                    Some("d") => "default",
+                    Some("f") => "full",
+                    Some("i") => "index",
+                    Some("n") => "nothing",
+                    _ => "unknown",
+                }
+            ),
         ),
     });
 
@@ -173,18 +237,56 @@ async fn check_postgres(config: &PipelineConfig, client: &Client, out: &mut Vec<
         )
         .await?;
     out.push(match row {
-        None if config.create_slot => finding("slot", Verdict::Warn, format!("{} does not exist; the relay will create it (outbox-relay setup does it ahead)", config.slot)),
-        None => finding("slot", Verdict::Fail, format!("{} does not exist and create_slot is off: outbox-relay setup", config.slot)),
+        None if config.create_slot => finding(
+            "slot",
+            Verdict::Warn,
+            format!(
+                "{} does not exist; the relay will create it (outbox-relay setup does it ahead)",
+                config.slot
+            ),
+        ),
+        None => finding(
+            "slot",
+            Verdict::Fail,
+            format!(
+                "{} does not exist and create_slot is off: outbox-relay setup",
+                config.slot
+            ),
+        ),
         Some(r) => {
-            let (plugin, same_db, wal_status, pid): (Option<String>, Option<bool>, Option<String>, Option<i32>) =
-                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let (plugin, same_db, wal_status, pid): (
+                Option<String>,
+                Option<bool>,
+                Option<String>,
+                Option<i32>,
+            ) = (r.get(0), r.get(1), r.get(2), r.get(3));
             if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
-                finding("slot", Verdict::Fail, format!("{} is not a pgoutput slot of this database", config.slot))
+                finding(
+                    "slot",
+                    Verdict::Fail,
+                    format!("{} is not a pgoutput slot of this database", config.slot),
+                )
             } else if wal_status.as_deref() == Some("lost") {
-                finding("slot", Verdict::Fail, format!("{} is invalidated (wal_status lost): events may be missing", config.slot))
+                finding(
+                    "slot",
+                    Verdict::Fail,
+                    format!(
+                        "{} is invalidated (wal_status lost): events may be missing",
+                        config.slot
+                    ),
+                )
             } else {
-                let holder = pid.map_or_else(|| "inactive".to_owned(), |pid| format!("held by pid {pid}"));
-                finding("slot", Verdict::Ok, format!("{} pgoutput, wal_status {}, {holder}", config.slot, wal_status.unwrap_or_default()))
+                let holder =
+                    pid.map_or_else(|| "inactive".to_owned(), |pid| format!("held by pid {pid}"));
+                finding(
+                    "slot",
+                    Verdict::Ok,
+                    format!(
+                        "{} pgoutput, wal_status {}, {holder}",
+                        config.slot,
+                        wal_status.unwrap_or_default()
+                    ),
+                )
             }
         }
     });
@@ -203,8 +305,14 @@ async fn check_kafka(config: &PipelineConfig) -> Finding {
     }
     let result = tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = client.create().map_err(|e| e.to_string())?;
-        let metadata = consumer.fetch_metadata(None, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-        let events = metadata.topics().iter().filter(|t| t.name().ends_with(".events")).count();
+        let metadata = consumer
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let events = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name().ends_with(".events"))
+            .count();
         Ok::<_, String>((metadata.brokers().len(), events))
     })
     .await;

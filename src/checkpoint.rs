@@ -96,7 +96,10 @@ impl AckTracker {
             }
             Some(true) => {}
         }
-        let txn = self.pending.back_mut().expect("tracked open transaction is pending");
+        let txn = self
+            .pending
+            .back_mut()
+            .expect("tracked open transaction is pending");
         txn.unacked += 1;
         Ok(EventToken(txn.id))
     }
@@ -105,7 +108,10 @@ impl AckTracker {
     ///
     /// Returns an error if no transaction is open or `end_lsn` is before the previous commit's.
     pub fn commit(&mut self, end_lsn: Lsn) -> Result<(), TrackerError> {
-        let tracked = self.open.take().ok_or(TrackerError::NoOpenTransaction("commit"))?;
+        let tracked = self
+            .open
+            .take()
+            .ok_or(TrackerError::NoOpenTransaction("commit"))?;
         if end_lsn < self.last_commit {
             return Err(TrackerError::CommitBackwards {
                 end_lsn,
@@ -129,12 +135,18 @@ impl AckTracker {
     /// Returns an error if that event is not in flight (acknowledged twice, or unknown).
     pub fn ack(&mut self, token: EventToken) -> Result<(), TrackerError> {
         let front = self.pending.front().ok_or(TrackerError::UnknownToken)?.id;
-        let index = token.0.checked_sub(front).ok_or(TrackerError::UnknownToken)?;
+        let index = token
+            .0
+            .checked_sub(front)
+            .ok_or(TrackerError::UnknownToken)?;
         let txn = usize::try_from(index)
             .ok()
             .and_then(|i| self.pending.get_mut(i))
             .ok_or(TrackerError::UnknownToken)?;
-        txn.unacked = txn.unacked.checked_sub(1).ok_or(TrackerError::UnknownToken)?;
+        txn.unacked = txn
+            .unacked
+            .checked_sub(1)
+            .ok_or(TrackerError::UnknownToken)?;
         self.advance();
         Ok(())
     }
@@ -196,7 +208,11 @@ mod tests {
         t.ack(b1).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(100), "later transaction acked first");
         t.ack(a1).unwrap();
-        assert_eq!(t.flush_lsn(), Lsn(100), "one event of the first still unacked");
+        assert_eq!(
+            t.flush_lsn(),
+            Lsn(100),
+            "one event of the first still unacked"
+        );
         t.ack(a2).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(300));
         assert!(!t.has_unacked());
@@ -210,7 +226,11 @@ mod tests {
         t.ack(e).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(10));
         t.idle(Lsn(500));
-        assert_eq!(t.flush_lsn(), Lsn(10), "idle keepalive inside a transaction");
+        assert_eq!(
+            t.flush_lsn(),
+            Lsn(10),
+            "idle keepalive inside a transaction"
+        );
         t.commit(Lsn(20)).unwrap();
         assert_eq!(t.flush_lsn(), Lsn(20));
     }
@@ -251,8 +271,14 @@ mod tests {
     #[test]
     fn rejects_impossible_sequences() {
         let mut t = AckTracker::new(Lsn(0));
-        assert_eq!(t.track_event(), Err(TrackerError::NoOpenTransaction("event")));
-        assert_eq!(t.commit(Lsn(1)), Err(TrackerError::NoOpenTransaction("commit")));
+        assert_eq!(
+            t.track_event(),
+            Err(TrackerError::NoOpenTransaction("event"))
+        );
+        assert_eq!(
+            t.commit(Lsn(1)),
+            Err(TrackerError::NoOpenTransaction("commit"))
+        );
         t.begin().unwrap();
         assert_eq!(t.begin(), Err(TrackerError::NestedBegin));
         let e = t.track_event().unwrap();
@@ -260,7 +286,10 @@ mod tests {
         t.ack(e).unwrap();
         assert_eq!(t.ack(e), Err(TrackerError::UnknownToken));
         t.begin().unwrap();
-        assert!(matches!(t.commit(Lsn(8)), Err(TrackerError::CommitBackwards { .. })));
+        assert!(matches!(
+            t.commit(Lsn(8)),
+            Err(TrackerError::CommitBackwards { .. })
+        ));
     }
 
     #[derive(Clone, Debug)]

@@ -46,7 +46,11 @@ impl Error {
         match self {
             Error::Source(e) => e.is_transient(),
             Error::Delivery(e) | Error::Rejected(e) => e.retryable,
-            Error::Config(_) | Error::Outbox(_) | Error::Route(_) | Error::Producer(_) | Error::Listen { .. } => false,
+            Error::Config(_)
+            | Error::Outbox(_)
+            | Error::Route(_)
+            | Error::Producer(_)
+            | Error::Listen { .. } => false,
         }
     }
 }

@@ -20,7 +20,11 @@ pub async fn bind(listen: SocketAddr) -> std::io::Result<tokio::net::TcpListener
 }
 
 /// Serves the endpoint on `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let listen = listener.local_addr()?;
     tracing::info!(%listen, "serving /metrics, /healthz and /readyz");
     let app = Router::new()
@@ -34,12 +38,25 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, shutdown
 }
 
 async fn prometheus_text(State(metrics): State<Metrics>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        metrics.render(),
+    )
 }
 
 async fn readiness(State(metrics): State<Metrics>) -> impl IntoResponse {
     let pipelines = metrics.health();
-    let ready = !pipelines.is_empty() && pipelines.values().all(|p| p.state == PipelineState::Streaming);
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (status, Json(serde_json::json!({ "ready": ready, "pipelines": pipelines })))
+    let ready = !pipelines.is_empty()
+        && pipelines
+            .values()
+            .all(|p| p.state == PipelineState::Streaming);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(serde_json::json!({ "ready": ready, "pipelines": pipelines })),
+    )
 }

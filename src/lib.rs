@@ -75,8 +75,14 @@ pub async fn run(
     let token = CancellationToken::new();
     let server = match metrics_listen {
         Some(listen) => {
-            let listener = health::bind(listen).await.map_err(|source| Error::Listen { listen, source })?;
-            Some(tokio::spawn(health::serve(listener, metrics.clone(), token.clone())))
+            let listener = health::bind(listen)
+                .await
+                .map_err(|source| Error::Listen { listen, source })?;
+            Some(tokio::spawn(health::serve(
+                listener,
+                metrics.clone(),
+                token.clone(),
+            )))
         }
         None => None,
     };

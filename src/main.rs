@@ -85,7 +85,12 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// libpq URL or key=value string of the source database; the role needs REPLICATION.
-    #[arg(long, env = "OUTBOX_RELAY_SOURCE_URL", hide_env_values = true, required_unless_present = "config")]
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_SOURCE_URL",
+        hide_env_values = true,
+        required_unless_present = "config"
+    )]
     source_url: Option<String>,
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot.
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
@@ -107,7 +112,11 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
     message_prefix: Option<String>,
     /// Topic for each event, with ${routedByValue} where the routing value goes.
-    #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}.events")]
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_TOPIC_TEMPLATE",
+        default_value = "${routedByValue}.events"
+    )]
     topic_template: String,
     /// Route by this column's value instead of the aggregate type (Debezium's route.by.field).
     #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY_FIELD")]
@@ -197,13 +206,17 @@ async fn main() -> std::process::ExitCode {
 
 /// The pipelines and metrics address from --config or from the single-database flags.
 /// Commands that never contact Kafka (`setup`, `status`) pass `need_kafka = false`.
-fn pipelines(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::net::SocketAddr>)> {
+fn pipelines(
+    mut args: RunArgs,
+    need_kafka: bool,
+) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::net::SocketAddr>)> {
     if !need_kafka && args.config.is_none() && args.bootstrap_servers.is_none() {
         args.bootstrap_servers = Some("unused:9092".into());
     }
     match &args.config {
         Some(path) => {
-            let file = config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
+            let file =
+                config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
             let mut pipelines = file.pipelines;
             for name in &args.pipelines {
                 anyhow::ensure!(
@@ -225,7 +238,9 @@ fn pipelines(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<(Vec<Pipelin
         None => {
             let metrics_listen = args.metrics_listen;
             let config = args.into_config();
-            config.validate().context("check the flags and OUTBOX_RELAY_* variables")?;
+            config
+                .validate()
+                .context("check the flags and OUTBOX_RELAY_* variables")?;
             Ok((vec![config], metrics_listen))
         }
     }
@@ -238,14 +253,24 @@ async fn run(command: Command) -> anyhow::Result<()> {
             for config in &pipelines {
                 tracing::info!(?config, "starting pipeline");
             }
-            outbox_relay::run(pipelines, Metrics::new(), metrics_listen, outbox_relay::shutdown::signal()).await?;
+            outbox_relay::run(
+                pipelines,
+                Metrics::new(),
+                metrics_listen,
+                outbox_relay::shutdown::signal(),
+            )
+            .await?;
             Ok(())
         }
         Command::Setup { args, print_sql } => {
             let (pipelines, _) = pipelines(args, false)?;
             for config in &pipelines {
                 if print_sql {
-                    println!("-- pipeline {}, in its database:\n{}\n", config.name, outbox_relay::source::slot::setup_sql(config));
+                    println!(
+                        "-- pipeline {}, in its database:\n{}\n",
+                        config.name,
+                        outbox_relay::source::slot::setup_sql(config)
+                    );
                     continue;
                 }
                 let lsn = outbox_relay::source::slot::setup(config)
@@ -273,7 +298,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Status(args) => {
             let (pipelines, _) = pipelines(args, false)?;
-            println!("{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}", "PIPELINE", "SLOT", "PID", "CONFIRMED", "LAG_BYTES", "WAL", "SAFE_WAL_SIZE");
+            println!(
+                "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}",
+                "PIPELINE", "SLOT", "PID", "CONFIRMED", "LAG_BYTES", "WAL", "SAFE_WAL_SIZE"
+            );
             let mut failed = false;
             for config in &pipelines {
                 let text = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -290,7 +318,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     ),
                     Ok(None) => {
                         failed = true;
-                        println!("{:<16} {:<24} slot does not exist", config.name, config.slot)
+                        println!(
+                            "{:<16} {:<24} slot does not exist",
+                            config.name, config.slot
+                        )
                     }
                     Err(e) => {
                         failed = true;

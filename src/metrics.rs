@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
 use serde::Serialize;
 
 /// All metrics of the process, registered in one [`Registry`].
@@ -30,12 +33,19 @@ pub struct Metrics {
 }
 
 /// Seconds: 1 ms to 60 s.
-const LATENCY_BUCKETS: &[f64] = &[0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
 
 fn histogram(registry: &Registry, name: &str, help: &str) -> HistogramVec {
-    let metric = HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), &["pipeline"])
-        .expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    let metric = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+        &["pipeline"],
+    )
+    .expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric registered once");
     metric
 }
 
@@ -63,13 +73,17 @@ pub struct PipelineHealth {
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric registered once");
     metric
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
     let metric = IntGaugeVec::new(Opts::new(name, help), &["pipeline"]).expect("valid metric");
-    registry.register(Box::new(metric.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric registered once");
     metric
 }
 
@@ -164,21 +178,39 @@ pub struct PipelineMetrics {
 impl PipelineMetrics {
     /// Records the pipeline's state (and the error that led to it) for `/readyz`.
     pub fn set_state(&self, state: PipelineState, error: Option<String>) {
-        self.streaming.set(i64::from(state == PipelineState::Streaming));
-        let since_unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.streaming
+            .set(i64::from(state == PipelineState::Streaming));
+        let since_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let mut health = self.health.lock().expect("health lock");
-        let last_error = error.or_else(|| health.get(&self.pipeline).and_then(|h| h.last_error.clone()));
-        health.insert(self.pipeline.clone(), PipelineHealth { state, since_unix_ms, last_error });
+        let last_error = error.or_else(|| {
+            health
+                .get(&self.pipeline)
+                .and_then(|h| h.last_error.clone())
+        });
+        health.insert(
+            self.pipeline.clone(),
+            PipelineHealth {
+                state,
+                since_unix_ms,
+                last_error,
+            },
+        );
     }
 
     /// Counts a pgoutput message of `kind` that is not an outbox insert.
     pub fn skipped(&self, kind: &str) {
-        self.messages_skipped.with_label_values(&[&self.pipeline, kind]).inc();
+        self.messages_skipped
+            .with_label_values(&[&self.pipeline, kind])
+            .inc();
     }
 
     pub fn delivery_failed(&self, retryable: bool) {
         let label = if retryable { "true" } else { "false" };
-        self.delivery_failures.with_label_values(&[&self.pipeline, label]).inc();
+        self.delivery_failures
+            .with_label_values(&[&self.pipeline, label])
+            .inc();
     }
 }
 
@@ -193,7 +225,15 @@ mod tests {
         p.events_published.inc_by(3);
         p.skipped("update");
         let text = metrics.render();
-        assert!(text.contains("outbox_relay_events_published_total{pipeline=\"orders\"} 3"), "{text}");
-        assert!(text.contains("outbox_relay_messages_skipped_total{kind=\"update\",pipeline=\"orders\"} 1"), "{text}");
+        assert!(
+            text.contains("outbox_relay_events_published_total{pipeline=\"orders\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "outbox_relay_messages_skipped_total{kind=\"update\",pipeline=\"orders\"} 1"
+            ),
+            "{text}"
+        );
     }
 }

@@ -46,7 +46,11 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Transient errors restart the session with backoff; each restart is logged with its reason
 /// and counted in `outbox_relay_reconnects_total`.
-pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: CancellationToken) -> Result<(), Error> {
+pub async fn run(
+    config: PipelineConfig,
+    metrics: PipelineMetrics,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
     config.validate()?;
     let backoff = || {
         ExponentialBuilder::default()
@@ -63,7 +67,15 @@ pub async fn run(config: PipelineConfig, metrics: PipelineMetrics, shutdown: Can
     loop {
         metrics.set_state(PipelineState::Connecting, None);
         let mut streamed = false;
-        match run_session(&config, &metrics, &shutdown, !slot_seen && config.create_slot, &mut streamed).await {
+        match run_session(
+            &config,
+            &metrics,
+            &shutdown,
+            !slot_seen && config.create_slot,
+            &mut streamed,
+        )
+        .await
+        {
             Ok(()) => {
                 metrics.set_state(PipelineState::Stopped, None);
                 return Ok(());
@@ -108,7 +120,14 @@ async fn run_session(
     let sql_tls = MakeRustlsConnect::new(tls.client_config().map_err(SourceError::Tls)?);
     let (client, connection) = pg.connect(sql_tls).await.map_err(SourceError::Sql)?;
     let connection = AbortOnDrop(tokio::spawn(connection));
-    let state = slot::prepare(&client, &config.slot, &config.publication, &config.table, create_slot).await?;
+    let state = slot::prepare(
+        &client,
+        &config.slot,
+        &config.publication,
+        &config.table,
+        create_slot,
+    )
+    .await?;
 
     let mut replication = ReplicationClient::connect(&pg, &tls).await?;
     let identity = replication.identify_system().await?;
@@ -121,7 +140,11 @@ async fn run_session(
     let confirmed_flush_lsn = slot::confirmed_flush_lsn(&client, &config.slot).await?;
     drop(client);
     drop(connection);
-    let sink = KafkaSink::new(&config.kafka, &format!("outbox-relay-{}", config.name), config.max_in_flight_events)?;
+    let sink = KafkaSink::new(
+        &config.kafka,
+        &format!("outbox-relay-{}", config.name),
+        config.max_in_flight_events,
+    )?;
     info!(
         pipeline = %config.name,
         slot = %config.slot,
@@ -145,18 +168,30 @@ async fn run_session(
         stream,
         sink,
         tracker: AckTracker::new(confirmed_flush_lsn),
-        decoder: OutboxDecoder::new(config.table.clone(), config.columns.clone(), config.message_prefix.clone())
-            .with_route_by(config.route.by_field.clone()),
+        decoder: OutboxDecoder::new(
+            config.table.clone(),
+            config.columns.clone(),
+            config.message_prefix.clone(),
+        )
+        .with_route_by(config.route.by_field.clone()),
         router: Router::new(&config.route),
         commit_time_ms: None,
         last_received: confirmed_flush_lsn,
         server_wal_end: confirmed_flush_lsn,
-        progress: Progress { at: Instant::now(), published: metrics.events_published.get(), flush: confirmed_flush_lsn },
+        progress: Progress {
+            at: Instant::now(),
+            published: metrics.events_published.get(),
+            flush: confirmed_flush_lsn,
+        },
         sent_flush: Lsn::ZERO,
         last_status: Instant::now(),
     };
-    metrics.confirmed_flush_lsn.set(lsn_gauge(confirmed_flush_lsn));
-    session.stream_until_shutdown(shutdown, status_interval).await
+    metrics
+        .confirmed_flush_lsn
+        .set(lsn_gauge(confirmed_flush_lsn));
+    session
+        .stream_until_shutdown(shutdown, status_interval)
+        .await
 }
 
 struct Session<'a, S: Sink> {
@@ -215,7 +250,9 @@ impl<S: Sink> Session<'_, S> {
     async fn drain_in_flight(&mut self, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
         while self.sink.in_flight().events > 0 {
-            let Ok(Some(delivery)) = tokio::time::timeout_at(deadline, self.sink.next_delivery()).await else {
+            let Ok(Some(delivery)) =
+                tokio::time::timeout_at(deadline, self.sink.next_delivery()).await
+            else {
                 break;
             };
             if self.on_delivery(delivery).is_err() {
@@ -276,7 +313,9 @@ impl<S: Sink> Session<'_, S> {
                 }
             }
 
-            if self.tracker.flush_lsn() > self.sent_flush && self.last_status.elapsed() >= MIN_STATUS_GAP {
+            if self.tracker.flush_lsn() > self.sent_flush
+                && self.last_status.elapsed() >= MIN_STATUS_GAP
+            {
                 self.send_status().await?;
             }
         }
@@ -286,13 +325,25 @@ impl<S: Sink> Session<'_, S> {
 
     async fn on_message(&mut self, message: ReplicationMessage) -> Result<(), Error> {
         match message {
-            ReplicationMessage::XLogData { wal_start, wal_end, data, .. } => {
+            ReplicationMessage::XLogData {
+                wal_start,
+                wal_end,
+                data,
+                ..
+            } => {
                 self.last_received = self.last_received.max(wal_start);
                 self.server_wal_end = self.server_wal_end.max(wal_end);
-                let message = pgoutput::decode(data).map_err(|source| SourceError::Decode { lsn: wal_start, source })?;
+                let message = pgoutput::decode(data).map_err(|source| SourceError::Decode {
+                    lsn: wal_start,
+                    source,
+                })?;
                 self.on_pgoutput(message, wal_start).await
             }
-            ReplicationMessage::PrimaryKeepalive { wal_end, reply_requested, .. } => {
+            ReplicationMessage::PrimaryKeepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
                 self.last_received = self.last_received.max(wal_end);
                 self.server_wal_end = self.server_wal_end.max(wal_end);
                 self.tracker.idle(wal_end);
@@ -304,12 +355,17 @@ impl<S: Sink> Session<'_, S> {
         }
     }
 
-    async fn on_pgoutput(&mut self, message: LogicalReplicationMessage, lsn: Lsn) -> Result<(), Error> {
+    async fn on_pgoutput(
+        &mut self,
+        message: LogicalReplicationMessage,
+        lsn: Lsn,
+    ) -> Result<(), Error> {
         let tracker_error = |source| SourceError::Tracker { lsn, source };
         match message {
             LogicalReplicationMessage::Begin(begin) => {
                 self.tracker.begin().map_err(tracker_error)?;
-                self.commit_time_ms = Some(begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000);
+                self.commit_time_ms =
+                    Some(begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000);
             }
             LogicalReplicationMessage::Commit(commit) => {
                 self.tracker.commit(commit.end_lsn).map_err(tracker_error)?;
@@ -320,12 +376,18 @@ impl<S: Sink> Session<'_, S> {
                 debug!(pipeline = %self.config.name, rel_id = relation.rel_id, table = %format_args!("{}.{}", relation.namespace, relation.name), "relation");
                 self.decoder.on_relation(&relation);
             }
-            LogicalReplicationMessage::Insert(insert) => match self.decoder.on_insert(&insert, lsn)? {
-                Some(event) => self.publish(event, lsn).await?,
-                None => self.metrics.skipped("insert"),
-            },
-            LogicalReplicationMessage::Update(update) if self.decoder.is_outbox(update.rel_id) => self.invalid_op("update", lsn)?,
-            LogicalReplicationMessage::Delete(delete) if self.decoder.is_outbox(delete.rel_id) => self.invalid_op("delete", lsn)?,
+            LogicalReplicationMessage::Insert(insert) => {
+                match self.decoder.on_insert(&insert, lsn)? {
+                    Some(event) => self.publish(event, lsn).await?,
+                    None => self.metrics.skipped("insert"),
+                }
+            }
+            LogicalReplicationMessage::Update(update) if self.decoder.is_outbox(update.rel_id) => {
+                self.invalid_op("update", lsn)?
+            }
+            LogicalReplicationMessage::Delete(delete) if self.decoder.is_outbox(delete.rel_id) => {
+                self.invalid_op("delete", lsn)?
+            }
             LogicalReplicationMessage::Message(message) => {
                 if !self.decoder.is_outbox_message(&message) {
                     self.metrics.skipped("message");
@@ -347,7 +409,9 @@ impl<S: Sink> Session<'_, S> {
     fn invalid_op(&self, op: &'static str, lsn: Lsn) -> Result<(), Error> {
         match self.config.op_invalid_behavior {
             InvalidOpBehavior::Ignore => {}
-            InvalidOpBehavior::Warn => warn!(pipeline = %self.config.name, %lsn, op, "outbox row changed after its insert; passed over"),
+            InvalidOpBehavior::Warn => {
+                warn!(pipeline = %self.config.name, %lsn, op, "outbox row changed after its insert; passed over")
+            }
             InvalidOpBehavior::Error => return Err(OutboxError::InvalidOp { op, lsn }.into()),
         }
         self.metrics.skipped(op);
@@ -356,15 +420,21 @@ impl<S: Sink> Session<'_, S> {
 
     /// Routes an event of the open transaction and hands it to the sink.
     async fn publish(&mut self, event: OutboxEvent, lsn: Lsn) -> Result<(), Error> {
-        let commit_time_ms = self
-            .commit_time_ms
-            .ok_or_else(|| SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction")))?;
+        let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
+            SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction"))
+        })?;
         if event.aggregate_id.is_none() {
             self.metrics.events_null_key.inc();
         }
         let record = self.router.route(event, commit_time_ms)?;
-        let token = self.tracker.track_event().map_err(|source| SourceError::Tracker { lsn, source })?;
-        self.sink.send(record, token).await.map_err(Error::Rejected)?;
+        let token = self
+            .tracker
+            .track_event()
+            .map_err(|source| SourceError::Tracker { lsn, source })?;
+        self.sink
+            .send(record, token)
+            .await
+            .map_err(Error::Rejected)?;
         self.update_in_flight_gauges();
         Ok(())
     }
@@ -375,12 +445,21 @@ impl<S: Sink> Session<'_, S> {
             Ok(()) => {
                 self.tracker
                     .ack(delivery.token)
-                    .map_err(|source| SourceError::Tracker { lsn: self.last_received, source })?;
+                    .map_err(|source| SourceError::Tracker {
+                        lsn: self.last_received,
+                        source,
+                    })?;
                 self.metrics.events_published.inc();
-                self.metrics.delivery_latency.observe(delivery.latency.as_secs_f64());
+                self.metrics
+                    .delivery_latency
+                    .observe(delivery.latency.as_secs_f64());
                 if let Some(commit_ms) = delivery.timestamp_ms {
-                    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-                    self.metrics.commit_to_ack.observe((now_ms - commit_ms).max(0) as f64 / 1_000.0);
+                    let now_ms = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64);
+                    self.metrics
+                        .commit_to_ack
+                        .observe((now_ms - commit_ms).max(0) as f64 / 1_000.0);
                 }
                 Ok(())
             }
@@ -405,7 +484,9 @@ impl<S: Sink> Session<'_, S> {
         self.metrics.status_updates.inc();
         self.metrics.confirmed_flush_lsn.set(lsn_gauge(flush));
         let lag = self.server_wal_end.0.saturating_sub(flush.0);
-        self.metrics.lag_bytes.set(i64::try_from(lag).unwrap_or(i64::MAX));
+        self.metrics
+            .lag_bytes
+            .set(i64::try_from(lag).unwrap_or(i64::MAX));
         self.log_progress(flush, lag);
         Ok(())
     }
@@ -430,7 +511,11 @@ impl<S: Sink> Session<'_, S> {
                 "catching up"
             );
         }
-        self.progress = Progress { at: Instant::now(), published, flush };
+        self.progress = Progress {
+            at: Instant::now(),
+            published,
+            flush,
+        };
     }
 
     fn update_in_flight_gauges(&self) {

@@ -82,7 +82,11 @@ impl Router {
             TopicCase::Upper => Cow::Owned(value.to_ascii_uppercase()),
         };
         let topic = self.template.replace(ROUTED_BY_VALUE, &cased);
-        let valid = if value.is_empty() { Err("the routing value is empty") } else { validate_topic(&topic) };
+        let valid = if value.is_empty() {
+            Err("the routing value is empty")
+        } else {
+            validate_topic(&topic)
+        };
         if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {
                 event_id: String::from_utf8_lossy(&event.id).into_owned(),
@@ -93,10 +97,11 @@ impl Router {
         }
         let mut headers: Vec<(Cow<'static, str>, Option<Bytes>)> = Vec::with_capacity(2);
         if let Some(row_headers) = event.headers.as_deref().filter(|h| *h != b"{}") {
-            let entries = row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
-                event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                reason,
-            })?;
+            let entries =
+                row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
+                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                    reason,
+                })?;
             headers.reserve(entries.len());
             headers.extend(entries);
         }
@@ -117,7 +122,9 @@ impl Router {
 /// Turns a jsonb object's text into headers, in the object's order.
 fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<(Cow<'static, str>, Option<Bytes>)>, String> {
     let mut deserializer = serde_json::Deserializer::from_slice(json);
-    let entries = deserializer.deserialize_map(EntriesVisitor).map_err(|e| e.to_string())?;
+    let entries = deserializer
+        .deserialize_map(EntriesVisitor)
+        .map_err(|e| e.to_string())?;
     deserializer.end().map_err(|e| e.to_string())?;
     let mut headers = Vec::with_capacity(entries.len());
     for (key, raw) in entries {
@@ -126,7 +133,9 @@ fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<(Cow<'static, str>, Option<By
         }
         let text = raw.get();
         let value = match text.as_bytes().first() {
-            Some(b'"') => Some(Bytes::from(serde_json::from_str::<String>(text).map_err(|e| e.to_string())?)),
+            Some(b'"') => Some(Bytes::from(
+                serde_json::from_str::<String>(text).map_err(|e| e.to_string())?,
+            )),
             _ if text == "null" => None,
             _ => Some(Bytes::copy_from_slice(text.as_bytes())),
         };
@@ -165,7 +174,10 @@ pub fn validate_topic(topic: &str) -> Result<(), &'static str> {
     if topic == "." || topic == ".." {
         return Err("'.' and '..' are reserved");
     }
-    if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+    if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
         return Err("only ASCII letters, digits, '.', '_' and '-' are allowed");
     }
     Ok(())
@@ -194,12 +206,21 @@ mod tests {
         let record = Router::default().route(event("Order"), 1234).unwrap();
         assert_eq!(record.topic, "Order.events");
         assert_eq!(record.key.as_deref(), Some(&b"42"[..]));
-        assert_eq!(record.value.as_deref(), Some(&b"{\"amount\": 1500000.10}"[..]));
+        assert_eq!(
+            record.value.as_deref(),
+            Some(&b"{\"amount\": 1500000.10}"[..])
+        );
         assert_eq!(
             record.headers,
             vec![
-                (Cow::Borrowed("id"), Some(Bytes::from_static(b"00000000-0000-0000-0000-000000000001"))),
-                (Cow::Borrowed("event_type"), Some(Bytes::from_static(b"CreditDisbursed"))),
+                (
+                    Cow::Borrowed("id"),
+                    Some(Bytes::from_static(b"00000000-0000-0000-0000-000000000001"))
+                ),
+                (
+                    Cow::Borrowed("event_type"),
+                    Some(Bytes::from_static(b"CreditDisbursed"))
+                ),
             ]
         );
         assert_eq!(record.timestamp_ms, Some(1234));
@@ -212,7 +233,11 @@ mod tests {
             br#"{"n": 12.50, "id": "spoofed", "trace": "t-\"1\" \u00e9", "none": null, "obj": {"a": [1, 2]}}"#,
         ));
         let record = Router::default().route(e, 0).unwrap();
-        let headers: Vec<(&str, Option<&[u8]>)> = record.headers.iter().map(|(k, v)| (k.as_ref(), v.as_deref())).collect();
+        let headers: Vec<(&str, Option<&[u8]>)> = record
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_ref(), v.as_deref()))
+            .collect();
         assert_eq!(
             headers,
             vec![
@@ -232,24 +257,63 @@ mod tests {
             let mut e = event("Order");
             e.headers = Some(Bytes::copy_from_slice(bad));
             let err = Router::default().route(e, 0).unwrap_err();
-            assert!(matches!(&err, RouteError::Headers { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"), "{err}");
+            assert!(
+                matches!(&err, RouteError::Headers { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"),
+                "{err}"
+            );
         }
     }
 
     #[test]
     fn templates_case_and_route_by_field() {
-        let router = |template: &str, case| Router::new(&RouteConfig { by_field: None, topic_template: template.into(), topic_case: case });
-        assert_eq!(router("outbox.${routedByValue}", TopicCase::Lower).route(event("OrderLine"), 0).unwrap().topic, "outbox.orderline");
-        assert_eq!(router("${routedByValue}-v1", TopicCase::Upper).route(event("order"), 0).unwrap().topic, "ORDER-v1");
-        assert_eq!(router("all.events", TopicCase::Preserve).route(event("x"), 0).unwrap().topic, "all.events");
+        let router = |template: &str, case| {
+            Router::new(&RouteConfig {
+                by_field: None,
+                topic_template: template.into(),
+                topic_case: case,
+            })
+        };
+        assert_eq!(
+            router("outbox.${routedByValue}", TopicCase::Lower)
+                .route(event("OrderLine"), 0)
+                .unwrap()
+                .topic,
+            "outbox.orderline"
+        );
+        assert_eq!(
+            router("${routedByValue}-v1", TopicCase::Upper)
+                .route(event("order"), 0)
+                .unwrap()
+                .topic,
+            "ORDER-v1"
+        );
+        assert_eq!(
+            router("all.events", TopicCase::Preserve)
+                .route(event("x"), 0)
+                .unwrap()
+                .topic,
+            "all.events"
+        );
         let mut e = event("Order");
         e.routed_by = Some(Bytes::from_static(b"tenant-7"));
-        assert_eq!(Router::default().route(e, 0).unwrap().topic, "tenant-7.events");
+        assert_eq!(
+            Router::default().route(e, 0).unwrap().topic,
+            "tenant-7.events"
+        );
         let kelvin = router("${routedByValue}", TopicCase::Lower).route(event("\u{212A}unde"), 0);
-        assert!(kelvin.is_err(), "a non-ASCII name must not fold into a legal one");
+        assert!(
+            kelvin.is_err(),
+            "a non-ASCII name must not fold into a legal one"
+        );
         let mut e = event("Order");
         e.routed_by = Some(Bytes::new());
-        assert!(matches!(Router::default().route(e, 0), Err(RouteError::IllegalTopic { .. })), "an empty routing value is bad input");
+        assert!(
+            matches!(
+                Router::default().route(e, 0),
+                Err(RouteError::IllegalTopic { .. })
+            ),
+            "an empty routing value is bad input"
+        );
     }
 
     #[test]
@@ -266,8 +330,12 @@ mod tests {
     fn illegal_topic_names_are_errors_naming_the_event() {
         for bad in ["", "has space", "ünicode", "a/b", &"x".repeat(250)] {
             let err = Router::default().route(event(bad), 0).unwrap_err();
-            assert!(matches!(&err, RouteError::IllegalTopic { event_id, value, .. } if event_id == "00000000-0000-0000-0000-000000000001" && value == bad));
-            assert!(err.to_string().contains("00000000-0000-0000-0000-000000000001"));
+            assert!(
+                matches!(&err, RouteError::IllegalTopic { event_id, value, .. } if event_id == "00000000-0000-0000-0000-000000000001" && value == bad)
+            );
+            assert!(err
+                .to_string()
+                .contains("00000000-0000-0000-0000-000000000001"));
         }
         assert!(validate_topic("..").is_err());
         assert!(validate_topic("a-b_c.D9").is_ok());

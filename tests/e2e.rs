@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use support::{consume, kafka, parse_lsn, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb};
+use support::{
+    consume, kafka, parse_lsn, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb,
+};
 
 /// One outbox row as written, with what PostgreSQL printed for it.
 #[derive(Debug, Clone)]
@@ -48,7 +50,11 @@ async fn write_events(
         for e in 0..per_txn {
             let n = offset + t * per_txn + e;
             let aggregate_type = types[n % types.len()].clone();
-            let aggregate_id = format!("{}-{}", aggregate_type.to_lowercase(), (n / types.len()) % keys);
+            let aggregate_id = format!(
+                "{}-{}",
+                aggregate_type.to_lowercase(),
+                (n / types.len()) % keys
+            );
             let event_type = format!("Event{}", n % 7);
             let row = client
                 .query_one(
@@ -58,9 +64,19 @@ async fn write_events(
                 )
                 .await
                 .unwrap();
-            written.push(Written { id: row.get(0), aggregate_type, aggregate_id, event_type, payload: row.get(1) });
+            written.push(Written {
+                id: row.get(0),
+                aggregate_type,
+                aggregate_id,
+                event_type,
+                payload: row.get(1),
+            });
         }
-        let lsn: String = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get(0);
+        let lsn: String = client
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .unwrap()
+            .get(0);
         before_commit.push(parse_lsn(&lsn));
         client.batch_execute("COMMIT").await.unwrap();
         if !pause.is_zero() {
@@ -70,9 +86,12 @@ async fn write_events(
     (written, before_commit)
 }
 
-
 fn header<'a>(record: &'a Consumed, name: &str) -> Option<&'a [u8]> {
-    record.headers.iter().find(|(k, _)| k == name).and_then(|(_, v)| v.as_deref())
+    record
+        .headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.as_deref())
 }
 
 /// Asserts I1, I5 and I3 on what the consumer saw: every written event exactly once (when
@@ -83,37 +102,79 @@ fn assert_delivered(written: &[Written], consumed: &[Consumed], exactly_once: bo
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for record in consumed {
         let id = std::str::from_utf8(header(record, "id").expect("id header")).unwrap();
-        let w = by_id.get(id).unwrap_or_else(|| panic!("record with unknown id {id} in {}", record.topic));
+        let w = by_id
+            .get(id)
+            .unwrap_or_else(|| panic!("record with unknown id {id} in {}", record.topic));
         *seen.entry(&w.id).or_default() += 1;
-        assert_eq!(record.topic, format!("{}.events", w.aggregate_type), "topic of {id}");
-        assert_eq!(record.key.as_deref(), Some(w.aggregate_id.as_bytes()), "key of {id}");
-        assert_eq!(record.value.as_deref(), Some(w.payload.as_bytes()), "value of {id}");
-        assert_eq!(header(record, "event_type"), Some(w.event_type.as_bytes()), "event_type of {id}");
+        assert_eq!(
+            record.topic,
+            format!("{}.events", w.aggregate_type),
+            "topic of {id}"
+        );
+        assert_eq!(
+            record.key.as_deref(),
+            Some(w.aggregate_id.as_bytes()),
+            "key of {id}"
+        );
+        assert_eq!(
+            record.value.as_deref(),
+            Some(w.payload.as_bytes()),
+            "value of {id}"
+        );
+        assert_eq!(
+            header(record, "event_type"),
+            Some(w.event_type.as_bytes()),
+            "event_type of {id}"
+        );
     }
-    let missing: Vec<&str> = written.iter().filter(|w| !seen.contains_key(w.id.as_str())).map(|w| w.id.as_str()).collect();
-    assert!(missing.is_empty(), "{} of {} events never arrived, e.g. {:?}", missing.len(), written.len(), &missing[..missing.len().min(3)]);
+    let missing: Vec<&str> = written
+        .iter()
+        .filter(|w| !seen.contains_key(w.id.as_str()))
+        .map(|w| w.id.as_str())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} events never arrived, e.g. {:?}",
+        missing.len(),
+        written.len(),
+        &missing[..missing.len().min(3)]
+    );
     if exactly_once {
         let duplicated: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(duplicated.is_empty(), "{} events arrived more than once, e.g. {:?}", duplicated.len(), duplicated.first());
+        assert!(
+            duplicated.is_empty(),
+            "{} events arrived more than once, e.g. {:?}",
+            duplicated.len(),
+            duplicated.first()
+        );
         assert_eq!(consumed.len(), written.len());
     }
     // Per key, first arrivals are in commit order (consumed records are in offset order per
     // partition, and a key lives in one partition).
     let mut expected_order: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
     for w in written {
-        expected_order.entry((&w.aggregate_type, &w.aggregate_id)).or_default().push(&w.id);
+        expected_order
+            .entry((&w.aggregate_type, &w.aggregate_id))
+            .or_default()
+            .push(&w.id);
     }
     let mut actual_order: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
     for record in consumed {
         let id = std::str::from_utf8(header(record, "id").unwrap()).unwrap();
         let w = by_id[id];
-        let ids = actual_order.entry((&w.aggregate_type, &w.aggregate_id)).or_default();
+        let ids = actual_order
+            .entry((&w.aggregate_type, &w.aggregate_id))
+            .or_default();
         if !ids.contains(&w.id.as_str()) {
             ids.push(&w.id);
         }
     }
     for (key, expected) in &expected_order {
-        assert_eq!(actual_order.get(key), Some(expected), "order of events for aggregate {key:?}");
+        assert_eq!(
+            actual_order.get(key),
+            Some(expected),
+            "order of events for aggregate {key:?}"
+        );
     }
 }
 
@@ -133,18 +194,28 @@ impl Setup {
         for t in &types {
             kafka().create_topic(&format!("{t}.events"), partitions);
         }
-        Setup { db, slot: format!("{name}_slot"), types }
+        Setup {
+            db,
+            slot: format!("{name}_slot"),
+            types,
+        }
     }
 
     fn relay_args(&self, bootstrap: &str, auth: Auth) -> Vec<String> {
         [
             "run",
-            "--source-url", &self.db.url(auth),
-            "--slot", &self.slot,
-            "--publication", "outbox_pub",
-            "--table", "public.outbox",
-            "--bootstrap-servers", bootstrap,
-            "--pipeline-name", &self.slot,
+            "--source-url",
+            &self.db.url(auth),
+            "--slot",
+            &self.slot,
+            "--publication",
+            "outbox_pub",
+            "--table",
+            "public.outbox",
+            "--bootstrap-servers",
+            bootstrap,
+            "--pipeline-name",
+            &self.slot,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -156,7 +227,11 @@ impl Setup {
     }
 
     async fn confirmed_flush(&self) -> u64 {
-        self.db.confirmed_flush_lsn(&self.slot).await.map(|l| parse_lsn(&l)).unwrap_or(0)
+        self.db
+            .confirmed_flush_lsn(&self.slot)
+            .await
+            .map(|l| parse_lsn(&l))
+            .unwrap_or(0)
     }
 
     /// Waits until a walsender streams from the slot. (While the relay creates the slot, its
@@ -186,18 +261,39 @@ async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up() {
     setup.wait_streaming().await;
 
     let started = std::time::Instant::now();
-    let (written, before_commit) = write_events(&setup.db.client, 1_000, 10, &setup.types, 25, 0, Duration::ZERO).await;
+    let (written, before_commit) = write_events(
+        &setup.db.client,
+        1_000,
+        10,
+        &setup.types,
+        25,
+        0,
+        Duration::ZERO,
+    )
+    .await;
     let topics = setup.topics();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(3), Duration::from_secs(120)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &topics,
+        written.len(),
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+    )
+    .await;
     let elapsed = started.elapsed();
-    eprintln!("10,000 events written and consumed in {elapsed:?} ({:.0} events/s)", 10_000.0 / elapsed.as_secs_f64());
+    eprintln!(
+        "10,000 events written and consumed in {elapsed:?} ({:.0} events/s)",
+        10_000.0 / elapsed.as_secs_f64()
+    );
     assert_delivered(&written, &consumed, true);
 
     let last_commit = *before_commit.last().unwrap();
-    wait_for("confirmed_flush_lsn to pass the last commit", Duration::from_secs(5), || async {
-        (setup.confirmed_flush().await > last_commit).then_some(())
-    })
+    wait_for(
+        "confirmed_flush_lsn to pass the last commit",
+        Duration::from_secs(5),
+        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
+    )
     .await;
     drop(relay);
 }
@@ -210,12 +306,16 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     let relay = Relay::spawn(&setup.relay_args(&bootstrap, Auth::Trust));
     setup.wait_streaming().await;
 
-    let (written, before_commit) = write_events(&setup.db.client, 20, 5, &setup.types, 4, 0, Duration::ZERO).await;
+    let (written, before_commit) =
+        write_events(&setup.db.client, 20, 5, &setup.types, 4, 0, Duration::ZERO).await;
     let first_commit = before_commit[0];
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         let confirmed = setup.confirmed_flush().await;
-        assert!(confirmed <= first_commit, "confirmed_flush_lsn {confirmed:X} passed an unacknowledged commit at {first_commit:X}");
+        assert!(
+            confirmed <= first_commit,
+            "confirmed_flush_lsn {confirmed:X} passed an unacknowledged commit at {first_commit:X}"
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
@@ -225,12 +325,21 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     }
     let topics = setup.topics();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(&bootstrap, &topics, written.len(), Duration::from_secs(2), Duration::from_secs(90)).await;
+    let consumed = consume(
+        &bootstrap,
+        &topics,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(90),
+    )
+    .await;
     assert_delivered(&written, &consumed, false);
     let last_commit = *before_commit.last().unwrap();
-    wait_for("confirmed_flush_lsn to pass the last commit once the broker is back", Duration::from_secs(30), || async {
-        (setup.confirmed_flush().await > last_commit).then_some(())
-    })
+    wait_for(
+        "confirmed_flush_lsn to pass the last commit once the broker is back",
+        Duration::from_secs(30),
+        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
+    )
     .await;
     drop(relay);
 }
@@ -242,23 +351,57 @@ async fn sigterm_mid_stream_then_restart_loses_and_duplicates_nothing() {
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
-    let (mut written, _) = write_events(&setup.db.client, 100, 10, &setup.types, 10, 0, Duration::ZERO).await;
+    let (mut written, _) = write_events(
+        &setup.db.client,
+        100,
+        10,
+        &setup.types,
+        10,
+        0,
+        Duration::ZERO,
+    )
+    .await;
     // Stop while events are still flowing in.
     let writer_db = pg().connect(&setup.db.name, Auth::Trust).await;
     let types = setup.types.clone();
-    let writer = tokio::spawn(async move { write_events(&writer_db, 200, 5, &types, 10, 1_000, Duration::from_millis(10)).await });
+    let writer = tokio::spawn(async move {
+        write_events(
+            &writer_db,
+            200,
+            5,
+            &types,
+            10,
+            1_000,
+            Duration::from_millis(10),
+        )
+        .await
+    });
     tokio::time::sleep(Duration::from_millis(300)).await;
     relay.sigterm();
     let status = relay.wait(Duration::from_secs(40));
-    assert!(status.success(), "relay exited with {status} after SIGTERM:\n{}", relay.log());
-    assert!(!writer.is_finished(), "the writer finished before the relay stopped: not mid-stream");
+    assert!(
+        status.success(),
+        "relay exited with {status} after SIGTERM:\n{}",
+        relay.log()
+    );
+    assert!(
+        !writer.is_finished(),
+        "the writer finished before the relay stopped: not mid-stream"
+    );
 
     let mut relay = Relay::spawn(&args);
     let (more, _) = writer.await.unwrap();
     written.extend(more);
     let topics = setup.topics();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(3), Duration::from_secs(120)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &topics,
+        written.len(),
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
     relay.sigterm();
     relay.wait(Duration::from_secs(40));
@@ -271,21 +414,44 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     setup.wait_streaming().await;
     let (good, _) = write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
     let bad_types = vec!["no spaces allowed".to_string()];
-    let (bad, before_commit) = write_events(&setup.db.client, 1, 1, &bad_types, 1, 1, Duration::ZERO).await;
+    let (bad, before_commit) =
+        write_events(&setup.db.client, 1, 1, &bad_types, 1, 1, Duration::ZERO).await;
 
     let status = relay.wait(Duration::from_secs(30));
-    assert!(!status.success(), "relay must stop on an illegal topic name");
+    assert!(
+        !status.success(),
+        "relay must stop on an illegal topic name"
+    );
     let log = relay.log();
-    assert!(log.contains(&bad[0].id), "error names the event id {}:\n{log}", bad[0].id);
+    assert!(
+        log.contains(&bad[0].id),
+        "error names the event id {}:\n{log}",
+        bad[0].id
+    );
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 1, Duration::from_secs(1), Duration::from_secs(30)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+    .await;
     assert_delivered(&good, &consumed, true);
     let confirmed = setup.confirmed_flush().await;
-    assert!(confirmed <= before_commit[0], "confirmed_flush_lsn {confirmed:X} passed the bad event's commit");
+    assert!(
+        confirmed <= before_commit[0],
+        "confirmed_flush_lsn {confirmed:X} passed the bad event's commit"
+    );
 }
 
 /// The relay's own parsing of a source URL (TLS parameters included).
-fn source_config(url: &str) -> (tokio_postgres::Config, outbox_relay::source::tls::TlsSettings) {
+fn source_config(
+    url: &str,
+) -> (
+    tokio_postgres::Config,
+    outbox_relay::source::tls::TlsSettings,
+) {
     let (rest, tls) = outbox_relay::source::tls::split_url(url).unwrap();
     (rest.parse().unwrap(), tls)
 }
@@ -300,18 +466,28 @@ async fn replication_connection_authenticates_with_every_method() {
             .await
             .unwrap_or_else(|e| panic!("{auth:?}: {}", outbox_relay::error::chain(&e)));
         let identity = client.identify_system().await.unwrap();
-        assert_eq!(identity.dbname.as_deref(), Some(db.name.as_str()), "{auth:?}");
+        assert_eq!(
+            identity.dbname.as_deref(),
+            Some(db.name.as_str()),
+            "{auth:?}"
+        );
         assert!(identity.xlogpos.0 > 0);
     }
     for auth in [Auth::Password, Auth::Md5, Auth::Scram] {
         let url = db.url(auth);
         let (config, tls) = source_config(&url.replace(support::PASSWORD, "wrong"));
-        let error = ReplicationClient::connect(&config, &tls).await.err().expect("wrong password accepted");
+        let error = ReplicationClient::connect(&config, &tls)
+            .await
+            .err()
+            .expect("wrong password accepted");
         assert!(
             matches!(&error, outbox_relay::source::SourceError::Server { code, .. } if code == "28P01"),
             "{auth:?}: {error}"
         );
-        assert!(!error.is_transient(), "{auth:?}: a wrong password is not worth retrying");
+        assert!(
+            !error.is_transient(),
+            "{auth:?}: a wrong password is not worth retrying"
+        );
     }
 }
 
@@ -322,24 +498,48 @@ async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
     setup.wait_streaming().await;
     let first_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
 
-    let (mut written, _) = write_events(&setup.db.client, 30, 3, &setup.types, 5, 0, Duration::ZERO).await;
-    assert!(setup.db.terminate_slot_backend(&setup.slot).await, "no walsender to terminate");
-    let (more, before_commit) = write_events(&setup.db.client, 30, 3, &setup.types, 5, 90, Duration::ZERO).await;
+    let (mut written, _) =
+        write_events(&setup.db.client, 30, 3, &setup.types, 5, 0, Duration::ZERO).await;
+    assert!(
+        setup.db.terminate_slot_backend(&setup.slot).await,
+        "no walsender to terminate"
+    );
+    let (more, before_commit) =
+        write_events(&setup.db.client, 30, 3, &setup.types, 5, 90, Duration::ZERO).await;
     written.extend(more);
 
-    relay.wait_for_log("reconnecting", Duration::from_secs(30)).await;
-    wait_for("the relay to stream again from a new walsender", Duration::from_secs(60), || async {
-        setup.db.slot_active_pid(&setup.slot).await.filter(|pid| *pid != first_pid)
-    })
+    relay
+        .wait_for_log("reconnecting", Duration::from_secs(30))
+        .await;
+    wait_for(
+        "the relay to stream again from a new walsender",
+        Duration::from_secs(60),
+        || async {
+            setup
+                .db
+                .slot_active_pid(&setup.slot)
+                .await
+                .filter(|pid| *pid != first_pid)
+        },
+    )
     .await;
     let topics = setup.topics();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(2), Duration::from_secs(90)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &topics,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(90),
+    )
+    .await;
     assert_delivered(&written, &consumed, false);
     let last_commit = *before_commit.last().unwrap();
-    wait_for("confirmed_flush_lsn to pass the last commit after the reconnect", Duration::from_secs(30), || async {
-        (setup.confirmed_flush().await > last_commit).then_some(())
-    })
+    wait_for(
+        "confirmed_flush_lsn to pass the last commit after the reconnect",
+        Duration::from_secs(30),
+        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
+    )
     .await;
 }
 
@@ -350,24 +550,50 @@ async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
     let mut active = Relay::spawn(&args);
     setup.wait_streaming().await;
     let mut standby = Relay::spawn(&args);
-    standby.wait_for_log("is active for PID", Duration::from_secs(30)).await;
+    standby
+        .wait_for_log("is active for PID", Duration::from_secs(30))
+        .await;
 
-    let (mut written, _) = write_events(&setup.db.client, 10, 2, &setup.types, 3, 0, Duration::ZERO).await;
+    let (mut written, _) =
+        write_events(&setup.db.client, 10, 2, &setup.types, 3, 0, Duration::ZERO).await;
     let topics = setup.topics();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    consume(&kafka().bootstrap(), &topics, written.len(), Duration::ZERO, Duration::from_secs(60)).await;
-    assert!(!standby.log().contains("streaming"), "the standby streamed while the slot was held:\n{}", standby.log());
+    consume(
+        &kafka().bootstrap(),
+        &topics,
+        written.len(),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        !standby.log().contains("streaming"),
+        "the standby streamed while the slot was held:\n{}",
+        standby.log()
+    );
 
     active.kill();
-    let (more, before_commit) = write_events(&setup.db.client, 10, 2, &setup.types, 3, 20, Duration::ZERO).await;
+    let (more, before_commit) =
+        write_events(&setup.db.client, 10, 2, &setup.types, 3, 20, Duration::ZERO).await;
     written.extend(more);
-    standby.wait_for_log("streaming", Duration::from_secs(60)).await;
-    let consumed = consume(&kafka().bootstrap(), &topics, written.len(), Duration::from_secs(2), Duration::from_secs(90)).await;
+    standby
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &topics,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(90),
+    )
+    .await;
     assert_delivered(&written, &consumed, false);
     let last_commit = *before_commit.last().unwrap();
-    wait_for("the standby to confirm past the last commit", Duration::from_secs(30), || async {
-        (setup.confirmed_flush().await > last_commit).then_some(())
-    })
+    wait_for(
+        "the standby to confirm past the last commit",
+        Duration::from_secs(30),
+        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
+    )
     .await;
 }
 
@@ -375,13 +601,22 @@ async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
 async fn idle_outbox_lets_the_slot_follow_other_wal() {
     let setup = Setup::new("idle", &["Order"], 1).await;
     // wal_sender_timeout = 0: the walsender never asks for a reply; the slot must advance anyway.
-    let setting = format!("ALTER DATABASE {} SET wal_sender_timeout = 0", setup.db.name);
+    let setting = format!(
+        "ALTER DATABASE {} SET wal_sender_timeout = 0",
+        setup.db.name
+    );
     setup.db.client.batch_execute(&setting).await.unwrap();
-    setup.db.client.batch_execute("CREATE TABLE noise (id bigserial PRIMARY KEY, filler text)").await.unwrap();
+    setup
+        .db
+        .client
+        .batch_execute("CREATE TABLE noise (id bigserial PRIMARY KEY, filler text)")
+        .await
+        .unwrap();
     let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
     setup.wait_streaming().await;
 
-    let (written, _) = write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
+    let (written, _) =
+        write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
     for _ in 0..20 {
         setup.db.client
             .batch_execute("INSERT INTO noise (filler) SELECT repeat(md5(g::text), 16) FROM generate_series(1, 2000) g")
@@ -390,17 +625,31 @@ async fn idle_outbox_lets_the_slot_follow_other_wal() {
     }
     let end_of_noise = setup.db.current_wal_insert_lsn().await;
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 1, Duration::ZERO, Duration::from_secs(30)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        1,
+        Duration::ZERO,
+        Duration::from_secs(30),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
-    wait_for("confirmed_flush_lsn to follow WAL written outside the publication", Duration::from_secs(60), || async {
-        (setup.confirmed_flush().await >= end_of_noise).then_some(())
-    })
+    wait_for(
+        "confirmed_flush_lsn to follow WAL written outside the publication",
+        Duration::from_secs(60),
+        || async { (setup.confirmed_flush().await >= end_of_noise).then_some(()) },
+    )
     .await;
     drop(relay);
 }
 
 /// Inserts one event per statement in the current transaction of `client`; returns what was written.
-async fn insert(client: &tokio_postgres::Client, aggregate_type: &str, aggregate_id: &str, payload: &str) -> Written {
+async fn insert(
+    client: &tokio_postgres::Client,
+    aggregate_type: &str,
+    aggregate_id: &str,
+    payload: &str,
+) -> Written {
     let row = client
         .query_one(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
@@ -419,17 +668,25 @@ async fn insert(client: &tokio_postgres::Client, aggregate_type: &str, aggregate
 }
 
 async fn insert_lsn(client: &tokio_postgres::Client) -> u64 {
-    let lsn: String = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.unwrap().get(0);
+    let lsn: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
     parse_lsn(&lsn)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_after_the_limit_is_raised() {
+async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_after_the_limit_is_raised(
+) {
     let setup = Setup::new("oversized", &["Order"], 2).await;
     let t = setup.types[0].clone();
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     let base_args = args.clone();
-    args.extend(["--kafka-property".to_string(), "message.max.bytes=2000".to_string()]);
+    args.extend([
+        "--kafka-property".to_string(),
+        "message.max.bytes=2000".to_string(),
+    ]);
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
@@ -443,17 +700,30 @@ async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_a
     let other_key = insert(client, &t, "k2", r#"{"n": 3}"#).await;
 
     let status = relay.wait(Duration::from_secs(30));
-    assert!(!status.success(), "relay must halt on a record it cannot publish");
+    assert!(
+        !status.success(),
+        "relay must halt on a record it cannot publish"
+    );
     let log = relay.log();
     for needle in [big.id.as_str(), "message.max.bytes = 2000", "bytes"] {
         assert!(log.contains(needle), "the error names {needle:?}:\n{log}");
     }
     let confirmed = setup.confirmed_flush().await;
-    assert!(confirmed <= before_big_commit, "confirmed_flush_lsn {confirmed:X} passed the oversized event");
+    assert!(
+        confirmed <= before_big_commit,
+        "confirmed_flush_lsn {confirmed:X} passed the oversized event"
+    );
 
     let relay = Relay::spawn(&base_args);
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 3, Duration::from_secs(2), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        3,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&[big, after_same_key, other_key], &consumed, true);
     drop(relay);
 }
@@ -475,7 +745,14 @@ async fn events_follow_commit_order_not_insert_order() {
     s1.batch_execute("COMMIT").await.unwrap();
 
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 2, Duration::from_secs(1), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        2,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&[first_committed, first_inserted], &consumed, true);
     drop(relay);
 }
@@ -509,8 +786,18 @@ async fn rolled_back_work_is_never_published_and_the_lsn_moves_past_it() {
     ))
     .await
     .unwrap();
-    let d: String = c.query_one("SELECT id::text FROM outbox WHERE payload->>'e' = 'd'", &[]).await.unwrap().get(0);
-    let d_event = Written { id: d, aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "Test".into(), payload: r#"{"e": "d"}"#.into() };
+    let d: String = c
+        .query_one("SELECT id::text FROM outbox WHERE payload->>'e' = 'd'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let d_event = Written {
+        id: d,
+        aggregate_type: t.clone(),
+        aggregate_id: "k".into(),
+        event_type: "Test".into(),
+        payload: r#"{"e": "d"}"#.into(),
+    };
 
     for rows in [10, 100_000] {
         c.batch_execute(&format!(
@@ -524,11 +811,20 @@ async fn rolled_back_work_is_never_published_and_the_lsn_moves_past_it() {
     let after_rollbacks = insert_lsn(c).await;
 
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 4, Duration::from_secs(2), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        4,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&[a, c_event, d_event, last], &consumed, true);
-    wait_for("confirmed_flush_lsn to move past the rolled-back transactions", Duration::from_secs(30), || async {
-        (setup.confirmed_flush().await >= after_rollbacks).then_some(())
-    })
+    wait_for(
+        "confirmed_flush_lsn to move past the rolled-back transactions",
+        Duration::from_secs(30),
+        || async { (setup.confirmed_flush().await >= after_rollbacks).then_some(()) },
+    )
     .await;
     drop(relay);
 }
@@ -549,7 +845,15 @@ async fn a_100k_row_transaction_streams_through_bounded_memory_in_key_order() {
     let setup = Setup::new("bulk", &["Order"], 3).await;
     let t = setup.types[0].clone();
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    args.extend(["--max-in-flight-bytes", "8388608", "--max-in-flight-events", "5000"].map(String::from));
+    args.extend(
+        [
+            "--max-in-flight-bytes",
+            "8388608",
+            "--max-in-flight-events",
+            "5000",
+        ]
+        .map(String::from),
+    );
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let c = &setup.db.client;
@@ -572,17 +876,34 @@ async fn a_100k_row_transaction_streams_through_bounded_memory_in_key_order() {
         .unwrap();
     let mut written: Vec<Written> = rows
         .iter()
-        .map(|r| Written { id: r.get(0), aggregate_type: t.clone(), aggregate_id: r.get(1), event_type: "Bulk".into(), payload: r.get(2) })
+        .map(|r| Written {
+            id: r.get(0),
+            aggregate_type: t.clone(),
+            aggregate_id: r.get(1),
+            event_type: "Bulk".into(),
+            payload: r.get(2),
+        })
         .collect();
     written.push(last);
 
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(2), Duration::from_secs(300)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(300),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
     let rss = peak_rss_bytes(relay.pid());
     eprintln!("peak RSS of the relay after a 100,000-row (~100 MB) transaction with 8 MiB in flight: {} MiB", rss >> 20);
     // Buffering the transaction would take well over 100 MB.
-    assert!(rss < 100 << 20, "peak RSS {} MiB: memory is not bounded by the in-flight limits", rss >> 20);
+    assert!(
+        rss < 100 << 20,
+        "peak RSS {} MiB: memory is not bounded by the in-flight limits",
+        rss >> 20
+    );
 }
 
 /// Writes 10,000 events in one round: 5,000 in one multi-row INSERT ... SELECT transaction,
@@ -634,7 +955,11 @@ async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
     let setup = Setup::new("kill9", &["Order"], 3).await;
     let t = setup.types[0].clone();
     let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    let mut rng = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut rng = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     eprintln!("kill -9 test seed {rng}");
     let mut next_delay_ms = || {
         rng ^= rng << 13;
@@ -650,9 +975,18 @@ async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
         tokio::time::sleep(Duration::from_millis(next_delay_ms())).await;
         relay.kill();
         // The old walsender must let go of the slot before the next round's relay can stream.
-        wait_for(&format!("the slot to be released after kill -9 in round {round}"), Duration::from_secs(30), || async {
-            setup.db.slot_active_pid(&setup.slot).await.is_none().then_some(())
-        })
+        wait_for(
+            &format!("the slot to be released after kill -9 in round {round}"),
+            Duration::from_secs(30),
+            || async {
+                setup
+                    .db
+                    .slot_active_pid(&setup.slot)
+                    .await
+                    .is_none()
+                    .then_some(())
+            },
+        )
         .await;
     }
     let relay = Relay::spawn(&args);
@@ -665,12 +999,29 @@ async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
         .unwrap();
     let written: Vec<Written> = rows
         .iter()
-        .map(|r| Written { id: r.get(0), aggregate_type: t.clone(), aggregate_id: r.get(1), event_type: r.get(2), payload: r.get(3) })
+        .map(|r| Written {
+            id: r.get(0),
+            aggregate_type: t.clone(),
+            aggregate_id: r.get(1),
+            event_type: r.get(2),
+            payload: r.get(3),
+        })
         .collect();
     assert_eq!(written.len(), 200_000);
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(3), Duration::from_secs(600)).await;
-    eprintln!("{} records for {} events after 20 kill -9s", consumed.len(), written.len());
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(3),
+        Duration::from_secs(600),
+    )
+    .await;
+    eprintln!(
+        "{} records for {} events after 20 kill -9s",
+        consumed.len(),
+        written.len()
+    );
     assert_delivered(&written, &consumed, false);
     drop(relay);
 }
@@ -680,13 +1031,18 @@ async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .await
         .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Some((status, body))
 }
 
@@ -698,7 +1054,10 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         Setup::new("multi_c", &["Order"], 1).await,
     ];
     let metrics = format!("127.0.0.1:{}", support::free_port());
-    let mut toml = format!("[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n", kafka().bootstrap());
+    let mut toml = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n",
+        kafka().bootstrap()
+    );
     let mut env = Vec::new();
     for (i, s) in setups.iter().enumerate() {
         toml.push_str(&format!(
@@ -711,57 +1070,137 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
     let path = dir.path().join("relay.toml");
     std::fs::write(&path, &toml).unwrap();
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let relay = Relay::spawn_with_env(&["run".into(), "--config".into(), path.display().to_string()], &env_refs);
+    let relay = Relay::spawn_with_env(
+        &["run".into(), "--config".into(), path.display().to_string()],
+        &env_refs,
+    );
 
-    wait_for("/readyz to report all three pipelines streaming", Duration::from_secs(60), || async {
-        http_get(&metrics, "/readyz").await.filter(|(status, _)| *status == 200)
-    })
+    wait_for(
+        "/readyz to report all three pipelines streaming",
+        Duration::from_secs(60),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(status, _)| *status == 200)
+        },
+    )
     .await;
     let mut written = Vec::new();
     for s in &setups {
-        written.push(write_events(&s.db.client, 3, 2, &s.types, 2, 0, Duration::ZERO).await.0);
+        written.push(
+            write_events(&s.db.client, 3, 2, &s.types, 2, 0, Duration::ZERO)
+                .await
+                .0,
+        );
     }
     for (s, w) in setups.iter().zip(&written) {
         let topics = s.topics();
-        let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], w.len(), Duration::ZERO, Duration::from_secs(60)).await;
+        let consumed = consume(
+            &kafka().bootstrap(),
+            &[topics[0].as_str()],
+            w.len(),
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )
+        .await;
         assert_delivered(w, &consumed, false);
     }
 
     // Database b goes away: its pipeline reconnects while a and c keep flowing.
     let b = &setups[1];
     let admin = pg().connect("postgres", Auth::Trust).await;
-    admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS false", b.db.name)).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+            b.db.name
+        ))
+        .await
+        .unwrap();
     assert!(b.db.terminate_slot_backend(&b.slot).await);
-    let (status, body) = wait_for("/readyz to report db1 reconnecting", Duration::from_secs(30), || async {
-        http_get(&metrics, "/readyz").await.filter(|(_, body)| body.contains("reconnecting"))
-    })
+    let (status, body) = wait_for(
+        "/readyz to report db1 reconnecting",
+        Duration::from_secs(30),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(_, body)| body.contains("reconnecting"))
+        },
+    )
     .await;
     assert_eq!(status, 503, "{body}");
     let readiness: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(readiness["pipelines"]["db0"]["state"], "streaming", "{body}");
-    assert_eq!(readiness["pipelines"]["db1"]["state"], "reconnecting", "{body}");
-    assert_eq!(readiness["pipelines"]["db2"]["state"], "streaming", "{body}");
+    assert_eq!(
+        readiness["pipelines"]["db0"]["state"], "streaming",
+        "{body}"
+    );
+    assert_eq!(
+        readiness["pipelines"]["db1"]["state"], "reconnecting",
+        "{body}"
+    );
+    assert_eq!(
+        readiness["pipelines"]["db2"]["state"], "streaming",
+        "{body}"
+    );
     for i in [0, 2] {
         let s = &setups[i];
-        let more = write_events(&s.db.client, 3, 2, &s.types, 2, 100, Duration::ZERO).await.0;
+        let more = write_events(&s.db.client, 3, 2, &s.types, 2, 100, Duration::ZERO)
+            .await
+            .0;
         written[i].extend(more);
         let topics = s.topics();
-        let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written[i].len(), Duration::ZERO, Duration::from_secs(60)).await;
+        let consumed = consume(
+            &kafka().bootstrap(),
+            &[topics[0].as_str()],
+            written[i].len(),
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )
+        .await;
         assert_delivered(&written[i], &consumed, false);
     }
     let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
-    assert!(text.contains("outbox_relay_pipeline_streaming{pipeline=\"db1\"} 0"), "{text}");
-    assert!(text.contains("outbox_relay_events_published_total{pipeline=\"db0\"} 12"), "{text}");
-    assert!(text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\"} 12"), "{text}");
-    assert!(text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\"} 12"), "{text}");
-    assert!(text.contains("outbox_relay_replication_lag_bytes{pipeline=\"db0\"}"), "{text}");
+    assert!(
+        text.contains("outbox_relay_pipeline_streaming{pipeline=\"db1\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_events_published_total{pipeline=\"db0\"} 12"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\"} 12"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\"} 12"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_replication_lag_bytes{pipeline=\"db0\"}"),
+        "{text}"
+    );
 
     // b comes back and catches up.
-    admin.batch_execute(&format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", b.db.name)).await.unwrap();
-    let more = write_events(&b.db.client, 3, 2, &b.types, 2, 100, Duration::ZERO).await.0;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            b.db.name
+        ))
+        .await
+        .unwrap();
+    let more = write_events(&b.db.client, 3, 2, &b.types, 2, 100, Duration::ZERO)
+        .await
+        .0;
     written[1].extend(more);
     let topics = b.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written[1].len(), Duration::ZERO, Duration::from_secs(90)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written[1].len(),
+        Duration::ZERO,
+        Duration::from_secs(90),
+    )
+    .await;
     assert_delivered(&written[1], &consumed, false);
     drop(relay);
 }
@@ -783,7 +1222,11 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
         )
     };
 
-    for (host, mode) in [("localhost", "verify-full"), ("127.0.0.1", "verify-ca"), ("127.0.0.1", "require")] {
+    for (host, mode) in [
+        ("localhost", "verify-full"),
+        ("127.0.0.1", "verify-ca"),
+        ("127.0.0.1", "require"),
+    ] {
         let (config, tls) = source_config(&url(host, mode));
         let mut client = ReplicationClient::connect(&config, &tls)
             .await
@@ -792,38 +1235,73 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
     }
     // The server certificate names only localhost.
     let (config, tls) = source_config(&url("127.0.0.1", "verify-full"));
-    let error = ReplicationClient::connect(&config, &tls).await.err().expect("verify-full accepted a wrong host name");
-    assert!(matches!(&error, SourceError::Tls(text) if text.contains("127.0.0.1")), "{error}");
+    let error = ReplicationClient::connect(&config, &tls)
+        .await
+        .err()
+        .expect("verify-full accepted a wrong host name");
+    assert!(
+        matches!(&error, SourceError::Tls(text) if text.contains("127.0.0.1")),
+        "{error}"
+    );
     assert!(!error.is_transient());
     // Without TLS the server refuses relay_tls: the connections above really used TLS.
     let (config, tls) = source_config(&url("localhost", "disable"));
-    let error = ReplicationClient::connect(&config, &tls).await.err().expect("plain connection accepted");
-    assert!(matches!(&error, SourceError::Server { code, .. } if code == "28000"), "{error}");
+    let error = ReplicationClient::connect(&config, &tls)
+        .await
+        .err()
+        .expect("plain connection accepted");
+    assert!(
+        matches!(&error, SourceError::Server { code, .. } if code == "28000"),
+        "{error}"
+    );
 
     // The relay stops on a certificate that does not verify instead of retrying forever.
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args[2] = url("127.0.0.1", "verify-full");
     let mut refused = Relay::spawn(&args);
     let status = refused.wait(Duration::from_secs(30));
-    assert!(!status.success(), "the relay accepted a certificate for another host");
-    assert!(refused.log().to_lowercase().contains("certificate"), "{}", refused.log());
+    assert!(
+        !status.success(),
+        "the relay accepted a certificate for another host"
+    );
+    assert!(
+        refused.log().to_lowercase().contains("certificate"),
+        "{}",
+        refused.log()
+    );
 
     // The relay end to end over TLS (replication and SQL connections).
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args[2] = url("localhost", "verify-full");
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
-    let (written, _) = write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
-    assert!(!relay.log().contains(support::PASSWORD), "the password was logged");
+    assert!(
+        !relay.log().contains(support::PASSWORD),
+        "the password was logged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay() {
     let setup = Setup::new("setupcmd", &["Order"], 1).await;
-    setup.db.client.batch_execute("DROP PUBLICATION outbox_pub").await.unwrap();
+    setup
+        .db
+        .client
+        .batch_execute("DROP PUBLICATION outbox_pub")
+        .await
+        .unwrap();
     let mut run_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     let mut setup_args = run_args.clone();
     setup_args[0] = "setup".into();
@@ -831,20 +1309,48 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
     let mut print = setup_args.clone();
     print.push("--print-sql".into());
     let mut printer = Relay::spawn(&print);
-    assert!(printer.wait(Duration::from_secs(30)).success(), "{}", printer.log());
-    assert!(printer.log().contains("CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox\""), "{}", printer.log());
-    assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(), "--print-sql created the slot");
+    assert!(
+        printer.wait(Duration::from_secs(30)).success(),
+        "{}",
+        printer.log()
+    );
+    assert!(
+        printer
+            .log()
+            .contains("CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox\""),
+        "{}",
+        printer.log()
+    );
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),
+        "--print-sql created the slot"
+    );
 
     let mut creator = Relay::spawn(&setup_args);
-    assert!(creator.wait(Duration::from_secs(60)).success(), "{}", creator.log());
-    assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_some(), "setup did not create the slot");
+    assert!(
+        creator.wait(Duration::from_secs(60)).success(),
+        "{}",
+        creator.log()
+    );
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_some(),
+        "setup did not create the slot"
+    );
 
     // Events committed between setup and the first start are published: the slot holds them.
-    let (written, _) = write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
     run_args.push("--no-create-slot".into());
     let mut relay = Relay::spawn(&run_args);
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
     relay.sigterm();
     assert!(relay.wait(Duration::from_secs(40)).success());
@@ -854,7 +1360,10 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
     let status = relay.wait(Duration::from_secs(30));
     assert!(!status.success(), "the relay ran without its slot");
     assert!(relay.log().contains("does not exist"), "{}", relay.log());
-    assert!(setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(), "the slot was re-created");
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),
+        "the slot was re-created"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -866,7 +1375,14 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
     let c = &setup.db.client;
 
     let mut ids = Vec::new();
-    for payload in ["NULL", "'{}'", "'null'", "'\"FIRST\"'", "'42'", r#"'{ "b":1, "a":2, "a":3 }'"#] {
+    for payload in [
+        "NULL",
+        "'{}'",
+        "'null'",
+        "'\"FIRST\"'",
+        "'42'",
+        r#"'{ "b":1, "a":2, "a":3 }'"#,
+    ] {
         let row = c
             .query_one(
                 &format!(
@@ -882,20 +1398,57 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
     let other = insert(c, &lower, "k", r#"{"case": "lower"}"#).await;
 
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 6, Duration::from_secs(1), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        6,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     let values: Vec<Option<&[u8]>> = consumed.iter().map(|r| r.value.as_deref()).collect();
     assert_eq!(
         values,
-        vec![None, Some(&b"{}"[..]), Some(b"null"), Some(b"\"FIRST\""), Some(b"42"), Some(br#"{"a": 3, "b": 1}"#)],
+        vec![
+            None,
+            Some(&b"{}"[..]),
+            Some(b"null"),
+            Some(b"\"FIRST\""),
+            Some(b"42"),
+            Some(br#"{"a": 3, "b": 1}"#)
+        ],
         "one tombstone, then the values byte for byte, in commit order"
     );
     for (record, id) in consumed.iter().zip(&ids) {
         assert_eq!(header(record, "id"), Some(id.as_bytes()));
-        assert_eq!(header(record, "trace"), Some(&b"t-1"[..]), "string header as its text");
-        assert_eq!(header(record, "n"), Some(&b"12.50"[..]), "number header as its JSON text");
-        assert_eq!(record.headers.iter().find(|(k, _)| k == "none").map(|(_, v)| v.is_none()), Some(true), "null header value");
+        assert_eq!(
+            header(record, "trace"),
+            Some(&b"t-1"[..]),
+            "string header as its text"
+        );
+        assert_eq!(
+            header(record, "n"),
+            Some(&b"12.50"[..]),
+            "number header as its JSON text"
+        );
+        assert_eq!(
+            record
+                .headers
+                .iter()
+                .find(|(k, _)| k == "none")
+                .map(|(_, v)| v.is_none()),
+            Some(true),
+            "null header value"
+        );
     }
-    let lower_topic = consume(&kafka().bootstrap(), &[topics[1].as_str()], 1, Duration::from_secs(1), Duration::from_secs(30)).await;
+    let lower_topic = consume(
+        &kafka().bootstrap(),
+        &[topics[1].as_str()],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+    .await;
     assert_delivered(&[other], &lower_topic, true);
     drop(relay);
 }
@@ -909,27 +1462,73 @@ async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is(
         args
     };
     let mut check = Relay::spawn(&args("check"));
-    assert!(check.wait(Duration::from_secs(60)).success(), "{}", check.log());
-    for needle in ["ok    wal_level", "ok    role", "ok    publication", "WARN  slot", "ok    kafka"] {
-        assert!(check.log().contains(needle), "{needle:?} missing:\n{}", check.log());
+    assert!(
+        check.wait(Duration::from_secs(60)).success(),
+        "{}",
+        check.log()
+    );
+    for needle in [
+        "ok    wal_level",
+        "ok    role",
+        "ok    publication",
+        "WARN  slot",
+        "ok    kafka",
+    ] {
+        assert!(
+            check.log().contains(needle),
+            "{needle:?} missing:\n{}",
+            check.log()
+        );
     }
 
-    setup.db.client.batch_execute("ALTER PUBLICATION outbox_pub DROP TABLE outbox").await.unwrap();
+    setup
+        .db
+        .client
+        .batch_execute("ALTER PUBLICATION outbox_pub DROP TABLE outbox")
+        .await
+        .unwrap();
     let mut check = Relay::spawn(&args("check"));
-    assert!(!check.wait(Duration::from_secs(60)).success(), "check passed without the table in the publication");
+    assert!(
+        !check.wait(Duration::from_secs(60)).success(),
+        "check passed without the table in the publication"
+    );
     assert!(check.log().contains("FAIL  publication"), "{}", check.log());
-    setup.db.client.batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE outbox").await.unwrap();
+    setup
+        .db
+        .client
+        .batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE outbox")
+        .await
+        .unwrap();
 
     let mut status = Relay::spawn(&args("status"));
-    assert!(!status.wait(Duration::from_secs(30)).success(), "status succeeded without a slot");
-    assert!(status.log().contains("slot does not exist"), "{}", status.log());
+    assert!(
+        !status.wait(Duration::from_secs(30)).success(),
+        "status succeeded without a slot"
+    );
+    assert!(
+        status.log().contains("slot does not exist"),
+        "{}",
+        status.log()
+    );
     let relay = Relay::spawn(&args("run"));
     setup.wait_streaming().await;
     let mut status = Relay::spawn(&args("status"));
-    assert!(status.wait(Duration::from_secs(30)).success(), "{}", status.log());
+    assert!(
+        status.wait(Duration::from_secs(30)).success(),
+        "{}",
+        status.log()
+    );
     let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
-    let line = status.log().lines().find(|l| l.contains(&setup.slot)).map(str::to_owned).unwrap_or_default();
-    assert!(line.contains(&pid.to_string()) && line.contains("reserved"), "status line {line:?}");
+    let line = status
+        .log()
+        .lines()
+        .find(|l| l.contains(&setup.slot))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        line.contains(&pid.to_string()) && line.contains("reserved"),
+        "status line {line:?}"
+    );
     drop(relay);
 }
 
@@ -939,7 +1538,16 @@ async fn libpq_environment_and_password_file_are_honoured() {
     let setup = Setup::new("pgenv", &["Order"], 1).await;
     let dir = tempfile::tempdir().unwrap();
     let passfile = dir.path().join("pgpass");
-    std::fs::write(&passfile, format!("127.0.0.1:{}:{}:relay_scram:{}\n", pg().port(), setup.db.name, support::PASSWORD)).unwrap();
+    std::fs::write(
+        &passfile,
+        format!(
+            "127.0.0.1:{}:{}:relay_scram:{}\n",
+            pg().port(),
+            setup.db.name,
+            support::PASSWORD
+        ),
+    )
+    .unwrap();
     std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args[2] = format!("dbname={}", setup.db.name);
@@ -947,14 +1555,31 @@ async fn libpq_environment_and_password_file_are_honoured() {
     let passfile = passfile.display().to_string();
     let relay = Relay::spawn_with_env(
         &args,
-        &[("PGHOST", "127.0.0.1"), ("PGPORT", &port), ("PGUSER", "relay_scram"), ("PGPASSFILE", &passfile), ("PGSSLMODE", "disable")],
+        &[
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", &port),
+            ("PGUSER", "relay_scram"),
+            ("PGPASSFILE", &passfile),
+            ("PGSSLMODE", "disable"),
+        ],
     );
     setup.wait_streaming().await;
-    let (written, _) = write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
-    assert!(!relay.log().contains(support::PASSWORD), "the password was logged");
+    assert!(
+        !relay.log().contains(support::PASSWORD),
+        "the password was logged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -968,8 +1593,17 @@ async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_unc
     kafka().create_topic(&topic, 2);
     let slot = format!("{name}_slot");
     let args: Vec<String> = [
-        "run", "--source-url", &db.url(Auth::Scram), "--slot", &slot, "--publication", "outbox_pub",
-        "--table", "public.outbox", "--bootstrap-servers", &kafka().bootstrap(),
+        "run",
+        "--source-url",
+        &db.url(Auth::Scram),
+        "--slot",
+        &slot,
+        "--publication",
+        "outbox_pub",
+        "--table",
+        "public.outbox",
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -995,7 +1629,10 @@ async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_unc
     };
     // Commits must be durable before a crash for the comparison to mean anything.
     let session = |client: tokio_postgres::Client| async move {
-        client.batch_execute("SET synchronous_commit = on").await.unwrap();
+        client
+            .batch_execute("SET synchronous_commit = on")
+            .await
+            .unwrap();
         client
     };
     let client = session(streaming(cluster.connect(&name, Auth::Trust).await).await).await;
@@ -1011,17 +1648,30 @@ async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_unc
     .unwrap();
     cluster.restart("immediate");
     let client = session(streaming(cluster.connect(&name, Auth::Trust).await).await).await;
-    written.extend(write_events(&client, 10, 3, &types, 3, 30, Duration::ZERO).await.0);
+    written.extend(
+        write_events(&client, 10, 3, &types, 3, 30, Duration::ZERO)
+            .await
+            .0,
+    );
 
     cluster.restart("fast");
     let client = session(streaming(cluster.connect(&name, Auth::Trust).await).await).await;
     let (more, before_commit) = write_events(&client, 10, 3, &types, 3, 60, Duration::ZERO).await;
     written.extend(more);
 
-    let consumed = consume(&kafka().bootstrap(), &[topic.as_str()], written.len(), Duration::from_secs(3), Duration::from_secs(120)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topic.as_str()],
+        written.len(),
+        Duration::from_secs(3),
+        Duration::from_secs(120),
+    )
+    .await;
     // Unknown ids (the phantom) fail here too.
     assert_delivered(&written, &consumed, false);
-    relay.wait_for_log("reconnecting", Duration::from_secs(5)).await;
+    relay
+        .wait_for_log("reconnecting", Duration::from_secs(5))
+        .await;
     let last_commit = *before_commit.last().unwrap();
     wait_for("confirmed_flush_lsn to pass the last commit after the restarts", Duration::from_secs(30), || async {
         let lsn: Option<String> = client
@@ -1044,38 +1694,94 @@ async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
     setup.wait_streaming().await;
     let c = &setup.db.client;
     let message = |id: &str, payload: &str| {
-        format!(r#"{{"id": "{id}", "aggregate_type": "{t}", "aggregate_id": "k", "event_type": "T", "payload": {payload}, "headers": {{"via": "message"}}}}"#)
+        format!(
+            r#"{{"id": "{id}", "aggregate_type": "{t}", "aggregate_id": "k", "event_type": "T", "payload": {payload}, "headers": {{"via": "message"}}}}"#
+        )
     };
 
     c.batch_execute("BEGIN").await.unwrap();
     let row = insert(c, &t, "k", r#"{"from": "table"}"#).await;
-    c.execute("SELECT pg_logical_emit_message(true, 'outbox', $1)", &[&message("m-1", r#"{"from": "message", "n": 1.50}"#)]).await.unwrap();
-    c.execute("SELECT pg_logical_emit_message(true, 'other', $1)", &[&message("m-other", "1")]).await.unwrap();
+    c.execute(
+        "SELECT pg_logical_emit_message(true, 'outbox', $1)",
+        &[&message("m-1", r#"{"from": "message", "n": 1.50}"#)],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT pg_logical_emit_message(true, 'other', $1)",
+        &[&message("m-other", "1")],
+    )
+    .await
+    .unwrap();
     c.batch_execute("COMMIT").await.unwrap();
     c.batch_execute("BEGIN").await.unwrap();
-    c.execute("SELECT pg_logical_emit_message(true, 'outbox', $1)", &[&message("m-rolled-back", "2")]).await.unwrap();
+    c.execute(
+        "SELECT pg_logical_emit_message(true, 'outbox', $1)",
+        &[&message("m-rolled-back", "2")],
+    )
+    .await
+    .unwrap();
     c.batch_execute("ROLLBACK").await.unwrap();
-    c.execute("SELECT pg_logical_emit_message(false, 'outbox', $1)", &[&message("m-non-transactional", "3")]).await.unwrap();
-    c.execute("SELECT pg_logical_emit_message(true, 'outbox', $1)", &[&message("m-2", "null")]).await.unwrap();
+    c.execute(
+        "SELECT pg_logical_emit_message(false, 'outbox', $1)",
+        &[&message("m-non-transactional", "3")],
+    )
+    .await
+    .unwrap();
+    c.execute(
+        "SELECT pg_logical_emit_message(true, 'outbox', $1)",
+        &[&message("m-2", "null")],
+    )
+    .await
+    .unwrap();
 
     let expected = vec![
         row,
-        Written { id: "m-1".into(), aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "T".into(), payload: r#"{"from": "message", "n": 1.50}"#.into() },
+        Written {
+            id: "m-1".into(),
+            aggregate_type: t.clone(),
+            aggregate_id: "k".into(),
+            event_type: "T".into(),
+            payload: r#"{"from": "message", "n": 1.50}"#.into(),
+        },
     ];
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 3, Duration::from_secs(2), Duration::from_secs(60)).await;
-    assert_eq!(consumed.len(), 3, "only the two committed outbox messages and the row: {consumed:?}");
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        3,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        consumed.len(),
+        3,
+        "only the two committed outbox messages and the row: {consumed:?}"
+    );
     assert_delivered(&expected, &consumed[..2], true);
     assert_eq!(header(&consumed[1], "via"), Some(&b"message"[..]));
     assert_eq!(header(&consumed[2], "id"), Some(&b"m-2"[..]));
     assert_eq!(consumed[2].value, None, "a null payload is a tombstone");
-    assert!(relay.log().contains("non-transactional logical message"), "{}", relay.log());
+    assert!(
+        relay.log().contains("non-transactional logical message"),
+        "{}",
+        relay.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_wal_sender_timeout_survives_idle_time_and_a_hung_broker() {
     let setup = Setup::new("keepalive", &["Order"], 1).await;
-    setup.db.client.batch_execute(&format!("ALTER DATABASE {} SET wal_sender_timeout = '10s'", setup.db.name)).await.unwrap();
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET wal_sender_timeout = '10s'",
+            setup.db.name
+        ))
+        .await
+        .unwrap();
     let broker = support::Broker::start_on(support::free_port());
     for topic in setup.topics() {
         broker.create_topic(&topic, 1);
@@ -1104,9 +1810,21 @@ async fn short_wal_sender_timeout_survives_idle_time_and_a_hung_broker() {
     broker.pause(false);
 
     let topics = setup.topics();
-    let consumed = consume(&broker.bootstrap(), &[topics[0].as_str()], 20_000, Duration::from_secs(1), Duration::from_secs(120)).await;
+    let consumed = consume(
+        &broker.bootstrap(),
+        &[topics[0].as_str()],
+        20_000,
+        Duration::from_secs(1),
+        Duration::from_secs(120),
+    )
+    .await;
     assert!(consumed.len() >= 20_000);
-    assert_eq!(setup.db.slot_active_pid(&setup.slot).await, Some(pid), "the walsender was replaced:\n{}", relay.log());
+    assert_eq!(
+        setup.db.slot_active_pid(&setup.slot).await,
+        Some(pid),
+        "the walsender was replaced:\n{}",
+        relay.log()
+    );
     let server_log = pg().log_contents();
     let timeouts: Vec<&str> = server_log
         .lines()
@@ -1119,9 +1837,22 @@ async fn short_wal_sender_timeout_survives_idle_time_and_a_hung_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_event_function_and_debezium_named_columns() {
     let setup = Setup::new("sqlkit", &["Order", "Payment"], 1).await;
-    let sql = |file: &str| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("sql").join(file)).unwrap();
-    setup.db.client.batch_execute(&sql("publish_event.sql")).await.unwrap();
-    setup.db.client.batch_execute(&sql("outbox_debezium.sql")).await.unwrap();
+    let sql = |file: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("sql").join(file))
+            .unwrap()
+    };
+    setup
+        .db
+        .client
+        .batch_execute(&sql("publish_event.sql"))
+        .await
+        .unwrap();
+    setup
+        .db
+        .client
+        .batch_execute(&sql("outbox_debezium.sql"))
+        .await
+        .unwrap();
     let (t, t2) = (setup.types[0].clone(), setup.types[1].clone());
 
     let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
@@ -1138,18 +1869,39 @@ async fn publish_event_function_and_debezium_named_columns() {
         ),
     )
     .unwrap();
-    let debezium = Relay::spawn(&["run".into(), "--config".into(), config.display().to_string()]);
+    let debezium = Relay::spawn(&[
+        "run".into(),
+        "--config".into(),
+        config.display().to_string(),
+    ]);
     setup.wait_streaming().await;
-    wait_for("the Debezium-named pipeline to stream", Duration::from_secs(60), || async {
-        setup.db.slot_active_pid(&format!("{}_dbz", setup.slot)).await
-    })
+    wait_for(
+        "the Debezium-named pipeline to stream",
+        Duration::from_secs(60),
+        || async {
+            setup
+                .db
+                .slot_active_pid(&format!("{}_dbz", setup.slot))
+                .await
+        },
+    )
     .await;
 
     let c = &setup.db.client;
     c.batch_execute("BEGIN").await.unwrap();
-    let kept: String = c.query_one("SELECT publish_event($1, 'k', 'Kept', '{\"n\": 1}')::text", &[&t]).await.unwrap().get(0);
+    let kept: String = c
+        .query_one(
+            "SELECT publish_event($1, 'k', 'Kept', '{\"n\": 1}')::text",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
     let dropped: String = c
-        .query_one("SELECT publish_event($1, 'k', 'Dropped', '{\"n\": 2}', keep => false)::text", &[&t])
+        .query_one(
+            "SELECT publish_event($1, 'k', 'Dropped', '{\"n\": 2}', keep => false)::text",
+            &[&t],
+        )
         .await
         .unwrap()
         .get(0);
@@ -1162,18 +1914,54 @@ async fn publish_event_function_and_debezium_named_columns() {
         .await
         .unwrap()
         .get(0);
-    let remaining: i64 = c.query_one("SELECT count(*) FROM outbox", &[]).await.unwrap().get(0);
+    let remaining: i64 = c
+        .query_one("SELECT count(*) FROM outbox", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(remaining, 1, "keep => false deletes the row");
 
     let written = [
-        Written { id: kept, aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "Kept".into(), payload: r#"{"n": 1}"#.into() },
-        Written { id: dropped, aggregate_type: t.clone(), aggregate_id: "k".into(), event_type: "Dropped".into(), payload: r#"{"n": 2}"#.into() },
+        Written {
+            id: kept,
+            aggregate_type: t.clone(),
+            aggregate_id: "k".into(),
+            event_type: "Kept".into(),
+            payload: r#"{"n": 1}"#.into(),
+        },
+        Written {
+            id: dropped,
+            aggregate_type: t.clone(),
+            aggregate_id: "k".into(),
+            event_type: "Dropped".into(),
+            payload: r#"{"n": 2}"#.into(),
+        },
     ];
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 2, Duration::from_secs(2), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        2,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&written, &consumed, true);
-    let from_debezium_table = Written { id: dbz_id, aggregate_type: t2.clone(), aggregate_id: "k".into(), event_type: "FromDebeziumTable".into(), payload: r#"{"n": 3}"#.into() };
-    let consumed = consume(&kafka().bootstrap(), &[topics[1].as_str()], 1, Duration::from_secs(2), Duration::from_secs(60)).await;
+    let from_debezium_table = Written {
+        id: dbz_id,
+        aggregate_type: t2.clone(),
+        aggregate_id: "k".into(),
+        event_type: "FromDebeziumTable".into(),
+        payload: r#"{"n": 3}"#.into(),
+    };
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[1].as_str()],
+        1,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&[from_debezium_table], &consumed, true);
     drop((relay, debezium));
 }
@@ -1181,12 +1969,27 @@ async fn publish_event_function_and_debezium_named_columns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_by_another_column_with_a_topic_template_and_lower_case() {
     let setup = Setup::new("routing", &["Order"], 1).await;
-    setup.db.client.batch_execute("ALTER TABLE outbox ADD COLUMN tenant_id text").await.unwrap();
+    setup
+        .db
+        .client
+        .batch_execute("ALTER TABLE outbox ADD COLUMN tenant_id text")
+        .await
+        .unwrap();
     let tenant = format!("Tenant_{}", setup.db.name);
     let topic = format!("tenant.{}", tenant.to_lowercase());
     kafka().create_topic(&topic, 1);
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    args.extend(["--route-by-field", "tenant_id", "--topic-template", "tenant.${routedByValue}", "--topic-case", "lower"].map(String::from));
+    args.extend(
+        [
+            "--route-by-field",
+            "tenant_id",
+            "--topic-template",
+            "tenant.${routedByValue}",
+            "--topic-case",
+            "lower",
+        ]
+        .map(String::from),
+    );
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let id: String = setup
@@ -1199,7 +2002,14 @@ async fn route_by_another_column_with_a_topic_template_and_lower_case() {
         .await
         .unwrap()
         .get(0);
-    let consumed = consume(&kafka().bootstrap(), &[topic.as_str()], 1, Duration::from_secs(1), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topic.as_str()],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(header(&consumed[0], "id"), Some(id.as_bytes()));
     drop(relay);
 }
@@ -1217,12 +2027,26 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
 
     c.batch_execute("BEGIN").await.unwrap();
     let a = insert(c, &t, "k", r#"{"e": "a"}"#).await;
-    c.execute("DELETE FROM outbox WHERE id = $1::text::uuid", &[&a.id]).await.unwrap();
+    c.execute("DELETE FROM outbox WHERE id = $1::text::uuid", &[&a.id])
+        .await
+        .unwrap();
     let b = insert(c, &t, "k", r#"{"e": "b"}"#).await;
-    c.execute("UPDATE outbox SET event_type = 'Changed' WHERE id = $1::text::uuid", &[&b.id]).await.unwrap();
+    c.execute(
+        "UPDATE outbox SET event_type = 'Changed' WHERE id = $1::text::uuid",
+        &[&b.id],
+    )
+    .await
+    .unwrap();
     c.batch_execute("COMMIT").await.unwrap();
     let topics = setup.topics();
-    let consumed = consume(&kafka().bootstrap(), &[topics[0].as_str()], 2, Duration::from_secs(2), Duration::from_secs(60)).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        2,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&[a, b], &consumed, true);
     relay.sigterm();
     assert!(relay.wait(Duration::from_secs(40)).success());
@@ -1233,10 +2057,25 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
     setup.wait_streaming().await;
     c.batch_execute("BEGIN").await.unwrap();
     let d = insert(c, &t, "k", r#"{"e": "d"}"#).await;
-    c.execute("UPDATE outbox SET event_type = 'Changed' WHERE id = $1::text::uuid", &[&d.id]).await.unwrap();
+    c.execute(
+        "UPDATE outbox SET event_type = 'Changed' WHERE id = $1::text::uuid",
+        &[&d.id],
+    )
+    .await
+    .unwrap();
     let before_commit = insert_lsn(c).await;
     c.batch_execute("COMMIT").await.unwrap();
-    assert!(!strict.wait(Duration::from_secs(30)).success(), "op_invalid_behavior = error must stop the relay");
-    assert!(strict.log().contains("update of an outbox row"), "{}", strict.log());
-    assert!(setup.confirmed_flush().await <= before_commit, "confirmed past the transaction with the update");
+    assert!(
+        !strict.wait(Duration::from_secs(30)).success(),
+        "op_invalid_behavior = error must stop the relay"
+    );
+    assert!(
+        strict.log().contains("update of an outbox row"),
+        "{}",
+        strict.log()
+    );
+    assert!(
+        setup.confirmed_flush().await <= before_commit,
+        "confirmed past the transaction with the update"
+    );
 }

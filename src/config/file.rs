@@ -17,8 +17,9 @@ use figment::Figment;
 use serde::Deserialize;
 
 use super::{
-    ConfigError, KafkaConfig, OutboxColumns, PipelineConfig, RouteConfig, TableName, DEFAULT_MAX_IN_FLIGHT_BYTES,
-    DEFAULT_MAX_IN_FLIGHT_EVENTS, DEFAULT_SHUTDOWN_TIMEOUT_SECS, DEFAULT_STATUS_INTERVAL_MS,
+    ConfigError, KafkaConfig, OutboxColumns, PipelineConfig, RouteConfig, TableName,
+    DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_MAX_IN_FLIGHT_EVENTS, DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+    DEFAULT_STATUS_INTERVAL_MS,
 };
 
 /// The whole file, resolved: pipelines with their Kafka settings merged, and the metrics
@@ -117,13 +118,20 @@ pub fn load(path: &Path) -> Result<RelayConfig, ConfigErrors> {
     resolve(figment, &|name| std::env::var(name).ok())
 }
 
-fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<RelayConfig, ConfigErrors> {
+fn resolve(
+    figment: Figment,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<RelayConfig, ConfigErrors> {
     let file: FileConfig = figment.extract().map_err(|errors| {
         ConfigErrors(
             errors
                 .into_iter()
                 .map(|e| ConfigError {
-                    field: if e.path.is_empty() { "config".into() } else { e.path.join(".") },
+                    field: if e.path.is_empty() {
+                        "config".into()
+                    } else {
+                        e.path.join(".")
+                    },
                     problem: e.kind.to_string(),
                 })
                 .collect(),
@@ -131,14 +139,22 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
     })?;
     let mut problems = Vec::new();
     if file.pipelines.is_empty() {
-        problems.push(ConfigError::new("pipelines", "at least one [[pipelines]] entry is required"));
+        problems.push(ConfigError::new(
+            "pipelines",
+            "at least one [[pipelines]] entry is required",
+        ));
     }
     let mut names = HashSet::new();
     let mut slots = HashSet::new();
     let mut pipelines = Vec::new();
     for (i, p) in file.pipelines.into_iter().enumerate() {
         let at = |field: &str| format!("pipelines[{i}].{field}");
-        let mut problem = |field: &str, text: String| problems.push(ConfigError { field: at(field), problem: text });
+        let mut problem = |field: &str, text: String| {
+            problems.push(ConfigError {
+                field: at(field),
+                problem: text,
+            })
+        };
         if !names.insert(p.name.clone()) {
             problem("name", format!("{:?} is used by another pipeline", p.name));
         }
@@ -155,18 +171,28 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
                 }
             },
             _ => {
-                problem("source_url", "set exactly one of source_url and source_url_file".into());
+                problem(
+                    "source_url",
+                    "set exactly one of source_url and source_url_file".into(),
+                );
                 String::new()
             }
         };
-        let bootstrap = p.kafka.bootstrap_servers.as_ref().or(file.kafka.bootstrap_servers.as_ref());
+        let bootstrap = p
+            .kafka
+            .bootstrap_servers
+            .as_ref()
+            .or(file.kafka.bootstrap_servers.as_ref());
         let bootstrap_servers = match bootstrap {
             Some(servers) => expand(servers, env).unwrap_or_else(|e| {
                 problem("kafka.bootstrap_servers", e);
                 String::new()
             }),
             None => {
-                problem("kafka.bootstrap_servers", "not set here nor in [kafka]".into());
+                problem(
+                    "kafka.bootstrap_servers",
+                    "not set here nor in [kafka]".into(),
+                );
                 String::new()
             }
         };
@@ -196,7 +222,10 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
             route: p.route,
             op_invalid_behavior: p.op_invalid_behavior,
             create_slot: p.create_slot,
-            kafka: KafkaConfig { bootstrap_servers, properties },
+            kafka: KafkaConfig {
+                bootstrap_servers,
+                properties,
+            },
             status_interval_ms: p.status_interval_ms,
             max_in_flight_events: p.max_in_flight_events,
             max_in_flight_bytes: p.max_in_flight_bytes,
@@ -204,7 +233,10 @@ fn resolve(figment: Figment, env: &dyn Fn(&str) -> Option<String>) -> Result<Rel
         };
         if let Err(e) = config.validate() {
             if !problems.iter().any(|known| known.field == at(&e.field)) {
-                problems.push(ConfigError { field: at(&e.field), problem: e.problem });
+                problems.push(ConfigError {
+                    field: at(&e.field),
+                    problem: e.problem,
+                });
             }
         }
         pipelines.push(config);
@@ -244,7 +276,10 @@ mod tests {
     use super::*;
 
     fn load_str(toml: &str, env: &[(&str, &str)]) -> Result<RelayConfig, ConfigErrors> {
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
@@ -254,12 +289,28 @@ mod tests {
 
     #[test]
     fn the_example_file_loads() {
-        let config = load_str(EXAMPLE, &[("ORDERS_DATABASE_URL", "postgres://relay:pw@orders-db/orders"), ("BILLING_DATABASE_URL", "postgres://relay:pw@billing-db/billing")]).unwrap();
+        let config = load_str(
+            EXAMPLE,
+            &[
+                (
+                    "ORDERS_DATABASE_URL",
+                    "postgres://relay:pw@orders-db/orders",
+                ),
+                (
+                    "BILLING_DATABASE_URL",
+                    "postgres://relay:pw@billing-db/billing",
+                ),
+            ],
+        )
+        .unwrap();
         assert_eq!(config.pipelines.len(), 2);
         let orders = &config.pipelines[0];
         assert_eq!(orders.source_url, "postgres://relay:pw@orders-db/orders");
         assert_eq!(orders.kafka.bootstrap_servers, "kafka-1:9092,kafka-2:9092");
-        assert!(orders.kafka.properties.contains(&("linger.ms".into(), "5".into())));
+        assert!(orders
+            .kafka
+            .properties
+            .contains(&("linger.ms".into(), "5".into())));
         let billing = &config.pipelines[1];
         assert_eq!(billing.table.to_string(), "billing.outbox");
         assert_eq!(billing.columns.aggregate_type, "aggregatetype");
@@ -289,10 +340,15 @@ mod tests {
         let kafka = &config.pipelines[0].kafka;
         assert_eq!(kafka.bootstrap_servers, "b:9092");
         let route = &config.pipelines[0].route;
-        assert_eq!((route.by_field.as_deref(), route.topic_template.as_str()), (Some("tenant_id"), "t.${routedByValue}"));
+        assert_eq!(
+            (route.by_field.as_deref(), route.topic_template.as_str()),
+            (Some("tenant_id"), "t.${routedByValue}")
+        );
         assert_eq!(route.topic_case, crate::config::TopicCase::Lower);
         assert!(kafka.properties.contains(&("linger.ms".into(), "0".into())));
-        assert!(kafka.properties.contains(&("compression.type".into(), "lz4".into())));
+        assert!(kafka
+            .properties
+            .contains(&("compression.type".into(), "lz4".into())));
     }
 
     #[test]
@@ -317,7 +373,12 @@ mod tests {
         )
         .unwrap_err();
         let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
-        for expected in ["pipelines[0].source_url", "pipelines[0].kafka.bootstrap_servers", "pipelines[1].name", "pipelines[1].kafka.bootstrap_servers"] {
+        for expected in [
+            "pipelines[0].source_url",
+            "pipelines[0].kafka.bootstrap_servers",
+            "pipelines[1].name",
+            "pipelines[1].kafka.bootstrap_servers",
+        ] {
             assert!(fields.contains(&expected), "{expected} missing in {errors}");
         }
         assert!(errors.to_string().contains("MISSING_URL"));
@@ -328,13 +389,19 @@ mod tests {
         let errors = load_str("[[pipelines]]\nname = \"a\"\nslott = \"x\"\n", &[]).unwrap_err();
         assert!(errors.to_string().contains("slott"), "{errors}");
         let errors = load_str("[[pipelines]]\nname = \"a\"\nsource_url = \"x\"\nslot = \"s\"\npublication = \"p\"\ntable = \"t\"\nmax_in_flight_events = \"many\"\n", &[]).unwrap_err();
-        assert!(errors.to_string().contains("max_in_flight_events"), "{errors}");
+        assert!(
+            errors.to_string().contains("max_in_flight_events"),
+            "{errors}"
+        );
     }
 
     #[test]
     fn expands_environment_references() {
         let env = |name: &str| (name == "PW").then(|| "s3cret".to_owned());
-        assert_eq!(expand("postgres://u:${PW}@h/db", &env).unwrap(), "postgres://u:s3cret@h/db");
+        assert_eq!(
+            expand("postgres://u:${PW}@h/db", &env).unwrap(),
+            "postgres://u:s3cret@h/db"
+        );
         assert_eq!(expand("plain", &env).unwrap(), "plain");
         assert!(expand("${NOPE}", &env).unwrap_err().contains("NOPE"));
         assert!(expand("${PW", &env).is_err());

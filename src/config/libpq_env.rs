@@ -15,7 +15,11 @@ type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 ///
 /// Returns an error naming the variable if one holds an invalid value, or if no user can be
 /// determined.
-pub fn apply(config: &mut tokio_postgres::Config, tls: &mut TlsSettings, env: Env<'_>) -> Result<(), String> {
+pub fn apply(
+    config: &mut tokio_postgres::Config,
+    tls: &mut TlsSettings,
+    env: Env<'_>,
+) -> Result<(), String> {
     // tokio-postgres fills in port 5432 for a URL host without one, so PGPORT applies only
     // when the host, too, comes from the environment or the default.
     let port_from_env = config.get_hosts().is_empty() || config.get_ports().is_empty();
@@ -37,7 +41,10 @@ pub fn apply(config: &mut tokio_postgres::Config, tls: &mut TlsSettings, env: En
     }
     if port_from_env {
         if let Some(port) = env("PGPORT") {
-            config.port(port.parse().map_err(|_| format!("PGPORT {port:?} is not a port"))?);
+            config.port(
+                port.parse()
+                    .map_err(|_| format!("PGPORT {port:?} is not a port"))?,
+            );
         }
     }
     if config.get_user().is_none() {
@@ -58,7 +65,9 @@ pub fn apply(config: &mut tokio_postgres::Config, tls: &mut TlsSettings, env: En
     }
     if config.get_connect_timeout().is_none() {
         if let Some(secs) = env("PGCONNECT_TIMEOUT") {
-            let secs: u64 = secs.parse().map_err(|_| format!("PGCONNECT_TIMEOUT {secs:?} is not a number of seconds"))?;
+            let secs: u64 = secs
+                .parse()
+                .map_err(|_| format!("PGCONNECT_TIMEOUT {secs:?} is not a number of seconds"))?;
             config.connect_timeout(Duration::from_secs(secs));
         }
     }
@@ -68,8 +77,14 @@ pub fn apply(config: &mut tokio_postgres::Config, tls: &mut TlsSettings, env: En
         }
     }
     tls.root_cert = tls.root_cert.take().or_else(|| env("PGSSLROOTCERT"));
-    tls.client_cert = tls.client_cert.take().or_else(|| env("PGSSLCERT").map(PathBuf::from));
-    tls.client_key = tls.client_key.take().or_else(|| env("PGSSLKEY").map(PathBuf::from));
+    tls.client_cert = tls
+        .client_cert
+        .take()
+        .or_else(|| env("PGSSLCERT").map(PathBuf::from));
+    tls.client_key = tls
+        .client_key
+        .take()
+        .or_else(|| env("PGSSLKEY").map(PathBuf::from));
     if config.get_password().is_none() {
         if let Some(password) = env("PGPASSWORD").or_else(|| from_passfile(config, env)) {
             config.password(password);
@@ -97,7 +112,12 @@ fn from_passfile(config: &tokio_postgres::Config, env: Env<'_>) -> Option<String
         // libpq matches a socket directory as "localhost".
         tokio_postgres::config::Host::Unix(_) => "localhost".to_owned(),
     };
-    let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
+    let port = config
+        .get_ports()
+        .first()
+        .copied()
+        .unwrap_or(5432)
+        .to_string();
     let user = config.get_user()?;
     let database = config.get_dbname().unwrap_or(user);
     passfile_lookup(&text, [&host, &port, database, user])
@@ -114,7 +134,11 @@ fn passfile_lookup(text: &str, wanted: [&str; 4]) -> Option<String> {
         if fields.len() != 5 {
             continue;
         }
-        if fields[..4].iter().zip(wanted).all(|(field, want)| field == "*" || field == want) {
+        if fields[..4]
+            .iter()
+            .zip(wanted)
+            .all(|(field, want)| field == "*" || field == want)
+        {
             return Some(fields[4].clone());
         }
     }
@@ -143,8 +167,14 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn resolve(url: &str, vars: &[(&str, &str)]) -> Result<(tokio_postgres::Config, TlsSettings), String> {
-        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    fn resolve(
+        url: &str,
+        vars: &[(&str, &str)],
+    ) -> Result<(tokio_postgres::Config, TlsSettings), String> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let (rest, mut tls) = crate::source::tls::split_url(url)?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| format!("{e}"))?;
         apply(&mut config, &mut tls, &|name| vars.get(name).cloned())?;
@@ -155,13 +185,25 @@ mod tests {
     fn environment_fills_what_the_url_leaves_out() {
         let (config, tls) = resolve(
             "postgres:///",
-            &[("PGHOST", "db.internal"), ("PGPORT", "6432"), ("PGUSER", "relay"), ("PGDATABASE", "app"),
-              ("PGPASSWORD", "pw"), ("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", "/ca.pem")],
+            &[
+                ("PGHOST", "db.internal"),
+                ("PGPORT", "6432"),
+                ("PGUSER", "relay"),
+                ("PGDATABASE", "app"),
+                ("PGPASSWORD", "pw"),
+                ("PGSSLMODE", "verify-full"),
+                ("PGSSLROOTCERT", "/ca.pem"),
+            ],
         )
         .unwrap();
-        assert!(matches!(&config.get_hosts()[0], tokio_postgres::config::Host::Tcp(h) if h == "db.internal"));
+        assert!(
+            matches!(&config.get_hosts()[0], tokio_postgres::config::Host::Tcp(h) if h == "db.internal")
+        );
         assert_eq!(config.get_ports(), &[6432]);
-        assert_eq!((config.get_user(), config.get_dbname()), (Some("relay"), Some("app")));
+        assert_eq!(
+            (config.get_user(), config.get_dbname()),
+            (Some("relay"), Some("app"))
+        );
         assert_eq!(config.get_password(), Some(&b"pw"[..]));
         assert_eq!(tls.mode, crate::source::tls::SslMode::VerifyFull);
         assert_eq!(tls.root_cert.as_deref(), Some("/ca.pem"));
@@ -171,28 +213,52 @@ mod tests {
     fn the_url_wins_over_the_environment() {
         let (config, tls) = resolve(
             "postgres://u:secret@h:5433/db?sslmode=disable",
-            &[("PGHOST", "other"), ("PGPORT", "1"), ("PGUSER", "x"), ("PGPASSWORD", "y"), ("PGSSLMODE", "verify-full")],
+            &[
+                ("PGHOST", "other"),
+                ("PGPORT", "1"),
+                ("PGUSER", "x"),
+                ("PGPASSWORD", "y"),
+                ("PGSSLMODE", "verify-full"),
+            ],
         )
         .unwrap();
         assert!(matches!(&config.get_hosts()[0], tokio_postgres::config::Host::Tcp(h) if h == "h"));
-        assert_eq!((config.get_ports(), config.get_user()), (&[5433][..], Some("u")));
+        assert_eq!(
+            (config.get_ports(), config.get_user()),
+            (&[5433][..], Some("u"))
+        );
         assert_eq!(config.get_password(), Some(&b"secret"[..]));
         assert_eq!(tls.mode, crate::source::tls::SslMode::Disable);
     }
 
     #[test]
     fn bad_values_name_the_variable() {
-        assert!(resolve("postgres:///db?user=u", &[("PGPORT", "x")]).unwrap_err().contains("PGPORT"));
-        assert!(resolve("postgres://u@h/db", &[("PGSSLMODE", "maybe")]).unwrap_err().contains("PGSSLMODE"));
-        assert!(resolve("postgres://h/db", &[]).unwrap_err().contains("no user"));
+        assert!(resolve("postgres:///db?user=u", &[("PGPORT", "x")])
+            .unwrap_err()
+            .contains("PGPORT"));
+        assert!(resolve("postgres://u@h/db", &[("PGSSLMODE", "maybe")])
+            .unwrap_err()
+            .contains("PGSSLMODE"));
+        assert!(resolve("postgres://h/db", &[])
+            .unwrap_err()
+            .contains("no user"));
     }
 
     #[test]
     fn password_file_lines_match_with_wildcards_and_escapes() {
         let file = "# comment\nother:5432:*:relay:wrong\ndb\\:1:*:app:relay:pa\\:ss\\\\word\n*:*:*:*:fallback\n";
-        assert_eq!(passfile_lookup(file, ["db:1", "5432", "app", "relay"]).as_deref(), Some("pa:ss\\word"));
-        assert_eq!(passfile_lookup(file, ["x", "1", "y", "z"]).as_deref(), Some("fallback"));
-        assert_eq!(passfile_lookup("h:5432:db:u:pw\n", ["h", "5432", "db", "v"]), None);
+        assert_eq!(
+            passfile_lookup(file, ["db:1", "5432", "app", "relay"]).as_deref(),
+            Some("pa:ss\\word")
+        );
+        assert_eq!(
+            passfile_lookup(file, ["x", "1", "y", "z"]).as_deref(),
+            Some("fallback")
+        );
+        assert_eq!(
+            passfile_lookup("h:5432:db:u:pw\n", ["h", "5432", "db", "v"]),
+            None
+        );
     }
 
     #[test]
@@ -207,6 +273,10 @@ mod tests {
         assert_eq!(config.get_password(), Some(&b"from-file"[..]));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let (config, _) = resolve("postgres://u@h/db", &[("PGPASSFILE", &file)]).unwrap();
-        assert_eq!(config.get_password(), None, "a world-readable password file is ignored");
+        assert_eq!(
+            config.get_password(),
+            None,
+            "a world-readable password file is ignored"
+        );
     }
 }

@@ -57,7 +57,10 @@ impl FromStr for TableName {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (schema, name) = s.split_once('.').unwrap_or(("public", s));
         if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(ConfigError::new("table", format!("{s:?} is not schema.table")));
+            return Err(ConfigError::new(
+                "table",
+                format!("{s:?} is not schema.table"),
+            ));
         }
         Ok(TableName {
             schema: schema.to_owned(),
@@ -166,7 +169,8 @@ pub struct KafkaConfig {
 }
 
 /// librdkafka properties the relay's guarantees depend on; setting them otherwise is an error.
-const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] =
+    &[("enable.idempotence", "true"), ("acks", "all")];
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -206,7 +210,6 @@ pub struct PipelineConfig {
     pub shutdown_timeout_secs: u64,
 }
 
-
 impl fmt::Debug for PipelineConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PipelineConfig")
@@ -241,7 +244,10 @@ impl PipelineConfig {
         // PostgreSQL's rule for slot names (ReplicationSlotValidateName).
         if self.slot.is_empty()
             || self.slot.len() > 63
-            || !self.slot.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            || !self
+                .slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         {
             return Err(ConfigError::new(
                 "slot",
@@ -252,7 +258,10 @@ impl PipelineConfig {
             return Err(ConfigError::new("publication", "must not be empty"));
         }
         if self.route.topic_template.is_empty() {
-            return Err(ConfigError::new("route.topic_template", "must not be empty"));
+            return Err(ConfigError::new(
+                "route.topic_template",
+                "must not be empty",
+            ));
         }
         if self.route.by_field.as_deref() == Some("") {
             return Err(ConfigError::new("route.by_field", "must not be empty"));
@@ -263,12 +272,21 @@ impl PipelineConfig {
                 "cannot be combined with message_prefix: logical messages carry no such column",
             ));
         }
-        let sample = self.route.topic_template.replace(crate::router::ROUTED_BY_VALUE, "x");
+        let sample = self
+            .route
+            .topic_template
+            .replace(crate::router::ROUTED_BY_VALUE, "x");
         if let Err(reason) = crate::router::validate_topic(&sample) {
-            return Err(ConfigError::new("route.topic_template", format!("gives no legal topic name: {reason}")));
+            return Err(ConfigError::new(
+                "route.topic_template",
+                format!("gives no legal topic name: {reason}"),
+            ));
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
-            return Err(ConfigError::new("kafka.bootstrap_servers", "must not be empty"));
+            return Err(ConfigError::new(
+                "kafka.bootstrap_servers",
+                "must not be empty",
+            ));
         }
         for (key, value) in &self.kafka.properties {
             if key == "bootstrap.servers" {
@@ -305,7 +323,10 @@ impl PipelineConfig {
     /// Returns an error naming `source_url` (without its password) if it does not parse.
     pub fn source_config(&self) -> Result<(tokio_postgres::Config, TlsSettings), ConfigError> {
         let invalid = |e: &dyn fmt::Display| {
-            ConfigError::new("source_url", format!("{}: {e}", redact_url(&self.source_url)))
+            ConfigError::new(
+                "source_url",
+                format!("{}: {e}", redact_url(&self.source_url)),
+            )
         };
         let (rest, mut tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
@@ -315,10 +336,18 @@ impl PipelineConfig {
             tls.mode = tls.mode.max(tls::SslMode::Require);
             tls.mode_given = true;
         }
-        libpq_env::apply(&mut config, &mut tls, &|name| std::env::var(name).ok()).map_err(|e| invalid(&e))?;
+        libpq_env::apply(&mut config, &mut tls, &|name| std::env::var(name).ok())
+            .map_err(|e| invalid(&e))?;
         // Unix sockets never use TLS (as libpq and the replication client).
-        let all_unix = config.get_hosts().iter().all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
-        config.ssl_mode(if all_unix { tokio_postgres::config::SslMode::Disable } else { tls.tokio_postgres_mode() });
+        let all_unix = config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        config.ssl_mode(if all_unix {
+            tokio_postgres::config::SslMode::Disable
+        } else {
+            tls.tokio_postgres_mode()
+        });
         Ok((config, tls))
     }
 
@@ -341,7 +370,12 @@ pub fn redact_url(url: &str) -> String {
         let mut out = url.to_owned();
         if let Some(at) = rest[..authority_end].rfind('@') {
             if let Some(colon) = rest[..at].find(':') {
-                out = format!("{}{}:***{}", &url[..scheme_end + 3], &rest[..colon], &rest[at..]);
+                out = format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &rest[..colon],
+                    &rest[at..]
+                );
             }
         }
         // A password may also come as a query parameter.
@@ -427,15 +461,32 @@ mod tests {
             ("slot", Box::new(|c| c.slot = "Bad-Slot".into())),
             ("slot", Box::new(|c| c.slot = String::new())),
             ("publication", Box::new(|c| c.publication = String::new())),
-            ("source_url", Box::new(|c| c.source_url = "postgres://u:pw@h:notaport/db".into())),
-            ("kafka.bootstrap_servers", Box::new(|c| c.kafka.bootstrap_servers = " ".into())),
+            (
+                "source_url",
+                Box::new(|c| c.source_url = "postgres://u:pw@h:notaport/db".into()),
+            ),
+            (
+                "kafka.bootstrap_servers",
+                Box::new(|c| c.kafka.bootstrap_servers = " ".into()),
+            ),
             (
                 "kafka.properties",
-                Box::new(|c| c.kafka.properties = vec![("enable.idempotence".into(), "false".into())]),
+                Box::new(|c| {
+                    c.kafka.properties = vec![("enable.idempotence".into(), "false".into())]
+                }),
             ),
-            ("kafka.properties", Box::new(|c| c.kafka.properties = vec![("acks".into(), "1".into())])),
-            ("max_in_flight_events", Box::new(|c| c.max_in_flight_events = 0)),
-            ("route.topic_template", Box::new(|c| c.route.topic_template = "orders/${routedByValue}".into())),
+            (
+                "kafka.properties",
+                Box::new(|c| c.kafka.properties = vec![("acks".into(), "1".into())]),
+            ),
+            (
+                "max_in_flight_events",
+                Box::new(|c| c.max_in_flight_events = 0),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = "orders/${routedByValue}".into()),
+            ),
             (
                 "route.by_field",
                 Box::new(|c| {
@@ -457,21 +508,42 @@ mod tests {
     fn parses_table_names() {
         assert_eq!(
             "outbox".parse::<TableName>().unwrap(),
-            TableName { schema: "public".into(), name: "outbox".into() }
+            TableName {
+                schema: "public".into(),
+                name: "outbox".into()
+            }
         );
-        assert_eq!("app.events".parse::<TableName>().unwrap().to_string(), "app.events");
+        assert_eq!(
+            "app.events".parse::<TableName>().unwrap().to_string(),
+            "app.events"
+        );
         assert!("a.b.c".parse::<TableName>().is_err());
         assert!(".x".parse::<TableName>().is_err());
     }
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("postgres://u:pa/ss@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact_url("host=h password=secret user=u"), "host=h password=*** user=u");
-        assert_eq!(redact_url("host=h password = 'a b\\' c' user=u"), "host=h password=*** user=u");
-        assert_eq!(redact_url("postgres://u@h/db?sslmode=require&password=secret"), "postgres://u@h/db?sslmode=require&password=***");
+        assert_eq!(
+            redact_url("postgres://u:pa/ss@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(
+            redact_url("host=h password=secret user=u"),
+            "host=h password=*** user=u"
+        );
+        assert_eq!(
+            redact_url("host=h password = 'a b\\' c' user=u"),
+            "host=h password=*** user=u"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=require&password=secret"),
+            "postgres://u@h/db?sslmode=require&password=***"
+        );
         assert!(!format!("{:?}", config()).contains(":pw@"));
     }
 }

@@ -46,7 +46,11 @@ impl KafkaSink {
     /// is what applies).
     ///
     /// Returns an error if librdkafka rejects the configuration. Does not contact the broker.
-    pub fn new(config: &KafkaConfig, client_id: &str, queue_messages: usize) -> Result<Self, ProducerError> {
+    pub fn new(
+        config: &KafkaConfig,
+        client_id: &str,
+        queue_messages: usize,
+    ) -> Result<Self, ProducerError> {
         let mut client = ClientConfig::new();
         client
             .set("bootstrap.servers", &config.bootstrap_servers)
@@ -69,14 +73,18 @@ impl KafkaSink {
         // ahead of it. Unless the operator sets a timeout, librdkafka retries in order for
         // as long as the broker is away, and the relay waits (reading no WAL beyond its
         // in-flight limits, still answering the walsender).
-        if client.get("message.timeout.ms").is_none() && client.get("delivery.timeout.ms").is_none() {
+        if client.get("message.timeout.ms").is_none() && client.get("delivery.timeout.ms").is_none()
+        {
             client.set("message.timeout.ms", "0");
         }
         client
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("queue.buffering.max.messages", queue_messages.to_string());
-        let message_max_bytes = client.get("message.max.bytes").unwrap_or("1000000").to_owned();
+        let message_max_bytes = client
+            .get("message.max.bytes")
+            .unwrap_or("1000000")
+            .to_owned();
         Ok(KafkaSink {
             message_max_bytes,
             producer: Some(client.create().map_err(ProducerError)?),
@@ -85,7 +93,6 @@ impl KafkaSink {
             in_flight: InFlight::default(),
         })
     }
-
 }
 
 impl Drop for KafkaSink {
@@ -106,9 +113,13 @@ impl Sink for KafkaSink {
         let size = record.size();
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
-            headers = headers.insert(Header { key: key.as_ref(), value: value.as_deref() });
+            headers = headers.insert(Header {
+                key: key.as_ref(),
+                value: value.as_deref(),
+            });
         }
-        let mut future_record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic).headers(headers);
+        let mut future_record: FutureRecord<'_, [u8], [u8]> =
+            FutureRecord::to(&record.topic).headers(headers);
         if let Some(key) = &record.key {
             future_record = future_record.key(key.as_ref());
         }
@@ -122,7 +133,12 @@ impl Sink for KafkaSink {
             let producer = self.producer.as_ref().expect("producer present until drop");
             match producer.send_result(future_record) {
                 Ok(future) => {
-                    let meta = RecordMeta { token, size, sent: Instant::now(), timestamp_ms: record.timestamp_ms };
+                    let meta = RecordMeta {
+                        token,
+                        size,
+                        sent: Instant::now(),
+                        timestamp_ms: record.timestamp_ms,
+                    };
                     self.pending.push(PendingDelivery { future, meta });
                     self.in_flight.events += 1;
                     self.in_flight.bytes += size;
@@ -232,7 +248,9 @@ impl Future for PendingDelivery {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let meta = self.meta;
-        Pin::new(&mut self.future).poll(cx).map(|outcome| (meta, outcome))
+        Pin::new(&mut self.future)
+            .poll(cx)
+            .map(|outcome| (meta, outcome))
     }
 }
 

@@ -33,7 +33,11 @@ impl Record {
     pub fn size(&self) -> usize {
         self.key.as_ref().map_or(0, Bytes::len)
             + self.value.as_ref().map_or(0, Bytes::len)
-            + self.headers.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len)).sum::<usize>()
+            + self
+                .headers
+                .iter()
+                .map(|(k, v)| k.len() + v.as_ref().map_or(0, Bytes::len))
+                .sum::<usize>()
     }
 
     /// The `id` header, for error messages.
@@ -83,7 +87,11 @@ pub trait Sink: Send {
     ///
     /// Returns an error if the record is refused outright (e.g. larger than the client's
     /// limit). Not cancel-safe.
-    fn send(&mut self, record: Record, token: EventToken) -> impl Future<Output = Result<(), DeliveryError>> + Send;
+    fn send(
+        &mut self,
+        record: Record,
+        token: EventToken,
+    ) -> impl Future<Output = Result<(), DeliveryError>> + Send;
 
     /// The next delivery outcome, in no particular order; `None` when nothing is in flight.
     ///

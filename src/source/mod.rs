@@ -78,7 +78,10 @@ fn is_tls_error(error: &tokio_postgres::Error) -> bool {
             return true;
         }
         if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+            {
                 return true;
             }
         }

@@ -39,15 +39,29 @@ pub struct OutboxEvent {
 /// An outbox row the relay cannot turn into an event; the pipeline stops before confirming it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum OutboxError {
-    #[error("insert at LSN {lsn} for relation {rel_id} that was never described by a Relation message")]
+    #[error(
+        "insert at LSN {lsn} for relation {rel_id} that was never described by a Relation message"
+    )]
     UnknownRelation { rel_id: u32, lsn: Lsn },
     #[error("outbox table {table} has no column {column:?} (at LSN {lsn}); configure the column mapping")]
-    MissingColumn { table: String, column: String, lsn: Lsn },
-    #[error("outbox row at LSN {lsn} (event id {event_id}) has NULL in required column {column:?}")]
-    Null { column: String, event_id: String, lsn: Lsn },
+    MissingColumn {
+        table: String,
+        column: String,
+        lsn: Lsn,
+    },
+    #[error(
+        "outbox row at LSN {lsn} (event id {event_id}) has NULL in required column {column:?}"
+    )]
+    Null {
+        column: String,
+        event_id: String,
+        lsn: Lsn,
+    },
     #[error("outbox row at LSN {lsn} has a non-text value in column {column:?}")]
     NotText { column: String, lsn: Lsn },
-    #[error("outbox row at LSN {lsn} has {columns} values, fewer than its Relation message's columns")]
+    #[error(
+        "outbox row at LSN {lsn} has {columns} values, fewer than its Relation message's columns"
+    )]
     ShortTuple { columns: usize, lsn: Lsn },
     #[error("{op} of an outbox row at LSN {lsn} (op_invalid_behavior = error); outbox rows are only inserted")]
     InvalidOp { op: &'static str, lsn: Lsn },
@@ -137,7 +151,8 @@ impl OutboxDecoder {
     /// `aggregate_type`, or has fields of the wrong type or unknown fields.
     pub fn on_message(&self, message: &MessageBody, lsn: Lsn) -> Result<OutboxEvent, OutboxError> {
         let invalid = |reason: String| OutboxError::InvalidMessage { lsn, reason };
-        let event: MessageEvent<'_> = serde_json::from_slice(&message.content).map_err(|e| invalid(e.to_string()))?;
+        let event: MessageEvent<'_> =
+            serde_json::from_slice(&message.content).map_err(|e| invalid(e.to_string()))?;
         let text = |raw: &RawValue| Bytes::copy_from_slice(raw.get().as_bytes());
         Ok(OutboxEvent {
             id: Bytes::from(event.id.unwrap_or_else(|| format!("lsn-{}", message.lsn))),
@@ -186,9 +201,18 @@ impl OutboxDecoder {
     ///
     /// Returns an error if the relation is unknown, a mapped column is missing, `id` or
     /// `aggregate_type` is NULL, or a value is not in text format.
-    pub fn on_insert(&self, insert: &InsertBody, lsn: Lsn) -> Result<Option<OutboxEvent>, OutboxError> {
+    pub fn on_insert(
+        &self,
+        insert: &InsertBody,
+        lsn: Lsn,
+    ) -> Result<Option<OutboxEvent>, OutboxError> {
         let indexes = match self.relations.get(&insert.rel_id) {
-            None => return Err(OutboxError::UnknownRelation { rel_id: insert.rel_id, lsn }),
+            None => {
+                return Err(OutboxError::UnknownRelation {
+                    rel_id: insert.rel_id,
+                    lsn,
+                })
+            }
             Some(RelationKind::Other) => return Ok(None),
             Some(RelationKind::Outbox(Err(column))) => {
                 return Err(OutboxError::MissingColumn {
@@ -204,9 +228,15 @@ impl OutboxDecoder {
             match values.get(index) {
                 Some(TupleValue::Text(bytes)) => Ok(Some(bytes.clone())),
                 Some(TupleValue::Null) => Ok(None),
-                Some(_) => Err(OutboxError::NotText { column: name.to_owned(), lsn }),
+                Some(_) => Err(OutboxError::NotText {
+                    column: name.to_owned(),
+                    lsn,
+                }),
                 // pgoutput sends every column of the Relation: a shorter tuple is corrupt.
-                None => Err(OutboxError::ShortTuple { columns: values.len(), lsn }),
+                None => Err(OutboxError::ShortTuple {
+                    columns: values.len(),
+                    lsn,
+                }),
             }
         };
         let c = &self.columns;
@@ -214,15 +244,19 @@ impl OutboxDecoder {
         let required = |value: Option<Bytes>, column: &str| {
             value.ok_or_else(|| OutboxError::Null {
                 column: column.to_owned(),
-                event_id: id
-                    .as_deref()
-                    .map_or_else(|| "NULL".to_owned(), |id| String::from_utf8_lossy(id).into_owned()),
+                event_id: id.as_deref().map_or_else(
+                    || "NULL".to_owned(),
+                    |id| String::from_utf8_lossy(id).into_owned(),
+                ),
                 lsn,
             })
         };
         Ok(Some(OutboxEvent {
             id: required(id.clone(), &c.id)?,
-            aggregate_type: required(text(indexes.aggregate_type, &c.aggregate_type)?, &c.aggregate_type)?,
+            aggregate_type: required(
+                text(indexes.aggregate_type, &c.aggregate_type)?,
+                &c.aggregate_type,
+            )?,
             aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?,
             event_type: text(indexes.event_type, &c.event_type)?,
             payload: text(indexes.payload, &c.payload)?,
@@ -249,7 +283,11 @@ mod tests {
         include_str!("../../tests/fixtures/pgoutput-v1-stream.jsonl")
             .lines()
             .map(|line| {
-                let hex = line.split("\"hex\" : \"").nth(1).unwrap().trim_end_matches("\"}");
+                let hex = line
+                    .split("\"hex\" : \"")
+                    .nth(1)
+                    .unwrap()
+                    .trim_end_matches("\"}");
                 let bytes: Vec<u8> = (0..hex.len())
                     .step_by(2)
                     .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
@@ -277,20 +315,38 @@ mod tests {
 
     #[test]
     fn maps_fixture_inserts_by_column_name() {
-        let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), None);
-        let events: Vec<OutboxEvent> = events(&mut decoder).into_iter().map(Result::unwrap).collect();
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        );
+        let events: Vec<OutboxEvent> = events(&mut decoder)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         let ids: Vec<&[u8]> = events.iter().map(|e| &e.id[..]).collect();
         assert_eq!(
             ids,
-            [1, 2, 3, 4, 5].map(|n| format!("00000000-0000-0000-0000-00000000000{n}")).iter().map(|s| s.as_bytes()).collect::<Vec<_>>()
+            [1, 2, 3, 4, 5]
+                .map(|n| format!("00000000-0000-0000-0000-00000000000{n}"))
+                .iter()
+                .map(|s| s.as_bytes())
+                .collect::<Vec<_>>()
         );
         let first = &events[0];
         assert_eq!(&first.aggregate_type[..], b"Order");
         assert_eq!(first.aggregate_id, None);
         assert_eq!(first.event_type.as_deref(), Some(&b"OrderCreated"[..]));
-        assert_eq!(first.payload.as_deref(), Some("{\"s\": \"é😀\", \"total\": 12.50}".as_bytes()));
+        assert_eq!(
+            first.payload.as_deref(),
+            Some("{\"s\": \"é😀\", \"total\": 12.50}".as_bytes())
+        );
         assert_eq!(events[2].payload, None, "NULL payload is a tombstone");
-        assert_eq!(first.headers.as_deref(), Some(&b"{\"trace\": \"t-1\"}"[..]), "a DOMAIN over jsonb is text too");
+        assert_eq!(
+            first.headers.as_deref(),
+            Some(&b"{\"trace\": \"t-1\"}"[..]),
+            "a DOMAIN over jsonb is text too"
+        );
         // After ALTER TABLE ... ADD COLUMN tenant_id, columns are found by name again.
         assert_eq!(&events[3].aggregate_type[..], b"Customer");
         assert_eq!(events[3].aggregate_id.as_deref(), Some(&b"c-1"[..]));
@@ -298,25 +354,42 @@ mod tests {
 
     #[test]
     fn missing_column_is_an_error_naming_it() {
-        let columns = OutboxColumns { aggregate_type: "aggregatetype".into(), ..OutboxColumns::default() };
+        let columns = OutboxColumns {
+            aggregate_type: "aggregatetype".into(),
+            ..OutboxColumns::default()
+        };
         let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), columns, None);
         let first = events(&mut decoder).remove(0).unwrap_err();
-        assert!(matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"), "{first}");
+        assert!(
+            matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"),
+            "{first}"
+        );
         assert!(first.to_string().contains("aggregatetype"));
     }
 
     #[test]
     fn other_tables_are_not_events() {
-        let mut decoder = OutboxDecoder::new("public.other".parse().unwrap(), OutboxColumns::default(), None);
+        let mut decoder = OutboxDecoder::new(
+            "public.other".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        );
         // `other` has none of the outbox columns: its insert is an error, outbox inserts are not events.
         let results = events(&mut decoder);
         assert_eq!(results.len(), 1);
-        assert!(matches!(&results[0], Err(OutboxError::MissingColumn { .. })));
+        assert!(matches!(
+            &results[0],
+            Err(OutboxError::MissingColumn { .. })
+        ));
     }
 
     #[test]
     fn insert_before_relation_is_an_error() {
-        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), None);
+        let decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        );
         let insert = fixture()
             .into_iter()
             .find_map(|m| match m {
@@ -324,12 +397,19 @@ mod tests {
                 _ => None,
             })
             .unwrap();
-        assert!(matches!(decoder.on_insert(&insert, Lsn(7)), Err(OutboxError::UnknownRelation { lsn: Lsn(7), .. })));
+        assert!(matches!(
+            decoder.on_insert(&insert, Lsn(7)),
+            Err(OutboxError::UnknownRelation { lsn: Lsn(7), .. })
+        ));
     }
 
     #[test]
     fn logical_messages_with_the_prefix_are_events() {
-        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), Some("outbox".into()));
+        let decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            Some("outbox".into()),
+        );
         let messages: Vec<MessageBody> = fixture()
             .into_iter()
             .filter_map(|m| match m {
@@ -345,16 +425,38 @@ mod tests {
         assert_eq!(event.aggregate_id.as_deref(), Some(&b"o-m"[..]));
         assert_eq!(event.event_type.as_deref(), Some(&b"E1"[..]));
         assert_eq!(event.payload.as_deref(), Some(&b"{}"[..]));
-        assert_eq!(event.id, Bytes::from(format!("lsn-{}", outbox.lsn)), "a replay gets the same id");
+        assert_eq!(
+            event.id,
+            Bytes::from(format!("lsn-{}", outbox.lsn)),
+            "a replay gets the same id"
+        );
     }
 
     #[test]
     fn invalid_messages_are_errors_naming_the_lsn() {
-        let decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), OutboxColumns::default(), Some("outbox".into()));
-        for content in [&b"not json"[..], b"[]", br#"{"aggregate_id": "x"}"#, br#"{"aggregate_type": 5}"#, br#"{"aggregate_type": "A", "typo": 1}"#] {
-            let message = MessageBody { transactional: true, lsn: Lsn(9), prefix: "outbox".into(), content: Bytes::copy_from_slice(content) };
+        let decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            Some("outbox".into()),
+        );
+        for content in [
+            &b"not json"[..],
+            b"[]",
+            br#"{"aggregate_id": "x"}"#,
+            br#"{"aggregate_type": 5}"#,
+            br#"{"aggregate_type": "A", "typo": 1}"#,
+        ] {
+            let message = MessageBody {
+                transactional: true,
+                lsn: Lsn(9),
+                prefix: "outbox".into(),
+                content: Bytes::copy_from_slice(content),
+            };
             let err = decoder.on_message(&message, Lsn(9)).unwrap_err();
-            assert!(matches!(err, OutboxError::InvalidMessage { lsn: Lsn(9), .. }), "{err}");
+            assert!(
+                matches!(err, OutboxError::InvalidMessage { lsn: Lsn(9), .. }),
+                "{err}"
+            );
         }
         let message = MessageBody {
             transactional: true,
@@ -363,7 +465,10 @@ mod tests {
             content: Bytes::from_static(br#"{"id": "e-1", "aggregate_type": "A", "payload": {"n": 1.50}, "headers": {"h": "v"}}"#),
         };
         let event = decoder.on_message(&message, Lsn(9)).unwrap();
-        assert_eq!((&event.id[..], event.payload.as_deref()), (&b"e-1"[..], Some(&br#"{"n": 1.50}"#[..])));
+        assert_eq!(
+            (&event.id[..], event.payload.as_deref()),
+            (&b"e-1"[..], Some(&br#"{"n": 1.50}"#[..]))
+        );
         assert_eq!(event.headers.as_deref(), Some(&br#"{"h": "v"}"#[..]));
         assert_eq!(event.aggregate_id, None);
     }

@@ -19,11 +19,11 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use futures::StreamExt;
 use postgres_protocol::authentication::{self, sasl};
-use postgres_protocol::message::backend::{Message, ErrorResponseBody};
+use postgres_protocol::message::backend::{ErrorResponseBody, Message};
 use postgres_protocol::message::frontend;
+use tokio::io::AsyncReadExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::io::AsyncReadExt;
 use tokio_postgres::config::Host;
 use tokio_util::codec::{Decoder, FramedRead};
 
@@ -161,7 +161,9 @@ impl Decoder for BackendCodec {
             let len = usize::try_from(len)
                 .ok()
                 .filter(|len| (4..=MAX_MESSAGE_LEN).contains(len))
-                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "invalid message length"))?;
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "invalid message length")
+                })?;
             if src.len() < 1 + len {
                 src.reserve(1 + len - src.len());
                 return Ok(None);
@@ -212,7 +214,10 @@ impl ReplicationClient {
     /// Returns an error if no host accepts the connection, TLS is required and refused or the
     /// server's certificate fails verification, authentication fails, or the server asks for
     /// an authentication method other than trust, password, MD5 or SCRAM-SHA-256.
-    pub async fn connect(config: &tokio_postgres::Config, tls: &TlsSettings) -> Result<Self, SourceError> {
+    pub async fn connect(
+        config: &tokio_postgres::Config,
+        tls: &TlsSettings,
+    ) -> Result<Self, SourceError> {
         let socket = open_socket(config, tls).await?;
         let (read, write) = tokio::io::split(socket);
         let mut client = ReplicationClient {
@@ -232,7 +237,10 @@ impl ReplicationClient {
             ("user", user),
             ("database", config.get_dbname().unwrap_or(user)),
             ("replication", "database"),
-            ("application_name", config.get_application_name().unwrap_or("outbox-relay")),
+            (
+                "application_name",
+                config.get_application_name().unwrap_or("outbox-relay"),
+            ),
             ("client_encoding", "UTF8"),
             ("DateStyle", "ISO"),
             ("TimeZone", "UTC"),
@@ -258,7 +266,11 @@ impl ReplicationClient {
         }
     }
 
-    async fn authenticate(&mut self, user: &str, password: Option<&[u8]>) -> Result<(), SourceError> {
+    async fn authenticate(
+        &mut self,
+        user: &str,
+        password: Option<&[u8]>,
+    ) -> Result<(), SourceError> {
         let need_password = || {
             SourceError::Auth("the server asks for a password and the source url has none".into())
         };
@@ -331,7 +343,10 @@ impl ReplicationClient {
     /// rows of its result as text.
     ///
     /// Returns an error if the server reports one (keeping its SQLSTATE).
-    pub async fn simple_query(&mut self, query: &str) -> Result<Vec<Vec<Option<String>>>, SourceError> {
+    pub async fn simple_query(
+        &mut self,
+        query: &str,
+    ) -> Result<Vec<Vec<Option<String>>>, SourceError> {
         let mut buf = BytesMut::new();
         frontend::query(query, &mut buf)?;
         self.write(&buf).await?;
@@ -370,7 +385,9 @@ impl ReplicationClient {
         let field = |i: usize| row[i].clone().unwrap_or_default();
         Ok(SystemIdentity {
             system_id: field(0),
-            timeline: field(1).parse().map_err(|_| SourceError::Protocol("IDENTIFY_SYSTEM timeline".into()))?,
+            timeline: field(1)
+                .parse()
+                .map_err(|_| SourceError::Protocol("IDENTIFY_SYSTEM timeline".into()))?,
             xlogpos: field(2)
                 .parse()
                 .map_err(|_| SourceError::Protocol("IDENTIFY_SYSTEM xlogpos".into()))?,
@@ -391,13 +408,18 @@ impl ReplicationClient {
         publication: &str,
     ) -> Result<ReplicationStream, SourceError> {
         let mut buf = BytesMut::new();
-        frontend::query(&start_replication_command(slot, start, publication), &mut buf)?;
+        frontend::query(
+            &start_replication_command(slot, start, publication),
+            &mut buf,
+        )?;
         self.write(&buf).await?;
         loop {
             match self.reader.next().await.transpose()? {
                 Some(Backend::CopyBothResponse) => break,
                 Some(Backend::Message(Message::NoticeResponse(_))) => {}
-                Some(Backend::Message(Message::ErrorResponse(body))) => return Err(server_error(&body)),
+                Some(Backend::Message(Message::ErrorResponse(body))) => {
+                    return Err(server_error(&body))
+                }
                 Some(Backend::Message(_)) => return Err(unexpected("START_REPLICATION")),
                 None => return Err(SourceError::Closed),
             }
@@ -437,8 +459,12 @@ impl ReplicationStream {
                     return parse_copy_data(body.into_bytes()).map(Some)
                 }
                 Some(Backend::Message(Message::CopyDone)) => return Ok(None),
-                Some(Backend::Message(Message::ErrorResponse(body))) => return Err(server_error(&body)),
-                Some(Backend::Message(Message::NoticeResponse(_) | Message::ParameterStatus(_))) => {}
+                Some(Backend::Message(Message::ErrorResponse(body))) => {
+                    return Err(server_error(&body))
+                }
+                Some(Backend::Message(
+                    Message::NoticeResponse(_) | Message::ParameterStatus(_),
+                )) => {}
                 Some(_) => return Err(unexpected("replication stream")),
                 None => return Err(SourceError::Closed),
             }
@@ -467,15 +493,17 @@ impl ReplicationStream {
             loop {
                 match self.client.reader.next().await.transpose()? {
                     Some(Backend::Message(Message::ReadyForQuery(_))) => return Ok(()),
-                    Some(Backend::Message(Message::ErrorResponse(body))) => return Err(server_error(&body)),
+                    Some(Backend::Message(Message::ErrorResponse(body))) => {
+                        return Err(server_error(&body))
+                    }
                     Some(_) => {}
                     None => return Err(SourceError::Closed),
                 }
             }
         };
-        tokio::time::timeout(timeout, drain)
-            .await
-            .map_err(|_| SourceError::Protocol("timed out waiting for the walsender to end the stream".into()))??;
+        tokio::time::timeout(timeout, drain).await.map_err(|_| {
+            SourceError::Protocol("timed out waiting for the walsender to end the stream".into())
+        })??;
         buf.clear();
         frontend::terminate(&mut buf);
         self.client.write(&buf).await?;
@@ -483,7 +511,10 @@ impl ReplicationStream {
     }
 }
 
-async fn open_socket(config: &tokio_postgres::Config, tls: &TlsSettings) -> Result<Box<dyn Socket>, SourceError> {
+async fn open_socket(
+    config: &tokio_postgres::Config,
+    tls: &TlsSettings,
+) -> Result<Box<dyn Socket>, SourceError> {
     let hosts = config.get_hosts();
     let ports = config.get_ports();
     let connect_timeout = config
@@ -504,7 +535,9 @@ async fn open_socket(config: &tokio_postgres::Config, tls: &TlsSettings) -> Resu
                     stream.set_nodelay(true)?;
                     set_keepalive(&stream, config)?;
                     match &tls_config {
-                        Some(tls_config) => negotiate_tls(stream, name, tls_config.clone(), tls.mode).await,
+                        Some(tls_config) => {
+                            negotiate_tls(stream, name, tls_config.clone(), tls.mode).await
+                        }
                         None => Ok(Box::new(stream) as Box<dyn Socket>),
                     }
                 }
@@ -518,7 +551,10 @@ async fn open_socket(config: &tokio_postgres::Config, tls: &TlsSettings) -> Resu
             Ok(Ok(socket)) => return Ok(socket),
             Ok(Err(error @ SourceError::Tls(_))) => return Err(error),
             Ok(Err(error)) => last_error = Some(error),
-            Err(_) => last_error = Some(io::Error::new(io::ErrorKind::TimedOut, "connect timed out").into()),
+            Err(_) => {
+                last_error =
+                    Some(io::Error::new(io::ErrorKind::TimedOut, "connect timed out").into())
+            }
         }
     }
     Err(last_error.unwrap_or_else(|| {
@@ -544,11 +580,20 @@ fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Res
     };
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(idle)
-        .with_interval(config.get_keepalives_interval().unwrap_or(Duration::from_secs(10)))
+        .with_interval(
+            config
+                .get_keepalives_interval()
+                .unwrap_or(Duration::from_secs(10)),
+        )
         .with_retries(config.get_keepalives_retries().unwrap_or(3));
     socket.set_tcp_keepalive(&keepalive)?;
     #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
-    socket.set_tcp_user_timeout(Some(config.get_tcp_user_timeout().copied().unwrap_or(Duration::from_secs(60))))?;
+    socket.set_tcp_user_timeout(Some(
+        config
+            .get_tcp_user_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(60)),
+    ))?;
     Ok(())
 }
 
@@ -566,10 +611,18 @@ async fn negotiate_tls(
         b'S' => {
             let name = rustls::pki_types::ServerName::try_from(host.to_owned())
                 .map_err(|e| SourceError::Tls(format!("host {host:?}: {e}")))?;
-            match tokio_rustls::TlsConnector::from(config).connect(name, stream).await {
+            match tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+            {
                 Ok(tls) => Ok(Box::new(tls)),
-                Err(e) => match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
-                    Some(rustls_error) => Err(SourceError::Tls(format!("handshake with {host}: {rustls_error}"))),
+                Err(e) => match e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                {
+                    Some(rustls_error) => Err(SourceError::Tls(format!(
+                        "handshake with {host}: {rustls_error}"
+                    ))),
                     None => Err(e.into()),
                 },
             }
@@ -578,7 +631,9 @@ async fn negotiate_tls(
             "{host} does not accept TLS connections and sslmode requires TLS"
         ))),
         b'N' => Ok(Box::new(stream)),
-        other => Err(SourceError::Protocol(format!("unexpected answer 0x{other:02x} to SSLRequest"))),
+        other => Err(SourceError::Protocol(format!(
+            "unexpected answer 0x{other:02x} to SSLRequest"
+        ))),
     }
 }
 
@@ -629,14 +684,21 @@ mod tests {
         buf.put_u8(1);
         assert_eq!(
             parse_copy_data(buf.freeze()).unwrap(),
-            ReplicationMessage::PrimaryKeepalive { wal_end: Lsn(0x30), send_time_us: 9, reply_requested: true }
+            ReplicationMessage::PrimaryKeepalive {
+                wal_end: Lsn(0x30),
+                send_time_us: 9,
+                reply_requested: true
+            }
         );
     }
 
     #[test]
     fn rejects_truncated_and_unknown_copy_data() {
         for bad in [&b""[..], b"w\0\0", b"k\0\0\0\0\0\0\0\0", b"x123"] {
-            assert!(parse_copy_data(Bytes::copy_from_slice(bad)).is_err(), "{bad:?}");
+            assert!(
+                parse_copy_data(Bytes::copy_from_slice(bad)).is_err(),
+                "{bad:?}"
+            );
         }
     }
 
@@ -661,7 +723,9 @@ mod tests {
 
     #[test]
     fn postgres_epoch_clock() {
-        let t = UNIX_EPOCH + Duration::from_secs(PG_EPOCH_OFFSET_SECS as u64) + Duration::from_micros(5);
+        let t = UNIX_EPOCH
+            + Duration::from_secs(PG_EPOCH_OFFSET_SECS as u64)
+            + Duration::from_micros(5);
         assert_eq!(pg_timestamp_us(t), 5);
     }
 }

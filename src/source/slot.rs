@@ -149,11 +149,10 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
         )));
     }
     let lsn: Option<String> = row.get(3);
-    let lsn = lsn
-        .as_deref()
-        .unwrap_or("0/0")
-        .parse()
-        .map_err(|_| SourceError::Protocol(format!("slot {slot:?} confirmed_flush_lsn {lsn:?}")))?;
+    let lsn =
+        lsn.as_deref().unwrap_or("0/0").parse().map_err(|_| {
+            SourceError::Protocol(format!("slot {slot:?} confirmed_flush_lsn {lsn:?}"))
+        })?;
     Ok(Some(lsn))
 }
 
@@ -175,11 +174,16 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
 /// existing publication or slot does not fit (see [`prepare`]).
 pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
     let (pg, tls) = config.source_config()?;
-    let sql_tls = tokio_postgres_rustls::MakeRustlsConnect::new(tls.client_config().map_err(SourceError::Tls)?);
+    let sql_tls = tokio_postgres_rustls::MakeRustlsConnect::new(
+        tls.client_config().map_err(SourceError::Tls)?,
+    );
     let (client, connection) = pg.connect(sql_tls).await.map_err(SourceError::Sql)?;
     let connection = tokio::spawn(connection);
     let exists = client
-        .query_opt("SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1", &[&config.publication])
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1",
+            &[&config.publication],
+        )
         .await
         .map_err(SourceError::Sql)?
         .is_some();
@@ -190,15 +194,28 @@ pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
             quote_ident(&config.table.schema),
             quote_ident(&config.table.name)
         );
-        client.batch_execute(&create).await.map_err(SourceError::Sql)?;
-    }
-    if read_slot(&client, &config.slot).await?.is_none() {
         client
-            .query_one("SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')", &[&config.slot])
+            .batch_execute(&create)
             .await
             .map_err(SourceError::Sql)?;
     }
-    let state = prepare(&client, &config.slot, &config.publication, &config.table, false).await;
+    if read_slot(&client, &config.slot).await?.is_none() {
+        client
+            .query_one(
+                "SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&config.slot],
+            )
+            .await
+            .map_err(SourceError::Sql)?;
+    }
+    let state = prepare(
+        &client,
+        &config.slot,
+        &config.publication,
+        &config.table,
+        false,
+    )
+    .await;
     drop(client);
     let _ = connection.await;
     Ok(state?.confirmed_flush_lsn)

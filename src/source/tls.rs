@@ -21,7 +21,9 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -44,7 +46,9 @@ impl std::str::FromStr for SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => return Err(format!("sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full")),
+            other => return Err(format!(
+                "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
+            )),
         })
     }
 }
@@ -100,7 +104,9 @@ pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
         let mut kept = Vec::new();
         for part in url.split_whitespace() {
             match part.split_once('=') {
-                Some((key, value)) if TLS_PARAMS.contains(&key) => set(key, value.trim_matches('\'').to_owned())?,
+                Some((key, value)) if TLS_PARAMS.contains(&key) => {
+                    set(key, value.trim_matches('\'').to_owned())?
+                }
                 _ => kept.push(part),
             }
         }
@@ -124,7 +130,11 @@ fn percent_decode(value: &str) -> String {
     let mut i = 0;
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied().and_then(hex),
+            bytes.get(i + 2).copied().and_then(hex),
+        ) {
             (b'%', Some(hi), Some(lo)) => {
                 out.push((hi * 16 + lo) as u8);
                 i += 3;
@@ -157,7 +167,8 @@ impl TlsSettings {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?;
-        let check_chain = self.mode >= SslMode::VerifyCa || (self.mode == SslMode::Require && self.root_cert.is_some());
+        let check_chain = self.mode >= SslMode::VerifyCa
+            || (self.mode == SslMode::Require && self.root_cert.is_some());
         let builder = if check_chain {
             let roots = Arc::new(self.root_store()?);
             let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
@@ -166,18 +177,25 @@ impl TlsSettings {
             if self.mode == SslMode::VerifyFull {
                 builder.with_webpki_verifier(webpki)
             } else {
-                builder.dangerous().with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
             }
         } else {
-            builder.dangerous().with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
         };
         match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => {
                 let certs = CertificateDer::pem_file_iter(cert)
                     .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
                     .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
-                let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("sslkey {}: {e}", key.display()))?;
-                builder.with_client_auth_cert(certs, key).map_err(|e| format!("sslcert/sslkey: {e}"))
+                let key = PrivateKeyDer::from_pem_file(key)
+                    .map_err(|e| format!("sslkey {}: {e}", key.display()))?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| format!("sslcert/sslkey: {e}"))
             }
             (None, None) => Ok(builder.with_no_client_auth()),
             _ => Err("sslcert and sslkey must be given together".into()),
@@ -186,7 +204,8 @@ impl TlsSettings {
 
     fn root_store(&self) -> Result<RootCertStore, String> {
         let mut roots = RootCertStore::empty();
-        let default_path = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".postgresql/root.crt"));
+        let default_path =
+            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".postgresql/root.crt"));
         match self.root_cert.as_deref() {
             Some("system") => {
                 for cert in rustls_native_certs::load_native_certs().certs {
@@ -229,7 +248,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -237,11 +259,21 @@ impl ServerCertVerifier for ChainOnly {
         }
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         self.0.verify_tls12_signature(message, cert, dss)
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         self.0.verify_tls13_signature(message, cert, dss)
     }
 
@@ -267,12 +299,32 @@ impl ServerCertVerifier for AnyCertificate {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -290,23 +342,45 @@ mod tests {
         assert_eq!(rest, "postgres://u:p@h:5432/db?application_name=x");
         assert_eq!(tls.mode, SslMode::VerifyFull);
         assert_eq!(tls.root_cert.as_deref(), Some("/etc/ca.pem"));
-        assert_eq!(split_url("postgres://u@h/db?sslrootcert=system").unwrap().1.mode, SslMode::VerifyFull);
+        assert_eq!(
+            split_url("postgres://u@h/db?sslrootcert=system")
+                .unwrap()
+                .1
+                .mode,
+            SslMode::VerifyFull
+        );
         assert!(split_url("postgres://u@h/db?sslrootcert=system&sslmode=require").is_err());
         let (rest, tls) = split_url("postgres://u@h/db?sslmode=require").unwrap();
         assert_eq!(rest, "postgres://u@h/db");
         assert_eq!(tls.mode, SslMode::Require);
-        let (rest, tls) = split_url("host=h user=u sslmode=verify-ca sslcert=/c sslkey=/k dbname=d").unwrap();
+        let (rest, tls) =
+            split_url("host=h user=u sslmode=verify-ca sslcert=/c sslkey=/k dbname=d").unwrap();
         assert_eq!(rest, "host=h user=u dbname=d");
-        assert_eq!((tls.mode, tls.client_cert.as_deref()), (SslMode::VerifyCa, Some(std::path::Path::new("/c"))));
-        assert_eq!(split_url("postgres://u@h/db").unwrap().1.mode, SslMode::Prefer);
-        assert!(split_url("postgres://u@h/db?sslmode=sometimes").unwrap_err().contains("sslmode"));
+        assert_eq!(
+            (tls.mode, tls.client_cert.as_deref()),
+            (SslMode::VerifyCa, Some(std::path::Path::new("/c")))
+        );
+        assert_eq!(
+            split_url("postgres://u@h/db").unwrap().1.mode,
+            SslMode::Prefer
+        );
+        assert!(split_url("postgres://u@h/db?sslmode=sometimes")
+            .unwrap_err()
+            .contains("sslmode"));
     }
 
     #[test]
     fn verify_modes_need_a_root_certificate() {
-        let tls = TlsSettings { mode: SslMode::VerifyFull, root_cert: Some("/nonexistent/ca.pem".into()), ..TlsSettings::default() };
+        let tls = TlsSettings {
+            mode: SslMode::VerifyFull,
+            root_cert: Some("/nonexistent/ca.pem".into()),
+            ..TlsSettings::default()
+        };
         assert!(tls.client_config().unwrap_err().contains("sslrootcert"));
-        let tls = TlsSettings { mode: SslMode::Require, ..TlsSettings::default() };
+        let tls = TlsSettings {
+            mode: SslMode::Require,
+            ..TlsSettings::default()
+        };
         tls.client_config().unwrap();
     }
 }

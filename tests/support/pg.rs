@@ -85,23 +85,69 @@ pub fn pg() -> &'static PgCluster {
 /// address, so `verify-full` to 127.0.0.1 fails on the host name), owned by the server user.
 fn generate_certificates(dir: &Path, data: &Path) {
     let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").current_dir(dir).args(args).output().expect("running openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("running openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     openssl(&[
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "7", "-subj", "/CN=outbox-relay test CA",
-        "-keyout", "ca.key", "-out", "ca.crt",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "7",
+        "-subj",
+        "/CN=outbox-relay test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
     ]);
-    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", "server.key", "-out", "server.csr"]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
     fs::write(
         dir.join("server.ext"),
         "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
     )
     .expect("writing server.ext");
     openssl(&[
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "7",
-        "-out", "server.crt", "-extfile", "server.ext",
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "7",
+        "-out",
+        "server.crt",
+        "-extfile",
+        "server.ext",
     ]);
     for file in ["server.crt", "server.key"] {
         fs::copy(dir.join(file), data.join(file)).expect("copying the server certificate");
@@ -445,7 +491,11 @@ impl TestDb {
         let port = self.port;
         match auth.password() {
             None => format!("postgres://{}@127.0.0.1:{port}/{}", auth.user(), self.name),
-            Some(p) => format!("postgres://{}:{p}@127.0.0.1:{port}/{}", auth.user(), self.name),
+            Some(p) => format!(
+                "postgres://{}:{p}@127.0.0.1:{port}/{}",
+                auth.user(),
+                self.name
+            ),
         }
     }
 
