@@ -12,7 +12,7 @@ use tokio_postgres::Client;
 
 use crate::config::{InvalidOpBehavior, PipelineConfig};
 use crate::error::chain;
-use crate::source::SourceError;
+use crate::source::{slot, SourceError};
 
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,19 +51,8 @@ fn finding(check: &'static str, verdict: Verdict, detail: impl Into<String>) -> 
     }
 }
 
-async fn connect(config: &PipelineConfig) -> Result<(Client, tokio::task::JoinHandle<()>), String> {
-    let (pg, tls) = config.source_config().map_err(|e| e.to_string())?;
-    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(tls.client_config()?);
-    let (client, connection) = pg
-        .connect(connector)
-        .await
-        .map_err(|e| chain(&SourceError::Sql(e)))?;
-    Ok((
-        client,
-        tokio::spawn(async move {
-            let _ = connection.await;
-        }),
-    ))
+async fn connect(config: &PipelineConfig) -> Result<(Client, slot::SqlConnection), String> {
+    slot::connect(config).await.map_err(|e| chain(&e))
 }
 
 /// Runs every check for `config`; never fails itself: problems are findings.
@@ -79,7 +68,7 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
                 ));
             }
             drop(client);
-            let _ = connection.await;
+            drop(connection);
         }
         Err(e) => findings.push(finding("connection", Verdict::Fail, e)),
     }
@@ -356,7 +345,7 @@ pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, Strin
         .await
         .map_err(|e| chain(&SourceError::Sql(e)))?;
     drop(client);
-    let _ = connection.await;
+    drop(connection);
     Ok(row.map(|r| SlotStatus {
         active_pid: r.get(0),
         confirmed_flush_lsn: r.get(1),

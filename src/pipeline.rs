@@ -11,7 +11,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
-use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -116,10 +115,8 @@ async fn run_session(
     create_slot: bool,
     streamed: &mut bool,
 ) -> Result<(), Error> {
+    let (client, connection) = slot::connect(config).await?;
     let (pg, tls) = config.source_config()?;
-    let sql_tls = MakeRustlsConnect::new(tls.client_config().map_err(SourceError::Tls)?);
-    let (client, connection) = pg.connect(sql_tls).await.map_err(SourceError::Sql)?;
-    let connection = AbortOnDrop(tokio::spawn(connection));
     let state = slot::prepare(
         &client,
         &config.slot,
@@ -530,15 +527,6 @@ struct Progress {
     at: Instant,
     published: u64,
     flush: Lsn,
-}
-
-/// Aborts the task when dropped (a dropped JoinHandle would detach it).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn lsn_gauge(lsn: Lsn) -> i64 {

@@ -186,6 +186,26 @@ struct Setup {
 }
 
 impl Setup {
+    /// Reads every topic of this test (see [`consume`]).
+    async fn consume_all(
+        &self,
+        expected: usize,
+        settle: Duration,
+        deadline: Duration,
+    ) -> Vec<Consumed> {
+        let topics = self.topics();
+        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consume(&kafka().bootstrap(), &topics, expected, settle, deadline).await
+    }
+
+    /// Waits until the slot's `confirmed_flush_lsn` is past `lsn` (a commit's start).
+    async fn wait_confirmed_past(&self, lsn: u64, what: &str, deadline: Duration) {
+        wait_for(what, deadline, || async {
+            (self.confirmed_flush().await > lsn).then_some(())
+        })
+        .await;
+    }
+
     async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
         let name = unique_name(prefix);
         let db = pg().create_database(&name).await;
@@ -271,16 +291,13 @@ async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up() {
         Duration::ZERO,
     )
     .await;
-    let topics = setup.topics();
-    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &topics,
-        written.len(),
-        Duration::from_secs(3),
-        Duration::from_secs(120),
-    )
-    .await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(3),
+            Duration::from_secs(120),
+        )
+        .await;
     let elapsed = started.elapsed();
     eprintln!(
         "10,000 events written and consumed in {elapsed:?} ({:.0} events/s)",
@@ -288,13 +305,13 @@ async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up() {
     );
     assert_delivered(&written, &consumed, true);
 
-    let last_commit = *before_commit.last().unwrap();
-    wait_for(
-        "confirmed_flush_lsn to pass the last commit",
-        Duration::from_secs(5),
-        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
-    )
-    .await;
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit",
+            Duration::from_secs(5),
+        )
+        .await;
     drop(relay);
 }
 
@@ -334,13 +351,13 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     )
     .await;
     assert_delivered(&written, &consumed, false);
-    let last_commit = *before_commit.last().unwrap();
-    wait_for(
-        "confirmed_flush_lsn to pass the last commit once the broker is back",
-        Duration::from_secs(30),
-        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
-    )
-    .await;
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit once the broker is back",
+            Duration::from_secs(30),
+        )
+        .await;
     drop(relay);
 }
 
@@ -392,16 +409,13 @@ async fn sigterm_mid_stream_then_restart_loses_and_duplicates_nothing() {
     let mut relay = Relay::spawn(&args);
     let (more, _) = writer.await.unwrap();
     written.extend(more);
-    let topics = setup.topics();
-    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &topics,
-        written.len(),
-        Duration::from_secs(3),
-        Duration::from_secs(120),
-    )
-    .await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(3),
+            Duration::from_secs(120),
+        )
+        .await;
     assert_delivered(&written, &consumed, true);
     relay.sigterm();
     relay.wait(Duration::from_secs(40));
@@ -523,24 +537,21 @@ async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
         },
     )
     .await;
-    let topics = setup.topics();
-    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &topics,
-        written.len(),
-        Duration::from_secs(2),
-        Duration::from_secs(90),
-    )
-    .await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+        )
+        .await;
     assert_delivered(&written, &consumed, false);
-    let last_commit = *before_commit.last().unwrap();
-    wait_for(
-        "confirmed_flush_lsn to pass the last commit after the reconnect",
-        Duration::from_secs(30),
-        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
-    )
-    .await;
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit after the reconnect",
+            Duration::from_secs(30),
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -556,16 +567,9 @@ async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
 
     let (mut written, _) =
         write_events(&setup.db.client, 10, 2, &setup.types, 3, 0, Duration::ZERO).await;
-    let topics = setup.topics();
-    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    consume(
-        &kafka().bootstrap(),
-        &topics,
-        written.len(),
-        Duration::ZERO,
-        Duration::from_secs(60),
-    )
-    .await;
+    setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
     assert!(
         !standby.log().contains("streaming"),
         "the standby streamed while the slot was held:\n{}",
@@ -579,22 +583,21 @@ async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
     standby
         .wait_for_log("streaming", Duration::from_secs(60))
         .await;
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &topics,
-        written.len(),
-        Duration::from_secs(2),
-        Duration::from_secs(90),
-    )
-    .await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+        )
+        .await;
     assert_delivered(&written, &consumed, false);
-    let last_commit = *before_commit.last().unwrap();
-    wait_for(
-        "the standby to confirm past the last commit",
-        Duration::from_secs(30),
-        || async { (setup.confirmed_flush().await > last_commit).then_some(()) },
-    )
-    .await;
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "the standby to confirm past the last commit",
+            Duration::from_secs(30),
+        )
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -156,6 +156,34 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     Ok(Some(lsn))
 }
 
+/// An ordinary SQL connection to a pipeline's database, with the same URL, environment and
+/// TLS settings as its replication connection. The connection task ends when the returned
+/// guard is dropped.
+///
+/// Returns an error if the URL is invalid, TLS cannot be set up or the server refuses.
+pub async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection), crate::Error> {
+    let (pg, tls) = config.source_config()?;
+    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(
+        tls.client_config().map_err(SourceError::Tls)?,
+    );
+    let (client, connection) = pg.connect(connector).await.map_err(SourceError::Sql)?;
+    Ok((
+        client,
+        SqlConnection(tokio::spawn(async move {
+            let _ = connection.await;
+        })),
+    ))
+}
+
+/// Owns the task driving a tokio-postgres connection; aborts it when dropped.
+pub struct SqlConnection(tokio::task::JoinHandle<()>);
+
+impl Drop for SqlConnection {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
 pub fn setup_sql(config: &PipelineConfig) -> String {
     format!(
@@ -173,12 +201,7 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
 /// Returns an error if the database is unreachable, the role may not create them, or an
 /// existing publication or slot does not fit (see [`prepare`]).
 pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
-    let (pg, tls) = config.source_config()?;
-    let sql_tls = tokio_postgres_rustls::MakeRustlsConnect::new(
-        tls.client_config().map_err(SourceError::Tls)?,
-    );
-    let (client, connection) = pg.connect(sql_tls).await.map_err(SourceError::Sql)?;
-    let connection = tokio::spawn(connection);
+    let (client, _connection) = connect(config).await?;
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1",
@@ -215,8 +238,6 @@ pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
         &config.table,
         false,
     )
-    .await;
-    drop(client);
-    let _ = connection.await;
-    Ok(state?.confirmed_flush_lsn)
+    .await?;
+    Ok(state.confirmed_flush_lsn)
 }

@@ -46,9 +46,11 @@ impl std::str::FromStr for SslMode {
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            )),
+            ))
+            }
         })
     }
 }
