@@ -1258,6 +1258,40 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
         "{error}"
     );
 
+    // SCRAM over TLS binds the channel (SCRAM-SHA-256-PLUS), so channel_binding=require
+    // connects; without TLS there is nothing to bind and require is refused before the
+    // password is sent.
+    let (config, tls) = source_config(&format!(
+        "{}&channel_binding=require",
+        url("localhost", "verify-full")
+    ));
+    ReplicationClient::connect(&config, &tls)
+        .await
+        .unwrap_or_else(|e| panic!("channel binding: {}", outbox_relay::error::chain(&e)));
+    let (config, tls) = source_config(&format!(
+        "{}?sslmode=disable&channel_binding=require",
+        setup.db.url(Auth::Scram)
+    ));
+    let error = ReplicationClient::connect(&config, &tls)
+        .await
+        .err()
+        .expect("channel_binding=require accepted a session without TLS");
+    assert!(
+        matches!(&error, SourceError::Auth(text) if text.contains("channel_binding")),
+        "{error}"
+    );
+    // hostaddr gives the address; the host name is only for TLS verification.
+    let (config, tls) = source_config(&format!(
+        "postgres://relay_tls:{}@localhost.invalid:{}/{}?hostaddr=127.0.0.1&sslmode=verify-ca&sslrootcert={}",
+        support::PASSWORD,
+        pg().port(),
+        setup.db.name,
+        ca.display()
+    ));
+    ReplicationClient::connect(&config, &tls)
+        .await
+        .unwrap_or_else(|e| panic!("hostaddr: {}", outbox_relay::error::chain(&e)));
+
     // The relay stops on a certificate that does not verify instead of retrying forever.
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args[2] = url("127.0.0.1", "verify-full");

@@ -218,18 +218,24 @@ impl ReplicationClient {
         config: &tokio_postgres::Config,
         tls: &TlsSettings,
     ) -> Result<Self, SourceError> {
-        let socket = open_socket(config, tls).await?;
+        let (socket, tls_server_end_point) = open_socket(config, tls).await?;
         let (read, write) = tokio::io::split(socket);
         let mut client = ReplicationClient {
             reader: FramedRead::new(read, BackendCodec),
             writer: write,
             server_params: HashMap::new(),
         };
-        client.startup(config).await?;
+        client
+            .startup(config, tls_server_end_point.as_deref())
+            .await?;
         Ok(client)
     }
 
-    async fn startup(&mut self, config: &tokio_postgres::Config) -> Result<(), SourceError> {
+    async fn startup(
+        &mut self,
+        config: &tokio_postgres::Config,
+        tls_server_end_point: Option<&[u8]>,
+    ) -> Result<(), SourceError> {
         let user = config
             .get_user()
             .ok_or_else(|| SourceError::Config("source url: user is required".into()))?;
@@ -251,7 +257,8 @@ impl ReplicationClient {
         let mut buf = BytesMut::new();
         frontend::startup_message(params.iter().copied(), &mut buf)?;
         self.write(&buf).await?;
-        self.authenticate(user, config.get_password()).await?;
+        self.authenticate(user, config, tls_server_end_point)
+            .await?;
         loop {
             match self.read().await? {
                 Message::ParameterStatus(body) => {
@@ -266,17 +273,38 @@ impl ReplicationClient {
         }
     }
 
+    /// Answers the server's authentication request (docs 55.2.1 "Start-up", 55.3 "SASL
+    /// Authentication"). SCRAM uses channel binding (`SCRAM-SHA-256-PLUS`, RFC 5929
+    /// `tls-server-end-point`) when the session is TLS and the server offers it, as libpq does;
+    /// `channel_binding=require` in the source URL makes a session without it an error,
+    /// `channel_binding=disable` never uses it.
     async fn authenticate(
         &mut self,
         user: &str,
-        password: Option<&[u8]>,
+        config: &tokio_postgres::Config,
+        tls_server_end_point: Option<&[u8]>,
     ) -> Result<(), SourceError> {
+        use tokio_postgres::config::ChannelBinding as Policy;
+        let password = config.get_password();
+        let policy = config.get_channel_binding();
+        let require_binding = || {
+            SourceError::Auth(
+                "channel_binding=require, but the server did not ask for SCRAM-SHA-256-PLUS over TLS (use sslmode=require or stronger and a role with a SCRAM password)"
+                    .into(),
+            )
+        };
         let need_password = || {
             SourceError::Auth("the server asks for a password and the source url has none".into())
         };
         let mut buf = BytesMut::new();
         match self.read().await? {
+            Message::AuthenticationOk if policy == Policy::Require => return Err(require_binding()),
             Message::AuthenticationOk => return Ok(()),
+            Message::AuthenticationCleartextPassword | Message::AuthenticationMd5Password(_)
+                if policy == Policy::Require =>
+            {
+                return Err(require_binding())
+            }
             Message::AuthenticationCleartextPassword => {
                 frontend::password_message(password.ok_or_else(need_password)?, &mut buf)?;
                 self.write(&buf).await?;
@@ -292,19 +320,30 @@ impl ReplicationClient {
             }
             Message::AuthenticationSasl(body) => {
                 let mut mechanisms = body.mechanisms();
-                let mut scram = false;
+                let (mut plain, mut plus) = (false, false);
                 while let Some(mechanism) = mechanisms.next()? {
-                    scram |= mechanism == sasl::SCRAM_SHA_256;
+                    plain |= mechanism == sasl::SCRAM_SHA_256;
+                    plus |= mechanism == sasl::SCRAM_SHA_256_PLUS;
                 }
-                if !scram {
-                    return Err(SourceError::Auth(
-                        "the server offers no SASL mechanism this client supports (SCRAM-SHA-256 without channel binding)".into(),
-                    ));
-                }
+                let end_point = tls_server_end_point.filter(|_| policy != Policy::Disable);
+                let (mechanism, binding) = match end_point {
+                    Some(end_point) if plus => (
+                        sasl::SCRAM_SHA_256_PLUS,
+                        sasl::ChannelBinding::tls_server_end_point(end_point.to_vec()),
+                    ),
+                    _ if policy == Policy::Require => return Err(require_binding()),
+                    // "y": this client could bind, the server did not offer it.
+                    Some(_) if plain => (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unrequested()),
+                    None if plain => (sasl::SCRAM_SHA_256, sasl::ChannelBinding::unsupported()),
+                    _ => {
+                        return Err(SourceError::Auth(
+                            "the server offers no SASL mechanism this client supports (SCRAM-SHA-256, SCRAM-SHA-256-PLUS)".into(),
+                        ))
+                    }
+                };
                 let password = password.ok_or_else(need_password)?;
-                let mut scram =
-                    sasl::ScramSha256::new(password, sasl::ChannelBinding::unsupported());
-                frontend::sasl_initial_response(sasl::SCRAM_SHA_256, scram.message(), &mut buf)?;
+                let mut scram = sasl::ScramSha256::new(password, binding);
+                frontend::sasl_initial_response(mechanism, scram.message(), &mut buf)?;
                 self.write(&buf).await?;
                 match self.read().await? {
                     Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
@@ -511,11 +550,20 @@ impl ReplicationStream {
     }
 }
 
+/// Opens the connection to the first host that accepts it, with TLS as `tls` says.
+///
+/// Returns the socket and, for a TLS session, the `tls-server-end-point` channel binding data
+/// (RFC 5929: the hash of the server certificate), `None` without TLS or when the
+/// certificate's signature algorithm names no usable hash (e.g. Ed25519).
+///
+/// `hostaddr` (libpq) gives the IP address to connect to for the host at the same position,
+/// which still names the server for TLS verification.
 async fn open_socket(
     config: &tokio_postgres::Config,
     tls: &TlsSettings,
-) -> Result<Box<dyn Socket>, SourceError> {
+) -> Result<(Box<dyn Socket>, Option<Vec<u8>>), SourceError> {
     let hosts = config.get_hosts();
+    let hostaddrs = config.get_hostaddrs();
     let ports = config.get_ports();
     let connect_timeout = config
         .get_connect_timeout()
@@ -531,19 +579,25 @@ async fn open_socket(
         let attempt = async {
             match host {
                 Host::Tcp(name) => {
-                    let stream = TcpStream::connect((name.as_str(), port)).await?;
+                    let stream = match hostaddrs.get(i) {
+                        Some(addr) => TcpStream::connect((*addr, port)).await?,
+                        None => TcpStream::connect((name.as_str(), port)).await?,
+                    };
                     stream.set_nodelay(true)?;
                     set_keepalive(&stream, config)?;
                     match &tls_config {
                         Some(tls_config) => {
                             negotiate_tls(stream, name, tls_config.clone(), tls.mode).await
                         }
-                        None => Ok(Box::new(stream) as Box<dyn Socket>),
+                        None => Ok((Box::new(stream) as Box<dyn Socket>, None)),
                     }
                 }
                 Host::Unix(dir) => {
                     let path = dir.join(format!(".s.PGSQL.{port}"));
-                    Ok(Box::new(UnixStream::connect(path).await?) as Box<dyn Socket>)
+                    Ok((
+                        Box::new(UnixStream::connect(path).await?) as Box<dyn Socket>,
+                        None,
+                    ))
                 }
             }
         };
@@ -597,13 +651,16 @@ fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Res
     Ok(())
 }
 
-/// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host`.
+/// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host` (docs
+/// 55.2.10 "SSL Session Encryption").
+///
+/// Returns the socket and the TLS session's channel binding data (see [`open_socket`]).
 async fn negotiate_tls(
     mut stream: TcpStream,
     host: &str,
     config: Arc<rustls::ClientConfig>,
     mode: SslMode,
-) -> Result<Box<dyn Socket>, SourceError> {
+) -> Result<(Box<dyn Socket>, Option<Vec<u8>>), SourceError> {
     let mut buf = BytesMut::new();
     frontend::ssl_request(&mut buf);
     stream.write_all(&buf).await?;
@@ -615,7 +672,15 @@ async fn negotiate_tls(
                 .connect(name, stream)
                 .await
             {
-                Ok(tls) => Ok(Box::new(tls)),
+                Ok(tls) => {
+                    let end_point = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|chain| chain.first())
+                        .and_then(|cert| tls_server_end_point(cert));
+                    Ok((Box::new(tls), end_point))
+                }
                 Err(e) => match e
                     .get_ref()
                     .and_then(|inner| inner.downcast_ref::<rustls::Error>())
@@ -630,10 +695,39 @@ async fn negotiate_tls(
         b'N' if mode >= SslMode::Require => Err(SourceError::Tls(format!(
             "{host} does not accept TLS connections and sslmode requires TLS"
         ))),
-        b'N' => Ok(Box::new(stream)),
+        b'N' => Ok((Box::new(stream), None)),
         other => Err(SourceError::Protocol(format!(
             "unexpected answer 0x{other:02x} to SSLRequest"
         ))),
+    }
+}
+
+/// RFC 5929 `tls-server-end-point` data: the server certificate hashed with the hash of its
+/// signature algorithm, SHA-256 for MD5 and SHA-1 (RFC 5929 section 4.1). `None` for
+/// algorithms without one (Ed25519) or a certificate that does not parse.
+fn tls_server_end_point(cert_der: &[u8]) -> Option<Vec<u8>> {
+    use sha2::{Digest, Sha256, Sha384, Sha512};
+    use x509_cert::der::oid::db::rfc5912::{
+        ECDSA_WITH_SHA_256, ECDSA_WITH_SHA_384, ECDSA_WITH_SHA_512, ID_SHA_1, ID_SHA_256,
+        ID_SHA_384, ID_SHA_512, MD_5_WITH_RSA_ENCRYPTION, SHA_1_WITH_RSA_ENCRYPTION,
+        SHA_256_WITH_RSA_ENCRYPTION, SHA_384_WITH_RSA_ENCRYPTION, SHA_512_WITH_RSA_ENCRYPTION,
+    };
+    use x509_cert::der::Decode;
+    let cert = x509_cert::Certificate::from_der(cert_der).ok()?;
+    match cert.signature_algorithm.oid {
+        ID_SHA_1
+        | ID_SHA_256
+        | MD_5_WITH_RSA_ENCRYPTION
+        | SHA_1_WITH_RSA_ENCRYPTION
+        | SHA_256_WITH_RSA_ENCRYPTION
+        | ECDSA_WITH_SHA_256 => Some(Sha256::digest(cert_der).to_vec()),
+        ID_SHA_384 | SHA_384_WITH_RSA_ENCRYPTION | ECDSA_WITH_SHA_384 => {
+            Some(Sha384::digest(cert_der).to_vec())
+        }
+        ID_SHA_512 | SHA_512_WITH_RSA_ENCRYPTION | ECDSA_WITH_SHA_512 => {
+            Some(Sha512::digest(cert_der).to_vec())
+        }
+        _ => None,
     }
 }
 
