@@ -2116,3 +2116,137 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
         "confirmed past the transaction with the update"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidated_slot_is_refused_and_never_recreated() {
+    // A cluster of its own: the test lowers max_slot_wal_keep_size, which would invalidate
+    // the other tests' slots.
+    let cluster = support::PgCluster::start_private(&unique_name("lostslot"));
+    let name = unique_name("lostslot");
+    let db = cluster.create_database(&name).await;
+    for sql in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+        "CREATE TABLE scratch (filler text)",
+    ] {
+        db.client.batch_execute(sql).await.unwrap();
+    }
+    let aggregate = format!("Order_{name}");
+    let topic = format!("{aggregate}.events");
+    kafka().create_topic(&topic, 1);
+    let slot = format!("{name}_slot");
+    let args: Vec<String> = [
+        "run",
+        "--source-url",
+        &db.url(Auth::Scram),
+        "--slot",
+        &slot,
+        "--publication",
+        "outbox_pub",
+        "--table",
+        "public.outbox",
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+
+    // A first start creates the slot and publishes an event; then the relay stops.
+    let mut relay = Relay::spawn(&args);
+    wait_for("the relay streaming", Duration::from_secs(60), || async {
+        db.client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|_| ())
+    })
+    .await;
+    let (written, _) =
+        write_events(&db.client, 1, 1, &[aggregate.clone()], 1, 0, Duration::ZERO).await;
+    consume(
+        &kafka().bootstrap(),
+        &[topic.as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    relay.sigterm();
+    assert!(
+        relay.wait(Duration::from_secs(30)).success(),
+        "{}",
+        relay.log()
+    );
+
+    // While it is stopped, events are written and WAL moves far past max_slot_wal_keep_size:
+    // the checkpoint removes WAL the slot still needs.
+    let (lost, _) = write_events(
+        &db.client,
+        1,
+        1,
+        &[aggregate.clone()],
+        1,
+        10,
+        Duration::ZERO,
+    )
+    .await;
+    assert_eq!(lost.len(), 1);
+    for _ in 0..4 {
+        db.client
+            .batch_execute(
+                "INSERT INTO scratch SELECT repeat('x', 1000) FROM generate_series(1, 2000);
+                 SELECT pg_switch_wal();",
+            )
+            .await
+            .unwrap();
+    }
+    db.client.batch_execute("CHECKPOINT").await.unwrap();
+    let status: Option<String> = db
+        .client
+        .query_one(
+            "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        status.as_deref(),
+        Some("lost"),
+        "the test did not invalidate the slot"
+    );
+
+    // The relay refuses to run, says why and what to do, and leaves the slot as it is.
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    assert!(!status.success(), "the relay ran on an invalidated slot");
+    let log = relay.log();
+    assert!(
+        log.contains("invalidated") && log.contains("pg_drop_replication_slot"),
+        "{log}"
+    );
+    let (count, status): (i64, Option<String>) = {
+        let row = db
+            .client
+            .query_one(
+                "SELECT count(*), max(wal_status) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((count, status.as_deref()), (1, Some("lost")));
+
+    // `status` shows it too, so an operator sees it before starting the relay.
+    let mut status_args = vec!["status".to_string()];
+    status_args.extend(args[1..].iter().cloned());
+    let mut report = Relay::spawn(&status_args);
+    report.wait(Duration::from_secs(30));
+    assert!(report.log().contains("lost"), "{}", report.log());
+}
