@@ -600,8 +600,12 @@ async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
         .await;
 }
 
+/// Idle progress, both sides: ~300 MB of WAL outside the publication behind one event. While
+/// the broker hangs, the slot stays before that event; once Kafka acknowledges it, the slot's
+/// confirmed_flush_lsn and restart_lsn follow the WAL within 60 s, so WAL does not pile up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_outbox_lets_the_slot_follow_other_wal() {
+    const NOISE_BYTES: u64 = 300 << 20;
     let setup = Setup::new("idle", &["Order"], 1).await;
     // wal_sender_timeout = 0: the walsender never asks for a reply; the slot must advance anyway.
     let setting = format!(
@@ -615,32 +619,62 @@ async fn idle_outbox_lets_the_slot_follow_other_wal() {
         .batch_execute("CREATE TABLE noise (id bigserial PRIMARY KEY, filler text)")
         .await
         .unwrap();
-    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    let broker = support::Broker::start_on(support::free_port());
+    for topic in setup.topics() {
+        broker.create_topic(&topic, 1);
+    }
+    let relay = Relay::spawn(&setup.relay_args(&broker.bootstrap(), Auth::Trust));
     setup.wait_streaming().await;
 
-    let (written, _) =
+    broker.pause(true);
+    let (written, before_commit) =
         write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
-    for _ in 0..20 {
+    let start = setup.db.current_wal_insert_lsn().await;
+    while setup.db.current_wal_insert_lsn().await - start < NOISE_BYTES {
         setup.db.client
-            .batch_execute("INSERT INTO noise (filler) SELECT repeat(md5(g::text), 16) FROM generate_series(1, 2000) g")
+            .batch_execute("INSERT INTO noise (filler) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 4000) g")
             .await
             .unwrap();
     }
     let end_of_noise = setup.db.current_wal_insert_lsn().await;
+    // Keepalives report WAL far past the event, but Kafka has not acknowledged it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed <= before_commit[0],
+        "confirmed_flush_lsn {confirmed:X} passed the unacknowledged event's commit {:X}",
+        before_commit[0]
+    );
+    broker.pause(false);
+
     let topics = setup.topics();
     let consumed = consume(
-        &kafka().bootstrap(),
+        &broker.bootstrap(),
         &[topics[0].as_str()],
         1,
         Duration::ZERO,
-        Duration::from_secs(30),
+        Duration::from_secs(60),
     )
     .await;
     assert_delivered(&written, &consumed, true);
     wait_for(
-        "confirmed_flush_lsn to follow WAL written outside the publication",
+        "confirmed_flush_lsn and restart_lsn to follow WAL written outside the publication",
         Duration::from_secs(60),
-        || async { (setup.confirmed_flush().await >= end_of_noise).then_some(()) },
+        || async {
+            let row = setup
+                .db
+                .client
+                .query_one(
+                    "SELECT confirmed_flush_lsn::text, restart_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&setup.slot],
+                )
+                .await
+                .ok()?;
+            let confirmed = support::parse_lsn(&row.get::<_, String>(0));
+            let restart = support::parse_lsn(&row.get::<_, String>(1));
+            // restart_lsn moves at the server's running-xacts records, every 15 s at most.
+            (confirmed >= end_of_noise && restart + (16 << 20) >= end_of_noise).then_some(())
+        },
     )
     .await;
     drop(relay);
