@@ -2284,3 +2284,70 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
     report.wait(Duration::from_secs(30));
     assert!(report.log().contains("lost"), "{}", report.log());
 }
+
+/// Issue 5, case 1: the broker hangs longer than the producer's message timeout. librdkafka
+/// gives up on the records; the relay must not skip them: it drops the producer, reconnects
+/// from the slot's confirmed LSN and publishes again, retrying with backoff until the broker is
+/// back. Meanwhile the slot stays before the first unacknowledged commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_longer_than_the_message_timeout_loses_nothing() {
+    let setup = Setup::new("timeout", &["Order"], 2).await;
+    let broker = support::Broker::start_on(support::free_port());
+    for topic in setup.topics() {
+        broker.create_topic(&topic, 2);
+    }
+    let mut args = setup.relay_args(&broker.bootstrap(), Auth::Trust);
+    args.extend(["--kafka-property", "message.timeout.ms=2000"].map(String::from));
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (mut written, _) =
+        write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    consume(
+        &broker.bootstrap(),
+        &[topics[0].as_str()],
+        1,
+        Duration::ZERO,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    broker.pause(true);
+    // Ten single-event transactions for three keys while the broker hangs.
+    let (during, before_commit) =
+        write_events(&setup.db.client, 10, 1, &setup.types, 3, 1, Duration::ZERO).await;
+    written.extend(during);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
+        let confirmed = setup.confirmed_flush().await;
+        assert!(
+            confirmed <= before_commit[0],
+            "confirmed_flush_lsn {confirmed:X} passed an unacknowledged commit at {:X}",
+            before_commit[0]
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    broker.pause(false);
+
+    let consumed = consume(
+        &broker.bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_delivered(&written, &consumed, false);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit once the broker is back",
+            Duration::from_secs(60),
+        )
+        .await;
+    let log = relay.log();
+    assert!(
+        log.contains("timed out") && log.contains("reconnecting"),
+        "the relay did not report the timed-out deliveries and its retry:\n{log}"
+    );
+}
