@@ -2351,3 +2351,62 @@ async fn broker_outage_longer_than_the_message_timeout_loses_nothing() {
         "the relay did not report the timed-out deliveries and its retry:\n{log}"
     );
 }
+
+/// Role and database defaults cannot break the relay's sessions: a 1 ms statement_timeout, a
+/// 1 s idle_session_timeout, a search_path without pg_catalog's friends and another DateStyle
+/// and TimeZone on the database. The relay streams, stays connected while idle and publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_database_defaults_do_not_break_the_sessions() {
+    let setup = Setup::new("defaults", &["Order"], 1).await;
+    let db = setup.db.name.clone();
+    for setting in [
+        "statement_timeout = '1ms'",
+        "lock_timeout = '1ms'",
+        "idle_session_timeout = '1s'",
+        "idle_in_transaction_session_timeout = '1s'",
+        "search_path = nowhere",
+        "DateStyle = 'SQL, DMY'",
+        "TimeZone = 'America/Bogota'",
+    ] {
+        setup
+            .db
+            .client
+            .batch_execute(&format!("ALTER DATABASE {db} SET {setting}"))
+            .await
+            .unwrap();
+    }
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+    let (mut written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    // Idle well past idle_session_timeout.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (more, before_commit) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 4, Duration::ZERO).await;
+    written.extend(more);
+    let topics = setup.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(
+        setup.db.slot_active_pid(&setup.slot).await,
+        Some(pid),
+        "the relay reconnected:\n{}",
+        relay.log()
+    );
+    assert!(!relay.log().contains("reconnecting"), "{}", relay.log());
+}
