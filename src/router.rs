@@ -1,36 +1,51 @@
-//! Routes outbox events to Kafka records: topic, key, value and headers.
+//! Routes outbox events to Kafka records: topic, key, value, headers, timestamp, partition.
 //!
 //! - Topic: the template (default `${routedByValue}.events`, Debezium's
 //!   `route.topic.replacement`) with the routing value: the aggregate type, or the column
 //!   configured as `route.by_field` (Debezium's `route.by.field`). Case preserved by default
 //!   (Kafka topic names are case-sensitive, so folding would merge distinct aggregates);
-//!   `lower` and `upper` are options. A value that makes an illegal topic name is an error,
-//!   never a silent rename.
+//!   `lower` and `upper` are options. With `route.topic_regex`, the routing value (after the
+//!   case) must match the whole regex and the template may use its groups (`${name}`,
+//!   `${1}`); `${column:<name>}` inserts a column's text. A value that makes an illegal topic
+//!   name is an error, never a silent rename.
 //! - Key: the aggregate id bytes; SQL NULL gives a null key.
-//! - Value: the payload bytes exactly as PostgreSQL printed them; SQL NULL gives a tombstone.
+//! - Value: the payload bytes exactly as PostgreSQL printed them, or with
+//!   `value_format = "envelope"` a JSON object `{"payload":...,"<alias>":...}`; SQL NULL gives
+//!   a tombstone, or a zero-byte value with `null_payload = "empty"`.
 //! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
 //!   entry of the row's `headers` jsonb object in its order: a string as its text, any other
 //!   JSON value as its JSON text, `null` as a null header value. Entries named `id` or
 //!   `event_type` are left out: the relay's own headers are the ones consumers dedupe by.
-//! - Timestamp: the transaction's commit time.
+//!   Header placements of `additional_placement` come last, in configuration order.
+//! - Timestamp: the `columns.timestamp` column's value, else the transaction's commit time.
+//! - Partition: the partition placement column's value, else chosen from the key.
+//!
+//! An event that fails any of these is a [`RouteError`]: the pipeline halts before
+//! confirming its transaction, or publishes [`Router::dead_letter`] (`on_bad_event`).
 
 use std::borrow::Cow;
 use std::fmt;
 
 use bytes::Bytes;
+use regex::Regex;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use crate::config::{RouteConfig, TopicCase};
+use crate::config::{
+    NullPayload, OutboxColumns, Placement, RecordConfig, RouteConfig, TopicCase, ValueFormat,
+};
 use crate::sink::Record;
-use crate::source::outbox::OutboxEvent;
+use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
 /// Kafka's limit on topic name length.
 const MAX_TOPIC_LEN: usize = 249;
+/// The dead-letter record's header with the reason.
+pub const ERROR_HEADER: &str = "outbox_relay_error";
 
-/// An event that cannot be routed; the pipeline stops before confirming its transaction.
+/// An event that cannot be routed: bad input. The pipeline stops before confirming its
+/// transaction, or dead-letters it (`on_bad_event`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RouteError {
     #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
@@ -43,35 +58,365 @@ pub enum RouteError {
     },
     #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
     Headers { event_id: String, reason: String },
+    #[error(
+        "event {event_id}: routing value {value:?} does not match route.topic_regex {regex:?}"
+    )]
+    RegexMismatch {
+        event_id: String,
+        value: String,
+        regex: String,
+    },
+    #[error("event {event_id}: column {column:?} used in route.topic_template is {problem}")]
+    TemplateColumn {
+        event_id: String,
+        column: String,
+        /// `NULL` or `missing`.
+        problem: &'static str,
+    },
+    #[error("event {event_id}: partition column {column:?} has value {value:?}, which is not a partition number (an integer 0 to 2147483647)")]
+    Partition {
+        event_id: String,
+        column: String,
+        value: String,
+    },
+    #[error("event {event_id}: timestamp column {column:?} has value {value:?}, which is not a timestamp (ISO, e.g. 2026-11-29 23:24:30.123456+00)")]
+    Timestamp {
+        event_id: String,
+        column: String,
+        value: String,
+    },
+    #[error(
+        "event {event_id}: column {column:?} is not UTF-8 text and cannot go in the JSON envelope"
+    )]
+    NotUtf8 { event_id: String, column: String },
+}
+
+impl RouteError {
+    /// A low-cardinality name of the kind of problem, for the `reason` metric label.
+    pub fn reason_label(&self) -> &'static str {
+        match self {
+            RouteError::IllegalTopic { .. } => "illegal_topic",
+            RouteError::Headers { .. } => "headers",
+            RouteError::RegexMismatch { .. } => "topic_regex",
+            RouteError::TemplateColumn { .. } => "template_column",
+            RouteError::Partition { .. } => "partition",
+            RouteError::Timestamp { .. } => "timestamp",
+            RouteError::NotUtf8 { .. } => "not_utf8",
+        }
+    }
+}
+
+/// A `${...}` placeholder or literal text of a topic template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part<C> {
+    Literal(String),
+    RoutedBy,
+    /// A numbered capture group of `route.topic_regex`.
+    Index(usize),
+    /// A named capture group of `route.topic_regex`.
+    Name(String),
+    /// A column: its name when parsed, its index in [`OutboxEvent::columns`] once resolved.
+    Column(C),
+}
+
+/// A parsed `route.topic_template`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    parts: Vec<Part<String>>,
+}
+
+impl Template {
+    /// Parses `${routedByValue}`, `${<digits>}`, `${<name>}` and `${column:<name>}`
+    /// placeholders; any other text is literal.
+    ///
+    /// Returns an error if a `${` is not closed or a placeholder is none of these.
+    pub fn parse(template: &str) -> Result<Template, String> {
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(start) = rest.find("${") {
+            if start > 0 {
+                parts.push(Part::Literal(rest[..start].to_owned()));
+            }
+            let after = &rest[start + 2..];
+            let end = after.find('}').ok_or_else(|| {
+                format!(
+                    "unclosed ${{ at byte {}",
+                    template.len() - rest.len() + start
+                )
+            })?;
+            let name = &after[..end];
+            parts.push(if name == "routedByValue" {
+                Part::RoutedBy
+            } else if let Some(column) = name.strip_prefix("column:") {
+                if column.is_empty() {
+                    return Err("${column:} needs a column name".into());
+                }
+                Part::Column(column.to_owned())
+            } else if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
+                Part::Index(name.parse().map_err(|_| format!("group number {name} is too large"))?)
+            } else if name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
+                Part::Name(name.to_owned())
+            } else {
+                return Err(format!(
+                    "unknown placeholder ${{{name}}}: use ${{routedByValue}}, ${{column:<name>}}, or a route.topic_regex group as ${{<name>}} or ${{<number>}}"
+                ));
+            });
+            rest = &after[end + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_owned()));
+        }
+        Ok(Template { parts })
+    }
+
+    /// Names of the columns the template uses, in order (repeats included).
+    pub fn columns(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Column(c) => Some(c.as_str()),
+            _ => None,
+        })
+    }
+
+    /// Checks that every group placeholder names a group of `regex`.
+    ///
+    /// Returns an error naming the first group that is not there (or that there is no regex).
+    pub fn check_groups(&self, regex: Option<&Regex>, regex_given: bool) -> Result<(), String> {
+        for part in &self.parts {
+            let (found, shown) = match (part, regex) {
+                (Part::Index(n), Some(r)) => (*n < r.captures_len(), n.to_string()),
+                (Part::Name(name), Some(r)) => {
+                    (r.capture_names().any(|c| c == Some(name)), name.clone())
+                }
+                (Part::Index(n), None) => (false, n.to_string()),
+                (Part::Name(name), None) => (false, name.clone()),
+                _ => continue,
+            };
+            if !found {
+                return Err(if regex_given || regex.is_some() {
+                    format!("${{{shown}}} is not a group of route.topic_regex")
+                } else {
+                    format!("${{{shown}}} needs route.topic_regex with that group")
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The topic with `x` for every placeholder, to check the literal parts.
+    pub fn sample(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Literal(text) => text.as_str(),
+                _ => "x",
+            })
+            .collect()
+    }
+}
+
+/// Compiles `route.topic_regex` anchored at both ends: the whole value must match.
+///
+/// Returns an error with the regex crate's explanation if it does not compile.
+pub fn compile_topic_regex(regex: &str) -> Result<Regex, String> {
+    Regex::new(&format!("^(?:{regex})$")).map_err(|e| e.to_string())
 }
 
 /// Turns events into records.
 #[derive(Debug, Clone)]
 pub struct Router {
-    /// The topic with `${routedByValue}` where the routing value goes.
-    template: String,
+    template: Vec<Part<usize>>,
     case: TopicCase,
+    /// `route.topic_regex` as configured, and compiled anchored.
+    regex: Option<(String, Regex)>,
+    /// The extra columns events carry ([`OutboxEvent::columns`]), in that order.
+    columns: Vec<String>,
+    /// Indexes into `columns`.
+    timestamp: Option<usize>,
+    headers: Vec<(Cow<'static, str>, usize)>,
+    envelope: Vec<(String, usize)>,
+    partition: Option<usize>,
+    value_format: ValueFormat,
+    null_payload: NullPayload,
 }
 
 impl Default for Router {
     fn default() -> Self {
-        Router::new(&RouteConfig::default())
+        Router::new(
+            &RouteConfig::default(),
+            &OutboxColumns::default(),
+            &RecordConfig::default(),
+        )
+        .expect("the default configuration is valid")
     }
 }
 
 impl Router {
-    pub fn new(config: &RouteConfig) -> Self {
-        Router {
-            template: config.topic_template.clone(),
-            case: config.topic_case,
+    /// Builds the router of a pipeline's `route`, `columns.timestamp` and record options.
+    ///
+    /// Returns an error if the template or regex does not parse (the configuration's
+    /// validation reports these first, with their field paths).
+    pub fn new(
+        route: &RouteConfig,
+        columns: &OutboxColumns,
+        record: &RecordConfig,
+    ) -> Result<Self, String> {
+        let regex = match &route.topic_regex {
+            Some(text) => Some((text.clone(), compile_topic_regex(text)?)),
+            None => None,
+        };
+        let parsed = Template::parse(&route.topic_template)?;
+        parsed.check_groups(regex.as_ref().map(|(_, r)| r), regex.is_some())?;
+        let mut extra: Vec<String> = Vec::new();
+        let mut index = |name: &str| match extra.iter().position(|c| c == name) {
+            Some(i) => i,
+            None => {
+                extra.push(name.to_owned());
+                extra.len() - 1
+            }
+        };
+        let template = parsed
+            .parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Column(name) => Part::Column(index(&name)),
+                Part::Literal(t) => Part::Literal(t),
+                Part::RoutedBy => Part::RoutedBy,
+                Part::Index(n) => Part::Index(n),
+                Part::Name(n) => Part::Name(n),
+            })
+            .collect();
+        let timestamp = columns.timestamp.as_deref().map(&mut index);
+        let (mut headers, mut envelope, mut partition) = (Vec::new(), Vec::new(), None);
+        for p in &record.additional_placement {
+            let i = index(&p.field);
+            match p.placement {
+                Placement::Header => headers.push((Cow::Owned(p.name().to_owned()), i)),
+                Placement::Envelope => envelope.push((p.name().to_owned(), i)),
+                Placement::Partition => partition = Some(i),
+            }
         }
+        Ok(Router {
+            template,
+            case: route.topic_case,
+            regex,
+            columns: extra,
+            timestamp,
+            headers,
+            envelope,
+            partition,
+            value_format: record.value_format,
+            null_payload: record.null_payload,
+        })
+    }
+
+    /// The extra columns the decoder must put in [`OutboxEvent::columns`], in that order.
+    pub fn columns(&self) -> &[String] {
+        &self.columns
     }
 
     /// Routes `event`, committed at `commit_time_ms` (Unix epoch, ms).
     ///
-    /// Returns an error if the routing value is empty or does not make a legal topic name,
-    /// or the headers column is not a JSON object.
-    pub fn route(&self, event: OutboxEvent, commit_time_ms: i64) -> Result<Record, RouteError> {
+    /// Returns an error naming the event id, the value and the reason if the routing value
+    /// is empty, does not match `route.topic_regex` or does not make a legal topic name; a
+    /// template column is NULL or missing; the headers column is not a JSON object; the
+    /// partition or timestamp column's value is not one; or an envelope value is not UTF-8.
+    pub fn route(&self, event: &OutboxEvent, commit_time_ms: i64) -> Result<Record, RouteError> {
+        let event_id = || String::from_utf8_lossy(&event.id).into_owned();
+        let topic = self.topic(event)?;
+        let mut headers: Vec<(Cow<'static, str>, Option<Bytes>)> =
+            Vec::with_capacity(2 + self.headers.len());
+        headers.push((Cow::Borrowed("id"), Some(event.id.clone())));
+        if let Some(event_type) = &event.event_type {
+            headers.push((Cow::Borrowed("event_type"), Some(event_type.clone())));
+        }
+        if let Some(row_headers) = event.headers.as_deref().filter(|h| *h != b"{}") {
+            let entries =
+                row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
+                    event_id: event_id(),
+                    reason,
+                })?;
+            headers.extend(entries);
+        }
+        for (name, i) in &self.headers {
+            headers.push((name.clone(), column(event, *i).and_then(|c| c.text.clone())));
+        }
+        let mut timestamp_ms = commit_time_ms;
+        if let Some(i) = self.timestamp {
+            if let Some(text) = column(event, i).and_then(|c| c.text.as_deref()) {
+                timestamp_ms = parse_timestamp_ms(text).ok_or_else(|| RouteError::Timestamp {
+                    event_id: event_id(),
+                    column: self.columns[i].clone(),
+                    value: String::from_utf8_lossy(text).into_owned(),
+                })?;
+            }
+        }
+        let mut partition = None;
+        if let Some(i) = self.partition {
+            if let Some(text) = column(event, i).and_then(|c| c.text.as_deref()) {
+                let value = std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|t| t.parse::<i32>().ok());
+                partition =
+                    Some(
+                        value
+                            .filter(|p| *p >= 0)
+                            .ok_or_else(|| RouteError::Partition {
+                                event_id: event_id(),
+                                column: self.columns[i].clone(),
+                                value: String::from_utf8_lossy(text).into_owned(),
+                            })?,
+                    );
+            }
+        }
+        let value = match (&event.payload, self.null_payload) {
+            (None, NullPayload::Tombstone) => None,
+            (None, NullPayload::Empty) => Some(Bytes::new()),
+            (Some(payload), _) => Some(match self.value_format {
+                ValueFormat::Payload => payload.clone(),
+                ValueFormat::Envelope => self.envelope(event, payload)?,
+            }),
+        };
+        Ok(Record {
+            topic,
+            key: event.aggregate_id.clone(),
+            value,
+            headers,
+            timestamp_ms: Some(timestamp_ms),
+            partition,
+        })
+    }
+
+    /// The record that carries a bad `event` to `topic` instead: the original key and raw
+    /// payload, headers `id`, `event_type` (when known) and `outbox_relay_error` (`error`'s
+    /// text), at the commit time.
+    pub fn dead_letter(
+        event: &OutboxEvent,
+        error: &RouteError,
+        topic: &str,
+        commit_time_ms: i64,
+    ) -> Record {
+        let mut headers = vec![(Cow::Borrowed("id"), Some(event.id.clone()))];
+        if let Some(event_type) = &event.event_type {
+            headers.push((Cow::Borrowed("event_type"), Some(event_type.clone())));
+        }
+        headers.push((
+            Cow::Borrowed(ERROR_HEADER),
+            Some(Bytes::from(error.to_string())),
+        ));
+        Record {
+            topic: topic.to_owned(),
+            key: event.aggregate_id.clone(),
+            value: event.payload.clone(),
+            headers,
+            timestamp_ms: Some(commit_time_ms),
+            partition: None,
+        }
+    }
+
+    fn topic(&self, event: &OutboxEvent) -> Result<String, RouteError> {
+        let event_id = || String::from_utf8_lossy(&event.id).into_owned();
         let raw = event.routed_by.as_ref().unwrap_or(&event.aggregate_type);
         let value = String::from_utf8_lossy(raw);
         let cased = match self.case {
@@ -81,7 +426,57 @@ impl Router {
             TopicCase::Lower => Cow::Owned(value.to_ascii_lowercase()),
             TopicCase::Upper => Cow::Owned(value.to_ascii_uppercase()),
         };
-        let topic = self.template.replace(ROUTED_BY_VALUE, &cased);
+        let captures = match &self.regex {
+            Some((text, regex)) => {
+                Some(
+                    regex
+                        .captures(&cased)
+                        .ok_or_else(|| RouteError::RegexMismatch {
+                            event_id: event_id(),
+                            value: value.clone().into_owned(),
+                            regex: text.clone(),
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let mut topic = String::with_capacity(64);
+        for part in &self.template {
+            match part {
+                Part::Literal(text) => topic.push_str(text),
+                Part::RoutedBy => topic.push_str(&cased),
+                // Groups exist (checked at start); one that took no part in the match is empty.
+                Part::Index(n) => topic.push_str(
+                    captures
+                        .as_ref()
+                        .and_then(|c| c.get(*n))
+                        .map_or("", |m| m.as_str()),
+                ),
+                Part::Name(name) => topic.push_str(
+                    captures
+                        .as_ref()
+                        .and_then(|c| c.name(name))
+                        .map_or("", |m| m.as_str()),
+                ),
+                Part::Column(i) => {
+                    let problem = match column(event, *i) {
+                        Some(ColumnValue {
+                            text: Some(text), ..
+                        }) => {
+                            topic.push_str(&String::from_utf8_lossy(text));
+                            continue;
+                        }
+                        Some(_) => "NULL",
+                        None => "missing",
+                    };
+                    return Err(RouteError::TemplateColumn {
+                        event_id: event_id(),
+                        column: self.columns[*i].clone(),
+                        problem,
+                    });
+                }
+            }
+        }
         let valid = if value.is_empty() {
             Err("the routing value is empty")
         } else {
@@ -89,34 +484,127 @@ impl Router {
         };
         if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {
-                event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                event_id: event_id(),
                 value: value.into_owned(),
                 topic,
                 reason,
             });
         }
-        let mut headers: Vec<(Cow<'static, str>, Option<Bytes>)> = Vec::with_capacity(2);
-        if let Some(row_headers) = event.headers.as_deref().filter(|h| *h != b"{}") {
-            let entries =
-                row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
-                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                    reason,
-                })?;
-            headers.reserve(entries.len());
-            headers.extend(entries);
-        }
-        headers.insert(0, (Cow::Borrowed("id"), Some(event.id)));
-        if let Some(event_type) = event.event_type {
-            headers.insert(1, (Cow::Borrowed("event_type"), Some(event_type)));
-        }
-        Ok(Record {
-            topic,
-            key: event.aggregate_id,
-            value: event.payload,
-            headers,
-            timestamp_ms: Some(commit_time_ms),
-        })
+        Ok(topic)
     }
+
+    /// `{"payload":<payload>,"<alias>":<value>,...}`: JSON text as is, numbers and booleans as
+    /// JSON, anything else as a JSON string.
+    fn envelope(&self, event: &OutboxEvent, payload: &Bytes) -> Result<Bytes, RouteError> {
+        let size = payload.len()
+            + 16
+            + self
+                .envelope
+                .iter()
+                .map(|(n, _)| n.len() + 32)
+                .sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(b"{\"payload\":");
+        push_json(&mut out, payload, event.payload_kind).map_err(|()| RouteError::NotUtf8 {
+            event_id: String::from_utf8_lossy(&event.id).into_owned(),
+            column: "payload".into(),
+        })?;
+        for (name, i) in &self.envelope {
+            out.push(b',');
+            serde_json::to_writer(&mut out, name).expect("writing to a Vec cannot fail");
+            out.push(b':');
+            match column(event, *i) {
+                Some(ColumnValue {
+                    text: Some(text),
+                    kind,
+                }) => push_json(&mut out, text, *kind).map_err(|()| RouteError::NotUtf8 {
+                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                    column: self.columns[*i].clone(),
+                })?,
+                _ => out.extend_from_slice(b"null"),
+            }
+        }
+        out.push(b'}');
+        Ok(Bytes::from(out))
+    }
+}
+
+fn column(event: &OutboxEvent, index: usize) -> Option<&ColumnValue> {
+    event.columns.get(index)
+}
+
+/// Appends `text` of a column of `kind` as JSON; `Err` if it must be a string and is not UTF-8.
+fn push_json(out: &mut Vec<u8>, text: &[u8], kind: ValueKind) -> Result<(), ()> {
+    match kind {
+        ValueKind::Json => out.extend_from_slice(text),
+        ValueKind::Number if is_json_number(text) => out.extend_from_slice(text),
+        ValueKind::Bool if text == b"t" => out.extend_from_slice(b"true"),
+        ValueKind::Bool if text == b"f" => out.extend_from_slice(b"false"),
+        // Text, and numbers JSON has no form for (NaN, Infinity).
+        _ => {
+            let text = std::str::from_utf8(text).map_err(|_| ())?;
+            serde_json::to_writer(&mut *out, text).expect("writing to a Vec cannot fail");
+        }
+    }
+    Ok(())
+}
+
+/// Whether `text` is a JSON number: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
+fn is_json_number(text: &[u8]) -> bool {
+    fn digits(s: &[u8]) -> usize {
+        s.iter().take_while(|b| b.is_ascii_digit()).count()
+    }
+    let mut s = text.strip_prefix(b"-").unwrap_or(text);
+    match digits(s) {
+        0 => return false,
+        n if n > 1 && s[0] == b'0' => return false,
+        n => s = &s[n..],
+    }
+    if let Some(fraction) = s.strip_prefix(b".") {
+        let n = digits(fraction);
+        if n == 0 {
+            return false;
+        }
+        s = &fraction[n..];
+    }
+    if let Some(exponent) = s.strip_prefix(b"e").or_else(|| s.strip_prefix(b"E")) {
+        let exponent = exponent
+            .strip_prefix(b"+")
+            .or_else(|| exponent.strip_prefix(b"-"))
+            .unwrap_or(exponent);
+        let n = digits(exponent);
+        if n == 0 {
+            return false;
+        }
+        s = &exponent[n..];
+    }
+    s.is_empty()
+}
+
+/// Parses a `timestamptz` or `timestamp` as PostgreSQL prints it with `DateStyle = ISO`
+/// (`2026-11-29 23:24:30.123456+00`, offsets like `+05:30` or `-03`; a `T` separator is
+/// accepted too) into Unix epoch ms; a value without an offset is UTC. `None` for anything
+/// else (`infinity`, BC dates, other date styles).
+pub fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
+    use chrono::{DateTime, NaiveDateTime};
+    let text = std::str::from_utf8(text).ok()?.trim();
+    let owned;
+    let text = if text.as_bytes().get(10) == Some(&b'T') {
+        owned = text.replacen('T', " ", 1);
+        owned.as_str()
+    } else {
+        text
+    };
+    if let Ok(t) = DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z") {
+        return Some(t.timestamp_millis());
+    }
+    // An offset with seconds (local mean time before 1900): `+05:53:28`.
+    if let Ok(t) = DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%:::z") {
+        return Some(t.timestamp_millis());
+    }
+    NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
+        .ok()
+        .map(|t| t.and_utc().timestamp_millis())
 }
 
 /// Turns a jsonb object's text into headers, in the object's order.
@@ -197,13 +685,15 @@ mod tests {
             payload: Some(Bytes::from_static(b"{\"amount\": 1500000.10}")),
             headers: Some(Bytes::from_static(b"{}")),
             routed_by: None,
+            payload_kind: ValueKind::Json,
+            columns: Vec::new(),
             lsn: Lsn(1),
         }
     }
 
     #[test]
     fn routes_by_aggregate_type_preserving_case_and_bytes() {
-        let record = Router::default().route(event("Order"), 1234).unwrap();
+        let record = Router::default().route(&event("Order"), 1234).unwrap();
         assert_eq!(record.topic, "Order.events");
         assert_eq!(record.key.as_deref(), Some(&b"42"[..]));
         assert_eq!(
@@ -232,7 +722,7 @@ mod tests {
         e.headers = Some(Bytes::from_static(
             br#"{"n": 12.50, "id": "spoofed", "trace": "t-\"1\" \u00e9", "none": null, "obj": {"a": [1, 2]}}"#,
         ));
-        let record = Router::default().route(e, 0).unwrap();
+        let record = Router::default().route(&e, 0).unwrap();
         let headers: Vec<(&str, Option<&[u8]>)> = record
             .headers
             .iter()
@@ -256,7 +746,7 @@ mod tests {
         for bad in [&b"[1]"[..], b"\"x\"", b"{\"a\": ", b"{} trailing"] {
             let mut e = event("Order");
             e.headers = Some(Bytes::copy_from_slice(bad));
-            let err = Router::default().route(e, 0).unwrap_err();
+            let err = Router::default().route(&e, 0).unwrap_err();
             assert!(
                 matches!(&err, RouteError::Headers { event_id, .. } if event_id == "00000000-0000-0000-0000-000000000001"),
                 "{err}"
@@ -267,29 +757,35 @@ mod tests {
     #[test]
     fn templates_case_and_route_by_field() {
         let router = |template: &str, case| {
-            Router::new(&RouteConfig {
-                by_field: None,
-                topic_template: template.into(),
-                topic_case: case,
-            })
+            Router::new(
+                &RouteConfig {
+                    by_field: None,
+                    topic_template: template.into(),
+                    topic_case: case,
+                    topic_regex: None,
+                },
+                &OutboxColumns::default(),
+                &RecordConfig::default(),
+            )
+            .unwrap()
         };
         assert_eq!(
             router("outbox.${routedByValue}", TopicCase::Lower)
-                .route(event("OrderLine"), 0)
+                .route(&event("OrderLine"), 0)
                 .unwrap()
                 .topic,
             "outbox.orderline"
         );
         assert_eq!(
             router("${routedByValue}-v1", TopicCase::Upper)
-                .route(event("order"), 0)
+                .route(&event("order"), 0)
                 .unwrap()
                 .topic,
             "ORDER-v1"
         );
         assert_eq!(
             router("all.events", TopicCase::Preserve)
-                .route(event("x"), 0)
+                .route(&event("x"), 0)
                 .unwrap()
                 .topic,
             "all.events"
@@ -297,10 +793,10 @@ mod tests {
         let mut e = event("Order");
         e.routed_by = Some(Bytes::from_static(b"tenant-7"));
         assert_eq!(
-            Router::default().route(e, 0).unwrap().topic,
+            Router::default().route(&e, 0).unwrap().topic,
             "tenant-7.events"
         );
-        let kelvin = router("${routedByValue}", TopicCase::Lower).route(event("\u{212A}unde"), 0);
+        let kelvin = router("${routedByValue}", TopicCase::Lower).route(&event("\u{212A}unde"), 0);
         assert!(
             kelvin.is_err(),
             "a non-ASCII name must not fold into a legal one"
@@ -309,7 +805,7 @@ mod tests {
         e.routed_by = Some(Bytes::new());
         assert!(
             matches!(
-                Router::default().route(e, 0),
+                Router::default().route(&e, 0),
                 Err(RouteError::IllegalTopic { .. })
             ),
             "an empty routing value is bad input"
@@ -321,7 +817,7 @@ mod tests {
         let mut e = event("order");
         e.payload = None;
         e.aggregate_id = None;
-        let record = Router::default().route(e, 0).unwrap();
+        let record = Router::default().route(&e, 0).unwrap();
         assert_eq!(record.value, None);
         assert_eq!(record.key, None);
     }
@@ -329,7 +825,7 @@ mod tests {
     #[test]
     fn illegal_topic_names_are_errors_naming_the_event() {
         for bad in ["", "has space", "ünicode", "a/b", &"x".repeat(250)] {
-            let err = Router::default().route(event(bad), 0).unwrap_err();
+            let err = Router::default().route(&event(bad), 0).unwrap_err();
             assert!(
                 matches!(&err, RouteError::IllegalTopic { event_id, value, .. } if event_id == "00000000-0000-0000-0000-000000000001" && value == bad)
             );

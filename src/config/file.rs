@@ -71,6 +71,15 @@ struct PipelineSection {
     #[serde(default)]
     route: RouteConfig,
     #[serde(default)]
+    additional_placement: Vec<super::AdditionalPlacement>,
+    #[serde(default)]
+    value_format: super::ValueFormat,
+    #[serde(default)]
+    null_payload: super::NullPayload,
+    #[serde(default)]
+    on_bad_event: super::OnBadEvent,
+    dead_letter_topic: Option<String>,
+    #[serde(default)]
     op_invalid_behavior: super::InvalidOpBehavior,
     #[serde(default = "yes")]
     create_slot: bool,
@@ -220,6 +229,13 @@ fn resolve(
             columns: p.columns,
             message_prefix: p.message_prefix,
             route: p.route,
+            record: super::RecordConfig {
+                additional_placement: p.additional_placement,
+                value_format: p.value_format,
+                null_payload: p.null_payload,
+                on_bad_event: p.on_bad_event,
+                dead_letter_topic: p.dead_letter_topic,
+            },
             op_invalid_behavior: p.op_invalid_behavior,
             create_slot: p.create_slot,
             kafka: KafkaConfig {
@@ -237,6 +253,19 @@ fn resolve(
                     field: at(&e.field),
                     problem: e.problem,
                 });
+            }
+        }
+        // validate() names the first problem; list every routing one.
+        for e in config.routing_problems() {
+            let e = ConfigError {
+                field: at(&e.field),
+                problem: e.problem,
+            };
+            if !problems
+                .iter()
+                .any(|known| known.field == e.field && known.problem == e.problem)
+            {
+                problems.push(e);
             }
         }
         pipelines.push(config);
