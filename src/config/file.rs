@@ -413,6 +413,90 @@ mod tests {
         assert!(errors.to_string().contains("MISSING_URL"));
     }
 
+    const PIPELINE: &str = "[[pipelines]]\nname = \"p\"\nsource_url = \"postgres://u@h/db\"\nslot = \"s\"\npublication = \"pub\"\ntable = \"outbox\"\nkafka = { bootstrap_servers = \"k:9092\" }\n";
+
+    #[test]
+    fn loads_routing_and_record_options() {
+        let config = load_str(
+            &format!(
+                r#"{PIPELINE}
+                columns = {{ timestamp = "created_at" }}
+                route = {{ topic_regex = "(?P<domain>[a-z]+)", topic_template = "${{column:tenant_id}}.${{domain}}.events" }}
+                additional_placement = [
+                  {{ field = "tenant_id", placement = "header", alias = "tenant" }},
+                  {{ field = "shard", placement = "partition" }},
+                  {{ field = "region", placement = "envelope" }},
+                ]
+                value_format = "envelope"
+                null_payload = "empty"
+                on_bad_event = "dead_letter"
+                dead_letter_topic = "outbox.dlq"
+                "#
+            ),
+            &[],
+        )
+        .unwrap();
+        let p = &config.pipelines[0];
+        assert_eq!(p.columns.timestamp.as_deref(), Some("created_at"));
+        assert_eq!(p.route.topic_regex.as_deref(), Some("(?P<domain>[a-z]+)"));
+        let r = &p.record;
+        assert_eq!(r.additional_placement.len(), 3);
+        assert_eq!(r.additional_placement[0].name(), "tenant");
+        assert_eq!(
+            r.additional_placement[1].placement,
+            super::super::Placement::Partition
+        );
+        assert_eq!(r.additional_placement[2].name(), "region");
+        assert_eq!(r.value_format, super::super::ValueFormat::Envelope);
+        assert_eq!(r.null_payload, super::super::NullPayload::Empty);
+        assert_eq!(r.on_bad_event, super::super::OnBadEvent::DeadLetter);
+        assert_eq!(r.dead_letter_topic.as_deref(), Some("outbox.dlq"));
+        // Defaults: today's behaviour.
+        let plain = &load_str(PIPELINE, &[]).unwrap().pipelines[0];
+        assert_eq!(plain.record, super::super::RecordConfig::default());
+        assert_eq!(plain.columns.timestamp, None);
+        assert_eq!(plain.route.topic_regex, None);
+    }
+
+    #[test]
+    fn lists_every_routing_problem_with_its_field_path() {
+        let errors = load_str(
+            &format!(
+                r#"{PIPELINE}
+                route = {{ topic_regex = "(", topic_template = "${{x}}" }}
+                additional_placement = [
+                  {{ field = "a", placement = "partition" }},
+                  {{ field = "b", placement = "partition" }},
+                  {{ field = "c", placement = "envelope" }},
+                ]
+                on_bad_event = "dead_letter"
+                "#
+            ),
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        for expected in [
+            "pipelines[0].route.topic_regex",
+            "pipelines[0].route.topic_template",
+            "pipelines[0].additional_placement[1].placement",
+            "pipelines[0].additional_placement[2].placement",
+            "pipelines[0].dead_letter_topic",
+        ] {
+            assert!(fields.contains(&expected), "{expected} missing in {errors}");
+        }
+        let errors = load_str(
+            &format!("{PIPELINE}\nadditional_placement = [{{ field = \"a\", placement = \"footer\" }}]\nvalue_format = \"xml\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        let text = errors.to_string();
+        assert!(
+            text.contains("additional_placement") && text.contains("footer"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn unknown_fields_and_wrong_types_name_the_key() {
         let errors = load_str("[[pipelines]]\nname = \"a\"\nslott = \"x\"\n", &[]).unwrap_err();

@@ -695,6 +695,161 @@ mod tests {
         }
     }
 
+    fn placement(field: &str, placement: Placement, alias: Option<&str>) -> AdditionalPlacement {
+        AdditionalPlacement {
+            field: field.into(),
+            placement,
+            alias: alias.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn every_bad_routing_combination_names_its_field() {
+        type Mutate = Box<dyn Fn(&mut PipelineConfig)>;
+        let cases: Vec<(&str, Mutate)> = vec![
+            (
+                "route.topic_regex",
+                Box::new(|c| c.route.topic_regex = Some("(".into())),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = "${name}.events".into()),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| {
+                    c.route.topic_regex = Some("(?P<name>.+)".into());
+                    c.route.topic_template = "${other}.${2}".into();
+                }),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = "${column:tenant_id".into()),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| {
+                    c.route.topic_template = "${column:tenant_id}.events".into();
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = String::new()),
+            ),
+            (
+                "columns.timestamp",
+                Box::new(|c| c.columns.timestamp = Some(String::new())),
+            ),
+            (
+                "columns.timestamp",
+                Box::new(|c| {
+                    c.columns.timestamp = Some("created_at".into());
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "additional_placement[0].field",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![placement("", Placement::Header, None)]
+                }),
+            ),
+            (
+                "additional_placement[0].alias",
+                Box::new(|c| {
+                    c.record.additional_placement =
+                        vec![placement("t", Placement::Header, Some(""))]
+                }),
+            ),
+            (
+                "additional_placement[1].placement",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![
+                        placement("a", Placement::Partition, None),
+                        placement("b", Placement::Partition, None),
+                    ]
+                }),
+            ),
+            (
+                "additional_placement[0].placement",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![placement("a", Placement::Envelope, None)]
+                }),
+            ),
+            (
+                "additional_placement[0].alias",
+                Box::new(|c| {
+                    c.record.value_format = ValueFormat::Envelope;
+                    c.record.additional_placement =
+                        vec![placement("p", Placement::Envelope, Some("payload"))]
+                }),
+            ),
+            (
+                "additional_placement[1].alias",
+                Box::new(|c| {
+                    c.record.value_format = ValueFormat::Envelope;
+                    c.record.additional_placement = vec![
+                        placement("a", Placement::Envelope, Some("x")),
+                        placement("x", Placement::Envelope, None),
+                    ]
+                }),
+            ),
+            (
+                "additional_placement[0].field",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![placement("t", Placement::Header, None)];
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "dead_letter_topic",
+                Box::new(|c| c.record.on_bad_event = OnBadEvent::DeadLetter),
+            ),
+            (
+                "dead_letter_topic",
+                Box::new(|c| {
+                    c.record.on_bad_event = OnBadEvent::DeadLetter;
+                    c.record.dead_letter_topic = Some("dead letters".into());
+                }),
+            ),
+            (
+                "dead_letter_topic",
+                Box::new(|c| c.record.dead_letter_topic = Some("dlq".into())),
+            ),
+        ];
+        for (field, mutate) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            let problems = c.routing_problems();
+            assert!(
+                problems.iter().any(|p| p.field == field),
+                "{field}: {problems:?}"
+            );
+            assert_eq!(c.validate().unwrap_err().field, problems[0].field);
+        }
+        let mut good = config();
+        good.columns.timestamp = Some("created_at".into());
+        good.route.topic_regex = Some("(?P<domain>[a-z]+)_(v[0-9]+)".into());
+        good.route.topic_template = "${column:tenant_id}.${domain}.${2}.${routedByValue}".into();
+        good.record = RecordConfig {
+            additional_placement: vec![
+                placement("tenant_id", Placement::Header, Some("tenant")),
+                placement("shard", Placement::Partition, None),
+                placement("tenant_id", Placement::Envelope, Some("tenant")),
+            ],
+            value_format: ValueFormat::Envelope,
+            null_payload: NullPayload::Empty,
+            on_bad_event: OnBadEvent::DeadLetter,
+            dead_letter_topic: Some("outbox.dlq".into()),
+        };
+        assert!(
+            good.routing_problems().is_empty(),
+            "{:?}",
+            good.routing_problems()
+        );
+        good.validate().unwrap();
+    }
+
     #[test]
     fn parses_table_names() {
         assert_eq!(

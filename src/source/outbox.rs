@@ -577,4 +577,76 @@ mod tests {
         assert_eq!(event.headers.as_deref(), Some(&br#"{"h": "v"}"#[..]));
         assert_eq!(event.aggregate_id, None);
     }
+
+    #[test]
+    fn extra_columns_carry_text_and_kind_with_domains_from_type_messages() {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_columns(vec![
+            "created_at".into(),
+            "headers".into(),
+            "payload".into(),
+        ]);
+        let mut events = Vec::new();
+        for message in fixture() {
+            match message {
+                LogicalReplicationMessage::Type(t) => decoder.on_type(&t),
+                LogicalReplicationMessage::Relation(r) => decoder.on_relation(&r),
+                LogicalReplicationMessage::Insert(i) => {
+                    events.extend(decoder.on_insert(&i, Lsn(0)).unwrap())
+                }
+                _ => {}
+            }
+        }
+        let first = &events[0];
+        assert_eq!(first.payload_kind, ValueKind::Json, "jsonb payload");
+        let kinds: Vec<ValueKind> = first.columns.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [ValueKind::Text, ValueKind::Json, ValueKind::Json],
+            "timestamptz is text; the domain over jsonb is JSON (from its Type message)"
+        );
+        let created_at = first.columns[0].text.as_deref().unwrap();
+        assert!(
+            crate::router::parse_timestamp_ms(created_at).is_some(),
+            "{created_at:?} parses"
+        );
+        assert_eq!(first.columns[1].text, first.headers);
+        assert_eq!(first.columns[2].text, first.payload);
+        assert_eq!(events[2].columns[2].text, None, "NULL stays NULL");
+        // Without the Type message the domain's kind is unknown: text.
+        let mut plain = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_columns(vec!["headers".into()]);
+        let kinds: Vec<ValueKind> = events_with(&mut plain)
+            .iter()
+            .map(|e| e.columns[0].kind)
+            .collect();
+        assert_eq!(kinds[0], ValueKind::Text);
+    }
+
+    #[test]
+    fn a_missing_extra_column_is_an_error_naming_it() {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_columns(vec!["no_such_column".into()]);
+        let err = events(&mut decoder).remove(0).unwrap_err();
+        assert!(
+            matches!(&err, OutboxError::MissingColumn { column, .. } if column == "no_such_column"),
+            "{err}"
+        );
+    }
+
+    fn events_with(decoder: &mut OutboxDecoder) -> Vec<OutboxEvent> {
+        events(decoder).into_iter().map(Result::unwrap).collect()
+    }
 }
