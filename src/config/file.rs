@@ -348,6 +348,47 @@ mod tests {
     }
 
     #[test]
+    fn the_example_routing_options_load_when_uncommented() {
+        let start = EXAMPLE.find("# --- Routing").unwrap();
+        let end = start + EXAMPLE[start..].find("[[pipelines]]").unwrap();
+        let mut example = EXAMPLE[..start].to_owned();
+        for line in EXAMPLE[start..end].lines() {
+            let option = line.strip_prefix("# ").filter(|l| {
+                l.starts_with("  {")
+                    || *l == "]"
+                    || l.split_once(" = ").is_some_and(|(key, _)| {
+                        key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+            });
+            example.push_str(option.unwrap_or(line));
+            example.push('\n');
+        }
+        example.push_str(&EXAMPLE[end..]);
+        let config = load_str(
+            &example,
+            &[
+                (
+                    "ORDERS_DATABASE_URL",
+                    "postgres://relay:pw@orders-db/orders",
+                ),
+                (
+                    "BILLING_DATABASE_URL",
+                    "postgres://relay:pw@billing-db/billing",
+                ),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        let orders = &config.pipelines[0];
+        assert_eq!(orders.columns.timestamp.as_deref(), Some("created_at"));
+        assert!(orders.route.topic_regex.is_some());
+        assert_eq!(orders.record.additional_placement.len(), 3);
+        assert_eq!(
+            orders.record.on_bad_event,
+            super::super::OnBadEvent::DeadLetter
+        );
+    }
+
+    #[test]
     fn pipeline_kafka_settings_override_the_defaults() {
         let config = load_str(
             r#"
