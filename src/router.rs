@@ -851,7 +851,7 @@ mod tests {
         assert!(validate_topic("a-b_c.D9").is_ok());
     }
 
-    use crate::config::{AdditionalPlacement, OnBadEvent};
+    use crate::config::AdditionalPlacement;
 
     fn with(route: RouteConfig, timestamp: Option<&str>, record: RecordConfig) -> Router {
         Router::new(
@@ -1292,7 +1292,6 @@ mod tests {
 
     #[test]
     fn dead_letter_record_keeps_key_and_raw_payload_and_names_the_reason() {
-        let _ = OnBadEvent::DeadLetter;
         let e = event("has space");
         let err = Router::default().route(&e, 0).unwrap_err();
         let record = Router::dead_letter(&e, &err, "outbox.dlq", 7);
