@@ -168,7 +168,9 @@ impl RunArgs {
                 by_field: self.route_by_field,
                 topic_template: self.topic_template,
                 topic_case: self.topic_case,
+                topic_regex: None,
             },
+            record: config::RecordConfig::default(),
             op_invalid_behavior: self.op_invalid_behavior,
             create_slot: !self.no_create_slot,
             kafka: KafkaConfig {

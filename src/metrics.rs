@@ -17,6 +17,7 @@ pub struct Metrics {
     pub registry: Registry,
     events_published: IntCounterVec,
     events_null_key: IntCounterVec,
+    events_dead_lettered: IntCounterVec,
     messages_skipped: IntCounterVec,
     transactions: IntCounterVec,
     delivery_failures: IntCounterVec,
@@ -99,6 +100,7 @@ impl Metrics {
         Metrics {
             events_published: counter(&r, "outbox_relay_events_published_total", "Events acknowledged by Kafka.", &["pipeline"]),
             events_null_key: counter(&r, "outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
+            events_dead_lettered: counter(&r, "outbox_relay_events_dead_lettered_total", "Events that could not be routed, sent to the dead-letter topic, by reason.", &["pipeline", "reason"]),
             messages_skipped: counter(&r, "outbox_relay_messages_skipped_total", "pgoutput messages passed over: not an insert into the outbox table.", &["pipeline", "kind"]),
             transactions: counter(&r, "outbox_relay_transactions_total", "Committed transactions received.", &["pipeline"]),
             delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge.", &["pipeline", "retryable"]),
@@ -121,6 +123,7 @@ impl Metrics {
         PipelineMetrics {
             events_published: self.events_published.with_label_values(&[pipeline]),
             events_null_key: self.events_null_key.with_label_values(&[pipeline]),
+            events_dead_lettered: self.events_dead_lettered.clone(),
             messages_skipped: self.messages_skipped.clone(),
             transactions: self.transactions.with_label_values(&[pipeline]),
             delivery_failures: self.delivery_failures.clone(),
@@ -160,6 +163,7 @@ pub struct PipelineMetrics {
     pipeline: String,
     pub events_published: IntCounter,
     pub events_null_key: IntCounter,
+    events_dead_lettered: IntCounterVec,
     messages_skipped: IntCounterVec,
     pub transactions: IntCounter,
     delivery_failures: IntCounterVec,
@@ -203,6 +207,14 @@ impl PipelineMetrics {
     pub fn skipped(&self, kind: &str) {
         self.messages_skipped
             .with_label_values(&[&self.pipeline, kind])
+            .inc();
+    }
+
+    /// Counts an event sent to the dead-letter topic; `reason` is low-cardinality
+    /// ([`crate::router::RouteError::reason_label`]).
+    pub fn dead_lettered(&self, reason: &str) {
+        self.events_dead_lettered
+            .with_label_values(&[&self.pipeline, reason])
             .inc();
     }
 

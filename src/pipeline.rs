@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::checkpoint::AckTracker;
-use crate::config::{InvalidOpBehavior, PipelineConfig};
+use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
@@ -32,6 +32,8 @@ use crate::source::{slot, SourceError};
 /// Minimum gap between status updates sent because the flush LSN moved; the timer sends
 /// one every `status_interval_ms` regardless.
 const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
+/// Least time between two warnings about events with a null key.
+const NULL_KEY_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// How often the catch-up progress line is logged.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 /// Lag that counts as catching up: 16 MiB of WAL.
@@ -159,6 +161,8 @@ async fn run_session(
         status_interval = status_interval.min(state.wal_sender_timeout / 2);
     }
 
+    let router = Router::new(&config.route, &config.columns, &config.record)
+        .map_err(|problem| ConfigError::new("route", problem))?;
     let session = Session {
         config,
         metrics,
@@ -170,8 +174,10 @@ async fn run_session(
             config.columns.clone(),
             config.message_prefix.clone(),
         )
-        .with_route_by(config.route.by_field.clone()),
-        router: Router::new(&config.route),
+        .with_route_by(config.route.by_field.clone())
+        .with_columns(router.columns().to_vec()),
+        router,
+        null_key_warned: (None, 0),
         commit_time_ms: None,
         last_received: confirmed_flush_lsn,
         server_wal_end: confirmed_flush_lsn,
@@ -199,6 +205,8 @@ struct Session<'a, S: Sink> {
     tracker: AckTracker,
     decoder: OutboxDecoder,
     router: Router,
+    /// When the last null-key warning was logged, and events with a null key not yet in one.
+    null_key_warned: (Option<Instant>, u64),
     /// Commit time of the open transaction (Unix ms), from its Begin message.
     commit_time_ms: Option<i64>,
     /// Highest LSN received, for error context.
@@ -369,6 +377,7 @@ impl<S: Sink> Session<'_, S> {
                 self.commit_time_ms = None;
                 self.metrics.transactions.inc();
             }
+            LogicalReplicationMessage::Type(ty) => self.decoder.on_type(&ty),
             LogicalReplicationMessage::Relation(relation) => {
                 debug!(pipeline = %self.config.name, rel_id = relation.rel_id, table = %format_args!("{}.{}", relation.namespace, relation.name), "relation");
                 self.decoder.on_relation(&relation);
@@ -415,15 +424,30 @@ impl<S: Sink> Session<'_, S> {
         Ok(())
     }
 
-    /// Routes an event of the open transaction and hands it to the sink.
+    /// Routes an event of the open transaction and hands it to the sink; an event that
+    /// cannot be routed stops the pipeline or goes to the dead-letter topic (`on_bad_event`),
+    /// acknowledged like any other record before its transaction is confirmed.
     async fn publish(&mut self, event: OutboxEvent, lsn: Lsn) -> Result<(), Error> {
         let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
             SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction"))
         })?;
         if event.aggregate_id.is_none() {
-            self.metrics.events_null_key.inc();
+            self.null_key(&event);
         }
-        let record = self.router.route(event, commit_time_ms)?;
+        let record = match self.router.route(&event, commit_time_ms) {
+            Ok(record) => record,
+            Err(e) => match (
+                &self.config.record.on_bad_event,
+                &self.config.record.dead_letter_topic,
+            ) {
+                (OnBadEvent::DeadLetter, Some(topic)) => {
+                    warn!(pipeline = %self.config.name, %lsn, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
+                    self.metrics.dead_lettered(e.reason_label());
+                    Router::dead_letter(&event, &e, topic, commit_time_ms)
+                }
+                _ => return Err(e.into()),
+            },
+        };
         let token = self
             .tracker
             .track_event()
@@ -434,6 +458,19 @@ impl<S: Sink> Session<'_, S> {
             .map_err(Error::Rejected)?;
         self.update_in_flight_gauges();
         Ok(())
+    }
+
+    /// Counts an event with a NULL aggregate id (published with a null key) and warns at
+    /// most every [`NULL_KEY_WARNING_INTERVAL`].
+    fn null_key(&mut self, event: &OutboxEvent) {
+        self.metrics.events_null_key.inc();
+        let (last, unwarned) = &mut self.null_key_warned;
+        *unwarned += 1;
+        if last.is_none_or(|at| at.elapsed() >= NULL_KEY_WARNING_INTERVAL) {
+            warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), events = *unwarned, "events with a NULL aggregate id published with a null key (no per-aggregate order); counted in outbox_relay_events_null_key_total");
+            *last = Some(Instant::now());
+            *unwarned = 0;
+        }
     }
 
     fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {

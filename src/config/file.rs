@@ -71,6 +71,15 @@ struct PipelineSection {
     #[serde(default)]
     route: RouteConfig,
     #[serde(default)]
+    additional_placement: Vec<super::AdditionalPlacement>,
+    #[serde(default)]
+    value_format: super::ValueFormat,
+    #[serde(default)]
+    null_payload: super::NullPayload,
+    #[serde(default)]
+    on_bad_event: super::OnBadEvent,
+    dead_letter_topic: Option<String>,
+    #[serde(default)]
     op_invalid_behavior: super::InvalidOpBehavior,
     #[serde(default = "yes")]
     create_slot: bool,
@@ -220,6 +229,13 @@ fn resolve(
             columns: p.columns,
             message_prefix: p.message_prefix,
             route: p.route,
+            record: super::RecordConfig {
+                additional_placement: p.additional_placement,
+                value_format: p.value_format,
+                null_payload: p.null_payload,
+                on_bad_event: p.on_bad_event,
+                dead_letter_topic: p.dead_letter_topic,
+            },
             op_invalid_behavior: p.op_invalid_behavior,
             create_slot: p.create_slot,
             kafka: KafkaConfig {
@@ -237,6 +253,19 @@ fn resolve(
                     field: at(&e.field),
                     problem: e.problem,
                 });
+            }
+        }
+        // validate() names the first problem; list every routing one.
+        for e in config.routing_problems() {
+            let e = ConfigError {
+                field: at(&e.field),
+                problem: e.problem,
+            };
+            if !problems
+                .iter()
+                .any(|known| known.field == e.field && known.problem == e.problem)
+            {
+                problems.push(e);
             }
         }
         pipelines.push(config);
@@ -319,6 +348,47 @@ mod tests {
     }
 
     #[test]
+    fn the_example_routing_options_load_when_uncommented() {
+        let start = EXAMPLE.find("# --- Routing").unwrap();
+        let end = start + EXAMPLE[start..].find("[[pipelines]]").unwrap();
+        let mut example = EXAMPLE[..start].to_owned();
+        for line in EXAMPLE[start..end].lines() {
+            let option = line.strip_prefix("# ").filter(|l| {
+                l.starts_with("  {")
+                    || *l == "]"
+                    || l.split_once(" = ").is_some_and(|(key, _)| {
+                        key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+            });
+            example.push_str(option.unwrap_or(line));
+            example.push('\n');
+        }
+        example.push_str(&EXAMPLE[end..]);
+        let config = load_str(
+            &example,
+            &[
+                (
+                    "ORDERS_DATABASE_URL",
+                    "postgres://relay:pw@orders-db/orders",
+                ),
+                (
+                    "BILLING_DATABASE_URL",
+                    "postgres://relay:pw@billing-db/billing",
+                ),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        let orders = &config.pipelines[0];
+        assert_eq!(orders.columns.timestamp.as_deref(), Some("created_at"));
+        assert!(orders.route.topic_regex.is_some());
+        assert_eq!(orders.record.additional_placement.len(), 3);
+        assert_eq!(
+            orders.record.on_bad_event,
+            super::super::OnBadEvent::DeadLetter
+        );
+    }
+
+    #[test]
     fn pipeline_kafka_settings_override_the_defaults() {
         let config = load_str(
             r#"
@@ -382,6 +452,90 @@ mod tests {
             assert!(fields.contains(&expected), "{expected} missing in {errors}");
         }
         assert!(errors.to_string().contains("MISSING_URL"));
+    }
+
+    const PIPELINE: &str = "[[pipelines]]\nname = \"p\"\nsource_url = \"postgres://u@h/db\"\nslot = \"s\"\npublication = \"pub\"\ntable = \"outbox\"\nkafka = { bootstrap_servers = \"k:9092\" }\n";
+
+    #[test]
+    fn loads_routing_and_record_options() {
+        let config = load_str(
+            &format!(
+                r#"{PIPELINE}
+                columns = {{ timestamp = "created_at" }}
+                route = {{ topic_regex = "(?P<domain>[a-z]+)", topic_template = "${{column:tenant_id}}.${{domain}}.events" }}
+                additional_placement = [
+                  {{ field = "tenant_id", placement = "header", alias = "tenant" }},
+                  {{ field = "shard", placement = "partition" }},
+                  {{ field = "region", placement = "envelope" }},
+                ]
+                value_format = "envelope"
+                null_payload = "empty"
+                on_bad_event = "dead_letter"
+                dead_letter_topic = "outbox.dlq"
+                "#
+            ),
+            &[],
+        )
+        .unwrap();
+        let p = &config.pipelines[0];
+        assert_eq!(p.columns.timestamp.as_deref(), Some("created_at"));
+        assert_eq!(p.route.topic_regex.as_deref(), Some("(?P<domain>[a-z]+)"));
+        let r = &p.record;
+        assert_eq!(r.additional_placement.len(), 3);
+        assert_eq!(r.additional_placement[0].name(), "tenant");
+        assert_eq!(
+            r.additional_placement[1].placement,
+            super::super::Placement::Partition
+        );
+        assert_eq!(r.additional_placement[2].name(), "region");
+        assert_eq!(r.value_format, super::super::ValueFormat::Envelope);
+        assert_eq!(r.null_payload, super::super::NullPayload::Empty);
+        assert_eq!(r.on_bad_event, super::super::OnBadEvent::DeadLetter);
+        assert_eq!(r.dead_letter_topic.as_deref(), Some("outbox.dlq"));
+        // Defaults: today's behaviour.
+        let plain = &load_str(PIPELINE, &[]).unwrap().pipelines[0];
+        assert_eq!(plain.record, super::super::RecordConfig::default());
+        assert_eq!(plain.columns.timestamp, None);
+        assert_eq!(plain.route.topic_regex, None);
+    }
+
+    #[test]
+    fn lists_every_routing_problem_with_its_field_path() {
+        let errors = load_str(
+            &format!(
+                r#"{PIPELINE}
+                route = {{ topic_regex = "(", topic_template = "${{x}}" }}
+                additional_placement = [
+                  {{ field = "a", placement = "partition" }},
+                  {{ field = "b", placement = "partition" }},
+                  {{ field = "c", placement = "envelope" }},
+                ]
+                on_bad_event = "dead_letter"
+                "#
+            ),
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        for expected in [
+            "pipelines[0].route.topic_regex",
+            "pipelines[0].route.topic_template",
+            "pipelines[0].additional_placement[1].placement",
+            "pipelines[0].additional_placement[2].placement",
+            "pipelines[0].dead_letter_topic",
+        ] {
+            assert!(fields.contains(&expected), "{expected} missing in {errors}");
+        }
+        let errors = load_str(
+            &format!("{PIPELINE}\nadditional_placement = [{{ field = \"a\", placement = \"footer\" }}]\nvalue_format = \"xml\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        let text = errors.to_string();
+        assert!(
+            text.contains("additional_placement") && text.contains("footer"),
+            "{text}"
+        );
     }
 
     #[test]

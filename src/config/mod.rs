@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::router;
 use crate::source::tls::{self, TlsSettings};
 
 pub mod file;
@@ -98,6 +99,9 @@ pub struct OutboxColumns {
     pub payload: String,
     /// Optional jsonb object whose entries become Kafka headers.
     pub headers: String,
+    /// Optional `timestamptz` or `timestamp` column (a `timestamp` is taken as UTC) whose
+    /// value is the Kafka record timestamp; `None` or a NULL value: the commit time.
+    pub timestamp: Option<String>,
 }
 
 impl Default for OutboxColumns {
@@ -109,6 +113,7 @@ impl Default for OutboxColumns {
             event_type: "event_type".into(),
             payload: "payload".into(),
             headers: "headers".into(),
+            timestamp: None,
         }
     }
 }
@@ -119,9 +124,13 @@ impl Default for OutboxColumns {
 pub struct RouteConfig {
     /// Column whose value routes the event; `None`: the aggregate type column.
     pub by_field: Option<String>,
-    /// Topic name with `${routedByValue}` where the routing value goes.
+    /// Topic name with placeholders: `${routedByValue}` (the routing value), `${name}` or
+    /// `${1}` (a capture group of `topic_regex`), `${column:<name>}` (a column's text).
     pub topic_template: String,
     pub topic_case: TopicCase,
+    /// Regex the whole routing value (after `topic_case`) must match; its capture groups
+    /// may be used in `topic_template` (Debezium's `route.topic.regex`).
+    pub topic_regex: Option<String>,
 }
 
 impl Default for RouteConfig {
@@ -130,8 +139,85 @@ impl Default for RouteConfig {
             by_field: None,
             topic_template: "${routedByValue}.events".into(),
             topic_case: TopicCase::Preserve,
+            topic_regex: None,
         }
     }
+}
+
+/// An extra column put in the record (Debezium's `table.fields.additional.placement`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdditionalPlacement {
+    /// The column.
+    pub field: String,
+    pub placement: Placement,
+    /// Header or envelope field name; defaults to `field`.
+    pub alias: Option<String>,
+}
+
+impl AdditionalPlacement {
+    /// The header or envelope field name.
+    pub fn name(&self) -> &str {
+        self.alias.as_deref().unwrap_or(&self.field)
+    }
+}
+
+/// Where an [`AdditionalPlacement`] column goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// A header with the column's text (NULL: a null header value), after the others.
+    Header,
+    /// A field of the JSON envelope (`value_format = "envelope"`).
+    Envelope,
+    /// The Kafka partition: the column's integer value (NULL: partition by key).
+    Partition,
+}
+
+/// What the record value is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueFormat {
+    /// The payload bytes exactly as PostgreSQL printed them.
+    #[default]
+    Payload,
+    /// A JSON object `{"payload": ..., "<alias>": ...}` with the envelope placements.
+    Envelope,
+}
+
+/// What a SQL NULL payload becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NullPayload {
+    /// A null value: a delete on compacted topics.
+    #[default]
+    Tombstone,
+    /// A zero-byte value, which compacted topics keep.
+    Empty,
+}
+
+/// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
+/// column, bad headers JSON, bad partition or timestamp value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadEvent {
+    /// The pipeline stops before confirming the event's transaction.
+    #[default]
+    Halt,
+    /// The raw event goes to `dead_letter_topic` with an `outbox_relay_error` header.
+    DeadLetter,
+}
+
+/// How records are shaped beyond routing: extra columns, value format, NULL payloads and
+/// the bad-input policy.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordConfig {
+    pub additional_placement: Vec<AdditionalPlacement>,
+    pub value_format: ValueFormat,
+    pub null_payload: NullPayload,
+    pub on_bad_event: OnBadEvent,
+    /// Required with `on_bad_event = "dead_letter"`.
+    pub dead_letter_topic: Option<String>,
 }
 
 /// What happens to the routing value's case in the topic name.
@@ -200,6 +286,7 @@ pub struct PipelineConfig {
     /// Transactional logical decoding messages with this prefix are outbox events too.
     pub message_prefix: Option<String>,
     pub route: RouteConfig,
+    pub record: RecordConfig,
     pub op_invalid_behavior: InvalidOpBehavior,
     /// Create the slot when it does not exist.
     pub create_slot: bool,
@@ -221,6 +308,7 @@ impl fmt::Debug for PipelineConfig {
             .field("columns", &self.columns)
             .field("message_prefix", &self.message_prefix)
             .field("route", &self.route)
+            .field("record", &self.record)
             .field("op_invalid_behavior", &self.op_invalid_behavior)
             .field("create_slot", &self.create_slot)
             .field("kafka", &self.kafka)
@@ -257,30 +345,8 @@ impl PipelineConfig {
         if self.publication.is_empty() {
             return Err(ConfigError::new("publication", "must not be empty"));
         }
-        if self.route.topic_template.is_empty() {
-            return Err(ConfigError::new(
-                "route.topic_template",
-                "must not be empty",
-            ));
-        }
-        if self.route.by_field.as_deref() == Some("") {
-            return Err(ConfigError::new("route.by_field", "must not be empty"));
-        }
-        if self.route.by_field.is_some() && self.message_prefix.is_some() {
-            return Err(ConfigError::new(
-                "route.by_field",
-                "cannot be combined with message_prefix: logical messages carry no such column",
-            ));
-        }
-        let sample = self
-            .route
-            .topic_template
-            .replace(crate::router::ROUTED_BY_VALUE, "x");
-        if let Err(reason) = crate::router::validate_topic(&sample) {
-            return Err(ConfigError::new(
-                "route.topic_template",
-                format!("gives no legal topic name: {reason}"),
-            ));
+        if let Some(first) = self.routing_problems().into_iter().next() {
+            return Err(first);
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(ConfigError::new(
@@ -314,6 +380,130 @@ impl PipelineConfig {
             }
         }
         Ok(())
+    }
+
+    /// Checks routing and record options (`route`, `columns.timestamp`,
+    /// `additional_placement`, `value_format`, `on_bad_event`, `dead_letter_topic`).
+    ///
+    /// Returns every problem found, each naming its field path.
+    pub fn routing_problems(&self) -> Vec<ConfigError> {
+        let mut problems = Vec::new();
+        let mut problem = |field: &str, text: String| problems.push(ConfigError::new(field, text));
+        let no_columns =
+            "cannot be combined with message_prefix: logical messages carry no such column";
+        let route = &self.route;
+        if route.by_field.as_deref() == Some("") {
+            problem("route.by_field", "must not be empty".into());
+        }
+        if route.by_field.is_some() && self.message_prefix.is_some() {
+            problem("route.by_field", no_columns.into());
+        }
+        let regex = match route
+            .topic_regex
+            .as_deref()
+            .map(router::compile_topic_regex)
+        {
+            Some(Err(e)) => {
+                problem("route.topic_regex", e);
+                None
+            }
+            Some(Ok(regex)) => Some(regex),
+            None => None,
+        };
+        if route.topic_template.is_empty() {
+            problem("route.topic_template", "must not be empty".into());
+        } else {
+            match router::Template::parse(&route.topic_template) {
+                Err(e) => problem("route.topic_template", e),
+                Ok(template) => {
+                    if let Err(e) =
+                        template.check_groups(regex.as_ref(), route.topic_regex.is_some())
+                    {
+                        problem("route.topic_template", e);
+                    }
+                    if template.columns().next().is_some() && self.message_prefix.is_some() {
+                        problem(
+                            "route.topic_template",
+                            format!("${{column:...}} {no_columns}"),
+                        );
+                    }
+                    if let Err(reason) = router::validate_topic(&template.sample()) {
+                        problem(
+                            "route.topic_template",
+                            format!("gives no legal topic name: {reason}"),
+                        );
+                    }
+                }
+            }
+        }
+        match self.columns.timestamp.as_deref() {
+            Some("") => problem("columns.timestamp", "must not be empty".into()),
+            Some(_) if self.message_prefix.is_some() => {
+                problem("columns.timestamp", no_columns.into())
+            }
+            _ => {}
+        }
+        let record = &self.record;
+        let mut partitions = 0;
+        let mut envelope_names = std::collections::HashSet::new();
+        for (i, placement) in record.additional_placement.iter().enumerate() {
+            let at = |field: &str| format!("additional_placement[{i}].{field}");
+            if placement.field.is_empty() {
+                problem(&at("field"), "must not be empty".into());
+            } else if self.message_prefix.is_some() {
+                problem(&at("field"), no_columns.into());
+            }
+            if placement.alias.as_deref() == Some("") {
+                problem(&at("alias"), "must not be empty".into());
+            }
+            match placement.placement {
+                Placement::Header => {}
+                Placement::Partition => {
+                    partitions += 1;
+                    if partitions > 1 {
+                        problem(
+                            &at("placement"),
+                            "only one partition placement is allowed".into(),
+                        );
+                    }
+                }
+                Placement::Envelope => {
+                    if record.value_format != ValueFormat::Envelope {
+                        problem(
+                            &at("placement"),
+                            "envelope placement needs value_format = \"envelope\"".into(),
+                        );
+                    }
+                    let name = placement.name();
+                    if name == "payload" || !envelope_names.insert(name) {
+                        problem(
+                            &at("alias"),
+                            format!("envelope field {name:?} is already used (\"payload\" is the payload's)"),
+                        );
+                    }
+                }
+            }
+        }
+        match (record.on_bad_event, record.dead_letter_topic.as_deref()) {
+            (OnBadEvent::DeadLetter, None) => problem(
+                "dead_letter_topic",
+                "required when on_bad_event = \"dead_letter\"".into(),
+            ),
+            (OnBadEvent::DeadLetter, Some(topic)) => {
+                if let Err(reason) = router::validate_topic(topic) {
+                    problem(
+                        "dead_letter_topic",
+                        format!("{topic:?} is not a legal topic name: {reason}"),
+                    );
+                }
+            }
+            (OnBadEvent::Halt, Some(_)) => problem(
+                "dead_letter_topic",
+                "only used with on_bad_event = \"dead_letter\"".into(),
+            ),
+            (OnBadEvent::Halt, None) => {}
+        }
+        problems
     }
 
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
@@ -437,6 +627,7 @@ mod tests {
             columns: OutboxColumns::default(),
             message_prefix: None,
             route: RouteConfig::default(),
+            record: RecordConfig::default(),
             op_invalid_behavior: InvalidOpBehavior::Ignore,
             create_slot: true,
             kafka: KafkaConfig {
@@ -502,6 +693,161 @@ mod tests {
             assert_eq!(err.field, field, "{err}");
             assert!(!err.to_string().contains("pw@"), "password leaked: {err}");
         }
+    }
+
+    fn placement(field: &str, placement: Placement, alias: Option<&str>) -> AdditionalPlacement {
+        AdditionalPlacement {
+            field: field.into(),
+            placement,
+            alias: alias.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn every_bad_routing_combination_names_its_field() {
+        type Mutate = Box<dyn Fn(&mut PipelineConfig)>;
+        let cases: Vec<(&str, Mutate)> = vec![
+            (
+                "route.topic_regex",
+                Box::new(|c| c.route.topic_regex = Some("(".into())),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = "${name}.events".into()),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| {
+                    c.route.topic_regex = Some("(?P<name>.+)".into());
+                    c.route.topic_template = "${other}.${2}".into();
+                }),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = "${column:tenant_id".into()),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| {
+                    c.route.topic_template = "${column:tenant_id}.events".into();
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "route.topic_template",
+                Box::new(|c| c.route.topic_template = String::new()),
+            ),
+            (
+                "columns.timestamp",
+                Box::new(|c| c.columns.timestamp = Some(String::new())),
+            ),
+            (
+                "columns.timestamp",
+                Box::new(|c| {
+                    c.columns.timestamp = Some("created_at".into());
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "additional_placement[0].field",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![placement("", Placement::Header, None)]
+                }),
+            ),
+            (
+                "additional_placement[0].alias",
+                Box::new(|c| {
+                    c.record.additional_placement =
+                        vec![placement("t", Placement::Header, Some(""))]
+                }),
+            ),
+            (
+                "additional_placement[1].placement",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![
+                        placement("a", Placement::Partition, None),
+                        placement("b", Placement::Partition, None),
+                    ]
+                }),
+            ),
+            (
+                "additional_placement[0].placement",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![placement("a", Placement::Envelope, None)]
+                }),
+            ),
+            (
+                "additional_placement[0].alias",
+                Box::new(|c| {
+                    c.record.value_format = ValueFormat::Envelope;
+                    c.record.additional_placement =
+                        vec![placement("p", Placement::Envelope, Some("payload"))]
+                }),
+            ),
+            (
+                "additional_placement[1].alias",
+                Box::new(|c| {
+                    c.record.value_format = ValueFormat::Envelope;
+                    c.record.additional_placement = vec![
+                        placement("a", Placement::Envelope, Some("x")),
+                        placement("x", Placement::Envelope, None),
+                    ]
+                }),
+            ),
+            (
+                "additional_placement[0].field",
+                Box::new(|c| {
+                    c.record.additional_placement = vec![placement("t", Placement::Header, None)];
+                    c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "dead_letter_topic",
+                Box::new(|c| c.record.on_bad_event = OnBadEvent::DeadLetter),
+            ),
+            (
+                "dead_letter_topic",
+                Box::new(|c| {
+                    c.record.on_bad_event = OnBadEvent::DeadLetter;
+                    c.record.dead_letter_topic = Some("dead letters".into());
+                }),
+            ),
+            (
+                "dead_letter_topic",
+                Box::new(|c| c.record.dead_letter_topic = Some("dlq".into())),
+            ),
+        ];
+        for (field, mutate) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            let problems = c.routing_problems();
+            assert!(
+                problems.iter().any(|p| p.field == field),
+                "{field}: {problems:?}"
+            );
+            assert_eq!(c.validate().unwrap_err().field, problems[0].field);
+        }
+        let mut good = config();
+        good.columns.timestamp = Some("created_at".into());
+        good.route.topic_regex = Some("(?P<domain>[a-z]+)_(v[0-9]+)".into());
+        good.route.topic_template = "${column:tenant_id}.${domain}.${2}.${routedByValue}".into();
+        good.record = RecordConfig {
+            additional_placement: vec![
+                placement("tenant_id", Placement::Header, Some("tenant")),
+                placement("shard", Placement::Partition, None),
+                placement("tenant_id", Placement::Envelope, Some("tenant")),
+            ],
+            value_format: ValueFormat::Envelope,
+            null_payload: NullPayload::Empty,
+            on_bad_event: OnBadEvent::DeadLetter,
+            dead_letter_topic: Some("outbox.dlq".into()),
+        };
+        assert!(
+            good.routing_problems().is_empty(),
+            "{:?}",
+            good.routing_problems()
+        );
+        good.validate().unwrap();
     }
 
     #[test]

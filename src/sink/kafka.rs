@@ -129,6 +129,9 @@ impl Sink for KafkaSink {
         if let Some(timestamp) = record.timestamp_ms {
             future_record = future_record.timestamp(timestamp);
         }
+        if let Some(partition) = record.partition {
+            future_record = future_record.partition(partition);
+        }
         loop {
             let producer = self.producer.as_ref().expect("producer present until drop");
             match producer.send_result(future_record) {
@@ -271,6 +274,8 @@ fn is_retryable(error: &KafkaError) -> bool {
                 | InvalidArgument
                 | InvalidTimestamp
                 | PolicyViolation
+                // A partition placement beyond the topic's partitions.
+                | UnknownPartition
         )
     )
 }

@@ -26,6 +26,8 @@ pub struct Record {
     pub headers: Vec<(Cow<'static, str>, Option<Bytes>)>,
     /// Unix epoch, ms.
     pub timestamp_ms: Option<i64>,
+    /// `None`: chosen by the producer's partitioner from the key.
+    pub partition: Option<i32>,
 }
 
 impl Record {

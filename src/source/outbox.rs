@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::pgoutput::{InsertBody, MessageBody, RelationBody, TupleValue};
+use super::pgoutput::{InsertBody, MessageBody, RelationBody, TupleValue, TypeBody};
 use crate::config::{OutboxColumns, TableName};
 use crate::lsn::Lsn;
 
@@ -32,8 +32,58 @@ pub struct OutboxEvent {
     /// The `route.by_field` column's value, when routing is by another column than the
     /// aggregate type.
     pub routed_by: Option<Bytes>,
+    /// How the payload column's type prints: JSON for json, jsonb or a domain over them.
+    pub payload_kind: ValueKind,
+    /// The extra columns the router needs (template columns, `columns.timestamp`,
+    /// `additional_placement`), in [`OutboxDecoder::with_columns`] order; empty for
+    /// logical decoding messages.
+    pub columns: Vec<ColumnValue>,
     /// Where the Insert is in the WAL.
     pub lsn: Lsn,
+}
+
+/// One extra column's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnValue {
+    /// The text PostgreSQL printed; `None` for SQL NULL.
+    pub text: Option<Bytes>,
+    pub kind: ValueKind,
+}
+
+/// What a column's text is, by its type (or a domain's base type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ValueKind {
+    /// Anything else: put in JSON as a string.
+    #[default]
+    Text,
+    /// json, jsonb: JSON text already.
+    Json,
+    /// int2, int4, int8, numeric, float4, float8.
+    Number,
+    /// bool, printed `t` or `f`.
+    Bool,
+}
+
+impl ValueKind {
+    /// The kind of a built-in type by name (a `pg_catalog` type in a Type message).
+    fn of_name(name: &str) -> ValueKind {
+        match name {
+            "json" | "jsonb" => ValueKind::Json,
+            "int2" | "int4" | "int8" | "numeric" | "float4" | "float8" => ValueKind::Number,
+            "bool" => ValueKind::Bool,
+            _ => ValueKind::Text,
+        }
+    }
+
+    /// The kind of a built-in type by oid (pg_type.dat).
+    fn of_oid(oid: u32) -> Option<ValueKind> {
+        Some(match oid {
+            114 | 3802 => ValueKind::Json,
+            20 | 21 | 23 | 700 | 701 | 1700 => ValueKind::Number,
+            16 => ValueKind::Bool,
+            _ => return None,
+        })
+    }
 }
 
 /// An outbox row the relay cannot turn into an event; the pipeline stops before confirming it.
@@ -79,6 +129,9 @@ struct ColumnIndexes {
     /// Optional: a table without the column has no extra headers.
     headers: Option<usize>,
     routed_by: Option<usize>,
+    payload_kind: ValueKind,
+    /// The configured extra columns, in order.
+    extra: Vec<(usize, ValueKind)>,
 }
 
 #[derive(Debug)]
@@ -98,6 +151,10 @@ pub struct OutboxDecoder {
     message_prefix: Option<String>,
     /// Column routing the event, when not the aggregate type's.
     route_by: Option<String>,
+    /// Extra columns events carry ([`OutboxEvent::columns`]).
+    extra: Vec<String>,
+    /// Kinds of non-built-in types (domains) from Type messages, by oid.
+    types: HashMap<u32, ValueKind>,
 }
 
 /// An outbox event in a logical decoding message (`pg_logical_emit_message(true, prefix,
@@ -126,7 +183,33 @@ impl OutboxDecoder {
             relations: HashMap::new(),
             message_prefix,
             route_by: None,
+            extra: Vec::new(),
+            types: HashMap::new(),
         }
+    }
+
+    /// Puts these columns' values in every event's [`OutboxEvent::columns`], in this order;
+    /// a Relation of the outbox table without one of them is an error at its first insert.
+    pub fn with_columns(mut self, columns: Vec<String>) -> Self {
+        self.extra = columns;
+        self
+    }
+
+    /// Records a Type message: the kind of a domain or other non-built-in type, for the
+    /// Relation messages that follow.
+    pub fn on_type(&mut self, ty: &TypeBody) {
+        let kind = if ty.namespace.is_empty() {
+            ValueKind::of_name(&ty.name)
+        } else {
+            ValueKind::Text
+        };
+        self.types.insert(ty.type_oid, kind);
+    }
+
+    fn kind(&self, oid: u32) -> ValueKind {
+        ValueKind::of_oid(oid)
+            .or_else(|| self.types.get(&oid).copied())
+            .unwrap_or_default()
     }
 
     /// Routes by `column` instead of the aggregate type (`None`: the aggregate type).
@@ -162,6 +245,8 @@ impl OutboxDecoder {
             payload: event.payload.map(text),
             headers: event.headers.map(text),
             routed_by: None,
+            payload_kind: ValueKind::Json,
+            columns: Vec::new(),
             lsn,
         })
     }
@@ -177,13 +262,21 @@ impl OutboxDecoder {
                     .ok_or_else(|| name.to_owned())
             };
             let c = &self.columns;
+            let kind = |index: usize| self.kind(relation.columns[index].type_oid);
             RelationKind::Outbox((|| {
+                let payload = find(&c.payload)?;
                 Ok(ColumnIndexes {
+                    payload_kind: kind(payload),
+                    extra: self
+                        .extra
+                        .iter()
+                        .map(|name| find(name).map(|i| (i, kind(i))))
+                        .collect::<Result<_, _>>()?,
                     id: find(&c.id)?,
                     aggregate_type: find(&c.aggregate_type)?,
                     aggregate_id: find(&c.aggregate_id)?,
                     event_type: find(&c.event_type)?,
-                    payload: find(&c.payload)?,
+                    payload,
                     headers: find(&c.headers).ok(),
                     routed_by: match self.route_by.as_deref() {
                         Some(column) => Some(find(column)?),
@@ -268,6 +361,18 @@ impl OutboxDecoder {
                 (Some(index), Some(column)) => Some(required(text(index, column)?, column)?),
                 _ => None,
             },
+            payload_kind: indexes.payload_kind,
+            columns: indexes
+                .extra
+                .iter()
+                .zip(&self.extra)
+                .map(|(&(index, kind), name)| {
+                    Ok(ColumnValue {
+                        text: text(index, name)?,
+                        kind,
+                    })
+                })
+                .collect::<Result<_, OutboxError>>()?,
             lsn,
         }))
     }
@@ -471,5 +576,77 @@ mod tests {
         );
         assert_eq!(event.headers.as_deref(), Some(&br#"{"h": "v"}"#[..]));
         assert_eq!(event.aggregate_id, None);
+    }
+
+    #[test]
+    fn extra_columns_carry_text_and_kind_with_domains_from_type_messages() {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_columns(vec![
+            "created_at".into(),
+            "headers".into(),
+            "payload".into(),
+        ]);
+        let mut events = Vec::new();
+        for message in fixture() {
+            match message {
+                LogicalReplicationMessage::Type(t) => decoder.on_type(&t),
+                LogicalReplicationMessage::Relation(r) => decoder.on_relation(&r),
+                LogicalReplicationMessage::Insert(i) => {
+                    events.extend(decoder.on_insert(&i, Lsn(0)).unwrap())
+                }
+                _ => {}
+            }
+        }
+        let first = &events[0];
+        assert_eq!(first.payload_kind, ValueKind::Json, "jsonb payload");
+        let kinds: Vec<ValueKind> = first.columns.iter().map(|c| c.kind).collect();
+        assert_eq!(
+            kinds,
+            [ValueKind::Text, ValueKind::Json, ValueKind::Json],
+            "timestamptz is text; the domain over jsonb is JSON (from its Type message)"
+        );
+        let created_at = first.columns[0].text.as_deref().unwrap();
+        assert!(
+            crate::router::parse_timestamp_ms(created_at).is_some(),
+            "{created_at:?} parses"
+        );
+        assert_eq!(first.columns[1].text, first.headers);
+        assert_eq!(first.columns[2].text, first.payload);
+        assert_eq!(events[2].columns[2].text, None, "NULL stays NULL");
+        // Without the Type message the domain's kind is unknown: text.
+        let mut plain = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_columns(vec!["headers".into()]);
+        let kinds: Vec<ValueKind> = events_with(&mut plain)
+            .iter()
+            .map(|e| e.columns[0].kind)
+            .collect();
+        assert_eq!(kinds[0], ValueKind::Text);
+    }
+
+    #[test]
+    fn a_missing_extra_column_is_an_error_naming_it() {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_columns(vec!["no_such_column".into()]);
+        let err = events(&mut decoder).remove(0).unwrap_err();
+        assert!(
+            matches!(&err, OutboxError::MissingColumn { column, .. } if column == "no_such_column"),
+            "{err}"
+        );
+    }
+
+    fn events_with(decoder: &mut OutboxDecoder) -> Vec<OutboxEvent> {
+        events(decoder).into_iter().map(Result::unwrap).collect()
     }
 }
