@@ -14,14 +14,14 @@ use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::checkpoint::AckTracker;
+use crate::checkpoint::{AckTracker, EventToken};
 use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::Router;
 use crate::sink::kafka::KafkaSink;
-use crate::sink::{Delivery, Sink};
+use crate::sink::{Delivery, DeliveryError, Sink};
 use crate::source::outbox::{OutboxDecoder, OutboxError, OutboxEvent};
 use crate::source::pgoutput::{self, LogicalReplicationMessage};
 use crate::source::replication::{
@@ -260,7 +260,7 @@ impl<S: Sink> Session<'_, S> {
             else {
                 break;
             };
-            if self.on_delivery(delivery).is_err() {
+            if self.on_delivery(delivery).await.is_err() {
                 break;
             }
         }
@@ -305,7 +305,7 @@ impl<S: Sink> Session<'_, S> {
                 }
                 // 2. Delivery outcomes: free capacity, move the flush LSN.
                 Some(delivery) = self.sink.next_delivery(), if in_flight.events > 0 => {
-                    self.on_delivery(delivery)?;
+                    self.on_delivery(delivery).await?;
                 }
                 // 3. Status updates on a timer, also while WAL is not being read.
                 _ = status_timer.tick() => self.send_status().await?,
@@ -452,12 +452,47 @@ impl<S: Sink> Session<'_, S> {
             .tracker
             .track_event()
             .map_err(|source| SourceError::Tracker { lsn, source })?;
-        self.sink
-            .send(record, token)
-            .await
-            .map_err(Error::Rejected)?;
+        if let Err(e) = self.sink.send(record, token).await {
+            self.dead_letter_refused(e, token)
+                .await
+                .map_err(Error::Rejected)?;
+        }
         self.update_in_flight_gauges();
         Ok(())
+    }
+
+    /// A record Kafka refused: with `on_bad_event = "dead_letter"` and an error retrying
+    /// cannot fix, its copy goes to the dead-letter topic under the same token (so its
+    /// transaction is confirmed once the copy is acknowledged). Records of the same key sent
+    /// after the refused one may be published before the copy: dead-lettering trades that
+    /// for flow.
+    ///
+    /// Returns `error` when it is not to be dead-lettered, or the copy's own refusal.
+    async fn dead_letter_refused(
+        &mut self,
+        mut error: DeliveryError,
+        token: EventToken,
+    ) -> Result<(), DeliveryError> {
+        let dead_letter_topic = match (
+            &self.config.record.on_bad_event,
+            &self.config.record.dead_letter_topic,
+        ) {
+            (OnBadEvent::DeadLetter, Some(topic)) if !error.retryable && error.topic != *topic => {
+                topic.clone()
+            }
+            _ => return Err(error),
+        };
+        let Some(record) = error.record.take() else {
+            return Err(error);
+        };
+        warn!(pipeline = %self.config.name, event_id = %error.event_id, topic = %error.topic, dead_letter_topic = %dead_letter_topic, reason = %error.reason, "Kafka refused the record; sending it to the dead-letter topic");
+        self.metrics.dead_lettered(if error.too_large {
+            "too_large"
+        } else {
+            "refused"
+        });
+        let copy = Router::dead_letter_refused(*record, &error, &dead_letter_topic);
+        self.sink.send(copy, token).await
     }
 
     /// Counts an event with a NULL aggregate id (published with a null key) and warns at
@@ -473,7 +508,7 @@ impl<S: Sink> Session<'_, S> {
         }
     }
 
-    fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {
+    async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {
         self.update_in_flight_gauges();
         match delivery.result {
             Ok(()) => {
@@ -499,7 +534,15 @@ impl<S: Sink> Session<'_, S> {
             }
             Err(e) => {
                 self.metrics.delivery_failed(e.retryable);
-                Err(e.into())
+                if e.retryable {
+                    return Err(e.into());
+                }
+                // Halting: a Delivery error, so nothing queued behind it is awaited.
+                self.dead_letter_refused(e, delivery.token)
+                    .await
+                    .map_err(Error::Delivery)?;
+                self.update_in_flight_gauges();
+                Ok(())
             }
         }
     }

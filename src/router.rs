@@ -34,7 +34,7 @@ use serde_json::value::RawValue;
 use crate::config::{
     NullPayload, OutboxColumns, Placement, RecordConfig, RouteConfig, TopicCase, ValueFormat,
 };
-use crate::sink::Record;
+use crate::sink::{DeliveryError, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
@@ -43,6 +43,8 @@ pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
 const MAX_TOPIC_LEN: usize = 249;
 /// The dead-letter record's header with the reason.
 pub const ERROR_HEADER: &str = "outbox_relay_error";
+/// Header of a dead-letter record refused by Kafka: the topic the record was meant for.
+pub const TOPIC_HEADER: &str = "outbox_relay_topic";
 
 /// An event that cannot be routed: bad input. The pipeline stops before confirming its
 /// transaction, or dead-letters it (`on_bad_event`).
@@ -386,6 +388,29 @@ impl Router {
             timestamp_ms: Some(timestamp_ms),
             partition,
         })
+    }
+
+    /// The dead-letter copy of a record Kafka refused for good (`error`): its key and headers,
+    /// plus `outbox_relay_error` (the reason, with the size and limit for an oversized record)
+    /// and `outbox_relay_topic` (where it was going), to `topic`. The value is kept, except for
+    /// a record refused as too large: the copy would be refused too, so it carries no value
+    /// (the event stays readable in the outbox table by its `id` if rows are kept).
+    pub fn dead_letter_refused(record: Record, error: &DeliveryError, topic: &str) -> Record {
+        let mut headers = record.headers;
+        headers.retain(|(name, _)| name != ERROR_HEADER && name != TOPIC_HEADER);
+        headers.push((
+            Cow::Borrowed(ERROR_HEADER),
+            Some(Bytes::from(error.reason.clone())),
+        ));
+        headers.push((Cow::Borrowed(TOPIC_HEADER), Some(Bytes::from(record.topic))));
+        Record {
+            topic: topic.to_owned(),
+            key: record.key,
+            value: if error.too_large { None } else { record.value },
+            headers,
+            timestamp_ms: record.timestamp_ms,
+            partition: None,
+        }
     }
 
     /// The record that carries a bad `event` to `topic` instead: the original key and raw
@@ -1318,5 +1343,27 @@ mod tests {
             2,
             "no event_type header when it is NULL"
         );
+    }
+    #[test]
+    fn a_refused_record_keeps_key_and_headers_and_drops_an_oversized_value() {
+        let record = Router::default().route(&event("Order"), 7).unwrap();
+        let error = |too_large| DeliveryError {
+            event_id: "e".into(),
+            topic: record.topic.clone(),
+            reason: "Broker: Message size too large".into(),
+            retryable: false,
+            too_large,
+            record: None,
+        };
+        let copy = Router::dead_letter_refused(record.clone(), &error(true), "dlq");
+        assert_eq!(copy.topic, "dlq");
+        assert_eq!(copy.key, record.key);
+        assert_eq!(copy.value, None);
+        assert_eq!(copy.timestamp_ms, Some(7));
+        let names: Vec<&str> = copy.headers.iter().map(|(k, _)| k.as_ref()).collect();
+        assert_eq!(names, ["id", "event_type", ERROR_HEADER, TOPIC_HEADER]);
+        assert_eq!(copy.headers[3].1.as_deref(), Some(record.topic.as_bytes()));
+        let copy = Router::dead_letter_refused(record.clone(), &error(false), "dlq");
+        assert_eq!(copy.value, record.value, "other refusals keep the value");
     }
 }

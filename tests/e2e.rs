@@ -2640,3 +2640,94 @@ dead_letter_topic = "{dlq}"
     );
     drop(relay);
 }
+
+/// `on_bad_event = "dead_letter"` also covers records Kafka refuses for good: an event over
+/// the producer's size limit goes to the dead-letter topic (key and headers, no value, the
+/// reason with size and limit, the topic it was meant for), the events after it flow in
+/// order, and the slot passes the last commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_event_is_dead_lettered_and_the_rest_flows() {
+    let setup = Setup::new("dlqsize", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let dlq = format!("{}.dead-letter", setup.slot);
+    kafka().create_topic(&dlq, 1);
+    let toml = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[[pipelines]]
+name = "dlqsize"
+source_url = "{url}"
+slot = "{slot}"
+publication = "outbox_pub"
+table = "public.outbox"
+on_bad_event = "dead_letter"
+dead_letter_topic = "{dlq}"
+[pipelines.kafka.properties]
+"message.max.bytes" = "2000"
+"#,
+        bootstrap = kafka().bootstrap(),
+        url = setup.db.url(Auth::Trust),
+        slot = setup.slot,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let relay = Relay::spawn(&["run".into(), "--config".into(), path.display().to_string()]);
+    setup.wait_streaming().await;
+
+    let client = &setup.db.client;
+    let before = insert(client, &t, "k1", r#"{"n": 1}"#).await;
+    let big = insert(
+        client,
+        &t,
+        "k1",
+        &format!(r#"{{"blob": "{}"}}"#, "x".repeat(5_000)),
+    )
+    .await;
+    let after_same_key = insert(client, &t, "k1", r#"{"n": 3}"#).await;
+    let other_key = insert(client, &t, "k2", r#"{"n": 4}"#).await;
+    let last_commit = setup.db.current_wal_insert_lsn().await;
+
+    let topics = setup.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        3,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&[before, after_same_key, other_key], &consumed, true);
+    let dead = consume(
+        &kafka().bootstrap(),
+        &[dlq.as_str()],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(dead.len(), 1);
+    let dead = &dead[0];
+    assert_eq!(dead.key_str().as_deref(), Some("k1"));
+    assert_eq!(dead.value, None, "an oversized copy would be refused too");
+    assert_eq!(dead.header_str("id").as_deref(), Some(big.id.as_str()));
+    assert_eq!(
+        dead.header_str("outbox_relay_topic").as_deref(),
+        Some(topics[0].as_str())
+    );
+    let reason = dead.header_str("outbox_relay_error").unwrap_or_default();
+    assert!(
+        reason.contains("message.max.bytes = 2000") && reason.contains("bytes"),
+        "{reason}"
+    );
+    setup
+        .wait_confirmed_past(
+            last_commit,
+            "confirmed_flush_lsn to pass the last commit",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(relay.log().contains(&big.id), "{}", relay.log());
+}

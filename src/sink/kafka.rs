@@ -4,16 +4,18 @@
 //! without duplicates across librdkafka's internal retries; the partition is chosen from the
 //! key (the aggregate id), so one aggregate's events stay in commit order.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, OwnedHeaders};
+use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::Message;
@@ -163,7 +165,9 @@ impl Sink for KafkaSink {
                         event_id: record.event_id(),
                         topic: record.topic.clone(),
                         retryable: is_retryable(&error),
+                        too_large: is_too_large(&error),
                         reason: self.describe(&error, size),
+                        record: Some(Box::new(record)),
                     })
                 }
             }
@@ -203,21 +207,24 @@ impl KafkaSink {
         let size = meta.size;
         let result = match outcome {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err((error, message))) => Err(DeliveryError {
-                event_id: message
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == "id").and_then(|h| h.value))
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default(),
-                topic: message.topic().to_owned(),
-                retryable: is_retryable(&error),
-                reason: self.describe(&error, size),
-            }),
+            Ok(Err((error, message))) => {
+                let record = returned_record(&message, meta.timestamp_ms);
+                Err(DeliveryError {
+                    event_id: record.event_id(),
+                    topic: record.topic.clone(),
+                    retryable: is_retryable(&error),
+                    too_large: is_too_large(&error),
+                    reason: self.describe(&error, size),
+                    record: Some(Box::new(record)),
+                })
+            }
             Err(_canceled) => Err(DeliveryError {
                 event_id: String::new(),
                 topic: String::new(),
                 retryable: true,
+                too_large: false,
                 reason: "the producer was dropped before the delivery report".into(),
+                record: None,
             }),
         };
         Delivery {
@@ -255,6 +262,40 @@ impl Future for PendingDelivery {
             .poll(cx)
             .map(|outcome| (meta, outcome))
     }
+}
+
+/// A record librdkafka gave back with a failed delivery report, as a [`Record`].
+fn returned_record(message: &OwnedMessage, timestamp_ms: Option<i64>) -> Record {
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| {
+                    (
+                        Cow::Owned(h.key.to_owned()),
+                        h.value.map(Bytes::copy_from_slice),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        topic: message.topic().to_owned(),
+        key: message.key().map(Bytes::copy_from_slice),
+        value: message.payload().map(Bytes::copy_from_slice),
+        headers,
+        timestamp_ms,
+        partition: None,
+    }
+}
+
+/// The record exceeds a size limit of the producer, broker or topic.
+fn is_too_large(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+    )
 }
 
 /// Errors that publishing the same record again cannot fix.

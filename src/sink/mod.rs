@@ -62,6 +62,11 @@ pub struct DeliveryError {
     /// Whether publishing again may succeed (broker down, timeout) or not (record too large,
     /// invalid topic, not authorized).
     pub retryable: bool,
+    /// The record is larger than the producer's or the broker's limit.
+    pub too_large: bool,
+    /// The refused record as the client gave it back (`None` when it did not), for a
+    /// dead-letter copy.
+    pub record: Option<Box<Record>>,
 }
 
 /// The outcome of one record.
