@@ -40,6 +40,9 @@ const PROGRESS_MIN_LAG_BYTES: u64 = 16 << 20;
 const SLOT_IN_USE_RETRY: Duration = Duration::from_secs(3);
 /// How long to wait for the walsender to acknowledge the end of streaming.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
+/// retention changes over minutes, and the query is cheap.
+const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
 ///
@@ -51,6 +54,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     config.validate()?;
+    // Aborted when `run` returns (the guard drops the task).
+    let _slot_watch = AbortOnDrop(tokio::spawn(watch_slot(config.clone(), metrics.clone())));
     let backoff = || {
         ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
@@ -66,15 +71,17 @@ pub async fn run(
     loop {
         metrics.set_state(PipelineState::Connecting, None);
         let mut streamed = false;
-        match run_session(
+        let result = run_session(
             &config,
             &metrics,
             &shutdown,
             !slot_seen && config.create_slot,
             &mut streamed,
         )
-        .await
-        {
+        .await;
+        // The session's producer is gone: nothing is awaiting an acknowledgement any more.
+        metrics.oldest_unacked_age.set(0.0);
+        match result {
             Ok(()) => {
                 metrics.set_state(PipelineState::Stopped, None);
                 return Ok(());
@@ -104,6 +111,48 @@ pub async fn run(
                 return Err(e);
             }
         }
+    }
+}
+
+/// Refreshes the slot's `wal_status` and `safe_wal_size` metrics every
+/// [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made again after an
+/// error), whether or not this relay holds the slot. Runs until aborted.
+async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
+    let mut timer = interval(SLOT_WATCH_INTERVAL);
+    timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut connection = None;
+    loop {
+        timer.tick().await;
+        if connection.is_none() {
+            match slot::connect(&config).await {
+                Ok(c) => connection = Some(c),
+                Err(e) => {
+                    // The session logs the same failure; this is only for the metrics.
+                    debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                    continue;
+                }
+            }
+        }
+        let Some((client, _)) = &connection else {
+            continue;
+        };
+        match slot::slot_wal(client, &config.slot).await {
+            Ok(Some(wal)) => metrics.set_slot_wal(wal.wal_status.as_deref(), wal.safe_wal_size),
+            Ok(None) => metrics.set_slot_wal(None, None),
+            Err(e) => {
+                debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                connection = None;
+            }
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -484,6 +533,11 @@ impl<S: Sink> Session<'_, S> {
         self.metrics
             .lag_bytes
             .set(i64::try_from(lag).unwrap_or(i64::MAX));
+        self.metrics.oldest_unacked_age.set(
+            self.sink
+                .oldest_in_flight()
+                .map_or(0.0, |sent| sent.elapsed().as_secs_f64()),
+        );
         self.log_progress(flush, lag);
         Ok(())
     }

@@ -320,7 +320,10 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     let setup = Setup::new("outage", &["Order", "Invoice"], 2).await;
     let port = support::free_port();
     let bootstrap = format!("127.0.0.1:{port}");
-    let relay = Relay::spawn(&setup.relay_args(&bootstrap, Auth::Trust));
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.extend(["--metrics-listen".to_string(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     let (written, before_commit) =
@@ -335,6 +338,17 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The records have waited about 10 s for a broker: the age gauge says so.
+    let age_series = format!(
+        "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{}\"}}",
+        setup.slot
+    );
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    let age = metric_value(&text, &age_series);
+    assert!(
+        (8.0..60.0).contains(&age),
+        "oldest unacked event age {age} s after 10 s without a broker"
+    );
 
     let broker = support::Broker::start_on(port);
     for topic in setup.topics() {
@@ -358,7 +372,25 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
             Duration::from_secs(30),
         )
         .await;
+    wait_for(
+        "the oldest unacked event age to return to 0",
+        Duration::from_secs(10),
+        || async {
+            let (_, text) = http_get(&metrics, "/metrics").await?;
+            (metric_value(&text, &age_series) == 0.0).then_some(())
+        },
+    )
+    .await;
     drop(relay);
+}
+
+/// The value of the series `series` (name and labels as rendered) in a Prometheus text page.
+///
+/// Panics if the page has no such series.
+fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1182,6 +1214,42 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         text.contains("outbox_relay_replication_lag_bytes{pipeline=\"db0\"}"),
         "{text}"
     );
+    // Everything was acknowledged, and the slots (read every 10 s) keep their WAL within
+    // max_wal_size. The status update after the last ack may not be out yet: wait for it.
+    let limited: String = admin
+        .query_one("SHOW max_slot_wal_keep_size", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for db in ["db0", "db2"] {
+        let text = wait_for(
+            "the slot metrics of the streaming pipelines",
+            Duration::from_secs(15),
+            || async {
+                let (_, text) = http_get(&metrics, "/metrics").await?;
+                let age = format!(
+                    "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{db}\"}} 0\n"
+                );
+                let reserved = format!(
+                    "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"reserved\"}} 1\n"
+                );
+                (text.contains(&age) && text.contains(&reserved)).then_some(text)
+            },
+        )
+        .await;
+        for status in ["extended", "unreserved", "lost"] {
+            let line = format!(
+                "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"{status}\"}} 0\n"
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        let safe = format!("outbox_relay_slot_safe_wal_size_bytes{{pipeline=\"{db}\"}}");
+        if limited == "-1" {
+            assert!(!text.contains(&safe), "no WAL limit, yet {safe} in\n{text}");
+        } else {
+            assert!(metric_value(&text, &safe) > 0.0, "{text}");
+        }
+    }
 
     // b comes back and catches up.
     admin

@@ -107,6 +107,32 @@ pub async fn prepare(
     })
 }
 
+/// How much WAL the slot holds and may still hold, from `pg_replication_slots`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotWal {
+    /// `reserved`, `extended`, `unreserved` or `lost`; `None` on a slot that never reserved WAL.
+    pub wal_status: Option<String>,
+    /// Bytes of WAL that can be written before the slot is at risk; `None` when
+    /// `max_slot_wal_keep_size` is unlimited (-1).
+    pub safe_wal_size: Option<i64>,
+}
+
+/// Reads `wal_status` and `safe_wal_size` of `slot`; `Ok(None)` if there is no such slot.
+///
+/// Returns an error if the query fails.
+pub async fn slot_wal(client: &Client, slot: &str) -> Result<Option<SlotWal>, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT wal_status, safe_wal_size FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|row| SlotWal {
+        wal_status: row.get(0),
+        safe_wal_size: row.get(1),
+    }))
+}
+
 /// Reads the `confirmed_flush_lsn` of `slot`.
 ///
 /// Returns an error if the slot does not exist (any more) or is not a pgoutput slot of this
