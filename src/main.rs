@@ -75,7 +75,7 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
-        "shutdown_timeout_secs",
+        "shutdown_timeout_secs", "terminate_stale_walsender_after_secs",
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
@@ -146,6 +146,12 @@ struct RunArgs {
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout_secs: u64,
+    /// When another walsender holds the slot and its client has sent no status update for
+    /// this many seconds (a hung or stopped relay), terminate it and take the slot over.
+    /// Default: never. The role needs pg_read_all_stats (to see reply_time) and
+    /// pg_signal_backend (or the holder's role, or superuser).
+    #[arg(long, env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS")]
+    terminate_stale_walsender_after_secs: Option<u64>,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -179,6 +185,7 @@ impl RunArgs {
             max_in_flight_events: self.max_in_flight_events,
             max_in_flight_bytes: self.max_in_flight_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
+            terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,
         }
     }
 }

@@ -68,6 +68,7 @@ pub async fn run(
     // Once this process streamed from the slot, a missing slot means someone dropped it and
     // the events after its confirmed LSN may be gone: never re-create it silently.
     let mut slot_seen = false;
+    let mut holder_watch = HolderWatch::default();
     loop {
         metrics.set_state(PipelineState::Connecting, None);
         let mut streamed = false;
@@ -77,6 +78,7 @@ pub async fn run(
             &shutdown,
             !slot_seen && config.create_slot,
             &mut streamed,
+            &mut holder_watch,
         )
         .await;
         // The session's producer is gone: nothing is awaiting an acknowledgement any more.
@@ -147,6 +149,107 @@ async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
     }
 }
 
+/// What this relay saw of the walsender holding its slot while waiting for it, to tell a
+/// stale holder from a live one for `terminate_stale_walsender_after_secs`.
+///
+/// A holder is stale when, for the whole grace period, this relay saw the same walsender
+/// with the same `reply_time` (its client sent no status update: a live relay sends one at
+/// least every `status_interval_ms`), and the server's clock also puts that reply (or the
+/// connection's start) longer ago than the grace period. Watching `reply_time` change, not
+/// only comparing it with the server's clock, keeps a live relay on a host with a skewed clock
+/// safe. Seeing `reply_time` needs `pg_read_all_stats` (else nothing is terminated and an
+/// error says so); terminating needs `pg_signal_backend`, the holder's role, or superuser.
+///
+/// A walsender busy decoding a large transaction reads no replies, so its `reply_time` stands
+/// still although its client is alive: the grace period must exceed such pauses.
+#[derive(Default)]
+struct HolderWatch {
+    /// The holder's pid and `reply_time` when first seen like that, and when.
+    seen: Option<(i32, Option<String>, Instant)>,
+}
+
+impl HolderWatch {
+    /// Reads the slot's holder; terminates it if it has been stale for `grace` (logging a
+    /// warning naming it), or logs an error if this role may not terminate it. Never fails:
+    /// the caller retries the slot either way.
+    async fn check(
+        &mut self,
+        client: &tokio_postgres::Client,
+        config: &PipelineConfig,
+        grace: Duration,
+    ) {
+        let holder = match slot::slot_holder(client, &config.slot).await {
+            Ok(Some(holder)) => holder,
+            Ok(None) => {
+                self.seen = None;
+                return;
+            }
+            Err(e) => {
+                warn!(pipeline = %config.name, error = %chain(&e), "cannot read the walsender holding the slot");
+                return;
+            }
+        };
+        if !holder.details_visible {
+            // Without reply_time a live relay cannot be told from a stale one.
+            error!(
+                pipeline = %config.name,
+                slot = %config.slot,
+                pid = holder.pid,
+                "cannot tell whether the walsender holding the slot is stale: this role cannot see its reply_time in pg_stat_replication; GRANT pg_read_all_stats to the relay's role for terminate_stale_walsender_after_secs"
+            );
+            self.seen = None;
+            return;
+        }
+        let since = match &self.seen {
+            Some((pid, reply_time, since))
+                if *pid == holder.pid && *reply_time == holder.reply_time =>
+            {
+                *since
+            }
+            _ => {
+                let now = Instant::now();
+                self.seen = Some((holder.pid, holder.reply_time.clone(), now));
+                now
+            }
+        };
+        let server_age = holder.reply_age_secs.unwrap_or(0.0);
+        if since.elapsed() < grace || server_age < grace.as_secs_f64() {
+            debug!(pipeline = %config.name, pid = holder.pid, reply_age_secs = server_age, unchanged_secs = since.elapsed().as_secs(), "slot held by another walsender");
+            return;
+        }
+        let terminated = slot::terminate_stale_walsender(client, &holder).await;
+        match &terminated {
+            Ok(true) => warn!(
+                pipeline = %config.name,
+                slot = %config.slot,
+                pid = holder.pid,
+                application_name = %holder.application_name,
+                client = %holder.client,
+                reply_age_secs = server_age.round(),
+                "terminated the walsender holding the slot: its client sent no status update for longer than terminate_stale_walsender_after_secs ({}s); taking the slot over",
+                grace.as_secs()
+            ),
+            Ok(false) => {
+                info!(pipeline = %config.name, pid = holder.pid, "the walsender holding the slot replied again or ended; not terminated")
+            }
+            // Keeps watching: once the privilege is granted, the next attempt terminates it.
+            Err(e) => error!(
+                pipeline = %config.name,
+                slot = %config.slot,
+                pid = holder.pid,
+                application_name = %holder.application_name,
+                client = %holder.client,
+                reply_age_secs = server_age.round(),
+                error = %chain(&e),
+                "cannot terminate the stale walsender holding the slot: the relay's role needs pg_signal_backend, membership in the walsender's role, or superuser (a superuser's walsender only a superuser may end)"
+            ),
+        }
+        if terminated.is_ok() {
+            self.seen = None;
+        }
+    }
+}
+
 /// Aborts a spawned task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -163,6 +266,7 @@ async fn run_session(
     shutdown: &CancellationToken,
     create_slot: bool,
     streamed: &mut bool,
+    holder_watch: &mut HolderWatch,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let (pg, tls) = config.source_config()?;
@@ -177,9 +281,22 @@ async fn run_session(
 
     let mut replication = ReplicationClient::connect(&pg, &tls).await?;
     let identity = replication.identify_system().await?;
-    let stream = replication
+    let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
-        .await?;
+        .await
+    {
+        Ok(stream) => stream,
+        Err(e) => {
+            let e = Error::from(e);
+            if let (true, Some(grace)) =
+                (e.is_slot_in_use(), config.terminate_stale_walsender_after())
+            {
+                holder_watch.check(&client, config, grace).await;
+            }
+            return Err(e);
+        }
+    };
+    *holder_watch = HolderWatch::default();
     // Read the confirmed LSN again now that this walsender holds the slot: another relay may
     // have confirmed more since `prepare`, and PostgreSQL 15 would let an older flush LSN move
     // the slot backwards.

@@ -98,6 +98,7 @@ struct PipelineSection {
     max_in_flight_bytes: usize,
     #[serde(default = "default_shutdown_timeout_secs")]
     shutdown_timeout_secs: u64,
+    terminate_stale_walsender_after_secs: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -384,6 +385,7 @@ fn resolve(
             max_in_flight_events: p.max_in_flight_events,
             max_in_flight_bytes: p.max_in_flight_bytes,
             shutdown_timeout_secs: p.shutdown_timeout_secs,
+            terminate_stale_walsender_after_secs: p.terminate_stale_walsender_after_secs,
         };
         if let Err(e) = config.validate() {
             if !problems.iter().any(|known| known.field == at(&e.field)) {
