@@ -66,6 +66,20 @@ enum Command {
     ///   outbox-relay status --config relay.toml
     #[command(verbatim_doc_comment)]
     Status(RunArgs),
+    /// Sends an HTTP GET to the relay's health endpoint and exits 0 on a 2xx answer, 1
+    /// otherwise (another status, no answer within the timeout, connection refused). For
+    /// container health checks in images without curl:
+    ///
+    ///   HEALTHCHECK CMD ["outbox-relay", "probe", "--url", "http://127.0.0.1:9187/healthz"]
+    #[command(verbatim_doc_comment)]
+    Probe {
+        /// Plain http:// URL to GET.
+        #[arg(long, default_value = "http://127.0.0.1:9187/readyz")]
+        url: String,
+        /// How long to wait for the connection and the status line, ms.
+        #[arg(long, default_value_t = 2_000)]
+        timeout_ms: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -255,6 +269,13 @@ fn pipelines(
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::Probe { url, timeout_ms } => {
+            let timeout = std::time::Duration::from_millis(timeout_ms);
+            let status = outbox_relay::probe::get_status(&url, timeout).await?;
+            println!("{url}: {status}");
+            anyhow::ensure!((200..300).contains(&status), "{url} answered {status}");
+            Ok(())
+        }
         Command::Run(args) => {
             let (pipelines, metrics_listen) = pipelines(args, true)?;
             for config in &pipelines {

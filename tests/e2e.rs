@@ -2356,3 +2356,47 @@ async fn stale_walsender_takeover_needs_pg_read_all_stats_and_the_right_to_signa
     assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
     drop(stale);
 }
+
+/// Runs `outbox-relay probe --url URL` and returns its exit code and output.
+fn probe(url: &str) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["probe", "--url", url])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_command_exits_0_when_ready_and_1_otherwise() {
+    let setup = Setup::new("probe", &["Order"], 1).await;
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    // Nothing listens yet.
+    let (code, text) = probe(&format!("http://{metrics}/readyz"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("cannot reach"), "{text}");
+
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--metrics-listen".to_string(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    wait_for("/readyz to answer 200", Duration::from_secs(30), || async {
+        http_get(&metrics, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let (code, text) = probe(&format!("http://{metrics}/readyz"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("200"), "{text}");
+    let (code, text) = probe(&format!("http://{metrics}/healthz"));
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = probe(&format!("http://{metrics}/no-such-page"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("404"), "{text}");
+    drop(relay);
+}
