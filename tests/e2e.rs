@@ -2400,3 +2400,143 @@ async fn probe_command_exits_0_when_ready_and_1_otherwise() {
     assert!(text.contains("404"), "{text}");
     drop(relay);
 }
+
+/// `target/<profile>/examples/inbox_consumer`, built first if `cargo test --test e2e` did not.
+fn inbox_consumer_example() -> std::path::PathBuf {
+    let relay = Path::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let path = relay.parent().unwrap().join("examples/inbox_consumer");
+    if !path.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "inbox_consumer"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo build --example inbox_consumer");
+    }
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_consumer_example_applies_a_redelivered_event_once() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+
+    let setup = Setup::new("inbox", &["Order"], 1).await;
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let first = setup
+        .db
+        .insert_event(&setup.types[0], "o-1", "OrderPlaced", Some("{}"), None)
+        .await;
+    let second = setup
+        .db
+        .insert_event(&setup.types[0], "o-2", "OrderPlaced", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(2, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    drop(relay);
+    // The first event again, as after a relay crash before its LSN was confirmed.
+    let original = consumed
+        .iter()
+        .find(|r| r.header_str("id").as_deref() == Some(first.as_str()))
+        .unwrap();
+    let mut headers = OwnedHeaders::new();
+    for (key, value) in &original.headers {
+        headers = headers.insert(Header {
+            key,
+            value: value.as_deref(),
+        });
+    }
+    let topic = &setup.topics()[0];
+    support::kafka::producer(&kafka().bootstrap())
+        .send(
+            FutureRecord::to(topic)
+                .key(original.key.as_deref().unwrap())
+                .payload(original.value.as_deref().unwrap())
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+
+    let consumer_db = pg().create_database(&unique_name("inbox_consumer")).await;
+    let example = inbox_consumer_example();
+    let args: Vec<String> = [
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
+        "--topics",
+        topic,
+        "--group-id",
+        &unique_name("inbox_group"),
+        "--database-url",
+        &consumer_db.url(Auth::Trust),
+        "--max-records",
+        "3",
+        "--idle-timeout-secs",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(example)
+            .args(args)
+            .output()
+            .unwrap()
+    });
+    let out = support::within("the inbox consumer", Duration::from_secs(90), run)
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One partition: the relay's two records, then the copy.
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("applied ") && lines[0].ends_with(&first),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("applied ") && lines[1].ends_with(&second),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].starts_with("duplicate ") && lines[2].ends_with(&first),
+        "{stdout}"
+    );
+
+    let mut inbox: Vec<String> = consumer_db
+        .client
+        .query("SELECT event_id FROM inbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    inbox.sort();
+    let mut expected = vec![first.clone(), second.clone()];
+    expected.sort();
+    assert_eq!(inbox, expected, "one inbox row per event");
+    let counts: Vec<(String, i64)> = consumer_db
+        .client
+        .query(
+            "SELECT aggregate_id, events FROM aggregate_event_counts ORDER BY aggregate_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counts,
+        [("o-1".to_string(), 1), ("o-2".to_string(), 1)],
+        "the handler ran once per event"
+    );
+}
