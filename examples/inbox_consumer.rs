@@ -88,7 +88,9 @@ async fn main() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("no record for {idle:?}"))??;
         let applied = process(&mut client, &message).await?;
-        // The database commit is done: now the offset may move past the record.
+        // The database commit is done: now the offset may move past the record. A synchronous
+        // commit per record keeps the example obvious (and blocks this thread briefly); a busy
+        // consumer commits asynchronously or every N records: the inbox absorbs the re-reads.
         consumer.commit_message(&message, CommitMode::Sync)?;
         println!(
             "{} {}[{}]@{} id={}",
