@@ -5,3 +5,6 @@ GRANT USAGE ON SCHEMA public TO outbox_relay;
 GRANT SELECT ON outbox TO outbox_relay;
 -- `outbox-relay setup` creates the publication when missing, which needs ownership of the
 -- table; create it as the owner instead (sql/outbox.sql) and the role needs nothing more.
+-- Only with terminate_stale_walsender_after_secs: to see another walsender's reply_time and
+-- end it. Replicas under the same role can already end each other's walsenders.
+-- GRANT pg_read_all_stats, pg_signal_backend TO outbox_relay;

@@ -32,6 +32,7 @@
 //! - [`pipeline`]: one source database end to end, with reconnects.
 //! - [`check`]: the `check` and `status` commands.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
+//! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
 
 pub mod check;
@@ -42,6 +43,7 @@ pub mod health;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
+pub mod probe;
 pub mod router;
 pub mod shutdown;
 pub mod sink;

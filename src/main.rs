@@ -66,6 +66,20 @@ enum Command {
     ///   outbox-relay status --config relay.toml
     #[command(verbatim_doc_comment)]
     Status(RunArgs),
+    /// Sends an HTTP GET to the relay's health endpoint and exits 0 on a 2xx answer, 1
+    /// otherwise (another status, no answer within the timeout, connection refused). For
+    /// container health checks in images without curl:
+    ///
+    ///   HEALTHCHECK CMD ["outbox-relay", "probe", "--url", "http://127.0.0.1:9187/healthz"]
+    #[command(verbatim_doc_comment)]
+    Probe {
+        /// Plain http:// URL to GET.
+        #[arg(long, default_value = "http://127.0.0.1:9187/readyz")]
+        url: String,
+        /// How long to wait for the connection and the status line, ms.
+        #[arg(long, default_value_t = 2_000)]
+        timeout_ms: u64,
+    },
 }
 
 #[derive(clap::Args)]
@@ -75,7 +89,7 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
-        "shutdown_timeout_secs",
+        "shutdown_timeout_secs", "terminate_stale_walsender_after_secs",
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
@@ -146,6 +160,12 @@ struct RunArgs {
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout_secs: u64,
+    /// When another walsender holds the slot and its client has sent no status update for
+    /// this many seconds (a hung or stopped relay), terminate it and take the slot over.
+    /// Default: never. The role needs pg_read_all_stats (to see reply_time) and
+    /// pg_signal_backend (or the holder's role, or superuser).
+    #[arg(long, env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS")]
+    terminate_stale_walsender_after_secs: Option<u64>,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -181,6 +201,7 @@ impl RunArgs {
             max_in_flight_events: self.max_in_flight_events,
             max_in_flight_bytes: self.max_in_flight_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
+            terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,
         }
     }
 }
@@ -250,6 +271,13 @@ fn pipelines(
 
 async fn run(command: Command) -> anyhow::Result<()> {
     match command {
+        Command::Probe { url, timeout_ms } => {
+            let timeout = std::time::Duration::from_millis(timeout_ms);
+            let status = outbox_relay::probe::get_status(&url, timeout).await?;
+            println!("{url}: {status}");
+            anyhow::ensure!((200..300).contains(&status), "{url} answered {status}");
+            Ok(())
+        }
         Command::Run(args) => {
             let (pipelines, metrics_listen) = pipelines(args, true)?;
             for config in &pipelines {

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 use serde::Serialize;
 
@@ -28,6 +28,9 @@ pub struct Metrics {
     in_flight_bytes: IntGaugeVec,
     streaming: IntGaugeVec,
     lag_bytes: IntGaugeVec,
+    oldest_unacked_age: GaugeVec,
+    slot_wal_status: IntGaugeVec,
+    slot_safe_wal_size: IntGaugeVec,
     delivery_latency: HistogramVec,
     commit_to_ack: HistogramVec,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
@@ -81,12 +84,19 @@ fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntC
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
-    let metric = IntGaugeVec::new(Opts::new(name, help), &["pipeline"]).expect("valid metric");
+    labelled_gauge(registry, name, help, &["pipeline"])
+}
+
+fn labelled_gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     registry
         .register(Box::new(metric.clone()))
         .expect("metric registered once");
     metric
 }
+
+/// The values of `pg_replication_slots.wal_status` (PostgreSQL 13+), one series each.
+pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -111,6 +121,13 @@ impl Metrics {
             in_flight_bytes: gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records."),
             streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
             lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL and the confirmed flush LSN."),
+            oldest_unacked_age: {
+                let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting Kafka's acknowledgement was handed to the producer; 0 when none."), &["pipeline"]).expect("valid metric");
+                r.register(Box::new(metric.clone())).expect("metric registered once");
+                metric
+            },
+            slot_wal_status: labelled_gauge(&r, "outbox_relay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; refreshed every 10 s.", &["pipeline", "status"]),
+            slot_safe_wal_size: gauge(&r, "outbox_relay_slot_safe_wal_size_bytes", "Bytes of WAL that can still be written before the slot is at risk of being lost (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited; refreshed every 10 s."),
             delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the producer to Kafka's acknowledgement."),
             commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to Kafka's acknowledgement (wall clocks of both hosts)."),
             health: Arc::default(),
@@ -134,6 +151,9 @@ impl Metrics {
             in_flight_bytes: self.in_flight_bytes.with_label_values(&[pipeline]),
             streaming: self.streaming.with_label_values(&[pipeline]),
             lag_bytes: self.lag_bytes.with_label_values(&[pipeline]),
+            oldest_unacked_age: self.oldest_unacked_age.with_label_values(&[pipeline]),
+            slot_wal_status: self.slot_wal_status.clone(),
+            slot_safe_wal_size: self.slot_safe_wal_size.clone(),
             delivery_latency: self.delivery_latency.with_label_values(&[pipeline]),
             commit_to_ack: self.commit_to_ack.with_label_values(&[pipeline]),
             health: self.health.clone(),
@@ -174,6 +194,10 @@ pub struct PipelineMetrics {
     pub in_flight_bytes: IntGauge,
     streaming: IntGauge,
     pub lag_bytes: IntGauge,
+    /// Seconds; 0 when nothing is in flight.
+    pub oldest_unacked_age: Gauge,
+    slot_wal_status: IntGaugeVec,
+    slot_safe_wal_size: IntGaugeVec,
     pub delivery_latency: Histogram,
     pub commit_to_ack: Histogram,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
@@ -218,6 +242,29 @@ impl PipelineMetrics {
             .inc();
     }
 
+    /// Records the slot's `wal_status` (one of [`WAL_STATUSES`] gets 1, the others 0; an unknown
+    /// or NULL status sets all to 0) and `safe_wal_size` in bytes (`None`, no
+    /// `max_slot_wal_keep_size` limit: the series is removed).
+    pub fn set_slot_wal(&self, wal_status: Option<&str>, safe_wal_size: Option<i64>) {
+        for status in WAL_STATUSES {
+            self.slot_wal_status
+                .with_label_values(&[&self.pipeline, status])
+                .set(i64::from(wal_status == Some(status)));
+        }
+        match safe_wal_size {
+            Some(bytes) => self
+                .slot_safe_wal_size
+                .with_label_values(&[&self.pipeline])
+                .set(bytes),
+            None => {
+                // Absent, not a sentinel: there is no limit to approach.
+                let _ = self
+                    .slot_safe_wal_size
+                    .remove_label_values(&[&self.pipeline]);
+            }
+        }
+    }
+
     pub fn delivery_failed(&self, retryable: bool) {
         let label = if retryable { "true" } else { "false" };
         self.delivery_failures
@@ -245,6 +292,47 @@ mod tests {
             text.contains(
                 "outbox_relay_messages_skipped_total{kind=\"update\",pipeline=\"orders\"} 1"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn slot_wal_status_is_one_hot_and_safe_wal_size_absent_without_a_limit() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        p.set_slot_wal(Some("extended"), Some(1_048_576));
+        let text = metrics.render();
+        for (status, value) in [
+            ("reserved", 0),
+            ("extended", 1),
+            ("unreserved", 0),
+            ("lost", 0),
+        ] {
+            let line = format!(
+                "outbox_relay_slot_wal_status{{pipeline=\"orders\",status=\"{status}\"}} {value}"
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        assert!(
+            text.contains("outbox_relay_slot_safe_wal_size_bytes{pipeline=\"orders\"} 1048576"),
+            "{text}"
+        );
+        p.set_slot_wal(Some("reserved"), None);
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                "outbox_relay_slot_wal_status{pipeline=\"orders\",status=\"reserved\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "outbox_relay_slot_wal_status{pipeline=\"orders\",status=\"extended\"} 0"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("outbox_relay_slot_safe_wal_size_bytes{"),
             "{text}"
         );
     }

@@ -42,6 +42,9 @@ const PROGRESS_MIN_LAG_BYTES: u64 = 16 << 20;
 const SLOT_IN_USE_RETRY: Duration = Duration::from_secs(3);
 /// How long to wait for the walsender to acknowledge the end of streaming.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
+/// retention changes over minutes, and the query is cheap.
+const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
 ///
@@ -53,6 +56,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     config.validate()?;
+    // Aborted when `run` returns (the guard drops the task).
+    let _slot_watch = AbortOnDrop(tokio::spawn(watch_slot(config.clone(), metrics.clone())));
     let backoff = || {
         ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
@@ -65,18 +70,22 @@ pub async fn run(
     // Once this process streamed from the slot, a missing slot means someone dropped it and
     // the events after its confirmed LSN may be gone: never re-create it silently.
     let mut slot_seen = false;
+    let mut holder_watch = HolderWatch::default();
     loop {
         metrics.set_state(PipelineState::Connecting, None);
         let mut streamed = false;
-        match run_session(
+        let result = run_session(
             &config,
             &metrics,
             &shutdown,
             !slot_seen && config.create_slot,
             &mut streamed,
+            &mut holder_watch,
         )
-        .await
-        {
+        .await;
+        // The session's producer is gone: nothing is awaiting an acknowledgement any more.
+        metrics.oldest_unacked_age.set(0.0);
+        match result {
             Ok(()) => {
                 metrics.set_state(PipelineState::Stopped, None);
                 return Ok(());
@@ -109,6 +118,149 @@ pub async fn run(
     }
 }
 
+/// Refreshes the slot's `wal_status` and `safe_wal_size` metrics every
+/// [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made again after an
+/// error), whether or not this relay holds the slot. Runs until aborted.
+async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
+    let mut timer = interval(SLOT_WATCH_INTERVAL);
+    timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut connection = None;
+    loop {
+        timer.tick().await;
+        if connection.is_none() {
+            match slot::connect(&config).await {
+                Ok(c) => connection = Some(c),
+                Err(e) => {
+                    // The session logs the same failure; this is only for the metrics.
+                    debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                    continue;
+                }
+            }
+        }
+        let Some((client, _)) = &connection else {
+            continue;
+        };
+        match slot::slot_wal(client, &config.slot).await {
+            Ok(Some(wal)) => metrics.set_slot_wal(wal.wal_status.as_deref(), wal.safe_wal_size),
+            Ok(None) => metrics.set_slot_wal(None, None),
+            Err(e) => {
+                debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                connection = None;
+            }
+        }
+    }
+}
+
+/// What this relay saw of the walsender holding its slot while waiting for it, to tell a
+/// stale holder from a live one for `terminate_stale_walsender_after_secs`.
+///
+/// A holder is stale when, for the whole grace period, this relay saw the same walsender
+/// with the same `reply_time` (its client sent no status update: a live relay sends one at
+/// least every `status_interval_ms`), and the server's clock also puts that reply (or the
+/// connection's start) longer ago than the grace period. Watching `reply_time` change, not
+/// only comparing it with the server's clock, keeps a live relay on a host with a skewed clock
+/// safe. Seeing `reply_time` needs `pg_read_all_stats` (else nothing is terminated and an
+/// error says so); terminating needs `pg_signal_backend`, the holder's role, or superuser.
+///
+/// A walsender busy decoding a large transaction reads no replies, so its `reply_time` stands
+/// still although its client is alive: the grace period must exceed such pauses.
+#[derive(Default)]
+struct HolderWatch {
+    /// The holder's pid and `reply_time` when first seen like that, and when.
+    seen: Option<(i32, Option<String>, Instant)>,
+}
+
+impl HolderWatch {
+    /// Reads the slot's holder; terminates it if it has been stale for `grace` (logging a
+    /// warning naming it), or logs an error if this role may not terminate it. Never fails:
+    /// the caller retries the slot either way.
+    async fn check(
+        &mut self,
+        client: &tokio_postgres::Client,
+        config: &PipelineConfig,
+        grace: Duration,
+    ) {
+        let holder = match slot::slot_holder(client, &config.slot).await {
+            Ok(Some(holder)) => holder,
+            Ok(None) => {
+                self.seen = None;
+                return;
+            }
+            Err(e) => {
+                warn!(pipeline = %config.name, error = %chain(&e), "cannot read the walsender holding the slot");
+                return;
+            }
+        };
+        if !holder.details_visible {
+            // Without reply_time a live relay cannot be told from a stale one.
+            error!(
+                pipeline = %config.name,
+                slot = %config.slot,
+                pid = holder.pid,
+                "cannot tell whether the walsender holding the slot is stale: this role cannot see its reply_time in pg_stat_replication; GRANT pg_read_all_stats to the relay's role for terminate_stale_walsender_after_secs"
+            );
+            self.seen = None;
+            return;
+        }
+        let since = match &self.seen {
+            Some((pid, reply_time, since))
+                if *pid == holder.pid && *reply_time == holder.reply_time =>
+            {
+                *since
+            }
+            _ => {
+                let now = Instant::now();
+                self.seen = Some((holder.pid, holder.reply_time.clone(), now));
+                now
+            }
+        };
+        let server_age = holder.reply_age_secs.unwrap_or(0.0);
+        if since.elapsed() < grace || server_age < grace.as_secs_f64() {
+            debug!(pipeline = %config.name, pid = holder.pid, reply_age_secs = server_age, unchanged_secs = since.elapsed().as_secs(), "slot held by another walsender");
+            return;
+        }
+        let terminated = slot::terminate_stale_walsender(client, &holder).await;
+        match &terminated {
+            Ok(true) => warn!(
+                pipeline = %config.name,
+                slot = %config.slot,
+                pid = holder.pid,
+                application_name = %holder.application_name,
+                client = %holder.client,
+                reply_age_secs = server_age.round(),
+                "terminated the walsender holding the slot: its client sent no status update for longer than terminate_stale_walsender_after_secs ({}s); taking the slot over",
+                grace.as_secs()
+            ),
+            Ok(false) => {
+                info!(pipeline = %config.name, pid = holder.pid, "the walsender holding the slot replied again or ended; not terminated")
+            }
+            // Keeps watching: once the privilege is granted, the next attempt terminates it.
+            Err(e) => error!(
+                pipeline = %config.name,
+                slot = %config.slot,
+                pid = holder.pid,
+                application_name = %holder.application_name,
+                client = %holder.client,
+                reply_age_secs = server_age.round(),
+                error = %chain(&e),
+                "cannot terminate the stale walsender holding the slot: the relay's role needs pg_signal_backend, membership in the walsender's role, or superuser (a superuser's walsender only a superuser may end)"
+            ),
+        }
+        if terminated.is_ok() {
+            self.seen = None;
+        }
+    }
+}
+
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// One session: check the slot, connect, stream until shutdown or an error.
 async fn run_session(
     config: &PipelineConfig,
@@ -116,6 +268,7 @@ async fn run_session(
     shutdown: &CancellationToken,
     create_slot: bool,
     streamed: &mut bool,
+    holder_watch: &mut HolderWatch,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let (pg, tls) = config.source_config()?;
@@ -130,9 +283,22 @@ async fn run_session(
 
     let mut replication = ReplicationClient::connect(&pg, &tls).await?;
     let identity = replication.identify_system().await?;
-    let stream = replication
+    let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
-        .await?;
+        .await
+    {
+        Ok(stream) => stream,
+        Err(e) => {
+            let e = Error::from(e);
+            if let (true, Some(grace)) =
+                (e.is_slot_in_use(), config.terminate_stale_walsender_after())
+            {
+                holder_watch.check(&client, config, grace).await;
+            }
+            return Err(e);
+        }
+    };
+    *holder_watch = HolderWatch::default();
     // Read the confirmed LSN again now that this walsender holds the slot: another relay may
     // have confirmed more since `prepare`, and PostgreSQL 15 would let an older flush LSN move
     // the slot backwards.
@@ -564,6 +730,11 @@ impl<S: Sink> Session<'_, S> {
         self.metrics
             .lag_bytes
             .set(i64::try_from(lag).unwrap_or(i64::MAX));
+        self.metrics.oldest_unacked_age.set(
+            self.sink
+                .oldest_in_flight()
+                .map_or(0.0, |sent| sent.elapsed().as_secs_f64()),
+        );
         self.log_progress(flush, lag);
         Ok(())
     }

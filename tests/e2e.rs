@@ -320,7 +320,10 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     let setup = Setup::new("outage", &["Order", "Invoice"], 2).await;
     let port = support::free_port();
     let bootstrap = format!("127.0.0.1:{port}");
-    let relay = Relay::spawn(&setup.relay_args(&bootstrap, Auth::Trust));
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.extend(["--metrics-listen".to_string(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     let (written, before_commit) =
@@ -335,6 +338,17 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The records have waited about 10 s for a broker: the age gauge says so.
+    let age_series = format!(
+        "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{}\"}}",
+        setup.slot
+    );
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    let age = metric_value(&text, &age_series);
+    assert!(
+        (8.0..60.0).contains(&age),
+        "oldest unacked event age {age} s after 10 s without a broker"
+    );
 
     let broker = support::Broker::start_on(port);
     for topic in setup.topics() {
@@ -358,6 +372,15 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
             Duration::from_secs(30),
         )
         .await;
+    wait_for(
+        "the oldest unacked event age to return to 0",
+        Duration::from_secs(10),
+        || async {
+            let (_, text) = http_get(&metrics, "/metrics").await?;
+            (metric_value(&text, &age_series) == 0.0).then_some(())
+        },
+    )
+    .await;
     drop(relay);
 }
 
@@ -1216,6 +1239,42 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         text.contains("outbox_relay_replication_lag_bytes{pipeline=\"db0\"}"),
         "{text}"
     );
+    // Everything was acknowledged, and the slots (read every 10 s) keep their WAL within
+    // max_wal_size. The status update after the last ack may not be out yet: wait for it.
+    let limited: String = admin
+        .query_one("SHOW max_slot_wal_keep_size", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for db in ["db0", "db2"] {
+        let text = wait_for(
+            "the slot metrics of the streaming pipelines",
+            Duration::from_secs(15),
+            || async {
+                let (_, text) = http_get(&metrics, "/metrics").await?;
+                let age = format!(
+                    "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{db}\"}} 0\n"
+                );
+                let reserved = format!(
+                    "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"reserved\"}} 1\n"
+                );
+                (text.contains(&age) && text.contains(&reserved)).then_some(text)
+            },
+        )
+        .await;
+        for status in ["extended", "unreserved", "lost"] {
+            let line = format!(
+                "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"{status}\"}} 0\n"
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        let safe = format!("outbox_relay_slot_safe_wal_size_bytes{{pipeline=\"{db}\"}}");
+        if limited == "-1" {
+            assert!(!text.contains(&safe), "no WAL limit, yet {safe} in\n{text}");
+        } else {
+            assert!(metric_value(&text, &safe) > 0.0, "{text}");
+        }
+    }
 
     // b comes back and catches up.
     admin
@@ -2730,4 +2789,403 @@ dead_letter_topic = "{dlq}"
         )
         .await;
     assert!(relay.log().contains(&big.id), "{}", relay.log());
+}
+
+/// The value of the series `series` (name and labels as rendered) in a Prometheus text page.
+///
+/// Panics if the page has no such series.
+fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+}
+
+/// A test database where the server never times a walsender out (`wal_sender_timeout = 0`), so
+/// only a relay can end a stale one.
+async fn takeover_setup(prefix: &str) -> Setup {
+    let setup = Setup::new(prefix, &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET wal_sender_timeout = 0",
+            setup.db.name
+        ))
+        .await
+        .unwrap();
+    setup
+}
+
+/// `args` with `--terminate-stale-walsender-after-secs 5`.
+fn with_takeover(mut args: Vec<String>) -> Vec<String> {
+    args.extend(["--terminate-stale-walsender-after-secs".into(), "5".into()]);
+    args
+}
+
+/// Starts a relay (as `relay_md5`), waits until it streams, then stops it with SIGSTOP: its
+/// walsender stays and holds the slot, its client sends no more status updates. Returns the
+/// stopped relay and its walsender's pid.
+async fn stopped_holder(setup: &Setup) -> (Relay, i32) {
+    let stale = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Md5));
+    setup.wait_streaming().await;
+    let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+    stale.signal(libc::SIGSTOP);
+    (stale, pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_relay_holding_the_slot_is_terminated_and_its_slot_taken_over() {
+    let setup = takeover_setup("stale_holder").await;
+    let (stale, stale_pid) = stopped_holder(&setup).await;
+    let id = setup
+        .db
+        .insert_event(&setup.types[0], "42", "Created", Some(r#"{"n": 1}"#), None)
+        .await;
+
+    let started = std::time::Instant::now();
+    let mut taker = Relay::spawn(&with_takeover(
+        setup.relay_args(&kafka().bootstrap(), Auth::Trust),
+    ));
+    taker
+        .wait_for_log(
+            "terminated the walsender holding the slot",
+            Duration::from_secs(30),
+        )
+        .await;
+    taker
+        .wait_for_log("streaming", Duration::from_secs(30))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the takeover took {took:?} with a 5 s grace period"
+    );
+    let log = taker.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("terminated the walsender holding the slot"))
+        .unwrap();
+    for field in [
+        format!("pid={stale_pid}"),
+        "application_name=outbox-relay".into(),
+        "client=127.0.0.1:".into(),
+        "reply_age_secs=".into(),
+    ] {
+        assert!(warning.contains(&field), "{field} missing in {warning}");
+    }
+    assert_ne!(
+        setup.db.slot_active_pid(&setup.slot).await,
+        Some(stale_pid),
+        "the stale walsender still holds the slot"
+    );
+
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(60))
+        .await;
+    assert_eq!(consumed.len(), 1, "{consumed:?}");
+    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    drop(stale);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_relay_holding_the_slot_is_never_terminated() {
+    let setup = takeover_setup("live_holder").await;
+    let mut active = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Md5));
+    setup.wait_streaming().await;
+    let active_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+    // A superuser: sees every walsender's reply_time and may terminate any.
+    let mut standby = Relay::spawn(&with_takeover(
+        setup.relay_args(&kafka().bootstrap(), Auth::Trust),
+    ));
+    standby
+        .wait_for_log("is active for PID", Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    assert!(active.is_running(), "{}", active.log());
+    assert_eq!(
+        setup.db.slot_active_pid(&setup.slot).await,
+        Some(active_pid),
+        "the live relay's walsender was replaced"
+    );
+    let log = standby.log();
+    assert!(
+        !log.contains("terminated the walsender")
+            && !log.contains("cannot terminate")
+            && !log.contains("streaming"),
+        "the standby fought the live relay:\n{log}"
+    );
+    assert!(
+        log.matches("is active for PID").count() >= 4,
+        "the standby stopped retrying:\n{log}"
+    );
+    // The live relay still publishes.
+    let id = setup
+        .db
+        .insert_event(&setup.types[0], "7", "Created", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(60))
+        .await;
+    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_walsender_takeover_needs_pg_read_all_stats_and_the_right_to_signal() {
+    let setup = takeover_setup("takeover_roles").await;
+    let role = unique_name("watcher");
+    let admin = pg().connect("postgres", Auth::Trust).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN REPLICATION; GRANT pg_read_all_data TO {role}"
+        ))
+        .await
+        .unwrap();
+    let (stale, stale_pid) = stopped_holder(&setup).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let url = args.iter().position(|a| a == "--source-url").unwrap() + 1;
+    args[url] = format!(
+        "postgres://{role}@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    let mut taker = Relay::spawn(&with_takeover(args));
+
+    // Without pg_read_all_stats the holder's reply_time is hidden: nothing is terminated.
+    taker
+        .wait_for_log("GRANT pg_read_all_stats", Duration::from_secs(30))
+        .await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(setup.db.slot_active_pid(&setup.slot).await, Some(stale_pid));
+
+    // It sees the holder is stale but may not signal another role's backend.
+    admin
+        .batch_execute(&format!("GRANT pg_read_all_stats TO {role}"))
+        .await
+        .unwrap();
+    taker
+        .wait_for_log(
+            "cannot terminate the stale walsender holding the slot",
+            Duration::from_secs(30),
+        )
+        .await;
+    let refusal = taker
+        .log()
+        .lines()
+        .find(|l| l.contains("cannot terminate the stale walsender"))
+        .unwrap()
+        .to_owned();
+    assert!(
+        refusal.contains(&format!("pid={stale_pid}")) && refusal.contains("pg_signal_backend"),
+        "{refusal}"
+    );
+    assert_eq!(setup.db.slot_active_pid(&setup.slot).await, Some(stale_pid));
+
+    // With pg_signal_backend it takes over at its next attempt.
+    admin
+        .batch_execute(&format!("GRANT pg_signal_backend TO {role}"))
+        .await
+        .unwrap();
+    let granted = std::time::Instant::now();
+    taker
+        .wait_for_log("streaming", Duration::from_secs(30))
+        .await;
+    assert!(
+        granted.elapsed() < Duration::from_secs(10),
+        "took {:?} after the grant",
+        granted.elapsed()
+    );
+    let id = setup
+        .db
+        .insert_event(&setup.types[0], "9", "Created", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(60))
+        .await;
+    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    drop(stale);
+}
+
+/// Runs `outbox-relay probe --url URL` and returns its exit code and output.
+fn probe(url: &str) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["probe", "--url", url])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_command_exits_0_when_ready_and_1_otherwise() {
+    let setup = Setup::new("probe", &["Order"], 1).await;
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    // Nothing listens yet.
+    let (code, text) = probe(&format!("http://{metrics}/readyz"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("cannot reach"), "{text}");
+
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--metrics-listen".to_string(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    wait_for("/readyz to answer 200", Duration::from_secs(30), || async {
+        http_get(&metrics, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let (code, text) = probe(&format!("http://{metrics}/readyz"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("200"), "{text}");
+    let (code, text) = probe(&format!("http://{metrics}/healthz"));
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = probe(&format!("http://{metrics}/no-such-page"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("404"), "{text}");
+    drop(relay);
+}
+
+/// `target/<profile>/examples/inbox_consumer`, built first if `cargo test --test e2e` did not.
+fn inbox_consumer_example() -> std::path::PathBuf {
+    let relay = Path::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let path = relay.parent().unwrap().join("examples/inbox_consumer");
+    if !path.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "inbox_consumer"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "cargo build --example inbox_consumer");
+    }
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_consumer_example_applies_a_redelivered_event_once() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+
+    let setup = Setup::new("inbox", &["Order"], 1).await;
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let first = setup
+        .db
+        .insert_event(&setup.types[0], "o-1", "OrderPlaced", Some("{}"), None)
+        .await;
+    let second = setup
+        .db
+        .insert_event(&setup.types[0], "o-2", "OrderPlaced", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(2, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    drop(relay);
+    // The first event again, as after a relay crash before its LSN was confirmed.
+    let original = consumed
+        .iter()
+        .find(|r| r.header_str("id").as_deref() == Some(first.as_str()))
+        .unwrap();
+    let mut headers = OwnedHeaders::new();
+    for (key, value) in &original.headers {
+        headers = headers.insert(Header {
+            key,
+            value: value.as_deref(),
+        });
+    }
+    let topic = &setup.topics()[0];
+    support::kafka::producer(&kafka().bootstrap())
+        .send(
+            FutureRecord::to(topic)
+                .key(original.key.as_deref().unwrap())
+                .payload(original.value.as_deref().unwrap())
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+
+    let consumer_db = pg().create_database(&unique_name("inbox_consumer")).await;
+    let example = inbox_consumer_example();
+    let args: Vec<String> = [
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
+        "--topics",
+        topic,
+        "--group-id",
+        &unique_name("inbox_group"),
+        "--database-url",
+        &consumer_db.url(Auth::Trust),
+        "--max-records",
+        "3",
+        "--idle-timeout-secs",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(example)
+            .args(args)
+            .output()
+            .unwrap()
+    });
+    let out = support::within("the inbox consumer", Duration::from_secs(90), run)
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // One partition: the relay's two records, then the copy.
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("applied ") && lines[0].ends_with(&first),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("applied ") && lines[1].ends_with(&second),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].starts_with("duplicate ") && lines[2].ends_with(&first),
+        "{stdout}"
+    );
+
+    let mut inbox: Vec<String> = consumer_db
+        .client
+        .query("SELECT event_id FROM inbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    inbox.sort();
+    let mut expected = vec![first.clone(), second.clone()];
+    expected.sort();
+    assert_eq!(inbox, expected, "one inbox row per event");
+    let counts: Vec<(String, i64)> = consumer_db
+        .client
+        .query(
+            "SELECT aggregate_id, events FROM aggregate_event_counts ORDER BY aggregate_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counts,
+        [("o-1".to_string(), 1), ("o-2".to_string(), 1)],
+        "the handler ran once per event"
+    );
 }

@@ -2,8 +2,21 @@
 //! defaults a pipeline may override, and `[metrics]`.
 //!
 //! Layering is figment's: the file, then `OUTBOX_RELAY__<SECTION>__<KEY>` environment
-//! variables for top-level sections (e.g. `OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS`). Inside
-//! pipelines, values name environment variables with `${NAME}` (any string value of
+//! variables (`__` separates the levels; names are case-insensitive). Top-level sections merge
+//! as figment's `Env` provider does (`OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS`,
+//! `OUTBOX_RELAY__METRICS__LISTEN`). A pipeline is selected by its index in the file or its
+//! name, then the field path follows: `OUTBOX_RELAY__PIPELINES__0__SLOT`,
+//! `OUTBOX_RELAY__PIPELINES__ORDERS__KAFKA__BOOTSTRAP_SERVERS`,
+//! `OUTBOX_RELAY__PIPELINES__orders__ROUTE__TOPIC_CASE` (a name matches case-insensitively when
+//! no pipeline has exactly that name). Such a variable changes one field of a pipeline that
+//! the file defines; naming a pipeline the file does not have, or no field, is an error
+//! naming the variable. Values parse as figment's `Env` parses them (`5` a number, `true` a
+//! boolean), except that a field the file holds as a string, and every `kafka.properties`
+//! value, stays a string. Environment variable names cannot contain `.`, so property names with
+//! dots (`linger.ms`) cannot be reached this way: write `"linger.ms" = "${LINGER_MS}"` in the
+//! file instead.
+//!
+//! Inside pipelines, values name environment variables with `${NAME}` (any string value of
 //! `source_url`, `kafka.bootstrap_servers` and `kafka.properties`), and `source_url_file`
 //! reads the URL from a file (a mounted secret). Problems are listed all at once, each with its
 //! field path.
@@ -12,7 +25,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Value};
 use figment::Figment;
 use serde::Deserialize;
 
@@ -93,6 +107,7 @@ struct PipelineSection {
     max_in_flight_bytes: usize,
     #[serde(default = "default_shutdown_timeout_secs")]
     shutdown_timeout_secs: u64,
+    terminate_stale_walsender_after_secs: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -121,10 +136,150 @@ pub struct ConfigErrors(pub Vec<ConfigError>);
 ///
 /// Returns all problems at once, each naming its field path (e.g. `pipelines[1].slot`).
 pub fn load(path: &Path) -> Result<RelayConfig, ConfigErrors> {
-    let figment = Figment::new()
-        .merge(Toml::file_exact(path))
-        .merge(Env::prefixed("OUTBOX_RELAY__").split("__"));
+    let figment = Figment::new().merge(Toml::file_exact(path)).merge(
+        Env::prefixed(ENV_PREFIX)
+            .split("__")
+            .filter(|key| !key.starts_with("pipelines.")),
+    );
+    let figment = with_pipeline_overrides(figment, std::env::vars())?;
     resolve(figment, &|name| std::env::var(name).ok())
+}
+
+/// Prefix of the environment variables that override the file.
+const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+
+/// Applies the `OUTBOX_RELAY__PIPELINES__<index or name>__<field>[__<field>...]` variables
+/// among `vars` to the `pipelines` array of `figment` (see the module doc). Figment's own `Env`
+/// provider would replace the array with a table keyed `0`, `orders`, ...
+///
+/// Returns an error naming the variable if it selects no pipeline of the file, or no field.
+fn with_pipeline_overrides(
+    figment: Figment,
+    vars: impl IntoIterator<Item = (String, String)>,
+) -> Result<Figment, ConfigErrors> {
+    let prefix = format!("{ENV_PREFIX}PIPELINES__");
+    let mut overrides: Vec<(String, String)> = vars
+        .into_iter()
+        .filter(|(name, _)| {
+            name.len() > prefix.len()
+                && name.is_char_boundary(prefix.len())
+                && name[..prefix.len()].eq_ignore_ascii_case(&prefix)
+        })
+        .collect();
+    if overrides.is_empty() {
+        return Ok(figment);
+    }
+    // Deterministic order (and errors) whatever the environment's order.
+    overrides.sort();
+    let mut pipelines = match figment.find_value("pipelines") {
+        Ok(Value::Array(_, pipelines)) => pipelines,
+        // No array, or not one: extract reports it with its path.
+        _ => Vec::new(),
+    };
+    let mut problems = Vec::new();
+    for (name, raw) in overrides {
+        let rest = &name[prefix.len()..];
+        if let Err(problem) = apply_override(&mut pipelines, rest, &raw) {
+            problems.push(ConfigError {
+                field: name.clone(),
+                problem,
+            });
+        }
+    }
+    if !problems.is_empty() {
+        return Err(ConfigErrors(problems));
+    }
+    Ok(figment.merge(Serialized::default("pipelines", pipelines)))
+}
+
+/// Sets, in the pipeline that `rest` (`<index or name>__<field>[__...]`) selects, the field
+/// it names to `raw`.
+///
+/// Returns the problem if no pipeline or no field is selected, or a level of the path is
+/// not a table.
+fn apply_override(pipelines: &mut [Value], rest: &str, raw: &str) -> Result<(), String> {
+    let (selector, path) = rest.split_once("__").unwrap_or((rest, ""));
+    let path: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+    if path.iter().any(String::is_empty) {
+        return Err(format!(
+            "name a field after the pipeline, e.g. {ENV_PREFIX}PIPELINES__{selector}__SLOT"
+        ));
+    }
+    let index = select_pipeline(pipelines, selector)?;
+    let Value::Dict(_, mut dict) = pipelines[index].clone() else {
+        return Err(format!("pipelines[{index}] is not a table"));
+    };
+    set_path(&mut dict, &path, raw)
+        .map_err(|at| format!("pipelines[{index}].{at} is not a table"))?;
+    pipelines[index] = Value::from(dict);
+    Ok(())
+}
+
+/// The index of the pipeline `selector` names: an index into the file's `[[pipelines]]`, or a
+/// pipeline's `name` (exact, else the only case-insensitive match).
+fn select_pipeline(pipelines: &[Value], selector: &str) -> Result<usize, String> {
+    if let Ok(index) = selector.parse::<usize>() {
+        return if index < pipelines.len() {
+            Ok(index)
+        } else {
+            Err(format!(
+                "no pipeline at index {index}: the file has {} [[pipelines]] entries",
+                pipelines.len()
+            ))
+        };
+    }
+    let names: Vec<Option<&str>> = pipelines
+        .iter()
+        .map(|p| p.find_ref("name").and_then(Value::as_str))
+        .collect();
+    if let Some(index) = names.iter().position(|n| *n == Some(selector)) {
+        return Ok(index);
+    }
+    let matches: Vec<usize> = (0..names.len())
+        .filter(|&i| names[i].is_some_and(|n| n.eq_ignore_ascii_case(selector)))
+        .collect();
+    match matches[..] {
+        [index] => Ok(index),
+        [] => Err(format!(
+            "no pipeline named {selector:?} (pipelines: {})",
+            names
+                .iter()
+                .map(|n| format!("{:?}", n.unwrap_or("")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err(format!(
+            "{selector:?} matches several pipeline names when case is ignored: select it by index"
+        )),
+    }
+}
+
+/// Sets `path` in `dict` to `raw`, creating tables on the way. The value is parsed as
+/// figment's `Env` parses values, unless the file holds a string there or it is a
+/// `kafka.properties` value (always strings).
+///
+/// Returns the dotted path of a level that exists and is not a table.
+fn set_path(dict: &mut Dict, path: &[String], raw: &str) -> Result<(), String> {
+    let (last, parents) = path.split_last().expect("path has at least one segment");
+    let keep_string = parents.ends_with(&["kafka".to_owned(), "properties".to_owned()]);
+    let mut at = dict;
+    for (depth, key) in parents.iter().enumerate() {
+        let entry = at
+            .entry(key.clone())
+            .or_insert_with(|| Value::from(Dict::new()));
+        match entry {
+            Value::Dict(_, inner) => at = inner,
+            _ => return Err(path[..=depth].join(".")),
+        }
+    }
+    let parsed: Value = raw.parse().expect("parsing an env value is infallible");
+    let value = match at.get(last) {
+        Some(Value::String(..)) => Value::from(raw.to_owned()),
+        _ if keep_string => Value::from(raw.to_owned()),
+        _ => parsed,
+    };
+    at.insert(last.clone(), value);
+    Ok(())
 }
 
 fn resolve(
@@ -246,6 +401,7 @@ fn resolve(
             max_in_flight_events: p.max_in_flight_events,
             max_in_flight_bytes: p.max_in_flight_bytes,
             shutdown_timeout_secs: p.shutdown_timeout_secs,
+            terminate_stale_walsender_after_secs: p.terminate_stale_walsender_after_secs,
         };
         if let Err(e) = config.validate() {
             if !problems.iter().any(|known| known.field == at(&e.field)) {
@@ -312,6 +468,146 @@ mod tests {
         resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
+    }
+
+    /// Like [`load_str`], with `vars` as the process environment for overrides.
+    fn load_with_overrides(toml: &str, vars: &[(&str, &str)]) -> Result<RelayConfig, ConfigErrors> {
+        let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        let figment = with_pipeline_overrides(Figment::new().merge(Toml::string(toml)), vars)?;
+        resolve(figment, &|_| None)
+    }
+
+    const TWO_PIPELINES: &str = r#"
+        [kafka]
+        bootstrap_servers = "k:9092"
+        [[pipelines]]
+        name = "orders"
+        source_url = "postgres://u@h/orders"
+        slot = "orders_slot"
+        publication = "pub"
+        table = "outbox"
+        [[pipelines]]
+        name = "Billing"
+        source_url = "postgres://u@h/billing"
+        slot = "billing_slot"
+        publication = "pub"
+        table = "outbox"
+        kafka = { properties = { "acks" = "all" } }
+        "#;
+
+    #[test]
+    fn environment_overrides_reach_pipelines_by_index_or_name() {
+        let config = load_with_overrides(
+            TWO_PIPELINES,
+            &[
+                ("OUTBOX_RELAY__PIPELINES__0__SLOT", "from_env"),
+                ("OUTBOX_RELAY__PIPELINES__0__MAX_IN_FLIGHT_EVENTS", "42"),
+                (
+                    "OUTBOX_RELAY__PIPELINES__orders__ROUTE__TOPIC_CASE",
+                    "lower",
+                ),
+                ("OUTBOX_RELAY__PIPELINES__BILLING__PUBLICATION", "123"),
+                (
+                    "OUTBOX_RELAY__PIPELINES__1__KAFKA__BOOTSTRAP_SERVERS",
+                    "b:9092",
+                ),
+                (
+                    "OUTBOX_RELAY__PIPELINES__Billing__KAFKA__PROPERTIES__BATCH_SIZE",
+                    "1000",
+                ),
+                ("outbox_relay__pipelines__1__create_slot", "false"),
+                ("OTHER__PIPELINES__0__SLOT", "ignored"),
+            ],
+        )
+        .unwrap();
+        let [orders, billing] = &config.pipelines[..] else {
+            panic!("two pipelines expected: {:?}", config.pipelines)
+        };
+        assert_eq!(orders.slot, "from_env");
+        assert_eq!(orders.max_in_flight_events, 42);
+        assert_eq!(orders.route.topic_case, crate::config::TopicCase::Lower);
+        assert_eq!(orders.publication, "pub", "untouched fields stay");
+        assert_eq!(orders.kafka.bootstrap_servers, "k:9092");
+        // A number where the file has a string stays the string.
+        assert_eq!(billing.publication, "123");
+        assert_eq!(billing.slot, "billing_slot");
+        assert_eq!(billing.kafka.bootstrap_servers, "b:9092");
+        assert!(!billing.create_slot);
+        assert!(billing
+            .kafka
+            .properties
+            .contains(&("batch_size".into(), "1000".into())));
+        assert!(billing
+            .kafka
+            .properties
+            .contains(&("acks".into(), "all".into())));
+    }
+
+    #[test]
+    fn an_override_of_a_missing_pipeline_or_without_a_field_names_the_variable() {
+        let errors = load_with_overrides(
+            TWO_PIPELINES,
+            &[
+                ("OUTBOX_RELAY__PIPELINES__2__SLOT", "x"),
+                ("OUTBOX_RELAY__PIPELINES__shipping__SLOT", "x"),
+                ("OUTBOX_RELAY__PIPELINES__orders", "x"),
+                ("OUTBOX_RELAY__PIPELINES__0__SLOT__NAME", "x"),
+            ],
+        )
+        .unwrap_err();
+        let text = errors.to_string();
+        for expected in [
+            "OUTBOX_RELAY__PIPELINES__2__SLOT: no pipeline at index 2: the file has 2",
+            "OUTBOX_RELAY__PIPELINES__shipping__SLOT: no pipeline named \"shipping\"",
+            "OUTBOX_RELAY__PIPELINES__orders: name a field",
+            "OUTBOX_RELAY__PIPELINES__0__SLOT__NAME: pipelines[0].slot is not a table",
+        ] {
+            assert!(text.contains(expected), "{expected:?} missing in {text}");
+        }
+        // An unknown field is the usual unknown-field error, with its path.
+        let errors =
+            load_with_overrides(TWO_PIPELINES, &[("OUTBOX_RELAY__PIPELINES__0__SLOTT", "x")])
+                .unwrap_err();
+        assert!(errors.to_string().contains("slott"), "{errors}");
+    }
+
+    #[test]
+    fn names_differing_only_in_case_need_the_exact_name_or_an_index() {
+        let toml = TWO_PIPELINES.replace("\"Billing\"", "\"ORDERS\"");
+        let config =
+            load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__ORDERS__SLOT", "b")]).unwrap();
+        assert_eq!(config.pipelines[1].slot, "b", "exact name wins");
+        let errors = load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__Orders__SLOT", "b")])
+            .unwrap_err();
+        assert!(
+            errors.to_string().contains("select it by index"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    // figment::Jail's closure returns figment's (large) error type.
+    #[allow(clippy::result_large_err)]
+    fn load_merges_top_level_and_pipeline_variables_from_the_process_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("relay.toml", TWO_PIPELINES)?;
+            jail.set_env("OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS", "env:9092");
+            jail.set_env("OUTBOX_RELAY__PIPELINES__BILLING__SLOT", "env_slot");
+            let config = load(&jail.directory().join("relay.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(config.pipelines.len(), 2, "the array is kept");
+            assert_eq!(config.pipelines[0].kafka.bootstrap_servers, "env:9092");
+            assert_eq!(config.pipelines[0].slot, "orders_slot");
+            assert_eq!(config.pipelines[1].slot, "env_slot");
+            jail.set_env("OUTBOX_RELAY__PIPELINES__7__SLOT", "x");
+            let errors = load(&jail.directory().join("relay.toml")).unwrap_err();
+            assert!(
+                errors
+                    .to_string()
+                    .contains("OUTBOX_RELAY__PIPELINES__7__SLOT"),
+                "{errors}"
+            );
+            Ok(())
+        });
     }
 
     const EXAMPLE: &str = include_str!("../../examples/relay.toml");

@@ -295,6 +295,9 @@ pub struct PipelineConfig {
     pub max_in_flight_events: usize,
     pub max_in_flight_bytes: usize,
     pub shutdown_timeout_secs: u64,
+    /// When the slot is held by a walsender whose client has sent no status update for this
+    /// long (seconds), terminate that walsender and take the slot over; `None`: never.
+    pub terminate_stale_walsender_after_secs: Option<u64>,
 }
 
 impl fmt::Debug for PipelineConfig {
@@ -316,6 +319,10 @@ impl fmt::Debug for PipelineConfig {
             .field("max_in_flight_events", &self.max_in_flight_events)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("shutdown_timeout_secs", &self.shutdown_timeout_secs)
+            .field(
+                "terminate_stale_walsender_after_secs",
+                &self.terminate_stale_walsender_after_secs,
+            )
             .finish()
     }
 }
@@ -377,6 +384,16 @@ impl PipelineConfig {
         ] {
             if value == 0 {
                 return Err(ConfigError::new(field, "must be greater than 0"));
+            }
+        }
+        if let Some(secs) = self.terminate_stale_walsender_after_secs {
+            // A live relay replies every status interval: twice that is never stale.
+            let min_secs = (2 * self.status_interval_ms).div_ceil(1_000).max(2);
+            if secs < min_secs {
+                return Err(ConfigError::new(
+                    "terminate_stale_walsender_after_secs",
+                    format!("{secs} is too short: at least {min_secs} (twice status_interval_ms, and 2 s), so a live relay is never terminated"),
+                ));
             }
         }
         Ok(())
@@ -548,6 +565,12 @@ impl PipelineConfig {
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_secs(self.shutdown_timeout_secs)
     }
+
+    /// `terminate_stale_walsender_after_secs` as a duration.
+    pub fn terminate_stale_walsender_after(&self) -> Option<Duration> {
+        self.terminate_stale_walsender_after_secs
+            .map(Duration::from_secs)
+    }
 }
 
 /// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
@@ -638,12 +661,16 @@ mod tests {
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+            terminate_stale_walsender_after_secs: None,
         }
     }
 
     #[test]
     fn accepts_defaults() {
         config().validate().unwrap();
+        let mut c = config();
+        c.terminate_stale_walsender_after_secs = Some(2);
+        c.validate().unwrap();
     }
 
     #[test]
@@ -683,6 +710,17 @@ mod tests {
                 Box::new(|c| {
                     c.route.by_field = Some("tenant_id".into());
                     c.message_prefix = Some("outbox".into());
+                }),
+            ),
+            (
+                "terminate_stale_walsender_after_secs",
+                Box::new(|c| c.terminate_stale_walsender_after_secs = Some(1)),
+            ),
+            (
+                "terminate_stale_walsender_after_secs",
+                Box::new(|c| {
+                    c.status_interval_ms = 10_000;
+                    c.terminate_stale_walsender_after_secs = Some(15);
                 }),
             ),
         ];

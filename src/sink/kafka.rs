@@ -190,6 +190,11 @@ impl Sink for KafkaSink {
     fn in_flight(&self) -> InFlight {
         self.in_flight
     }
+
+    fn oldest_in_flight(&self) -> Option<Instant> {
+        // Outcomes in `ready` arrived already: only the pending ones are still waiting.
+        self.pending.iter().map(|p| p.meta.sent).min()
+    }
 }
 
 impl KafkaSink {

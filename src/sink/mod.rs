@@ -107,4 +107,9 @@ pub trait Sink: Send {
 
     /// What was accepted and has no outcome yet.
     fn in_flight(&self) -> InFlight;
+
+    /// When the oldest record that has no outcome yet was accepted; `None` when nothing is
+    /// awaiting its outcome. May take time linear in the records in flight: call it on a
+    /// timer, not per record.
+    fn oldest_in_flight(&self) -> Option<std::time::Instant>;
 }

@@ -107,6 +107,98 @@ pub async fn prepare(
     })
 }
 
+/// How much WAL the slot holds and may still hold, from `pg_replication_slots`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotWal {
+    /// `reserved`, `extended`, `unreserved` or `lost`; `None` on a slot that never reserved WAL.
+    pub wal_status: Option<String>,
+    /// Bytes of WAL that can be written before the slot is at risk; `None` when
+    /// `max_slot_wal_keep_size` is unlimited (-1).
+    pub safe_wal_size: Option<i64>,
+}
+
+/// Reads `wal_status` and `safe_wal_size` of `slot`; `Ok(None)` if there is no such slot.
+///
+/// Returns an error if the query fails.
+pub async fn slot_wal(client: &Client, slot: &str) -> Result<Option<SlotWal>, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT wal_status, safe_wal_size FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|row| SlotWal {
+        wal_status: row.get(0),
+        safe_wal_size: row.get(1),
+    }))
+}
+
+/// The walsender holding a slot, as `pg_stat_replication` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotHolder {
+    pub pid: i32,
+    pub application_name: String,
+    /// `client_addr:client_port`, or `local` for a Unix socket.
+    pub client: String,
+    /// `reply_time` as text: when its client last sent a status update, by the client's
+    /// clock; `None` if it never did (or this role may not see it).
+    pub reply_time: Option<String>,
+    /// Seconds since `reply_time`, or since `backend_start` when `reply_time` is NULL, by
+    /// the server's clock; `None` when neither is visible to this role.
+    pub reply_age_secs: Option<f64>,
+    /// Whether this role may see the walsender's details (`reply_time`, `state`, ...):
+    /// PostgreSQL shows them only to superusers and members of `pg_read_all_stats`.
+    pub details_visible: bool,
+}
+
+/// The walsender streaming from `slot`; `Ok(None)` if no walsender holds it (free, or held by
+/// an SQL backend).
+///
+/// Returns an error if the query fails.
+pub async fn slot_holder(client: &Client, slot: &str) -> Result<Option<SlotHolder>, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT r.pid, r.application_name,
+                    COALESCE(host(r.client_addr) || ':' || r.client_port, 'local'),
+                    r.reply_time::text,
+                    EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(r.reply_time, r.backend_start))::float8,
+                    r.state IS NOT NULL
+             FROM pg_catalog.pg_replication_slots s
+             JOIN pg_catalog.pg_stat_replication r ON r.pid = s.active_pid
+             WHERE s.slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|row| SlotHolder {
+        pid: row.get(0),
+        application_name: row.get::<_, Option<String>>(1).unwrap_or_default(),
+        client: row.get(2),
+        reply_time: row.get(3),
+        reply_age_secs: row.get(4),
+        details_visible: row.get(5),
+    }))
+}
+
+/// Terminates the walsender `holder` describes (`pg_terminate_backend`) if it is still the
+/// same process and its client still sent no status update since `holder` was read (both in
+/// one statement). Returns whether it was terminated.
+///
+/// Returns an error if this role may not signal it (SQLSTATE 42501: it needs
+/// `pg_signal_backend`, the walsender's role, or superuser) or the query fails.
+pub async fn terminate_stale_walsender(
+    client: &Client,
+    holder: &SlotHolder,
+) -> Result<bool, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_replication
+             WHERE pid = $1 AND reply_time::text IS NOT DISTINCT FROM $2",
+            &[&holder.pid, &holder.reply_time],
+        )
+        .await?;
+    Ok(row.is_some_and(|row| row.get::<_, bool>(0)))
+}
+
 /// Reads the `confirmed_flush_lsn` of `slot`.
 ///
 /// Returns an error if the slot does not exist (any more) or is not a pgoutput slot of this
