@@ -146,15 +146,11 @@ async fn check_postgres(
         finding(
             "role",
             Verdict::Fail,
-            format!("ALTER ROLE {role} REPLICATION"),
+            format!("ALTER ROLE {} REPLICATION", quote(&role)),
         )
     });
 
-    let table = format!(
-        "{}.{}",
-        quote(&config.table.schema),
-        quote(&config.table.name)
-    );
+    let table = config.table.quoted();
     let row = client
         .query_one(
             "SELECT to_regclass($1) IS NOT NULL,
@@ -174,7 +170,7 @@ async fn check_postgres(
         (true, false) => finding(
             "outbox table",
             Verdict::Fail,
-            format!("GRANT SELECT ON {table} TO {role}"),
+            format!("GRANT SELECT ON {table} TO {}", quote(&role)),
         ),
         (true, true) => finding(
             "outbox table",
@@ -214,7 +210,7 @@ async fn check_postgres(
         Some((true, false, true)) if config.op_invalid_behavior != InvalidOpBehavior::Ignore => finding(
             "publication",
             Verdict::Fail,
-            format!("op_invalid_behavior needs updates and deletes: ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", config.publication),
+            format!("op_invalid_behavior needs updates and deletes: ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", quote(&config.publication)),
         ),
         Some((true, false, true)) => finding("publication", Verdict::Ok, format!("{} publishes inserts of {}", config.publication, config.table)),
     });

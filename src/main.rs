@@ -95,10 +95,11 @@ struct RunArgs {
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot.
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     slot: String,
-    /// Publication that includes the outbox table.
+    /// Publication that includes the outbox table; its exact name, without quotes.
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_pub")]
     publication: String,
-    /// The outbox table, schema.table.
+    /// The outbox table, schema.table; double-quote a part as in SQL ('"Billing-Prod"."Outbox"'),
+    /// an unquoted part is taken as written (no case folding).
     #[arg(long, env = "OUTBOX_RELAY_TABLE", default_value = "public.outbox")]
     table: TableName,
     /// Kafka bootstrap servers, host:port[,host:port].

@@ -2082,3 +2082,163 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
         "confirmed past the transaction with the update"
     );
 }
+
+/// `args` with the value after `flag` replaced by `value`.
+fn with_arg(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
+    let at = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} not in {args:?}"));
+    args[at + 1] = value.to_owned();
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quoted_mixed_case_names_and_look_alike_tables_in_one_publication() {
+    let setup = Setup::new("quoted", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    // The configured table and four look-alikes with the same columns.
+    let look_alikes = [
+        r#""Billing-Prod".outbox"#,
+        r#""billing-prod"."Outbox""#,
+        r#""billing-prod".outbox"#,
+        "public.outbox",
+    ];
+    c.batch_execute(
+        r#"CREATE SCHEMA "Billing-Prod";
+           CREATE SCHEMA "billing-prod";
+           CREATE TABLE "Billing-Prod"."Outbox" (LIKE public.outbox INCLUDING ALL);
+           CREATE TABLE "Billing-Prod".outbox (LIKE public.outbox INCLUDING ALL);
+           CREATE TABLE "billing-prod"."Outbox" (LIKE public.outbox INCLUDING ALL);
+           CREATE TABLE "billing-prod".outbox (LIKE public.outbox INCLUDING ALL);"#,
+    )
+    .await
+    .unwrap();
+    let table = r#""Billing-Prod"."Outbox""#;
+    let flags = |command: &str| {
+        let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+        args[0] = command.into();
+        let args = with_arg(args, "--publication", "Outbox-Pub");
+        with_arg(args, "--table", table)
+    };
+
+    let mut print = flags("setup");
+    print.push("--print-sql".into());
+    let mut printer = Relay::spawn(&print);
+    assert!(
+        printer.wait(Duration::from_secs(30)).success(),
+        "{}",
+        printer.log()
+    );
+    assert!(
+        printer.log().contains(
+            r#"CREATE PUBLICATION "Outbox-Pub" FOR TABLE "Billing-Prod"."Outbox" WITH (publish = 'insert');"#
+        ),
+        "{}",
+        printer.log()
+    );
+    let mut creator = Relay::spawn(&flags("setup"));
+    assert!(
+        creator.wait(Duration::from_secs(60)).success(),
+        "{}",
+        creator.log()
+    );
+    c.batch_execute(&format!(
+        r#"ALTER PUBLICATION "Outbox-Pub" ADD TABLE {}"#,
+        look_alikes.join(", ")
+    ))
+    .await
+    .unwrap();
+    let tables: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'Outbox-Pub'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 5, "setup published the configured table");
+    let mut check = Relay::spawn(&flags("check"));
+    assert!(
+        check.wait(Duration::from_secs(60)).success(),
+        "{}",
+        check.log()
+    );
+    for needle in [
+        "ok    outbox table            \"Billing-Prod\".\"Outbox\" readable",
+        "ok    publication             Outbox-Pub publishes inserts of \"Billing-Prod\".\"Outbox\"",
+    ] {
+        assert!(
+            check.log().contains(needle),
+            "{needle:?} missing:\n{}",
+            check.log()
+        );
+    }
+
+    // The file form of the same names.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"quoted\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"Outbox-Pub\"\ntable = '{table}'\ncreate_slot = false\n",
+            kafka().bootstrap(),
+            setup.db.url(Auth::Trust),
+            setup.slot
+        ),
+    )
+    .unwrap();
+    let relay = Relay::spawn(&[
+        "run".into(),
+        "--config".into(),
+        config.display().to_string(),
+    ]);
+    setup.wait_streaming().await;
+
+    let mut written = Vec::new();
+    let mut before_commit = 0;
+    for round in 0..2 {
+        c.batch_execute("BEGIN").await.unwrap();
+        for target in std::iter::once(table).chain(look_alikes) {
+            let row = c
+                .query_one(
+                    &format!(
+                        "INSERT INTO {target} (aggregate_type, aggregate_id, event_type, payload)
+                         VALUES ($1, 'k', $2, '{{\"round\": {round}}}') RETURNING id::text, payload::text"
+                    ),
+                    &[&t, &target],
+                )
+                .await
+                .unwrap();
+            if target == table {
+                written.push(Written {
+                    id: row.get(0),
+                    aggregate_type: t.clone(),
+                    aggregate_id: "k".into(),
+                    event_type: target.to_owned(),
+                    payload: row.get(1),
+                });
+            }
+        }
+        before_commit = insert_lsn(c).await;
+        c.batch_execute("COMMIT").await.unwrap();
+    }
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(3),
+            Duration::from_secs(60),
+        )
+        .await;
+    // Any record of a look-alike table would have an id not in `written`.
+    assert_delivered(&written, &consumed, true);
+    setup
+        .wait_confirmed_past(
+            before_commit,
+            "the look-alikes' rows to be confirmed",
+            Duration::from_secs(30),
+        )
+        .await;
+    drop(relay);
+}
