@@ -2242,3 +2242,158 @@ async fn quoted_mixed_case_names_and_look_alike_tables_in_one_publication() {
         .await;
     drop(relay);
 }
+
+/// Inserts one outbox row naming the event type column `event_type_column` and giving
+/// `payload_sql` (an SQL expression) as the payload; returns what was written.
+async fn insert_with(
+    client: &tokio_postgres::Client,
+    event_type_column: &str,
+    aggregate_type: &str,
+    event_type: &str,
+    payload_sql: &str,
+) -> Written {
+    let row = client
+        .query_one(
+            &format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, {event_type_column}, payload)
+                 VALUES ($1, 'k-1', $2, {payload_sql}) RETURNING id::text, payload::text"
+            ),
+            &[&aggregate_type, &event_type],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("inserting {event_type}: {e}"));
+    Written {
+        id: row.get(0),
+        aggregate_type: aggregate_type.to_owned(),
+        aggregate_id: "k-1".to_owned(),
+        event_type: event_type.to_owned(),
+        payload: row.get(1),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() {
+    let setup = Setup::new("altertable", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    // A column before the mapped ones, so that dropping it moves all of them.
+    c.batch_execute(
+        "DROP TABLE outbox;
+         CREATE TABLE outbox (
+           id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+           legacy text,
+           aggregate_type text NOT NULL,
+           aggregate_id text NOT NULL,
+           event_type text NOT NULL,
+           payload jsonb,
+           headers jsonb NOT NULL DEFAULT '{}');
+         ALTER PUBLICATION outbox_pub ADD TABLE outbox;",
+    )
+    .await
+    .unwrap();
+    let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+
+    let mut written = vec![insert_with(c, "event_type", &t, "Before", r#"'{"n": 1}'"#).await];
+    c.batch_execute("ALTER TABLE outbox ADD COLUMN tenant text DEFAULT 'x'")
+        .await
+        .unwrap();
+    written.push(insert_with(c, "event_type", &t, "AfterAdd", r#"'{"n": 2}'"#).await);
+    // A schema change inside a transaction, between two of its inserts.
+    c.batch_execute("BEGIN").await.unwrap();
+    written.push(insert_with(c, "event_type", &t, "InTxnBefore", r#"'{"n": 3}'"#).await);
+    c.batch_execute("ALTER TABLE outbox ADD COLUMN note text NOT NULL DEFAULT 'n'")
+        .await
+        .unwrap();
+    written.push(insert_with(c, "event_type", &t, "InTxnAfter", r#"'{"n": 4}'"#).await);
+    c.batch_execute("COMMIT").await.unwrap();
+    c.batch_execute("ALTER TABLE outbox DROP COLUMN tenant; ALTER TABLE outbox DROP COLUMN legacy")
+        .await
+        .unwrap();
+    written.push(insert_with(c, "event_type", &t, "AfterDrop", r#"'{"n": 5}'"#).await);
+    c.batch_execute("ALTER TABLE outbox ALTER COLUMN aggregate_id TYPE varchar(64)")
+        .await
+        .unwrap();
+    written.push(insert_with(c, "event_type", &t, "Varchar", r#"'{"n": 6}'"#).await);
+    c.batch_execute("ALTER TABLE outbox ALTER COLUMN payload TYPE json USING payload::json")
+        .await
+        .unwrap();
+    // json keeps the text as inserted: spacing, key order and duplicate keys.
+    let exact = r#"{ "b":1,  "a":2, "a":3 ,"n": 7.50 }"#;
+    let json = insert_with(c, "event_type", &t, "Json", &format!("'{exact}'")).await;
+    assert_eq!(json.payload, exact);
+    written.push(json);
+    written.push(insert_with(c, "event_type", &t, "JsonArray", r#"'[1, 2.50 ,"x"]'"#).await);
+    let before_rename = insert_lsn(c).await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_delivered(&written, &consumed, true);
+    setup
+        .wait_confirmed_past(
+            before_rename - 1,
+            "the events before the rename to be confirmed",
+            Duration::from_secs(30),
+        )
+        .await;
+
+    // Renamed away: the relay stops naming the column, without confirming the row.
+    c.batch_execute("ALTER TABLE outbox RENAME COLUMN event_type TO kind")
+        .await
+        .unwrap();
+    c.batch_execute("BEGIN").await.unwrap();
+    let renamed = insert_with(c, "kind", &t, "Renamed", r#"'{"n": 9}'"#).await;
+    let before_commit = insert_lsn(c).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "the relay went on without event_type");
+    let log = relay.log();
+    for needle in [
+        r#"has no column "event_type" (columns.event_type)"#,
+        "aggregate_id, kind, payload",
+    ] {
+        assert!(
+            log.contains(needle),
+            "the error names the column and the table's columns ({needle:?}):\n{log}"
+        );
+    }
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed <= before_commit,
+        "confirmed_flush_lsn {confirmed:X} passed the row the relay could not map"
+    );
+
+    // Mapped to the new name, a restarted relay publishes it.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"renamed\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\ncreate_slot = false\n[pipelines.columns]\nevent_type = \"kind\"\n",
+            kafka().bootstrap(),
+            setup.db.url(Auth::Trust),
+            setup.slot
+        ),
+    )
+    .unwrap();
+    let relay = Relay::spawn(&[
+        "run".into(),
+        "--config".into(),
+        config.display().to_string(),
+    ]);
+    written.push(renamed);
+    written.push(insert_with(c, "kind", &t, "AfterRestart", r#"'{"n": 10}'"#).await);
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_delivered(&written, &consumed, true);
+    drop(relay);
+}

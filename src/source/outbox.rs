@@ -43,10 +43,14 @@ pub enum OutboxError {
         "insert at LSN {lsn} for relation {rel_id} that was never described by a Relation message"
     )]
     UnknownRelation { rel_id: u32, lsn: Lsn },
-    #[error("outbox table {table} has no column {column:?} (at LSN {lsn}); configure the column mapping")]
+    #[error("outbox table {table} has no column {column:?} (columns.{field}) at LSN {lsn}; its columns are {present}: set columns.{field} to the column's name")]
     MissingColumn {
         table: String,
+        /// The config field that names the column (`event_type`, `route.by_field`, ...).
+        field: &'static str,
         column: String,
+        /// The table's columns in that Relation message, comma-separated.
+        present: String,
         lsn: Lsn,
     },
     #[error(
@@ -84,8 +88,16 @@ struct ColumnIndexes {
 #[derive(Debug)]
 enum RelationKind {
     Other,
-    /// The outbox table; `Err(column)` when a mapped column is missing.
-    Outbox(Result<ColumnIndexes, String>),
+    /// The outbox table; `Err` when a mapped column is missing.
+    Outbox(Result<ColumnIndexes, Missing>),
+}
+
+/// A mapped column the table's latest Relation message does not have.
+#[derive(Debug)]
+struct Missing {
+    field: &'static str,
+    column: String,
+    present: String,
 }
 
 /// Relation cache plus the mapping of outbox rows to events.
@@ -169,24 +181,33 @@ impl OutboxDecoder {
     /// Records a Relation message, replacing what was known about that relation id.
     pub fn on_relation(&mut self, relation: &RelationBody) {
         let kind = if relation.namespace == self.table.schema && relation.name == self.table.name {
-            let find = |name: &str| {
+            let find = |field: &'static str, name: &str| {
                 relation
                     .columns
                     .iter()
                     .position(|c| c.name == name)
-                    .ok_or_else(|| name.to_owned())
+                    .ok_or_else(|| Missing {
+                        field,
+                        column: name.to_owned(),
+                        present: relation
+                            .columns
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
             };
             let c = &self.columns;
             RelationKind::Outbox((|| {
                 Ok(ColumnIndexes {
-                    id: find(&c.id)?,
-                    aggregate_type: find(&c.aggregate_type)?,
-                    aggregate_id: find(&c.aggregate_id)?,
-                    event_type: find(&c.event_type)?,
-                    payload: find(&c.payload)?,
-                    headers: find(&c.headers).ok(),
+                    id: find("id", &c.id)?,
+                    aggregate_type: find("aggregate_type", &c.aggregate_type)?,
+                    aggregate_id: find("aggregate_id", &c.aggregate_id)?,
+                    event_type: find("event_type", &c.event_type)?,
+                    payload: find("payload", &c.payload)?,
+                    headers: find("headers", &c.headers).ok(),
                     routed_by: match self.route_by.as_deref() {
-                        Some(column) => Some(find(column)?),
+                        Some(column) => Some(find("route.by_field", column)?),
                         None => None,
                     },
                 })
@@ -214,10 +235,12 @@ impl OutboxDecoder {
                 })
             }
             Some(RelationKind::Other) => return Ok(None),
-            Some(RelationKind::Outbox(Err(column))) => {
+            Some(RelationKind::Outbox(Err(missing))) => {
                 return Err(OutboxError::MissingColumn {
                     table: self.table.to_string(),
-                    column: column.clone(),
+                    field: missing.field,
+                    column: missing.column.clone(),
+                    present: missing.present.clone(),
                     lsn,
                 })
             }
@@ -364,7 +387,12 @@ mod tests {
             matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"),
             "{first}"
         );
-        assert!(first.to_string().contains("aggregatetype"));
+        assert!(
+            first
+                .to_string()
+                .contains("has no column \"aggregatetype\" (columns.aggregate_type) at LSN 0/0; its columns are id, aggregate_type, "),
+            "{first}"
+        );
     }
 
     #[test]
