@@ -66,6 +66,17 @@ enum Command {
     ///   outbox-relay status --config relay.toml
     #[command(verbatim_doc_comment)]
     Status(RunArgs),
+    /// Prints the outbox-relay config (TOML) equivalent to a Debezium PostgreSQL connector with
+    /// the Outbox Event Router: the JSON posted to Kafka Connect, its bare config map, or a
+    /// .properties file. Options it does not carry over go to stderr, one per line, with the
+    /// reason. The password is never printed: the URL refers to an environment variable.
+    ///
+    ///   outbox-relay import-debezium orders-connector.json > relay.toml
+    #[command(verbatim_doc_comment)]
+    ImportDebezium {
+        /// Connector configuration file (.json or .properties).
+        connector: std::path::PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -295,6 +306,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 }
             }
             anyhow::ensure!(!failed, "some checks failed");
+            Ok(())
+        }
+        Command::ImportDebezium { connector } => {
+            let imported = outbox_relay::import::import_file(&connector)?;
+            print!("{}", imported.toml);
+            for note in &imported.notes {
+                eprintln!("{note}");
+            }
             Ok(())
         }
         Command::Status(args) => {

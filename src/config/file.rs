@@ -118,7 +118,7 @@ pub fn load(path: &Path) -> Result<RelayConfig, ConfigErrors> {
     resolve(figment, &|name| std::env::var(name).ok())
 }
 
-fn resolve(
+pub(crate) fn resolve(
     figment: Figment,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RelayConfig, ConfigErrors> {
