@@ -2397,3 +2397,116 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     assert_delivered(&written, &consumed, true);
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_debezium_connector_takes_over_its_slot_and_keeps_its_topics() {
+    let setup = Setup::new("dbzimport", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    let sql = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("sql")
+            .join("outbox_debezium.sql"),
+    )
+    .unwrap();
+    c.batch_execute(&sql).await.unwrap();
+    // The slot Debezium left behind (pgoutput), with an event it had not confirmed.
+    setup.db.create_slot(&setup.slot).await;
+    let insert = |event_type: &'static str| {
+        let t = t.clone();
+        async move {
+            let row = c
+                .query_one(
+                    "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+                     VALUES (gen_random_uuid(), $1, 'k', $2, '{\"n\": 1.50}') RETURNING id::text, payload::text",
+                    &[&t, &event_type],
+                )
+                .await
+                .unwrap();
+            Written {
+                id: row.get(0),
+                aggregate_type: t,
+                aggregate_id: "k".into(),
+                event_type: event_type.into(),
+                payload: row.get(1),
+            }
+        }
+    };
+    let mut written = vec![insert("BeforeTakeover").await];
+
+    let dir = tempfile::tempdir().unwrap();
+    let connector = dir.path().join("orders-connector.json");
+    std::fs::write(
+        &connector,
+        serde_json::json!({
+            "name": "orders-connector",
+            "config": {
+                "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                "tasks.max": "1",
+                "database.hostname": "127.0.0.1",
+                "database.port": setup.db.port(),
+                "database.user": "postgres",
+                "database.password": "not-printed",
+                "database.dbname": setup.db.name,
+                "topic.prefix": "orders",
+                "plugin.name": "pgoutput",
+                "slot.name": setup.slot,
+                "publication.name": "outboxevent_pub",
+                "table.include.list": "public.outboxevent",
+                "transforms": "outbox",
+                "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+                "transforms.outbox.route.topic.replacement": "${routedByValue}.events"
+            }
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["import-debezium".as_ref(), connector.as_os_str()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    );
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        !stdout.contains("not-printed") && !stderr.contains("not-printed"),
+        "the password was printed"
+    );
+    for line in [
+        "database.password: not copied: set ORDERS_CONNECTOR_DB_PASSWORD",
+        "topic.prefix: not needed",
+        "tasks.max: ",
+    ] {
+        assert!(
+            stderr.contains(line),
+            "{line:?} missing in stderr:\n{stderr}"
+        );
+    }
+    let config = dir.path().join("relay.toml");
+    std::fs::write(&config, &stdout).unwrap();
+    let bootstrap = kafka().bootstrap();
+    let relay = Relay::spawn_with_env(
+        &[
+            "run".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+        &[
+            ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+            ("ORDERS_CONNECTOR_DB_PASSWORD", "unused-with-trust"),
+        ],
+    );
+    setup.wait_streaming().await;
+    written.push(insert("AfterTakeover").await);
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_delivered(&written, &consumed, true);
+    drop(relay);
+}
