@@ -189,6 +189,10 @@ async fn check_postgres(
         ),
     });
 
+    if exists {
+        out.push(check_columns(config, client, &table).await?);
+    }
+
     let row = client
         .query_opt(
             "SELECT p.pubinsert, p.pubupdate OR p.pubdelete,
@@ -276,6 +280,53 @@ async fn check_postgres(
         }
     });
     Ok(())
+}
+
+/// Whether the table `quoted` has every column the mapping needs (the relay stops at the first
+/// insert without one).
+async fn check_columns(
+    config: &PipelineConfig,
+    client: &Client,
+    quoted: &str,
+) -> Result<Finding, tokio_postgres::Error> {
+    let present: Vec<String> = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&quoted],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let c = &config.columns;
+    let mut needed = vec![
+        ("columns.id", &c.id),
+        ("columns.aggregate_type", &c.aggregate_type),
+        ("columns.aggregate_id", &c.aggregate_id),
+        ("columns.event_type", &c.event_type),
+        ("columns.payload", &c.payload),
+    ];
+    if let Some(column) = &config.route.by_field {
+        needed.push(("route.by_field", column));
+    }
+    let missing: Vec<String> = needed
+        .iter()
+        .filter(|(_, column)| !present.contains(column))
+        .map(|(field, column)| format!("{column:?} ({field})"))
+        .collect();
+    Ok(if missing.is_empty() {
+        finding("outbox columns", Verdict::Ok, "every mapped column exists")
+    } else {
+        finding(
+            "outbox columns",
+            Verdict::Fail,
+            format!(
+                "missing {}; the table has {}",
+                missing.join(", "),
+                present.join(", ")
+            ),
+        )
+    })
 }
 
 fn quote(ident: &str) -> String {

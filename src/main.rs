@@ -54,8 +54,8 @@ enum Command {
         print_sql: bool,
     },
     /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
-    /// slots and WAL senders, REPLICATION and SELECT on the outbox, the publication, the slot,
-    /// and that the Kafka brokers answer. Exits 1 if anything fails.
+    /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
+    /// publication, the slot, and that the Kafka brokers answer. Exits 1 if anything fails.
     ///
     ///   outbox-relay check --config relay.toml
     #[command(verbatim_doc_comment)]

@@ -2168,6 +2168,7 @@ async fn quoted_mixed_case_names_and_look_alike_tables_in_one_publication() {
     for needle in [
         "ok    outbox table            \"Billing-Prod\".\"Outbox\" readable",
         "ok    publication             Outbox-Pub publishes inserts of \"Billing-Prod\".\"Outbox\"",
+        "ok    outbox columns          every mapped column exists",
     ] {
         assert!(
             check.log().contains(needle),
@@ -2365,6 +2366,21 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     assert!(
         confirmed <= before_commit,
         "confirmed_flush_lsn {confirmed:X} passed the row the relay could not map"
+    );
+    let mut check_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    assert!(
+        !check.wait(Duration::from_secs(60)).success(),
+        "check passed without event_type:\n{}",
+        check.log()
+    );
+    assert!(
+        check
+            .log()
+            .contains(r#"FAIL  outbox columns          missing "event_type" (columns.event_type)"#),
+        "{}",
+        check.log()
     );
 
     // Mapped to the new name, a restarted relay publishes it.
