@@ -146,41 +146,17 @@ fn with_name(name: Option<String>, mut options: BTreeMap<String, String>) -> Con
     }
 }
 
-/// The options not yet carried over.
-struct Options {
-    map: BTreeMap<String, String>,
-    used: BTreeSet<String>,
-}
-
-impl Options {
-    /// The value of `key`, marking it carried over.
-    fn take(&mut self, key: &str) -> Option<String> {
-        let value = self.map.get(key).cloned();
-        if value.is_some() {
-            self.used.insert(key.to_owned());
-        }
-        value
-    }
-}
-
 /// Translates `connector` into an outbox-relay config and notes.
 ///
 /// Returns an error if it is not a Debezium PostgreSQL connector, has no Outbox Event Router
 /// transform, or its `table.fields.additional.placement` is malformed.
 pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
-    let mut o = Options {
-        map: connector.options.clone(),
+    let mut im = Importer {
+        options: connector.options.clone(),
         used: BTreeSet::new(),
+        notes: Vec::new(),
     };
-    let mut notes = Vec::new();
-    let mut note = |option: &str, reason: String| {
-        notes.push(Note {
-            option: option.to_owned(),
-            reason,
-        })
-    };
-
-    if let Some(class) = o.take("connector.class") {
+    if let Some(class) = im.take("connector.class") {
         if class != POSTGRES_CONNECTOR {
             return Err(ImportError::Unsupported {
                 option: "connector.class".into(),
@@ -190,23 +166,21 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
             });
         }
     }
-    let aliases: Vec<String> = o
+    let aliases: Vec<String> = im
         .take("transforms")
         .unwrap_or_default()
         .split(',')
-        .map(|a| a.trim().to_owned())
+        .map(str::trim)
         .filter(|a| !a.is_empty())
-        .collect();
-    let routers: Vec<&String> = aliases
-        .iter()
         .filter(|a| {
-            o.map
+            im.options
                 .get(&format!("transforms.{a}.type"))
                 .map(String::as_str)
                 == Some(EVENT_ROUTER)
         })
+        .map(str::to_owned)
         .collect();
-    let Some(router) = routers.first().map(|a| a.to_string()) else {
+    let Some((alias, other_routers)) = aliases.split_first() else {
         return Err(ImportError::Unsupported {
             option: "transforms".into(),
             reason: format!(
@@ -214,354 +188,467 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
             ),
         });
     };
-    o.take(&format!("transforms.{router}.type"));
-    let smt = |o: &mut Options, option: &str| o.take(&format!("transforms.{router}.{option}"));
 
     let name = connector
         .name
         .clone()
-        .or_else(|| o.map.get("database.dbname").cloned())
+        .or_else(|| im.options.get("database.dbname").cloned())
         .unwrap_or_else(|| "outbox".into());
     let env_prefix: String = name
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
+        .map(|c| match c.is_ascii_alphanumeric() {
+            true => c.to_ascii_uppercase(),
+            false => '_',
         })
         .collect();
+    let pipeline = Pipeline {
+        source_url: im.source_url(&env_prefix),
+        slot: im.slot(),
+        publication: im
+            .take("publication.name")
+            .unwrap_or_else(|| "dbz_publication".into()),
+        table: im.table(),
+        router: im.router(alias)?,
+        bootstrap_servers: im.take("producer.override.bootstrap.servers"),
+        properties: im.producer_properties(),
+        name,
+    };
+    im.note_the_rest(alias, other_routers);
+    Ok(Imported {
+        toml: pipeline.render(),
+        notes: im.notes,
+    })
+}
 
-    // Source URL.
-    let url_part = |o: &mut Options,
-                    option: &str,
-                    field: &str,
-                    note: &mut dyn FnMut(&str, String)| {
-        o.take(option).map(|value| match env_reference(&value) {
-            Reference::None => percent_encoding::utf8_percent_encode(&value, URL_COMPONENT).to_string(),
+/// The connector's options, which of them were carried over, and the notes so far.
+struct Importer {
+    options: BTreeMap<String, String>,
+    used: BTreeSet<String>,
+    notes: Vec<Note>,
+}
+
+/// What becomes the `[[pipelines]]` entry.
+struct Pipeline {
+    name: String,
+    /// With the password replaced by `${<NAME>_DB_PASSWORD}`.
+    source_url: SourceUrl,
+    slot: String,
+    publication: String,
+    table: TableName,
+    router: Router,
+    bootstrap_servers: Option<String>,
+    /// librdkafka properties from `producer.override.*`.
+    properties: Vec<(String, String)>,
+}
+
+struct SourceUrl {
+    url: String,
+    password_var: Option<String>,
+}
+
+/// The Event Router options in outbox-relay terms.
+struct Router {
+    id: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    payload: String,
+    timestamp: Option<String>,
+    topic_template: String,
+    topic_regex: Option<String>,
+    op_invalid_behavior: Option<&'static str>,
+    additional: Vec<Additional>,
+}
+
+impl Importer {
+    /// The value of `option`, marking it carried over.
+    fn take(&mut self, option: &str) -> Option<String> {
+        let value = self.options.get(option).cloned();
+        if value.is_some() {
+            self.used.insert(option.to_owned());
+        }
+        value
+    }
+
+    fn note(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note {
+            option: option.to_owned(),
+            reason: reason.into(),
+        });
+    }
+
+    /// `option` as a URL component: percent-encoded, or an environment reference for a
+    /// `${env:NAME}` value; another config provider's reference becomes `${<PREFIX>_<FIELD>}`.
+    fn url_part(&mut self, option: &str, env_prefix: &str, field: &str) -> Option<String> {
+        let value = self.take(option)?;
+        Some(match env_reference(&value) {
+            Reference::None => {
+                percent_encoding::utf8_percent_encode(&value, URL_COMPONENT).to_string()
+            }
             Reference::Env(var) => format!("${{{var}}}"),
             Reference::Other => {
                 let var = format!("{env_prefix}_{field}");
-                note(option, format!("{value:?} is a Kafka Connect config provider reference: the URL takes ${{{var}}} from the environment instead"));
+                self.note(
+                    option,
+                    format!("{value:?} is a Kafka Connect config provider reference: the URL takes ${{{var}}} from the environment instead"),
+                );
                 format!("${{{var}}}")
             }
         })
-    };
-    let host = url_part(&mut o, "database.hostname", "DB_HOST", &mut note).unwrap_or_else(|| {
-        note("database.hostname", "not set: localhost assumed".into());
-        "localhost".into()
-    });
-    let host = if host.contains("%3A") {
-        // An IPv6 address, encoded above.
-        format!("[{}]", host.replace("%3A", ":"))
-    } else {
-        host
-    };
-    let port =
-        url_part(&mut o, "database.port", "DB_PORT", &mut note).unwrap_or_else(|| "5432".into());
-    let user = url_part(&mut o, "database.user", "DB_USER", &mut note);
-    let dbname = url_part(&mut o, "database.dbname", "DB_NAME", &mut note);
-    let password_var = format!("{env_prefix}_DB_PASSWORD");
-    let password = o.take("database.password").map(|_| {
-        note(
-            "database.password",
-            format!("not copied: set {password_var} in the relay's environment (percent-encoded if it has characters such as @ / : ? # %)"),
-        );
-        format!(":${{{password_var}}}")
-    });
-    let mut source_url = String::from("postgres://");
-    if let Some(user) = &user {
-        source_url.push_str(user);
-        source_url.push_str(password.as_deref().unwrap_or_default());
-        source_url.push('@');
     }
-    source_url.push_str(&format!("{host}:{port}"));
-    if let Some(dbname) = &dbname {
-        source_url.push('/');
-        source_url.push_str(dbname);
-    }
-    let mut query = Vec::new();
-    if let Some(mode) = o.take("database.sslmode") {
-        let mode = mode.to_ascii_lowercase();
-        if [
-            "disable",
-            "allow",
-            "prefer",
-            "require",
-            "verify-ca",
-            "verify-full",
-        ]
-        .contains(&mode.as_str())
-        {
-            query.push(format!("sslmode={mode}"));
-        } else {
-            note(
-                "database.sslmode",
-                format!("{mode:?} is not a libpq sslmode; left out (prefer)"),
+
+    /// `postgres://user:${PASSWORD_VAR}@host:port/dbname?sslmode=...` from `database.*`.
+    fn source_url(&mut self, env_prefix: &str) -> SourceUrl {
+        let host = self
+            .url_part("database.hostname", env_prefix, "DB_HOST")
+            .unwrap_or_else(|| {
+                self.note("database.hostname", "not set: localhost assumed");
+                "localhost".into()
+            });
+        // An IPv6 address, its colons encoded above.
+        let host = match host.contains("%3A") {
+            true => format!("[{}]", host.replace("%3A", ":")),
+            false => host,
+        };
+        let port = self
+            .url_part("database.port", env_prefix, "DB_PORT")
+            .unwrap_or_else(|| "5432".into());
+        let user = self.url_part("database.user", env_prefix, "DB_USER");
+        let dbname = self.url_part("database.dbname", env_prefix, "DB_NAME");
+        let password_var = self.take("database.password").map(|_| {
+            let var = format!("{env_prefix}_DB_PASSWORD");
+            self.note(
+                "database.password",
+                format!("not copied: set {var} in the relay's environment (percent-encoded if it has characters such as @ / : ? # %)"),
             );
-        }
-    }
-    for (option, param) in [
-        ("database.sslrootcert", "sslrootcert"),
-        ("database.sslcert", "sslcert"),
-        ("database.sslkey", "sslkey"),
-    ] {
-        let field = format!("DB_{}", param.to_ascii_uppercase());
-        if let Some(value) = url_part(&mut o, option, &field, &mut note) {
-            query.push(format!("{param}={value}"));
-        }
-    }
-    if !query.is_empty() {
-        source_url.push('?');
-        source_url.push_str(&query.join("&"));
-    }
-
-    // Slot and publication.
-    let plugin = o
-        .take("plugin.name")
-        .unwrap_or_else(|| "decoderbufs".into());
-    let debezium_slot = o.take("slot.name").unwrap_or_else(|| "debezium".into());
-    let slot = if plugin == "pgoutput" {
-        debezium_slot
-    } else {
-        note(
-            "plugin.name",
-            format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {debezium_slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {debezium_slot:?}"),
-        );
-        "outbox_relay".into()
-    };
-    let publication = o
-        .take("publication.name")
-        .unwrap_or_else(|| "dbz_publication".into());
-
-    // The outbox table.
-    let include = o
-        .take("table.include.list")
-        .or_else(|| o.take("table.whitelist"))
-        .unwrap_or_default();
-    let tables: Vec<&str> = include
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .collect();
-    let table = match tables
-        .iter()
-        .position(|t| t.to_ascii_lowercase().contains("outbox"))
-        .or((!tables.is_empty()).then_some(0))
-    {
-        Some(i) => {
-            let others: Vec<&str> = tables
-                .iter()
-                .enumerate()
-                .filter(|&(j, _)| j != i)
-                .map(|(_, t)| *t)
-                .collect();
-            if !others.is_empty() {
-                note("table.include.list", format!("also lists {}: a pipeline reads one outbox table; add a [[pipelines]] entry (with its own slot) for each other outbox table", others.join(", ")));
+            var
+        });
+        let mut url = String::from("postgres://");
+        if user.is_some() || password_var.is_some() {
+            url.push_str(user.as_deref().unwrap_or_default());
+            if let Some(var) = &password_var {
+                url.push_str(&format!(":${{{var}}}"));
             }
-            let text = tables[i].replace("\\.", ".");
-            if text.contains([
-                '*', '+', '?', '(', ')', '[', ']', '{', '}', '|', '^', '$', '\\',
-            ]) {
-                note(
-                    "table.include.list",
-                    format!(
-                        "{:?} is a regular expression: name the outbox table in `table`",
-                        tables[i]
-                    ),
+            url.push('@');
+        }
+        url.push_str(&format!("{host}:{port}"));
+        if let Some(dbname) = &dbname {
+            url.push('/');
+            url.push_str(dbname);
+        }
+        let mut query = Vec::new();
+        if let Some(mode) = self.take("database.sslmode") {
+            let mode = mode.to_ascii_lowercase();
+            let libpq = [
+                "disable",
+                "allow",
+                "prefer",
+                "require",
+                "verify-ca",
+                "verify-full",
+            ];
+            if libpq.contains(&mode.as_str()) {
+                query.push(format!("sslmode={mode}"));
+            } else {
+                self.note(
+                    "database.sslmode",
+                    format!("{mode:?} is not a libpq sslmode: left out (prefer)"),
                 );
             }
-            let (schema, name) = text.split_once('.').unwrap_or(("public", &text));
-            TableName {
-                schema: schema.to_owned(),
-                name: name.to_owned(),
+        }
+        for param in ["sslrootcert", "sslcert", "sslkey"] {
+            let field = format!("DB_{}", param.to_ascii_uppercase());
+            if let Some(value) = self.url_part(&format!("database.{param}"), env_prefix, &field) {
+                query.push(format!("{param}={value}"));
             }
         }
-        None => {
-            note("table.include.list", "not set (Debezium captured every table): table = public.outbox is a guess, name the outbox table".into());
-            TableName {
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(&query.join("&"));
+        }
+        SourceUrl { url, password_var }
+    }
+
+    /// Debezium's slot when it is a pgoutput slot, else a new one.
+    fn slot(&mut self) -> String {
+        let plugin = self
+            .take("plugin.name")
+            .unwrap_or_else(|| "decoderbufs".into());
+        let slot = self.take("slot.name").unwrap_or_else(|| "debezium".into());
+        if plugin == "pgoutput" {
+            return slot;
+        }
+        self.note(
+            "plugin.name",
+            format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
+        );
+        "outbox_relay".into()
+    }
+
+    /// The outbox table from `table.include.list` (or 1.x `table.whitelist`): the entry naming
+    /// an outbox, else the first.
+    fn table(&mut self) -> TableName {
+        let include = self
+            .take("table.include.list")
+            .or_else(|| self.take("table.whitelist"))
+            .unwrap_or_default();
+        let tables: Vec<&str> = include
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .collect();
+        let Some(chosen) = tables
+            .iter()
+            .position(|t| t.to_ascii_lowercase().contains("outbox"))
+            .or((!tables.is_empty()).then_some(0))
+        else {
+            self.note("table.include.list", "not set (Debezium captured every table): table = public.outbox is a guess, name the outbox table");
+            return TableName {
                 schema: "public".into(),
                 name: "outbox".into(),
-            }
-        }
-    };
-
-    // Event Router columns and routing.
-    let id = smt(&mut o, "table.field.event.id").unwrap_or_else(|| "id".into());
-    let key = smt(&mut o, "table.field.event.key").unwrap_or_else(|| "aggregateid".into());
-    let payload = smt(&mut o, "table.field.event.payload")
-        .or_else(|| smt(&mut o, "table.field.payload"))
-        .unwrap_or_else(|| "payload".into());
-    let event_type = smt(&mut o, "table.field.event.type").unwrap_or_else(|| {
-        note("columns.event_type", "\"type\", the column of Debezium's documented outbox table: outbox-relay requires an event type column and sends it as header event_type (Debezium 2.x has no such option); name yours if it differs".into());
-        "type".into()
-    });
-    let timestamp = smt(&mut o, "table.field.event.timestamp");
-    let aggregate_type = smt(&mut o, "route.by.field").unwrap_or_else(|| "aggregatetype".into());
-    let topic_regex = smt(&mut o, "route.topic.regex").filter(|r| r != DEFAULT_TOPIC_REGEX);
-    if topic_regex.is_some() {
-        note(&format!("transforms.{router}.route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values".into());
-    }
-    let topic_template = java_replacement(
-        &smt(&mut o, "route.topic.replacement").unwrap_or_else(|| DEFAULT_TOPIC_REPLACEMENT.into()),
-    );
-    if let Some(tombstone) = smt(&mut o, "route.tombstone.on.empty.payload") {
-        note(&format!("transforms.{router}.route.tombstone.on.empty.payload"), format!("{tombstone}: outbox-relay publishes a NULL payload as a tombstone (null_payload, default \"tombstone\"); an empty or blank text payload is published as it is"));
-    }
-    let op_invalid = smt(&mut o, "table.op.invalid.behavior")
-        .map(|v| ("table.op.invalid.behavior", v))
-        .or_else(|| {
-            smt(&mut o, "debezium.op.invalid.behavior").map(|v| ("debezium.op.invalid.behavior", v))
-        });
-    let op_invalid_behavior = op_invalid.map(|(option, value)| {
-        let option = format!("transforms.{router}.{option}");
-        let mapped = match value.trim().to_ascii_lowercase().as_str() {
-            "fatal" => "error",
-            "error" => {
-                note(&option, "error (log and go on) becomes \"warn\": outbox-relay's \"error\" stops the pipeline, like Debezium's fatal".into());
-                "warn"
-            }
-            _ => "warn",
+            };
         };
-        note(&option, format!("op_invalid_behavior = {mapped:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"));
-        mapped
-    });
-    let additional = match smt(&mut o, "table.fields.additional.placement") {
-        Some(list) => additional_placement(&list).map_err(|reason| ImportError::Unsupported {
-            option: format!("transforms.{router}.table.fields.additional.placement"),
-            reason,
-        })?,
-        None => Vec::new(),
-    };
-    if let Some(expand) = smt(&mut o, "table.expand.json.payload") {
-        note(&format!("transforms.{router}.table.expand.json.payload"), format!("{expand}: outbox-relay always publishes the payload text as PostgreSQL prints it, so a json/jsonb payload is JSON already (as expansion gave), byte for byte"));
-    }
-
-    // Kafka.
-    let bootstrap = o.take("producer.override.bootstrap.servers");
-    let mut properties = Vec::new();
-    let producer_keys: Vec<String> = o
-        .map
-        .keys()
-        .filter(|k| k.starts_with("producer.override."))
-        .cloned()
-        .collect();
-    for option in producer_keys {
-        let property = &option["producer.override.".len()..];
-        let value = o.take(&option).unwrap_or_default();
-        match property {
-            "acks" | "enable.idempotence" => {
-                if !matches!((property, value.as_str()), ("acks", "all" | "-1") | ("enable.idempotence", "true")) {
-                    note(&option, format!("{value}: outbox-relay always uses acks=all and enable.idempotence=true"));
-                }
-            }
-            p if SAME_PRODUCER_PROPERTIES.contains(&p) => properties.push((p.to_owned(), value)),
-            _ => note(&option, "a Java producer property: set the librdkafka equivalent under kafka.properties by hand".into()),
-        }
-    }
-
-    // Every option left gets a line with the reason.
-    let routers_rest: Vec<String> = routers[1..].iter().map(|a| a.to_string()).collect();
-    let unused: Vec<(String, String)> = o
-        .map
-        .iter()
-        .filter(|(k, _)| !o.used.contains(*k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    for (option, value) in unused {
-        note(&option, reason_for(&option, &value, &router, &routers_rest));
-    }
-
-    // The TOML.
-    let mut out = String::new();
-    let mut line = |text: String| {
-        out.push_str(&text);
-        out.push('\n');
-    };
-    line(format!(
-        "# Imported from Debezium connector {} by `outbox-relay import-debezium`.",
-        q(&name)
-    ));
-    line("# Options not carried over are listed on stderr with the reason.".into());
-    line("[kafka]".into());
-    match &bootstrap {
-        Some(servers) => line(format!("bootstrap_servers = {}", q(servers))),
-        None => {
-            line("# Debezium's connector config has no brokers (the Kafka Connect worker's bootstrap.servers".into());
-            line("# has them): set KAFKA_BOOTSTRAP_SERVERS, or write them here.".into());
-            line("bootstrap_servers = \"${KAFKA_BOOTSTRAP_SERVERS}\"".into());
-        }
-    }
-    line(String::new());
-    line("[[pipelines]]".into());
-    line(format!("name = {}", q(&name)));
-    if password.is_some() {
-        line(format!(
-            "# The password is not copied: set {password_var} in the relay's environment."
-        ));
-    }
-    line(format!("source_url = {}", q(&source_url)));
-    line(
-        "# Debezium's slot and publication: stop the connector first (a slot admits one reader);"
-            .into(),
-    );
-    line("# the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into());
-    line(format!("slot = {}", q(&slot)));
-    line(format!("publication = {}", q(&publication)));
-    line(format!("table = {}", q(&table.to_string())));
-    line("create_slot = false".into());
-    if let Some(mapped) = op_invalid_behavior {
-        line(format!("op_invalid_behavior = {}", q(mapped)));
-    }
-    if additional.iter().any(|a| a.placement == "envelope") {
-        line("value_format = \"envelope\"".into());
-    }
-    if !additional.is_empty() {
-        let entries: Vec<String> = additional
-            .iter()
-            .map(|a| match &a.alias {
-                Some(alias) => format!(
-                    "{{ field = {}, placement = {}, alias = {} }}",
-                    q(&a.field),
-                    q(&a.placement),
-                    q(alias)
-                ),
-                None => format!(
-                    "{{ field = {}, placement = {} }}",
-                    q(&a.field),
-                    q(&a.placement)
-                ),
-            })
+        let others: Vec<&str> = (0..tables.len())
+            .filter(|&i| i != chosen)
+            .map(|i| tables[i])
             .collect();
-        line(format!("additional_placement = [{}]", entries.join(", ")));
-    }
-    line("[pipelines.columns]".into());
-    for (field, column) in [
-        ("id", &id),
-        ("aggregate_type", &aggregate_type),
-        ("aggregate_id", &key),
-        ("event_type", &event_type),
-        ("payload", &payload),
-    ] {
-        line(format!("{field} = {}", q(column)));
-    }
-    if let Some(column) = &timestamp {
-        line(format!("timestamp = {}", q(column)));
-    }
-    line("[pipelines.route]".into());
-    line("# Debezium's topic names (its default is outbox.event.${routedByValue}).".into());
-    line(format!("topic_template = {}", q(&topic_template)));
-    if let Some(regex) = &topic_regex {
-        line(format!("topic_regex = {}", q(regex)));
-    }
-    if !properties.is_empty() {
-        line("[pipelines.kafka.properties]".into());
-        for (key, value) in &properties {
-            line(format!("{} = {}", q(key), q(value)));
+        if !others.is_empty() {
+            self.note(
+                "table.include.list",
+                format!("also lists {}: a pipeline reads one outbox table; add a [[pipelines]] entry (with its own slot) for each other outbox table", others.join(", ")),
+            );
+        }
+        // Entries are regular expressions over `schema.table`; most are names with `\.`.
+        let text = tables[chosen].replace("\\.", ".");
+        if text.contains([
+            '*', '+', '?', '(', ')', '[', ']', '{', '}', '|', '^', '$', '\\',
+        ]) {
+            self.note(
+                "table.include.list",
+                format!(
+                    "{:?} is a regular expression: name the outbox table in `table`",
+                    tables[chosen]
+                ),
+            );
+        }
+        let (schema, name) = text.split_once('.').unwrap_or(("public", &text));
+        TableName {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
         }
     }
-    Ok(Imported { toml: out, notes })
+
+    /// The options of the Event Router transform `alias`.
+    fn router(&mut self, alias: &str) -> Result<Router, ImportError> {
+        let option = |name: &str| format!("transforms.{alias}.{name}");
+        self.take(&option("type"));
+        let get = |im: &mut Importer, name: &str| im.take(&option(name));
+        let event_type = get(self, "table.field.event.type").unwrap_or_else(|| {
+            self.note("columns.event_type", "\"type\", the column of Debezium's documented outbox table: outbox-relay requires an event type column and sends it as header event_type (Debezium 2.x has no such option); name yours if it differs");
+            "type".into()
+        });
+        let topic_regex = get(self, "route.topic.regex").filter(|r| r != DEFAULT_TOPIC_REGEX);
+        if topic_regex.is_some() {
+            self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
+        }
+        if let Some(tombstone) = get(self, "route.tombstone.on.empty.payload") {
+            self.note(
+                &option("route.tombstone.on.empty.payload"),
+                format!("{tombstone}: outbox-relay publishes a NULL payload as a tombstone (null_payload, default \"tombstone\"); an empty or blank text payload is published as it is"),
+            );
+        }
+        let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
+            .into_iter()
+            .find_map(|name| get(self, name).map(|value| (option(name), value)));
+        let op_invalid_behavior = op_invalid.map(|(option, value)| {
+            let mapped = match value.trim().to_ascii_lowercase().as_str() {
+                "fatal" => "error",
+                "error" => {
+                    self.note(&option, "error (log and go on) becomes \"warn\": outbox-relay's \"error\" stops the pipeline, like Debezium's fatal");
+                    "warn"
+                }
+                _ => "warn",
+            };
+            self.note(
+                &option,
+                format!("op_invalid_behavior = {mapped:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"),
+            );
+            mapped
+        });
+        let additional = match get(self, "table.fields.additional.placement") {
+            Some(list) => {
+                additional_placement(&list).map_err(|reason| ImportError::Unsupported {
+                    option: option("table.fields.additional.placement"),
+                    reason,
+                })?
+            }
+            None => Vec::new(),
+        };
+        if let Some(expand) = get(self, "table.expand.json.payload") {
+            self.note(
+                &option("table.expand.json.payload"),
+                format!("{expand}: outbox-relay always publishes the payload text as PostgreSQL prints it, so a json/jsonb payload is JSON already (as expansion gave), byte for byte"),
+            );
+        }
+        Ok(Router {
+            id: get(self, "table.field.event.id").unwrap_or_else(|| "id".into()),
+            aggregate_type: get(self, "route.by.field").unwrap_or_else(|| "aggregatetype".into()),
+            aggregate_id: get(self, "table.field.event.key")
+                .unwrap_or_else(|| "aggregateid".into()),
+            event_type,
+            payload: get(self, "table.field.event.payload")
+                .or_else(|| get(self, "table.field.payload"))
+                .unwrap_or_else(|| "payload".into()),
+            timestamp: get(self, "table.field.event.timestamp"),
+            topic_template: java_replacement(
+                &get(self, "route.topic.replacement")
+                    .unwrap_or_else(|| DEFAULT_TOPIC_REPLACEMENT.into()),
+            ),
+            topic_regex,
+            op_invalid_behavior,
+            additional,
+        })
+    }
+
+    /// `producer.override.*` properties librdkafka knows by the same name.
+    fn producer_properties(&mut self) -> Vec<(String, String)> {
+        let options: Vec<String> = self
+            .options
+            .keys()
+            .filter(|k| k.starts_with("producer.override.") && !self.used.contains(*k))
+            .cloned()
+            .collect();
+        let mut properties = Vec::new();
+        for option in options {
+            let property = &option["producer.override.".len()..];
+            let value = self.take(&option).unwrap_or_default();
+            match (property, value.as_str()) {
+                ("acks", "all" | "-1") | ("enable.idempotence", "true") => {}
+                ("acks" | "enable.idempotence", _) => self.note(
+                    &option,
+                    format!("{value}: outbox-relay always uses acks=all and enable.idempotence=true"),
+                ),
+                (p, _) if SAME_PRODUCER_PROPERTIES.contains(&p) => {
+                    properties.push((p.to_owned(), value))
+                }
+                _ => self.note(
+                    &option,
+                    "a Java producer property: set the librdkafka equivalent under kafka.properties by hand",
+                ),
+            }
+        }
+        properties
+    }
+
+    /// A note for every option not carried over.
+    fn note_the_rest(&mut self, router: &str, other_routers: &[String]) {
+        let rest: Vec<(String, String)> = self
+            .options
+            .iter()
+            .filter(|(k, _)| !self.used.contains(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (option, value) in rest {
+            let reason = reason_for(&option, &value, router, other_routers);
+            self.note(&option, reason);
+        }
+    }
+}
+
+impl Pipeline {
+    /// The config file text: `[kafka]` and one `[[pipelines]]` entry.
+    fn render(&self) -> String {
+        let r = &self.router;
+        let mut lines = vec![
+            format!(
+                "# Imported from Debezium connector {} by `outbox-relay import-debezium`.",
+                q(&self.name)
+            ),
+            "# Options not carried over are listed on stderr with the reason.".into(),
+            "[kafka]".into(),
+        ];
+        match &self.bootstrap_servers {
+            Some(servers) => lines.push(format!("bootstrap_servers = {}", q(servers))),
+            None => lines.extend([
+                "# Debezium's connector config has no brokers (the Kafka Connect worker's bootstrap.servers".into(),
+                "# has them): set KAFKA_BOOTSTRAP_SERVERS, or write them here.".into(),
+                "bootstrap_servers = \"${KAFKA_BOOTSTRAP_SERVERS}\"".into(),
+            ]),
+        }
+        lines.extend([
+            String::new(),
+            "[[pipelines]]".into(),
+            format!("name = {}", q(&self.name)),
+        ]);
+        if let Some(var) = &self.source_url.password_var {
+            lines.push(format!(
+                "# The password is not copied: set {var} in the relay's environment."
+            ));
+        }
+        lines.extend([
+            format!("source_url = {}", q(&self.source_url.url)),
+            "# Debezium's slot and publication: stop the connector first (a slot admits one reader);".into(),
+            "# the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into(),
+            format!("slot = {}", q(&self.slot)),
+            format!("publication = {}", q(&self.publication)),
+            format!("table = {}", q(&self.table.to_string())),
+            "create_slot = false".into(),
+        ]);
+        if let Some(mapped) = r.op_invalid_behavior {
+            lines.push(format!("op_invalid_behavior = {}", q(mapped)));
+        }
+        if r.additional.iter().any(|a| a.placement == "envelope") {
+            lines.push("value_format = \"envelope\"".into());
+        }
+        if !r.additional.is_empty() {
+            let entries: Vec<String> = r
+                .additional
+                .iter()
+                .map(|a| {
+                    let alias = a
+                        .alias
+                        .as_ref()
+                        .map(|alias| format!(", alias = {}", q(alias)))
+                        .unwrap_or_default();
+                    format!(
+                        "{{ field = {}, placement = {}{alias} }}",
+                        q(&a.field),
+                        q(&a.placement)
+                    )
+                })
+                .collect();
+            lines.push(format!("additional_placement = [{}]", entries.join(", ")));
+        }
+        lines.push("[pipelines.columns]".into());
+        for (field, column) in [
+            ("id", &r.id),
+            ("aggregate_type", &r.aggregate_type),
+            ("aggregate_id", &r.aggregate_id),
+            ("event_type", &r.event_type),
+            ("payload", &r.payload),
+        ] {
+            lines.push(format!("{field} = {}", q(column)));
+        }
+        if let Some(column) = &r.timestamp {
+            lines.push(format!("timestamp = {}", q(column)));
+        }
+        lines.extend([
+            "[pipelines.route]".into(),
+            "# Debezium's topic names (its default is outbox.event.${routedByValue}).".into(),
+            format!("topic_template = {}", q(&r.topic_template)),
+        ]);
+        if let Some(regex) = &r.topic_regex {
+            lines.push(format!("topic_regex = {}", q(regex)));
+        }
+        if !self.properties.is_empty() {
+            lines.push("[pipelines.kafka.properties]".into());
+            for (key, value) in &self.properties {
+                lines.push(format!("{} = {}", q(key), q(value)));
+            }
+        }
+        lines.push(String::new());
+        lines.join("\n")
+    }
 }
 
 /// Characters kept as they are in URL user, host, database and parameter values.
@@ -747,7 +834,7 @@ fn converter_reason(option: &str, value: &str) -> String {
         "payload"
     };
     match value.rsplit('.').next().unwrap_or(value) {
-        "StringConverter" => format!("as outbox-relay: the {what} text"),
+        "StringConverter" => format!("not needed: outbox-relay writes the {what} text too"),
         "JsonConverter" => format!(
             "Debezium wrote the {what} as a JSON string (quoted and escaped, with a schema envelope unless schemas.enable=false); outbox-relay writes its text itself: check your consumers"
         ),
@@ -867,6 +954,59 @@ mod tests {
                 "{carried} was carried over: {notes:?}"
             );
         }
+    }
+
+    #[test]
+    fn debezium_1x_option_names_are_understood() {
+        // debezium-examples/outbox/register-postgres.json before Debezium 2.0: the bare map.
+        let connector = parse_json(
+            r#"{
+              "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+              "tasks.max": "1",
+              "database.hostname": "order-db",
+              "database.port": "5432",
+              "database.user": "postgresuser",
+              "database.password": "postgrespw",
+              "database.dbname": "orderdb",
+              "database.server.name": "dbserver1",
+              "schema.whitelist": "inventory",
+              "table.whitelist": "inventory.outboxevent",
+              "tombstones.on.delete": "false",
+              "transforms": "outbox",
+              "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+              "transforms.outbox.route.topic.replacement": "${routedByValue}.events",
+              "transforms.outbox.table.field.event.timestamp": "timestamp",
+              "transforms.outbox.table.field.event.type": "eventtype",
+              "transforms.outbox.debezium.op.invalid.behavior": "warn"
+            }"#,
+        )
+        .unwrap();
+        let imported = translate(&connector).unwrap();
+        for expected in [
+            r#"name = "orderdb""#,
+            r#"table = "inventory.outboxevent""#,
+            r#"timestamp = "timestamp""#,
+            r#"event_type = "eventtype""#,
+            r#"op_invalid_behavior = "warn""#,
+            r#"topic_template = "${routedByValue}.events""#,
+            "source_url = \"postgres://postgresuser:${ORDERDB_DB_PASSWORD}@order-db:5432/orderdb\"",
+        ] {
+            assert!(
+                imported.toml.contains(expected),
+                "{expected} missing in\n{}",
+                imported.toml
+            );
+        }
+        let notes = options(&imported.notes);
+        for option in [
+            "database.server.name",
+            "schema.whitelist",
+            "plugin.name",
+            "transforms.outbox.debezium.op.invalid.behavior",
+        ] {
+            assert!(notes.contains(&option), "no note for {option}: {notes:?}");
+        }
+        assert!(!notes.contains(&"columns.event_type"), "{notes:?}");
     }
 
     #[test]
