@@ -2396,7 +2396,7 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         ),
     )
     .unwrap();
-    let relay = Relay::spawn(&[
+    let mut relay = Relay::spawn(&[
         "run".into(),
         "--config".into(),
         config.display().to_string(),
@@ -2411,7 +2411,52 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         )
         .await;
     assert_delivered(&written, &consumed, true);
-    drop(relay);
+
+    // The outbox renamed under the running relay: its inserts stop it, they are not passed
+    // over; a restart refuses the missing table.
+    let run_config = [
+        "run".into(),
+        "--config".into(),
+        config.display().to_string(),
+    ];
+    c.batch_execute("ALTER TABLE outbox RENAME TO outbox_moved; BEGIN")
+        .await
+        .unwrap();
+    let moved: String = c
+        .query_one(
+            "INSERT INTO outbox_moved (aggregate_type, aggregate_id, kind, payload) VALUES ($1, 'k-1', 'Moved', '{}') RETURNING id::text",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let before_commit = insert_lsn(c).await;
+    c.batch_execute("COMMIT").await.unwrap();
+    assert!(
+        !relay.wait(Duration::from_secs(30)).success(),
+        "the relay passed over an insert into the renamed outbox ({moved})"
+    );
+    assert!(
+        relay
+            .log()
+            .contains("into public.outbox_moved, which was the outbox table public.outbox"),
+        "{}",
+        relay.log()
+    );
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed <= before_commit,
+        "confirmed_flush_lsn {confirmed:X} passed the insert into the renamed outbox"
+    );
+    let mut restarted = Relay::spawn(&run_config);
+    assert!(!restarted.wait(Duration::from_secs(30)).success());
+    assert!(
+        restarted
+            .log()
+            .contains("table public.outbox is not in publication"),
+        "{}",
+        restarted.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,6 +53,12 @@ pub enum OutboxError {
         present: String,
         lsn: Lsn,
     },
+    #[error("insert at LSN {lsn} into {renamed}, which was the outbox table {table} earlier in this stream: set table to its new name (or insert into {table})")]
+    Renamed {
+        table: String,
+        renamed: String,
+        lsn: Lsn,
+    },
     #[error(
         "outbox row at LSN {lsn} (event id {event_id}) has NULL in required column {column:?}"
     )]
@@ -90,6 +96,9 @@ enum RelationKind {
     Other,
     /// The outbox table; `Err` when a mapped column is missing.
     Outbox(Result<ColumnIndexes, Missing>),
+    /// The outbox table earlier in this stream, now under another name (`schema.table`):
+    /// an insert into it stops the pipeline instead of passing unpublished.
+    Renamed(String),
 }
 
 /// A mapped column the table's latest Relation message does not have.
@@ -212,6 +221,17 @@ impl OutboxDecoder {
                     },
                 })
             })())
+        } else if matches!(
+            self.relations.get(&relation.rel_id),
+            Some(RelationKind::Outbox(_) | RelationKind::Renamed(_))
+        ) {
+            RelationKind::Renamed(
+                TableName {
+                    schema: relation.namespace.clone(),
+                    name: relation.name.clone(),
+                }
+                .to_string(),
+            )
         } else {
             RelationKind::Other
         };
@@ -235,6 +255,13 @@ impl OutboxDecoder {
                 })
             }
             Some(RelationKind::Other) => return Ok(None),
+            Some(RelationKind::Renamed(renamed)) => {
+                return Err(OutboxError::Renamed {
+                    table: self.table.to_string(),
+                    renamed: renamed.clone(),
+                    lsn,
+                })
+            }
             Some(RelationKind::Outbox(Err(missing))) => {
                 return Err(OutboxError::MissingColumn {
                     table: self.table.to_string(),
@@ -409,6 +436,46 @@ mod tests {
             &results[0],
             Err(OutboxError::MissingColumn { .. })
         ));
+    }
+
+    #[test]
+    fn inserts_into_the_renamed_outbox_are_errors() {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        );
+        let mut relation = fixture()
+            .into_iter()
+            .find_map(|m| match m {
+                LogicalReplicationMessage::Relation(r) if r.name == "outbox" => Some(r),
+                _ => None,
+            })
+            .unwrap();
+        let insert = InsertBody {
+            rel_id: relation.rel_id,
+            new_tuple: crate::source::pgoutput::TupleData { columns: vec![] },
+        };
+        decoder.on_relation(&relation);
+        assert!(decoder.is_outbox(relation.rel_id));
+        relation.name = "Outbox_Old".into();
+        decoder.on_relation(&relation);
+        let err = decoder.on_insert(&insert, Lsn(5)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "insert at LSN 0/5 into public.\"Outbox_Old\", which was the outbox table public.outbox earlier in this stream: set table to its new name (or insert into public.outbox)"
+        );
+        // Renamed again, still not passed over; a table never the outbox is.
+        relation.name = "elsewhere".into();
+        decoder.on_relation(&relation);
+        assert!(decoder.on_insert(&insert, Lsn(6)).is_err());
+        relation.rel_id += 1;
+        decoder.on_relation(&relation);
+        let other = InsertBody {
+            rel_id: relation.rel_id,
+            ..insert
+        };
+        assert_eq!(decoder.on_insert(&other, Lsn(7)), Ok(None));
     }
 
     #[test]
