@@ -667,6 +667,20 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any name PostgreSQL can store prints (`Display`) as text that parses back to it.
+        #[test]
+        fn table_names_round_trip(
+            // At most 15 characters of at most 4 bytes: within PostgreSQL's 63 bytes.
+            schema in "[^\\x00]{1,15}",
+            name in "[^\\x00]{1,15}",
+        ) {
+            let table = TableName { schema, name };
+            let text = table.to_string();
+            proptest::prop_assert_eq!(text.parse::<TableName>().ok(), Some(table), "{}", text);
+        }
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(
