@@ -2324,8 +2324,10 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     let json = insert_with(c, "event_type", &t, "Json", &format!("'{exact}'")).await;
     assert_eq!(json.payload, exact);
     written.push(json);
+    c.batch_execute("BEGIN").await.unwrap();
     written.push(insert_with(c, "event_type", &t, "JsonArray", r#"'[1, 2.50 ,"x"]'"#).await);
-    let before_rename = insert_lsn(c).await;
+    let before_last_commit = insert_lsn(c).await;
+    c.batch_execute("COMMIT").await.unwrap();
     let consumed = setup
         .consume_all(
             written.len(),
@@ -2336,7 +2338,7 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     assert_delivered(&written, &consumed, true);
     setup
         .wait_confirmed_past(
-            before_rename - 1,
+            before_last_commit,
             "the events before the rename to be confirmed",
             Duration::from_secs(30),
         )
