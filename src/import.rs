@@ -552,6 +552,9 @@ impl Importer {
             let reason = reason_for(&option, &value, router, other_routers);
             self.note(&option, reason);
         }
+        if !self.options.contains_key("value.converter") {
+            self.note("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
+        }
     }
 }
 
@@ -940,6 +943,7 @@ mod tests {
             "schema.include.list",
             "tombstones.on.delete",
             "columns.event_type",
+            "value.converter",
         ] {
             assert!(notes.contains(&option), "no note for {option}: {notes:?}");
         }
