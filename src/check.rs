@@ -146,15 +146,11 @@ async fn check_postgres(
         finding(
             "role",
             Verdict::Fail,
-            format!("ALTER ROLE {role} REPLICATION"),
+            format!("ALTER ROLE {} REPLICATION", quote(&role)),
         )
     });
 
-    let table = format!(
-        "{}.{}",
-        quote(&config.table.schema),
-        quote(&config.table.name)
-    );
+    let table = config.table.quoted();
     let row = client
         .query_one(
             "SELECT to_regclass($1) IS NOT NULL,
@@ -174,7 +170,7 @@ async fn check_postgres(
         (true, false) => finding(
             "outbox table",
             Verdict::Fail,
-            format!("GRANT SELECT ON {table} TO {role}"),
+            format!("GRANT SELECT ON {table} TO {}", quote(&role)),
         ),
         (true, true) => finding(
             "outbox table",
@@ -192,6 +188,10 @@ async fn check_postgres(
             ),
         ),
     });
+
+    if exists {
+        out.push(check_columns(config, client, &table).await?);
+    }
 
     let row = client
         .query_opt(
@@ -214,7 +214,7 @@ async fn check_postgres(
         Some((true, false, true)) if config.op_invalid_behavior != InvalidOpBehavior::Ignore => finding(
             "publication",
             Verdict::Fail,
-            format!("op_invalid_behavior needs updates and deletes: ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", config.publication),
+            format!("op_invalid_behavior needs updates and deletes: ALTER PUBLICATION {} SET (publish = 'insert, update, delete')", quote(&config.publication)),
         ),
         Some((true, false, true)) => finding("publication", Verdict::Ok, format!("{} publishes inserts of {}", config.publication, config.table)),
     });
@@ -280,6 +280,53 @@ async fn check_postgres(
         }
     });
     Ok(())
+}
+
+/// Whether the table `quoted` has every column the mapping needs (the relay stops at the first
+/// insert without one).
+async fn check_columns(
+    config: &PipelineConfig,
+    client: &Client,
+    quoted: &str,
+) -> Result<Finding, tokio_postgres::Error> {
+    let present: Vec<String> = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&quoted],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let c = &config.columns;
+    let mut needed = vec![
+        ("columns.id", &c.id),
+        ("columns.aggregate_type", &c.aggregate_type),
+        ("columns.aggregate_id", &c.aggregate_id),
+        ("columns.event_type", &c.event_type),
+        ("columns.payload", &c.payload),
+    ];
+    if let Some(column) = &config.route.by_field {
+        needed.push(("route.by_field", column));
+    }
+    let missing: Vec<String> = needed
+        .iter()
+        .filter(|(_, column)| !present.contains(column))
+        .map(|(field, column)| format!("{column:?} ({field})"))
+        .collect();
+    Ok(if missing.is_empty() {
+        finding("outbox columns", Verdict::Ok, "every mapped column exists")
+    } else {
+        finding(
+            "outbox columns",
+            Verdict::Fail,
+            format!(
+                "missing {}; the table has {}",
+                missing.join(", "),
+                present.join(", ")
+            ),
+        )
+    })
 }
 
 fn quote(ident: &str) -> String {

@@ -31,6 +31,7 @@
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end, with reconnects.
 //! - [`check`]: the `check` and `status` commands.
+//! - [`import`]: `import-debezium`, a Debezium outbox connector's config as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
@@ -40,6 +41,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod health;
+pub mod import;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;

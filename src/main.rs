@@ -54,8 +54,8 @@ enum Command {
         print_sql: bool,
     },
     /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
-    /// slots and WAL senders, REPLICATION and SELECT on the outbox, the publication, the slot,
-    /// and that the Kafka brokers answer. Exits 1 if anything fails.
+    /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
+    /// publication, the slot, and that the Kafka brokers answer. Exits 1 if anything fails.
     ///
     ///   outbox-relay check --config relay.toml
     #[command(verbatim_doc_comment)]
@@ -79,6 +79,17 @@ enum Command {
         /// How long to wait for the connection and the status line, ms.
         #[arg(long, default_value_t = 2_000)]
         timeout_ms: u64,
+    },
+    /// Prints the outbox-relay config (TOML) equivalent to a Debezium PostgreSQL connector with
+    /// the Outbox Event Router: the JSON posted to Kafka Connect, its bare config map, or a
+    /// .properties file. Options it does not carry over go to stderr, one per line, with the
+    /// reason. The password is never printed: the URL refers to an environment variable.
+    ///
+    ///   outbox-relay import-debezium orders-connector.json > relay.toml
+    #[command(verbatim_doc_comment)]
+    ImportDebezium {
+        /// Connector configuration file (.json or .properties).
+        connector: std::path::PathBuf,
     },
 }
 
@@ -109,10 +120,11 @@ struct RunArgs {
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot.
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     slot: String,
-    /// Publication that includes the outbox table.
+    /// Publication that includes the outbox table; its exact name, without quotes.
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_pub")]
     publication: String,
-    /// The outbox table, schema.table.
+    /// The outbox table, schema.table; double-quote a part as in SQL ('"Billing-Prod"."Outbox"'),
+    /// an unquoted part is taken as written (no case folding).
     #[arg(long, env = "OUTBOX_RELAY_TABLE", default_value = "public.outbox")]
     table: TableName,
     /// Kafka bootstrap servers, host:port[,host:port].
@@ -324,6 +336,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 }
             }
             anyhow::ensure!(!failed, "some checks failed");
+            Ok(())
+        }
+        Command::ImportDebezium { connector } => {
+            let imported = outbox_relay::import::import_file(&connector)?;
+            print!("{}", imported.toml);
+            for note in &imported.notes {
+                eprintln!("{note}");
+            }
             Ok(())
         }
         Command::Status(args) => {

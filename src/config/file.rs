@@ -282,7 +282,7 @@ fn set_path(dict: &mut Dict, path: &[String], raw: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn resolve(
+pub(crate) fn resolve(
     figment: Figment,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RelayConfig, ConfigErrors> {

@@ -44,29 +44,109 @@ impl ConfigError {
     }
 }
 
-/// A schema-qualified table name (`schema.table`; `public` when no schema is given).
+/// A schema-qualified table name: `schema.table`, or `table` for `public.table`.
+///
+/// Each part is either double-quoted with PostgreSQL's rules (`"Billing-Prod"."Outbox"`, `""`
+/// for a quote inside, dots allowed) or unquoted, which is taken as written: no case folding
+/// (`Billing.Outbox` names the schema `Billing`, unlike in SQL), and no `.`, `"` or
+/// whitespace. [`TableName::quoted`] gives the SQL form; `Display` the config form.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
 pub struct TableName {
+    /// The schema as PostgreSQL stores it (`pg_namespace.nspname`), without quotes.
     pub schema: String,
+    /// The table as PostgreSQL stores it (`pg_class.relname`), without quotes.
     pub name: String,
+}
+
+/// PostgreSQL keeps the first 63 bytes of an identifier (NAMEDATALEN - 1).
+const MAX_IDENTIFIER_BYTES: usize = 63;
+
+impl TableName {
+    /// The name for SQL text: both parts double-quoted (`"Billing-Prod"."Outbox"`).
+    pub fn quoted(&self) -> String {
+        format!(
+            "{}.{}",
+            crate::source::replication::quote_ident(&self.schema),
+            crate::source::replication::quote_ident(&self.name)
+        )
+    }
+}
+
+/// Reads one identifier from the start of `s`; returns it and the rest of `s`.
+fn parse_identifier(s: &str) -> Result<(String, &str), String> {
+    if let Some(mut rest) = s.strip_prefix('"') {
+        let mut ident = String::new();
+        loop {
+            let Some(end) = rest.find('"') else {
+                return Err("a quoted name is not closed".into());
+            };
+            ident.push_str(&rest[..end]);
+            rest = &rest[end + 1..];
+            match rest.strip_prefix('"') {
+                // `""` is a quote inside the name.
+                Some(after) => {
+                    ident.push('"');
+                    rest = after;
+                }
+                None => break,
+            }
+        }
+        if ident.is_empty() {
+            return Err("a quoted name is empty".into());
+        }
+        return Ok((ident, rest));
+    }
+    let end = s.find(['.', '"']).unwrap_or(s.len());
+    let ident = &s[..end];
+    if ident.is_empty() {
+        return Err("a name is empty".into());
+    }
+    if ident.contains(char::is_whitespace) {
+        return Err(format!(
+            "{ident:?} contains whitespace: double-quote the name"
+        ));
+    }
+    if s[end..].starts_with('"') {
+        return Err(format!(
+            "a quote after {ident:?}: double-quote the whole name"
+        ));
+    }
+    Ok((ident.to_owned(), &s[end..]))
 }
 
 impl FromStr for TableName {
     type Err = ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
-        if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(ConfigError::new(
+        let invalid = |problem: String| {
+            ConfigError::new(
                 "table",
-                format!("{s:?} is not schema.table"),
-            ));
+                format!(
+                    "{s:?}: {problem} (write schema.table; double-quote a name as in SQL, e.g. \"Billing-Prod\".\"Outbox\")"
+                ),
+            )
+        };
+        let (first, rest) = parse_identifier(s).map_err(invalid)?;
+        let (schema, name) = match rest.strip_prefix('.') {
+            None if rest.is_empty() => ("public".to_owned(), first),
+            None => return Err(invalid(format!("unexpected {rest:?} after the name"))),
+            Some(rest) => {
+                let (second, rest) = parse_identifier(rest).map_err(invalid)?;
+                if !rest.is_empty() {
+                    return Err(invalid(format!("unexpected {rest:?} after schema.table")));
+                }
+                (first, second)
+            }
+        };
+        for part in [&schema, &name] {
+            if part.len() > MAX_IDENTIFIER_BYTES {
+                return Err(invalid(format!(
+                    "{part:?} is longer than {MAX_IDENTIFIER_BYTES} bytes, and PostgreSQL shortens such names"
+                )));
+            }
         }
-        Ok(TableName {
-            schema: schema.to_owned(),
-            name: name.to_owned(),
-        })
+        Ok(TableName { schema, name })
     }
 }
 
@@ -77,9 +157,22 @@ impl TryFrom<String> for TableName {
     }
 }
 
+/// The config form: a part is double-quoted unless it is a plain lower-case identifier, so
+/// the text parses back to the same name and reads the same in SQL.
 impl fmt::Display for TableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
+        let part = |ident: &str| {
+            let plain = ident.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && ident
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if plain {
+                ident.to_owned()
+            } else {
+                crate::source::replication::quote_ident(ident)
+            }
+        };
+        write!(f, "{}.{}", part(&self.schema), part(&self.name))
     }
 }
 
@@ -278,9 +371,10 @@ pub struct PipelineConfig {
     pub source_url: String,
     /// Logical replication slot (pgoutput).
     pub slot: String,
-    /// Publication that includes the outbox table.
+    /// Publication that includes the outbox table: its name exactly as stored, case and
+    /// punctuation included, without quotes.
     pub publication: String,
-    /// The outbox table.
+    /// The outbox table (see [`TableName`] for quoting).
     pub table: TableName,
     pub columns: OutboxColumns,
     /// Transactional logical decoding messages with this prefix are outbox events too.
@@ -351,6 +445,16 @@ impl PipelineConfig {
         }
         if self.publication.is_empty() {
             return Err(ConfigError::new("publication", "must not be empty"));
+        }
+        // Unlike `table`, the publication is a name as PostgreSQL stores it.
+        if self.publication.starts_with('"') && self.publication.ends_with('"') {
+            return Err(ConfigError::new(
+                "publication",
+                format!(
+                    "{:?}: write the name without quotes; it is used exactly as written",
+                    self.publication
+                ),
+            ));
         }
         if let Some(first) = self.routing_problems().into_iter().next() {
             return Err(first);
@@ -680,6 +784,10 @@ mod tests {
             ("slot", Box::new(|c| c.slot = String::new())),
             ("publication", Box::new(|c| c.publication = String::new())),
             (
+                "publication",
+                Box::new(|c| c.publication = "\"Outbox-Pub\"".into()),
+            ),
+            (
                 "source_url",
                 Box::new(|c| c.source_url = "postgres://u:pw@h:notaport/db".into()),
             ),
@@ -890,19 +998,71 @@ mod tests {
 
     #[test]
     fn parses_table_names() {
+        let table = |s: &str| s.parse::<TableName>().ok().map(|t| (t.schema, t.name));
+        let pair = |a: &str, b: &str| Some((a.to_owned(), b.to_owned()));
+        assert_eq!(table("outbox"), pair("public", "outbox"));
+        assert_eq!(table("app.events"), pair("app", "events"));
+        // Quoted parts follow PostgreSQL's rules; unquoted ones are taken as written.
         assert_eq!(
-            "outbox".parse::<TableName>().unwrap(),
-            TableName {
-                schema: "public".into(),
-                name: "outbox".into()
-            }
+            table(r#""Billing-Prod"."Outbox""#),
+            pair("Billing-Prod", "Outbox")
         );
-        assert_eq!(
-            "app.events".parse::<TableName>().unwrap().to_string(),
-            "app.events"
-        );
-        assert!("a.b.c".parse::<TableName>().is_err());
-        assert!(".x".parse::<TableName>().is_err());
+        assert_eq!(table("Billing-Prod.Outbox"), pair("Billing-Prod", "Outbox"));
+        assert_eq!(table(r#""Outbox""#), pair("public", "Outbox"));
+        assert_eq!(table(r#"app."my.table""#), pair("app", "my.table"));
+        assert_eq!(table(r#""say ""hi"""."x""#), pair(r#"say "hi""#, "x"));
+        for bad in [
+            "a.b.c",
+            ".x",
+            "x.",
+            "",
+            r#""""#,
+            r#""open"#,
+            r#""a"b"#,
+            r#"a"b""#,
+            "my table",
+            r#""a".b.c"#,
+            r#""a"."#,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([format!("public.{}", "x".repeat(64))])
+        {
+            let err = bad.parse::<TableName>().unwrap_err();
+            assert_eq!(err.field, "table", "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn table_names_print_as_they_parse() {
+        for (text, display, quoted) in [
+            ("outbox", "public.outbox", r#""public"."outbox""#),
+            (
+                r#""Billing-Prod"."Outbox""#,
+                r#""Billing-Prod"."Outbox""#,
+                r#""Billing-Prod"."Outbox""#,
+            ),
+            (r#"app."a""b""#, r#"app."a""b""#, r#""app"."a""b""#),
+        ] {
+            let table: TableName = text.parse().unwrap();
+            assert_eq!(table.to_string(), display);
+            assert_eq!(table.quoted(), quoted);
+            assert_eq!(display.parse::<TableName>().unwrap(), table);
+        }
+    }
+
+    proptest::proptest! {
+        /// Any name PostgreSQL can store prints (`Display`) as text that parses back to it.
+        #[test]
+        fn table_names_round_trip(
+            // At most 15 characters of at most 4 bytes: within PostgreSQL's 63 bytes.
+            schema in "[^\\x00]{1,15}",
+            name in "[^\\x00]{1,15}",
+        ) {
+            let table = TableName { schema, name };
+            let text = table.to_string();
+            proptest::prop_assert_eq!(text.parse::<TableName>().ok(), Some(table), "{}", text);
+        }
     }
 
     #[test]

@@ -93,10 +93,20 @@ pub enum OutboxError {
         "insert at LSN {lsn} for relation {rel_id} that was never described by a Relation message"
     )]
     UnknownRelation { rel_id: u32, lsn: Lsn },
-    #[error("outbox table {table} has no column {column:?} (at LSN {lsn}); configure the column mapping")]
+    #[error("outbox table {table} has no column {column:?} (columns.{field}) at LSN {lsn}; its columns are {present}: set columns.{field} to the column's name")]
     MissingColumn {
         table: String,
+        /// The config field that names the column (`event_type`, `route.by_field`, ...).
+        field: &'static str,
         column: String,
+        /// The table's columns in that Relation message, comma-separated.
+        present: String,
+        lsn: Lsn,
+    },
+    #[error("insert at LSN {lsn} into {renamed}, which was the outbox table {table} earlier in this stream: set table to its new name (or insert into {table})")]
+    Renamed {
+        table: String,
+        renamed: String,
         lsn: Lsn,
     },
     #[error(
@@ -137,8 +147,19 @@ struct ColumnIndexes {
 #[derive(Debug)]
 enum RelationKind {
     Other,
-    /// The outbox table; `Err(column)` when a mapped column is missing.
-    Outbox(Result<ColumnIndexes, String>),
+    /// The outbox table; `Err` when a mapped column is missing.
+    Outbox(Result<ColumnIndexes, Missing>),
+    /// The outbox table earlier in this stream, now under another name (`schema.table`):
+    /// an insert into it stops the pipeline instead of passing unpublished.
+    Renamed(String),
+}
+
+/// A mapped column the table's latest Relation message does not have.
+#[derive(Debug)]
+struct Missing {
+    field: &'static str,
+    column: String,
+    present: String,
 }
 
 /// Relation cache plus the mapping of outbox rows to events.
@@ -254,36 +275,59 @@ impl OutboxDecoder {
     /// Records a Relation message, replacing what was known about that relation id.
     pub fn on_relation(&mut self, relation: &RelationBody) {
         let kind = if relation.namespace == self.table.schema && relation.name == self.table.name {
-            let find = |name: &str| {
+            let find = |field: &'static str, name: &str| {
                 relation
                     .columns
                     .iter()
                     .position(|c| c.name == name)
-                    .ok_or_else(|| name.to_owned())
+                    .ok_or_else(|| Missing {
+                        field,
+                        column: name.to_owned(),
+                        present: relation
+                            .columns
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
             };
             let c = &self.columns;
             let kind = |index: usize| self.kind(relation.columns[index].type_oid);
             RelationKind::Outbox((|| {
-                let payload = find(&c.payload)?;
+                let payload = find("payload", &c.payload)?;
                 Ok(ColumnIndexes {
                     payload_kind: kind(payload),
                     extra: self
                         .extra
                         .iter()
-                        .map(|name| find(name).map(|i| (i, kind(i))))
+                        .map(|name| {
+                            find("route, additional_placement or columns.timestamp", name)
+                                .map(|i| (i, kind(i)))
+                        })
                         .collect::<Result<_, _>>()?,
-                    id: find(&c.id)?,
-                    aggregate_type: find(&c.aggregate_type)?,
-                    aggregate_id: find(&c.aggregate_id)?,
-                    event_type: find(&c.event_type)?,
+                    id: find("id", &c.id)?,
+                    aggregate_type: find("aggregate_type", &c.aggregate_type)?,
+                    aggregate_id: find("aggregate_id", &c.aggregate_id)?,
+                    event_type: find("event_type", &c.event_type)?,
                     payload,
-                    headers: find(&c.headers).ok(),
+                    headers: find("headers", &c.headers).ok(),
                     routed_by: match self.route_by.as_deref() {
-                        Some(column) => Some(find(column)?),
+                        Some(column) => Some(find("route.by_field", column)?),
                         None => None,
                     },
                 })
             })())
+        } else if matches!(
+            self.relations.get(&relation.rel_id),
+            Some(RelationKind::Outbox(_) | RelationKind::Renamed(_))
+        ) {
+            RelationKind::Renamed(
+                TableName {
+                    schema: relation.namespace.clone(),
+                    name: relation.name.clone(),
+                }
+                .to_string(),
+            )
         } else {
             RelationKind::Other
         };
@@ -307,10 +351,19 @@ impl OutboxDecoder {
                 })
             }
             Some(RelationKind::Other) => return Ok(None),
-            Some(RelationKind::Outbox(Err(column))) => {
+            Some(RelationKind::Renamed(renamed)) => {
+                return Err(OutboxError::Renamed {
+                    table: self.table.to_string(),
+                    renamed: renamed.clone(),
+                    lsn,
+                })
+            }
+            Some(RelationKind::Outbox(Err(missing))) => {
                 return Err(OutboxError::MissingColumn {
                     table: self.table.to_string(),
-                    column: column.clone(),
+                    field: missing.field,
+                    column: missing.column.clone(),
+                    present: missing.present.clone(),
                     lsn,
                 })
             }
@@ -469,7 +522,12 @@ mod tests {
             matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"),
             "{first}"
         );
-        assert!(first.to_string().contains("aggregatetype"));
+        assert!(
+            first
+                .to_string()
+                .contains("has no column \"aggregatetype\" (columns.aggregate_type) at LSN 0/0; its columns are id, aggregate_type, "),
+            "{first}"
+        );
     }
 
     #[test]
@@ -486,6 +544,46 @@ mod tests {
             &results[0],
             Err(OutboxError::MissingColumn { .. })
         ));
+    }
+
+    #[test]
+    fn inserts_into_the_renamed_outbox_are_errors() {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        );
+        let mut relation = fixture()
+            .into_iter()
+            .find_map(|m| match m {
+                LogicalReplicationMessage::Relation(r) if r.name == "outbox" => Some(r),
+                _ => None,
+            })
+            .unwrap();
+        let insert = InsertBody {
+            rel_id: relation.rel_id,
+            new_tuple: crate::source::pgoutput::TupleData { columns: vec![] },
+        };
+        decoder.on_relation(&relation);
+        assert!(decoder.is_outbox(relation.rel_id));
+        relation.name = "Outbox_Old".into();
+        decoder.on_relation(&relation);
+        let err = decoder.on_insert(&insert, Lsn(5)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "insert at LSN 0/5 into public.\"Outbox_Old\", which was the outbox table public.outbox earlier in this stream: set table to its new name (or insert into public.outbox)"
+        );
+        // Renamed again, still not passed over; a table never the outbox is.
+        relation.name = "elsewhere".into();
+        decoder.on_relation(&relation);
+        assert!(decoder.on_insert(&insert, Lsn(6)).is_err());
+        relation.rel_id += 1;
+        decoder.on_relation(&relation);
+        let other = InsertBody {
+            rel_id: relation.rel_id,
+            ..insert
+        };
+        assert_eq!(decoder.on_insert(&other, Lsn(7)), Ok(None));
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub async fn prepare(
     match row {
         None => {
             return Err(SourceError::Config(format!(
-                "publication {publication:?} does not exist in this database; create it, e.g. CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert')"
+                "publication {publication:?} does not exist in this database; create it, e.g. CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+                quote_ident(publication),
+                table.quoted()
             )))
         }
         Some(row) if !row.get::<_, bool>(0) => {
@@ -60,7 +62,9 @@ pub async fn prepare(
         .await?;
     if published.is_none() {
         return Err(SourceError::Config(format!(
-            "table {table} is not in publication {publication:?} (or does not exist); ALTER PUBLICATION {publication} ADD TABLE {table}"
+            "table {table} is not in publication {publication:?} (or does not exist); ALTER PUBLICATION {} ADD TABLE {}",
+            quote_ident(publication),
+            table.quoted()
         )));
     }
 
@@ -295,10 +299,9 @@ impl Drop for SqlConnection {
 /// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
 pub fn setup_sql(config: &PipelineConfig) -> String {
     format!(
-        "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
         quote_ident(&config.publication),
-        quote_ident(&config.table.schema),
-        quote_ident(&config.table.name),
+        config.table.quoted(),
         quote_literal(&config.slot),
     )
 }
@@ -320,10 +323,9 @@ pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
         .is_some();
     if !exists {
         let create = format!(
-            "CREATE PUBLICATION {} FOR TABLE {}.{} WITH (publish = 'insert')",
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
             quote_ident(&config.publication),
-            quote_ident(&config.table.schema),
-            quote_ident(&config.table.name)
+            config.table.quoted()
         );
         client
             .batch_execute(&create)

@@ -1,0 +1,1171 @@
+//! `outbox-relay import-debezium`: turns a Debezium PostgreSQL connector configuration with
+//! the Outbox Event Router transform into an outbox-relay `[[pipelines]]` entry.
+//!
+//! The translation keeps what consumers see today: topic names (Debezium's default is
+//! `outbox.event.${routedByValue}`, not outbox-relay's `${routedByValue}.events`, so the
+//! template is always written out), keys, the `id` header and the additional fields. Every
+//! option that is not carried over comes back as a [`Note`] with the reason: nothing is dropped
+//! silently. Secrets are never copied: the password becomes a `${NAME}` environment reference.
+//!
+//! Debezium routes by `route.by.field` (default `aggregatetype`) and has no other notion of an
+//! aggregate type, while outbox-relay requires its aggregate type column and routes by it
+//! unless `route.by_field` says otherwise. So `route.by.field` becomes `columns.aggregate_type`:
+//! the same topics, and no column required that Debezium did not read.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+
+use crate::config::TableName;
+
+const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
+const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
+/// Debezium's `route.topic.regex` default: the whole routing value as `routedByValue`.
+const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
+const DEFAULT_TOPIC_REPLACEMENT: &str = "outbox.event.${routedByValue}";
+/// Java producer properties with the same name and meaning in librdkafka.
+const SAME_PRODUCER_PROPERTIES: &[&str] = &[
+    "batch.size",
+    "client.id",
+    "compression.type",
+    "linger.ms",
+    "request.timeout.ms",
+    "sasl.mechanism",
+    "security.protocol",
+];
+
+/// A Debezium connector configuration: its name, if given, and its options as strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connector {
+    pub name: Option<String>,
+    pub options: BTreeMap<String, String>,
+}
+
+/// An option (or a column default) that was not carried over as it was, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Note {
+    pub option: String,
+    pub reason: String,
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.option, self.reason)
+    }
+}
+
+/// The translation: TOML for a config file, and the notes for the operator.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    pub toml: String,
+    pub notes: Vec<Note>,
+}
+
+/// A connector configuration that cannot be translated.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("cannot read {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a connector configuration: {reason}")]
+    Format { path: String, reason: String },
+    #[error("{option}: {reason}")]
+    Unsupported { option: String, reason: String },
+}
+
+/// Reads `path` (a `.properties` file, else JSON: `{"name": ..., "config": {...}}` as posted to
+/// Kafka Connect, or the bare config map) and translates it.
+///
+/// Returns an error if the file cannot be read or parsed, or if it is not a Debezium
+/// PostgreSQL connector with an Outbox Event Router transform.
+pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ImportError::Read {
+        path: shown.clone(),
+        source,
+    })?;
+    let parsed = if path.extension().is_some_and(|e| e == "properties") {
+        parse_properties(&text)
+    } else {
+        parse_json(&text)
+    };
+    let connector = parsed.map_err(|reason| ImportError::Format {
+        path: shown,
+        reason,
+    })?;
+    translate(&connector)
+}
+
+/// Parses a connector as JSON: `{"name": ..., "config": {...}}` or the config map itself.
+/// Numbers and booleans become their text.
+///
+/// Returns an error naming the option whose value is not a string, number or boolean.
+pub fn parse_json(text: &str) -> Result<Connector, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let serde_json::Value::Object(top) = value else {
+        return Err("expected a JSON object".into());
+    };
+    let (name, map) = match top.get("config") {
+        Some(serde_json::Value::Object(config)) => (
+            top.get("name").and_then(|n| n.as_str()).map(str::to_owned),
+            config.clone(),
+        ),
+        Some(_) => return Err("\"config\" is not an object".into()),
+        None => (None, top),
+    };
+    let mut options = BTreeMap::new();
+    for (key, value) in map {
+        let text = match value {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => n.to_string(),
+            serde_json::Value::Bool(b) => b.to_string(),
+            serde_json::Value::Null => continue,
+            _ => return Err(format!("{key}: expected a string, number or boolean")),
+        };
+        options.insert(key, text);
+    }
+    Ok(with_name(name, options))
+}
+
+/// Parses a connector as a Java `.properties` file.
+///
+/// Returns an error naming the line that does not parse.
+pub fn parse_properties(text: &str) -> Result<Connector, String> {
+    let options = java_properties::read(text.as_bytes()).map_err(|e| e.to_string())?;
+    Ok(with_name(None, options.into_iter().collect()))
+}
+
+fn with_name(name: Option<String>, mut options: BTreeMap<String, String>) -> Connector {
+    let inner = options.remove("name");
+    Connector {
+        name: name.or(inner),
+        options,
+    }
+}
+
+/// Translates `connector` into an outbox-relay config and notes.
+///
+/// Returns an error if it is not a Debezium PostgreSQL connector, has no Outbox Event Router
+/// transform, or its `table.fields.additional.placement` is malformed.
+pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
+    let mut im = Importer {
+        options: connector.options.clone(),
+        used: BTreeSet::new(),
+        notes: Vec::new(),
+    };
+    if let Some(class) = im.take("connector.class") {
+        if class != POSTGRES_CONNECTOR {
+            return Err(ImportError::Unsupported {
+                option: "connector.class".into(),
+                reason: format!(
+                    "{class} is not Debezium's PostgreSQL connector ({POSTGRES_CONNECTOR})"
+                ),
+            });
+        }
+    }
+    let aliases: Vec<String> = im
+        .take("transforms")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .filter(|a| {
+            im.options
+                .get(&format!("transforms.{a}.type"))
+                .map(String::as_str)
+                == Some(EVENT_ROUTER)
+        })
+        .map(str::to_owned)
+        .collect();
+    let Some((alias, other_routers)) = aliases.split_first() else {
+        return Err(ImportError::Unsupported {
+            option: "transforms".into(),
+            reason: format!(
+                "no transform of type {EVENT_ROUTER}: this connector does not route outbox events"
+            ),
+        });
+    };
+
+    let name = connector
+        .name
+        .clone()
+        .or_else(|| im.options.get("database.dbname").cloned())
+        .unwrap_or_else(|| "outbox".into());
+    let env_prefix: String = name
+        .chars()
+        .map(|c| match c.is_ascii_alphanumeric() {
+            true => c.to_ascii_uppercase(),
+            false => '_',
+        })
+        .collect();
+    let pipeline = Pipeline {
+        source_url: im.source_url(&env_prefix),
+        slot: im.slot(),
+        publication: im
+            .take("publication.name")
+            .unwrap_or_else(|| "dbz_publication".into()),
+        table: im.table(),
+        router: im.router(alias)?,
+        bootstrap_servers: im.take("producer.override.bootstrap.servers"),
+        properties: im.producer_properties(),
+        name,
+    };
+    im.note_the_rest(alias, other_routers);
+    Ok(Imported {
+        toml: pipeline.render(),
+        notes: im.notes,
+    })
+}
+
+/// The connector's options, which of them were carried over, and the notes so far.
+struct Importer {
+    options: BTreeMap<String, String>,
+    used: BTreeSet<String>,
+    notes: Vec<Note>,
+}
+
+/// What becomes the `[[pipelines]]` entry.
+struct Pipeline {
+    name: String,
+    /// With the password replaced by `${<NAME>_DB_PASSWORD}`.
+    source_url: SourceUrl,
+    slot: String,
+    publication: String,
+    table: TableName,
+    router: Router,
+    bootstrap_servers: Option<String>,
+    /// librdkafka properties from `producer.override.*`.
+    properties: Vec<(String, String)>,
+}
+
+struct SourceUrl {
+    url: String,
+    password_var: Option<String>,
+}
+
+/// The Event Router options in outbox-relay terms.
+struct Router {
+    id: String,
+    aggregate_type: String,
+    aggregate_id: String,
+    event_type: String,
+    payload: String,
+    timestamp: Option<String>,
+    topic_template: String,
+    topic_regex: Option<String>,
+    op_invalid_behavior: Option<&'static str>,
+    additional: Vec<Additional>,
+}
+
+impl Importer {
+    /// The value of `option`, marking it carried over.
+    fn take(&mut self, option: &str) -> Option<String> {
+        let value = self.options.get(option).cloned();
+        if value.is_some() {
+            self.used.insert(option.to_owned());
+        }
+        value
+    }
+
+    fn note(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note {
+            option: option.to_owned(),
+            reason: reason.into(),
+        });
+    }
+
+    /// `option` as a URL component: percent-encoded, or an environment reference for a
+    /// `${env:NAME}` value; another config provider's reference becomes `${<PREFIX>_<FIELD>}`.
+    fn url_part(&mut self, option: &str, env_prefix: &str, field: &str) -> Option<String> {
+        let value = self.take(option)?;
+        Some(match env_reference(&value) {
+            Reference::None => {
+                percent_encoding::utf8_percent_encode(&value, URL_COMPONENT).to_string()
+            }
+            Reference::Env(var) => format!("${{{var}}}"),
+            Reference::Other => {
+                let var = format!("{env_prefix}_{field}");
+                self.note(
+                    option,
+                    format!("{value:?} is a Kafka Connect config provider reference: the URL takes ${{{var}}} from the environment instead"),
+                );
+                format!("${{{var}}}")
+            }
+        })
+    }
+
+    /// `postgres://user:${PASSWORD_VAR}@host:port/dbname?sslmode=...` from `database.*`.
+    fn source_url(&mut self, env_prefix: &str) -> SourceUrl {
+        let host = self
+            .url_part("database.hostname", env_prefix, "DB_HOST")
+            .unwrap_or_else(|| {
+                self.note("database.hostname", "not set: localhost assumed");
+                "localhost".into()
+            });
+        // An IPv6 address, its colons encoded above.
+        let host = match host.contains("%3A") {
+            true => format!("[{}]", host.replace("%3A", ":")),
+            false => host,
+        };
+        let port = self
+            .url_part("database.port", env_prefix, "DB_PORT")
+            .unwrap_or_else(|| "5432".into());
+        let user = self.url_part("database.user", env_prefix, "DB_USER");
+        let dbname = self.url_part("database.dbname", env_prefix, "DB_NAME");
+        let password_var = self.take("database.password").map(|_| {
+            let var = format!("{env_prefix}_DB_PASSWORD");
+            self.note(
+                "database.password",
+                format!("not copied: set {var} in the relay's environment (percent-encoded if it has characters such as @ / : ? # %)"),
+            );
+            var
+        });
+        let mut url = String::from("postgres://");
+        if user.is_some() || password_var.is_some() {
+            url.push_str(user.as_deref().unwrap_or_default());
+            if let Some(var) = &password_var {
+                url.push_str(&format!(":${{{var}}}"));
+            }
+            url.push('@');
+        }
+        url.push_str(&format!("{host}:{port}"));
+        if let Some(dbname) = &dbname {
+            url.push('/');
+            url.push_str(dbname);
+        }
+        let mut query = Vec::new();
+        if let Some(mode) = self.take("database.sslmode") {
+            let mode = mode.to_ascii_lowercase();
+            let libpq = [
+                "disable",
+                "allow",
+                "prefer",
+                "require",
+                "verify-ca",
+                "verify-full",
+            ];
+            if libpq.contains(&mode.as_str()) {
+                query.push(format!("sslmode={mode}"));
+            } else {
+                self.note(
+                    "database.sslmode",
+                    format!("{mode:?} is not a libpq sslmode: left out (prefer)"),
+                );
+            }
+        }
+        for param in ["sslrootcert", "sslcert", "sslkey"] {
+            let field = format!("DB_{}", param.to_ascii_uppercase());
+            if let Some(value) = self.url_part(&format!("database.{param}"), env_prefix, &field) {
+                query.push(format!("{param}={value}"));
+            }
+        }
+        if !query.is_empty() {
+            url.push('?');
+            url.push_str(&query.join("&"));
+        }
+        SourceUrl { url, password_var }
+    }
+
+    /// Debezium's slot when it is a pgoutput slot, else a new one.
+    fn slot(&mut self) -> String {
+        let plugin = self
+            .take("plugin.name")
+            .unwrap_or_else(|| "decoderbufs".into());
+        let slot = self.take("slot.name").unwrap_or_else(|| "debezium".into());
+        if plugin == "pgoutput" {
+            return slot;
+        }
+        self.note(
+            "plugin.name",
+            format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
+        );
+        "outbox_relay".into()
+    }
+
+    /// The outbox table from `table.include.list` (or 1.x `table.whitelist`): the entry naming
+    /// an outbox, else the first.
+    fn table(&mut self) -> TableName {
+        let include = self
+            .take("table.include.list")
+            .or_else(|| self.take("table.whitelist"))
+            .unwrap_or_default();
+        let tables: Vec<&str> = include
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .collect();
+        let Some(chosen) = tables
+            .iter()
+            .position(|t| t.to_ascii_lowercase().contains("outbox"))
+            .or((!tables.is_empty()).then_some(0))
+        else {
+            self.note("table.include.list", "not set (Debezium captured every table): table = public.outbox is a guess, name the outbox table");
+            return TableName {
+                schema: "public".into(),
+                name: "outbox".into(),
+            };
+        };
+        let others: Vec<&str> = (0..tables.len())
+            .filter(|&i| i != chosen)
+            .map(|i| tables[i])
+            .collect();
+        if !others.is_empty() {
+            self.note(
+                "table.include.list",
+                format!("also lists {}: a pipeline reads one outbox table; add a [[pipelines]] entry (with its own slot) for each other outbox table", others.join(", ")),
+            );
+        }
+        // Entries are regular expressions over `schema.table`; most are names with `\.`.
+        let text = tables[chosen].replace("\\.", ".");
+        if text.contains([
+            '*', '+', '?', '(', ')', '[', ']', '{', '}', '|', '^', '$', '\\',
+        ]) {
+            self.note(
+                "table.include.list",
+                format!(
+                    "{:?} is a regular expression: name the outbox table in `table`",
+                    tables[chosen]
+                ),
+            );
+        }
+        let (schema, name) = text.split_once('.').unwrap_or(("public", &text));
+        TableName {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// The options of the Event Router transform `alias`.
+    fn router(&mut self, alias: &str) -> Result<Router, ImportError> {
+        let option = |name: &str| format!("transforms.{alias}.{name}");
+        self.take(&option("type"));
+        let get = |im: &mut Importer, name: &str| im.take(&option(name));
+        let event_type = get(self, "table.field.event.type").unwrap_or_else(|| {
+            self.note("columns.event_type", "\"type\", the column of Debezium's documented outbox table: outbox-relay requires an event type column and sends it as header event_type (Debezium 2.x has no such option); name yours if it differs");
+            "type".into()
+        });
+        let topic_regex = get(self, "route.topic.regex").filter(|r| r != DEFAULT_TOPIC_REGEX);
+        if topic_regex.is_some() {
+            self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
+        }
+        if let Some(tombstone) = get(self, "route.tombstone.on.empty.payload") {
+            self.note(
+                &option("route.tombstone.on.empty.payload"),
+                format!("{tombstone}: outbox-relay publishes a NULL payload as a tombstone (null_payload, default \"tombstone\"); an empty or blank text payload is published as it is"),
+            );
+        }
+        let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
+            .into_iter()
+            .find_map(|name| get(self, name).map(|value| (option(name), value)));
+        let op_invalid_behavior = op_invalid.map(|(option, value)| {
+            let mapped = match value.trim().to_ascii_lowercase().as_str() {
+                "fatal" => "error",
+                "error" => {
+                    self.note(&option, "error (log and go on) becomes \"warn\": outbox-relay's \"error\" stops the pipeline, like Debezium's fatal");
+                    "warn"
+                }
+                _ => "warn",
+            };
+            self.note(
+                &option,
+                format!("op_invalid_behavior = {mapped:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"),
+            );
+            mapped
+        });
+        let additional = match get(self, "table.fields.additional.placement") {
+            Some(list) => {
+                additional_placement(&list).map_err(|reason| ImportError::Unsupported {
+                    option: option("table.fields.additional.placement"),
+                    reason,
+                })?
+            }
+            None => Vec::new(),
+        };
+        if let Some(expand) = get(self, "table.expand.json.payload") {
+            self.note(
+                &option("table.expand.json.payload"),
+                format!("{expand}: outbox-relay always publishes the payload text as PostgreSQL prints it, so a json/jsonb payload is JSON already (as expansion gave), byte for byte"),
+            );
+        }
+        Ok(Router {
+            id: get(self, "table.field.event.id").unwrap_or_else(|| "id".into()),
+            aggregate_type: get(self, "route.by.field").unwrap_or_else(|| "aggregatetype".into()),
+            aggregate_id: get(self, "table.field.event.key")
+                .unwrap_or_else(|| "aggregateid".into()),
+            event_type,
+            payload: get(self, "table.field.event.payload")
+                .or_else(|| get(self, "table.field.payload"))
+                .unwrap_or_else(|| "payload".into()),
+            timestamp: get(self, "table.field.event.timestamp"),
+            topic_template: java_replacement(
+                &get(self, "route.topic.replacement")
+                    .unwrap_or_else(|| DEFAULT_TOPIC_REPLACEMENT.into()),
+            ),
+            topic_regex,
+            op_invalid_behavior,
+            additional,
+        })
+    }
+
+    /// `producer.override.*` properties librdkafka knows by the same name.
+    fn producer_properties(&mut self) -> Vec<(String, String)> {
+        let options: Vec<String> = self
+            .options
+            .keys()
+            .filter(|k| k.starts_with("producer.override.") && !self.used.contains(*k))
+            .cloned()
+            .collect();
+        let mut properties = Vec::new();
+        for option in options {
+            let property = &option["producer.override.".len()..];
+            let value = self.take(&option).unwrap_or_default();
+            match (property, value.as_str()) {
+                ("acks", "all" | "-1") | ("enable.idempotence", "true") => {}
+                ("acks" | "enable.idempotence", _) => self.note(
+                    &option,
+                    format!("{value}: outbox-relay always uses acks=all and enable.idempotence=true"),
+                ),
+                (p, _) if SAME_PRODUCER_PROPERTIES.contains(&p) => {
+                    properties.push((p.to_owned(), value))
+                }
+                _ => self.note(
+                    &option,
+                    "a Java producer property: set the librdkafka equivalent under kafka.properties by hand",
+                ),
+            }
+        }
+        properties
+    }
+
+    /// A note for every option not carried over.
+    fn note_the_rest(&mut self, router: &str, other_routers: &[String]) {
+        let rest: Vec<(String, String)> = self
+            .options
+            .iter()
+            .filter(|(k, _)| !self.used.contains(*k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (option, value) in rest {
+            let reason = reason_for(&option, &value, router, other_routers);
+            self.note(&option, reason);
+        }
+        if !self.options.contains_key("value.converter") {
+            self.note("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
+        }
+    }
+}
+
+impl Pipeline {
+    /// The config file text: `[kafka]` and one `[[pipelines]]` entry.
+    fn render(&self) -> String {
+        let r = &self.router;
+        let mut lines = vec![
+            format!(
+                "# Imported from Debezium connector {} by `outbox-relay import-debezium`.",
+                q(&self.name)
+            ),
+            "# Options not carried over are listed on stderr with the reason.".into(),
+            "[kafka]".into(),
+        ];
+        match &self.bootstrap_servers {
+            Some(servers) => lines.push(format!("bootstrap_servers = {}", q(servers))),
+            None => lines.extend([
+                "# Debezium's connector config has no brokers (the Kafka Connect worker's bootstrap.servers".into(),
+                "# has them): set KAFKA_BOOTSTRAP_SERVERS, or write them here.".into(),
+                "bootstrap_servers = \"${KAFKA_BOOTSTRAP_SERVERS}\"".into(),
+            ]),
+        }
+        lines.extend([
+            String::new(),
+            "[[pipelines]]".into(),
+            format!("name = {}", q(&self.name)),
+        ]);
+        if let Some(var) = &self.source_url.password_var {
+            lines.push(format!(
+                "# The password is not copied: set {var} in the relay's environment."
+            ));
+        }
+        lines.extend([
+            format!("source_url = {}", q(&self.source_url.url)),
+            "# Debezium's slot and publication: stop the connector first (a slot admits one reader);".into(),
+            "# the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into(),
+            format!("slot = {}", q(&self.slot)),
+            format!("publication = {}", q(&self.publication)),
+            format!("table = {}", q(&self.table.to_string())),
+            "create_slot = false".into(),
+        ]);
+        if let Some(mapped) = r.op_invalid_behavior {
+            lines.push(format!("op_invalid_behavior = {}", q(mapped)));
+        }
+        if r.additional.iter().any(|a| a.placement == "envelope") {
+            lines.push("value_format = \"envelope\"".into());
+        }
+        if !r.additional.is_empty() {
+            let entries: Vec<String> = r
+                .additional
+                .iter()
+                .map(|a| {
+                    let alias = a
+                        .alias
+                        .as_ref()
+                        .map(|alias| format!(", alias = {}", q(alias)))
+                        .unwrap_or_default();
+                    format!(
+                        "{{ field = {}, placement = {}{alias} }}",
+                        q(&a.field),
+                        q(&a.placement)
+                    )
+                })
+                .collect();
+            lines.push(format!("additional_placement = [{}]", entries.join(", ")));
+        }
+        lines.push("[pipelines.columns]".into());
+        for (field, column) in [
+            ("id", &r.id),
+            ("aggregate_type", &r.aggregate_type),
+            ("aggregate_id", &r.aggregate_id),
+            ("event_type", &r.event_type),
+            ("payload", &r.payload),
+        ] {
+            lines.push(format!("{field} = {}", q(column)));
+        }
+        if let Some(column) = &r.timestamp {
+            lines.push(format!("timestamp = {}", q(column)));
+        }
+        lines.extend([
+            "[pipelines.route]".into(),
+            "# Debezium's topic names (its default is outbox.event.${routedByValue}).".into(),
+            format!("topic_template = {}", q(&r.topic_template)),
+        ]);
+        if let Some(regex) = &r.topic_regex {
+            lines.push(format!("topic_regex = {}", q(regex)));
+        }
+        if !self.properties.is_empty() {
+            lines.push("[pipelines.kafka.properties]".into());
+            for (key, value) in &self.properties {
+                lines.push(format!("{} = {}", q(key), q(value)));
+            }
+        }
+        lines.push(String::new());
+        lines.join("\n")
+    }
+}
+
+/// Characters kept as they are in URL user, host, database and parameter values.
+const URL_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+enum Reference {
+    None,
+    /// `${env:NAME}` (Kafka's EnvVarConfigProvider): outbox-relay's `${NAME}`.
+    Env(String),
+    /// Another config provider (`${file:...}`, `${vault:...}`).
+    Other,
+}
+
+fn env_reference(value: &str) -> Reference {
+    if !value.contains("${") {
+        return Reference::None;
+    }
+    match value
+        .strip_prefix("${env:")
+        .and_then(|rest| rest.strip_suffix('}'))
+    {
+        Some(name)
+            if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') =>
+        {
+            Reference::Env(name.to_owned())
+        }
+        _ => Reference::Other,
+    }
+}
+
+/// A Java regex replacement (`$1`, `${name}`) in outbox-relay's template form (`${1}`, `${name}`).
+fn java_replacement(replacement: &str) -> String {
+    let mut out = String::with_capacity(replacement.len());
+    let mut chars = replacement.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            out.push_str("${");
+            while let Some(d) = chars.next_if(char::is_ascii_digit) {
+                out.push(d);
+            }
+            out.push('}');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Additional {
+    field: String,
+    placement: String,
+    alias: Option<String>,
+}
+
+/// Parses `column:placement[:alias],...`.
+fn additional_placement(list: &str) -> Result<Vec<Additional>, String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
+            let (field, placement, alias) = match parts[..] {
+                [field, placement] => (field, placement, None),
+                [field, placement, alias] => (field, placement, Some(alias)),
+                _ => {
+                    return Err(format!(
+                        "{entry:?} is not column:placement or column:placement:alias"
+                    ))
+                }
+            };
+            let placement = placement.to_ascii_lowercase();
+            if !["header", "envelope", "partition"].contains(&placement.as_str()) {
+                return Err(format!(
+                    "{entry:?}: placement must be header, envelope or partition"
+                ));
+            }
+            Ok(Additional {
+                field: field.to_owned(),
+                // Debezium ignores an alias for the partition.
+                alias: alias
+                    .filter(|_| placement != "partition")
+                    .map(str::to_owned),
+                placement,
+            })
+        })
+        .collect()
+}
+
+/// Why an option is not carried over.
+fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String]) -> String {
+    let starts = |prefix: &str| option.starts_with(prefix);
+    if let Some(rest) = option.strip_prefix(&format!("transforms.{router}.")) {
+        return match rest {
+            r if r.starts_with("tracing.") => "outbox-relay creates no tracing spans".into(),
+            "predicate" | "negate" => {
+                "outbox-relay applies its routing to the configured table only".into()
+            }
+            "table.field.payload.id"
+            | "table.field.event.schema.version"
+            | "table.field.schema.version" => {
+                "Debezium 1.x envelope metadata; outbox-relay has no equivalent".into()
+            }
+            "table.fields.additional.error.on.missing" => {
+                "a missing column always stops outbox-relay".into()
+            }
+            "table.json.payload.null.behavior" => {
+                "about JSON expansion, which outbox-relay does not need".into()
+            }
+            _ => "an Event Router option outbox-relay does not know".into(),
+        };
+    }
+    if let Some(alias) = other_routers
+        .iter()
+        .find(|a| starts(&format!("transforms.{a}.")))
+    {
+        return format!(
+            "a second Event Router ({alias}): one pipeline per outbox table, import it separately"
+        );
+    }
+    if starts("transforms.") || starts("predicates") {
+        return "another transform: outbox-relay applies only the outbox routing".into();
+    }
+    match option {
+        "topic.prefix" | "database.server.name" => {
+            "not needed: it names Debezium's own topics; the outbox topics come from route.topic_template".into()
+        }
+        "tasks.max" => "one pipeline reads one slot".into(),
+        "snapshot.mode" => "outbox-relay never snapshots: it publishes rows committed after the slot's position".into(),
+        "slot.drop.on.stop" if value == "true" => {
+            "the slot was dropped whenever Debezium stopped: create it with `outbox-relay setup`".into()
+        }
+        "publication.autocreate.mode" => format!(
+            "{value}: outbox-relay does not create publications while running (`outbox-relay setup` does); a publication FOR ALL TABLES works, and other tables' changes are passed over"
+        ),
+        "heartbeat.interval.ms" | "heartbeat.action.query" | "heartbeat.topics.prefix" => {
+            "outbox-relay confirms the slot's position from keepalives when idle: no heartbeats needed".into()
+        }
+        "tombstones.on.delete" | "skipped.operations" => {
+            "outbox-relay publishes inserts only (op_invalid_behavior covers updates and deletes)".into()
+        }
+        "key.converter" | "value.converter" => converter_reason(option, value),
+        "max.batch.size" | "max.queue.size" | "max.queue.size.in.bytes" | "poll.interval.ms" => {
+            "see max_in_flight_events and max_in_flight_bytes".into()
+        }
+        "database.sslpassword" | "database.sslfactory" => "not supported by outbox-relay's TLS".into(),
+        "database.initial.statements" => "outbox-relay runs no statements of yours".into(),
+        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter") => {
+            "converter setting: outbox-relay publishes the columns' text (see the converter lines)".into()
+        }
+        _ if starts("errors.") => {
+            "Kafka Connect error handling: outbox-relay stops on bad input (on_bad_event) and retries transient failures".into()
+        }
+        _ if starts("topic.creation.") => "outbox-relay creates no topics: they must exist or be auto-created".into(),
+        _ if starts("slot.") => "outbox-relay retries and keeps its slot itself".into(),
+        _ if starts("snapshot.") || starts("incremental.snapshot") || starts("signal.") || starts("notification.") => {
+            "outbox-relay has no snapshots or signals".into()
+        }
+        _ if starts("schema.")
+            || starts("table.")
+            || starts("column.")
+            || starts("message.")
+            || starts("database.") =>
+        {
+            "shapes Debezium's change events; outbox-relay reads the configured table only".into()
+        }
+        _ if option.ends_with(".handling.mode") || option.ends_with(".adjustment.mode") => {
+            "shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it".into()
+        }
+        _ => "no outbox-relay equivalent".into(),
+    }
+}
+
+fn converter_reason(option: &str, value: &str) -> String {
+    let what = if option == "key.converter" {
+        "key (aggregate id)"
+    } else {
+        "payload"
+    };
+    match value.rsplit('.').next().unwrap_or(value) {
+        "StringConverter" => format!("not needed: outbox-relay writes the {what} text too"),
+        "JsonConverter" => format!(
+            "Debezium wrote the {what} as a JSON string (quoted and escaped, with a schema envelope unless schemas.enable=false); outbox-relay writes its text itself: check your consumers"
+        ),
+        "BinaryDataConverter" | "ByteArrayConverter" => format!(
+            "outbox-relay publishes text: a bytea {what} arrives as PostgreSQL's hex text (\\x...), not raw bytes"
+        ),
+        _ => format!("{value}: outbox-relay publishes the {what} text as PostgreSQL prints it, without a converter"),
+    }
+}
+
+/// A TOML string.
+fn q(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use figment::providers::{Format, Toml};
+    use figment::Figment;
+
+    /// The connector of Debezium's outbox example (debezium-examples/outbox), in the form
+    /// posted to Kafka Connect, on Debezium 2.x option names.
+    const EXAMPLE: &str = r#"{
+      "name": "outbox-connector",
+      "config": {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "database.hostname": "order-db",
+        "database.port": 5432,
+        "database.user": "postgresuser",
+        "database.password": "postgrespw",
+        "database.dbname": "orderdb",
+        "topic.prefix": "dbserver1",
+        "schema.include.list": "inventory",
+        "table.include.list": "inventory.outboxevent",
+        "tombstones.on.delete": "false",
+        "plugin.name": "pgoutput",
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+        "transforms.outbox.route.topic.replacement": "${routedByValue}.events"
+      }
+    }"#;
+
+    fn load(toml: &str, env: &[(&str, &str)]) -> crate::config::file::RelayConfig {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        crate::config::file::resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{toml}"))
+    }
+
+    fn options(notes: &[Note]) -> Vec<&str> {
+        notes.iter().map(|n| n.option.as_str()).collect()
+    }
+
+    #[test]
+    fn debeziums_outbox_example_loads_with_the_same_topics_and_columns() {
+        let imported = translate(&parse_json(EXAMPLE).unwrap()).unwrap();
+        assert!(!imported.toml.contains("postgrespw"), "{}", imported.toml);
+        let config = load(
+            &imported.toml,
+            &[
+                ("OUTBOX_CONNECTOR_DB_PASSWORD", "pw"),
+                ("KAFKA_BOOTSTRAP_SERVERS", "kafka:9092"),
+            ],
+        );
+        let p = &config.pipelines[0];
+        assert_eq!(p.name, "outbox-connector");
+        assert_eq!(
+            p.source_url,
+            "postgres://postgresuser:pw@order-db:5432/orderdb"
+        );
+        assert_eq!(
+            (p.slot.as_str(), p.publication.as_str()),
+            ("debezium", "dbz_publication")
+        );
+        assert_eq!(p.table.to_string(), "inventory.outboxevent");
+        assert!(!p.create_slot);
+        assert_eq!(p.kafka.bootstrap_servers, "kafka:9092");
+        assert_eq!(p.route.topic_template, "${routedByValue}.events");
+        assert_eq!(p.route.by_field, None);
+        let c = &p.columns;
+        assert_eq!(
+            [
+                &c.id,
+                &c.aggregate_type,
+                &c.aggregate_id,
+                &c.event_type,
+                &c.payload
+            ]
+            .map(String::as_str),
+            ["id", "aggregatetype", "aggregateid", "type", "payload"]
+        );
+        let notes = options(&imported.notes);
+        for option in [
+            "database.password",
+            "tasks.max",
+            "topic.prefix",
+            "schema.include.list",
+            "tombstones.on.delete",
+            "columns.event_type",
+            "value.converter",
+        ] {
+            assert!(notes.contains(&option), "no note for {option}: {notes:?}");
+        }
+        for carried in [
+            "transforms.outbox.route.topic.replacement",
+            "table.include.list",
+            "plugin.name",
+            "database.hostname",
+        ] {
+            assert!(
+                !notes.contains(&carried),
+                "{carried} was carried over: {notes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn debezium_1x_option_names_are_understood() {
+        // debezium-examples/outbox/register-postgres.json before Debezium 2.0: the bare map.
+        let connector = parse_json(
+            r#"{
+              "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+              "tasks.max": "1",
+              "database.hostname": "order-db",
+              "database.port": "5432",
+              "database.user": "postgresuser",
+              "database.password": "postgrespw",
+              "database.dbname": "orderdb",
+              "database.server.name": "dbserver1",
+              "schema.whitelist": "inventory",
+              "table.whitelist": "inventory.outboxevent",
+              "tombstones.on.delete": "false",
+              "transforms": "outbox",
+              "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+              "transforms.outbox.route.topic.replacement": "${routedByValue}.events",
+              "transforms.outbox.table.field.event.timestamp": "timestamp",
+              "transforms.outbox.table.field.event.type": "eventtype",
+              "transforms.outbox.debezium.op.invalid.behavior": "warn"
+            }"#,
+        )
+        .unwrap();
+        let imported = translate(&connector).unwrap();
+        for expected in [
+            r#"name = "orderdb""#,
+            r#"table = "inventory.outboxevent""#,
+            r#"timestamp = "timestamp""#,
+            r#"event_type = "eventtype""#,
+            r#"op_invalid_behavior = "warn""#,
+            r#"topic_template = "${routedByValue}.events""#,
+            "source_url = \"postgres://postgresuser:${ORDERDB_DB_PASSWORD}@order-db:5432/orderdb\"",
+        ] {
+            assert!(
+                imported.toml.contains(expected),
+                "{expected} missing in\n{}",
+                imported.toml
+            );
+        }
+        let notes = options(&imported.notes);
+        for option in [
+            "database.server.name",
+            "schema.whitelist",
+            "plugin.name",
+            "transforms.outbox.debezium.op.invalid.behavior",
+        ] {
+            assert!(notes.contains(&option), "no note for {option}: {notes:?}");
+        }
+        assert!(!notes.contains(&"columns.event_type"), "{notes:?}");
+    }
+
+    #[test]
+    fn debezium_defaults_keep_debeziums_topic_names() {
+        let properties = "name=orders\nconnector.class=io.debezium.connector.postgresql.PostgresConnector\ndatabase.hostname=db\ndatabase.user=relay\ndatabase.dbname=orders\ntable.include.list=public\\\\.outbox\ntransforms=outbox\ntransforms.outbox.type=io.debezium.transforms.outbox.EventRouter\n";
+        let imported = translate(&parse_properties(properties).unwrap()).unwrap();
+        let config = load(&imported.toml, &[("KAFKA_BOOTSTRAP_SERVERS", "k:9092")]);
+        let p = &config.pipelines[0];
+        assert_eq!(p.route.topic_template, "outbox.event.${routedByValue}");
+        assert_eq!(p.source_url, "postgres://relay@db:5432/orders");
+        assert_eq!(p.table.to_string(), "public.outbox");
+        // Debezium's default plugin is decoderbufs: its slot cannot be taken over.
+        assert_eq!(p.slot, "outbox_relay");
+        assert!(options(&imported.notes).contains(&"plugin.name"));
+    }
+
+    #[test]
+    fn every_router_option_is_mapped_or_noted() {
+        let connector = Connector {
+            name: Some("billing".into()),
+            options: [
+                ("database.hostname", "fe80::1"),
+                ("database.user", "${env:DB_USER}"),
+                (
+                    "database.password",
+                    "${file:/secrets/db.properties:password}",
+                ),
+                ("database.dbname", "bill ing"),
+                ("database.sslmode", "verify-full"),
+                ("database.sslrootcert", "/etc/ssl/ca.pem"),
+                ("plugin.name", "pgoutput"),
+                ("slot.name", "billing_slot"),
+                ("publication.name", "Billing-Pub"),
+                ("table.include.list", "audit.log,Billing-Prod.Outbox"),
+                ("transforms", "unwrap,router"),
+                (
+                    "transforms.unwrap.type",
+                    "io.debezium.transforms.ExtractNewRecordState",
+                ),
+                ("transforms.router.type", EVENT_ROUTER),
+                ("transforms.router.table.field.event.id", "event_id"),
+                ("transforms.router.table.field.event.key", "aggregate_id"),
+                ("transforms.router.table.field.event.payload", "body"),
+                (
+                    "transforms.router.table.field.event.timestamp",
+                    "created_at",
+                ),
+                ("transforms.router.route.by.field", "aggregate_type"),
+                (
+                    "transforms.router.route.topic.regex",
+                    "(?<kind>[a-z]+)-(.*)",
+                ),
+                (
+                    "transforms.router.route.topic.replacement",
+                    "billing.${kind}.$2",
+                ),
+                ("transforms.router.route.tombstone.on.empty.payload", "true"),
+                (
+                    "transforms.router.table.fields.additional.placement",
+                    "type:header:eventType,tenant:envelope,part:partition:ignored",
+                ),
+                ("transforms.router.table.op.invalid.behavior", "fatal"),
+                ("transforms.router.table.expand.json.payload", "true"),
+                (
+                    "value.converter",
+                    "org.apache.kafka.connect.json.JsonConverter",
+                ),
+                ("producer.override.linger.ms", "10"),
+                ("producer.override.acks", "1"),
+                ("producer.override.max.request.size", "2000000"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        };
+        let imported = translate(&connector).unwrap();
+        let toml = &imported.toml;
+        for expected in [
+            r#"source_url = "postgres://${DB_USER}:${BILLING_DB_PASSWORD}@[fe80::1]:5432/bill%20ing?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem""#,
+            r#"slot = "billing_slot""#,
+            r#"publication = "Billing-Pub""#,
+            r#"table = '"Billing-Prod"."Outbox"'"#,
+            r#"op_invalid_behavior = "error""#,
+            r#"value_format = "envelope""#,
+            r#"additional_placement = [{ field = "type", placement = "header", alias = "eventType" }, { field = "tenant", placement = "envelope" }, { field = "part", placement = "partition" }]"#,
+            r#"id = "event_id""#,
+            r#"aggregate_type = "aggregate_type""#,
+            r#"aggregate_id = "aggregate_id""#,
+            r#"payload = "body""#,
+            r#"timestamp = "created_at""#,
+            r#"topic_template = "billing.${kind}.${2}""#,
+            r#"topic_regex = "(?<kind>[a-z]+)-(.*)""#,
+            r#""linger.ms" = "10""#,
+        ] {
+            assert!(toml.contains(expected), "{expected} missing in\n{toml}");
+        }
+        assert!(!toml.contains("/secrets/"), "{toml}");
+        let notes = options(&imported.notes);
+        for option in [
+            "database.password",
+            "table.include.list",
+            "transforms.unwrap.type",
+            "transforms.router.route.topic.regex",
+            "transforms.router.route.tombstone.on.empty.payload",
+            "transforms.router.table.op.invalid.behavior",
+            "transforms.router.table.expand.json.payload",
+            "value.converter",
+            "producer.override.acks",
+            "producer.override.max.request.size",
+        ] {
+            assert!(notes.contains(&option), "no note for {option}: {notes:?}");
+        }
+        let table_note = imported
+            .notes
+            .iter()
+            .find(|n| n.option == "table.include.list")
+            .unwrap();
+        assert!(table_note.reason.contains("audit.log"), "{table_note}");
+    }
+
+    #[test]
+    fn not_an_outbox_connector_is_an_error() {
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        connector.options.insert(
+            "connector.class".into(),
+            "io.debezium.connector.mysql.MySqlConnector".into(),
+        );
+        assert!(
+            matches!(translate(&connector), Err(ImportError::Unsupported { option, .. }) if option == "connector.class")
+        );
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        connector.options.remove("transforms");
+        assert!(
+            matches!(translate(&connector), Err(ImportError::Unsupported { option, .. }) if option == "transforms")
+        );
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        connector.options.insert(
+            "transforms.outbox.table.fields.additional.placement".into(),
+            "type:body".into(),
+        );
+        let err = translate(&connector).unwrap_err();
+        assert!(err.to_string().contains("type:body"), "{err}");
+    }
+
+    #[test]
+    fn bare_config_maps_and_bad_files_parse_as_expected() {
+        let bare =
+            parse_json(r#"{"name": "n", "database.port": 5433, "slot.drop.on.stop": false}"#)
+                .unwrap();
+        assert_eq!(bare.name.as_deref(), Some("n"));
+        assert_eq!(bare.options["database.port"], "5433");
+        assert_eq!(bare.options["slot.drop.on.stop"], "false");
+        assert!(parse_json("[]").is_err());
+        assert!(parse_json(r#"{"config": 1}"#).is_err());
+        assert!(parse_json(r#"{"a": [1]}"#).unwrap_err().contains('a'));
+        assert_eq!(java_replacement("x.$1-${name}.$23"), "x.${1}-${name}.${23}");
+    }
+}
