@@ -15,6 +15,7 @@ use serde::Serialize;
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
+    events_decoded: IntCounterVec,
     events_published: IntCounterVec,
     events_null_key: IntCounterVec,
     events_dead_lettered: IntCounterVec,
@@ -108,12 +109,13 @@ impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
         Metrics {
-            events_published: counter(&r, "outbox_relay_events_published_total", "Events acknowledged by Kafka.", &["pipeline"]),
+            events_decoded: counter(&r, "outbox_relay_events_decoded_total", "Outbox events decoded from the WAL (table inserts and logical messages).", &["pipeline"]),
+            events_published: counter(&r, "outbox_relay_events_published_total", "Records acknowledged by Kafka, by topic (dead-letter copies under their topic).", &["pipeline", "topic"]),
             events_null_key: counter(&r, "outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
             events_dead_lettered: counter(&r, "outbox_relay_events_dead_lettered_total", "Events that could not be routed, sent to the dead-letter topic, by reason.", &["pipeline", "reason"]),
             messages_skipped: counter(&r, "outbox_relay_messages_skipped_total", "pgoutput messages passed over: not an insert into the outbox table.", &["pipeline", "kind"]),
             transactions: counter(&r, "outbox_relay_transactions_total", "Committed transactions received.", &["pipeline"]),
-            delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge.", &["pipeline", "retryable"]),
+            delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge, by topic and whether publishing again may succeed.", &["pipeline", "topic", "retryable"]),
             status_updates: counter(&r, "outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
             reconnects: counter(&r, "outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error.", &["pipeline"]),
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
@@ -138,7 +140,8 @@ impl Metrics {
     /// Handles labelled for one pipeline.
     pub fn pipeline(&self, pipeline: &str) -> PipelineMetrics {
         PipelineMetrics {
-            events_published: self.events_published.with_label_values(&[pipeline]),
+            events_decoded: self.events_decoded.with_label_values(&[pipeline]),
+            events_published: self.events_published.clone(),
             events_null_key: self.events_null_key.with_label_values(&[pipeline]),
             events_dead_lettered: self.events_dead_lettered.clone(),
             messages_skipped: self.messages_skipped.clone(),
@@ -181,7 +184,8 @@ impl Metrics {
 #[derive(Clone)]
 pub struct PipelineMetrics {
     pipeline: String,
-    pub events_published: IntCounter,
+    pub events_decoded: IntCounter,
+    events_published: IntCounterVec,
     pub events_null_key: IntCounter,
     events_dead_lettered: IntCounterVec,
     messages_skipped: IntCounterVec,
@@ -265,10 +269,18 @@ impl PipelineMetrics {
         }
     }
 
-    pub fn delivery_failed(&self, retryable: bool) {
+    /// Counts a record Kafka acknowledged on `topic`.
+    pub fn published(&self, topic: &str) {
+        self.events_published
+            .with_label_values(&[&self.pipeline, topic])
+            .inc();
+    }
+
+    /// Counts a record Kafka did not acknowledge on `topic`.
+    pub fn delivery_failed(&self, topic: &str, retryable: bool) {
         let label = if retryable { "true" } else { "false" };
         self.delivery_failures
-            .with_label_values(&[&self.pipeline, label])
+            .with_label_values(&[&self.pipeline, topic, label])
             .inc();
     }
 }
@@ -281,11 +293,15 @@ mod tests {
     fn renders_labelled_metrics() {
         let metrics = Metrics::new();
         let p = metrics.pipeline("orders");
-        p.events_published.inc_by(3);
+        for _ in 0..3 {
+            p.published("Order.events");
+        }
         p.skipped("update");
         let text = metrics.render();
         assert!(
-            text.contains("outbox_relay_events_published_total{pipeline=\"orders\"} 3"),
+            text.contains(
+                "outbox_relay_events_published_total{pipeline=\"orders\",topic=\"Order.events\"} 3"
+            ),
             "{text}"
         );
         assert!(

@@ -349,7 +349,7 @@ async fn run_session(
         server_wal_end: confirmed_flush_lsn,
         progress: Progress {
             at: Instant::now(),
-            published: metrics.events_published.get(),
+            published: 0,
             flush: confirmed_flush_lsn,
         },
         sent_flush: Lsn::ZERO,
@@ -597,6 +597,7 @@ impl<S: Sink> Session<'_, S> {
         let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
             SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction"))
         })?;
+        self.metrics.events_decoded.inc();
         if event.aggregate_id.is_none() {
             self.null_key(&event);
         }
@@ -684,7 +685,8 @@ impl<S: Sink> Session<'_, S> {
                         lsn: self.last_received,
                         source,
                     })?;
-                self.metrics.events_published.inc();
+                self.metrics.published(&delivery.topic);
+                self.progress.published += 1;
                 self.metrics
                     .delivery_latency
                     .observe(delivery.latency.as_secs_f64());
@@ -699,7 +701,7 @@ impl<S: Sink> Session<'_, S> {
                 Ok(())
             }
             Err(e) => {
-                self.metrics.delivery_failed(e.retryable);
+                self.metrics.delivery_failed(&delivery.topic, e.retryable);
                 if e.retryable {
                     return Err(e.into());
                 }
@@ -746,14 +748,14 @@ impl<S: Sink> Session<'_, S> {
         if elapsed < PROGRESS_INTERVAL {
             return;
         }
-        let published = self.metrics.events_published.get();
+        let published = self.progress.published;
         if lag > PROGRESS_MIN_LAG_BYTES {
             let secs = elapsed.as_secs_f64();
             let bytes_per_sec = flush.0.saturating_sub(self.progress.flush.0) as f64 / secs;
             let eta = (bytes_per_sec > 0.0).then(|| format!("{:.0}s", lag as f64 / bytes_per_sec));
             info!(
                 pipeline = %self.config.name,
-                events_per_sec = ((published - self.progress.published) as f64 / secs).round(),
+                events_per_sec = (published as f64 / secs).round(),
                 lag_bytes = lag,
                 eta = eta.as_deref().unwrap_or("unknown"),
                 "catching up"
@@ -761,7 +763,7 @@ impl<S: Sink> Session<'_, S> {
         }
         self.progress = Progress {
             at: Instant::now(),
-            published,
+            published: 0,
             flush,
         };
     }
@@ -776,6 +778,7 @@ impl<S: Sink> Session<'_, S> {
 /// Snapshot for the catch-up progress line.
 struct Progress {
     at: Instant,
+    /// Records acknowledged since `at`.
     published: u64,
     flush: Lsn,
 }

@@ -1223,8 +1223,14 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         text.contains("outbox_relay_pipeline_streaming{pipeline=\"db1\"} 0"),
         "{text}"
     );
+    let published_db0: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("outbox_relay_events_published_total{pipeline=\"db0\",topic="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(published_db0, 12.0, "{text}");
     assert!(
-        text.contains("outbox_relay_events_published_total{pipeline=\"db0\"} 12"),
+        text.contains("outbox_relay_events_decoded_total{pipeline=\"db0\"} 12"),
         "{text}"
     );
     assert!(

@@ -140,6 +140,7 @@ impl Sink for KafkaSink {
                 Ok(future) => {
                     let meta = RecordMeta {
                         token,
+                        topic: record.topic,
                         size,
                         sent: Instant::now(),
                         timestamp_ms: record.timestamp_ms,
@@ -154,8 +155,9 @@ impl Sink for KafkaSink {
                     future_record = returned;
                     match self.pending.next().await {
                         Some((meta, outcome)) => {
+                            let size = meta.size;
                             let delivery = self.describe_outcome(meta, outcome);
-                            self.ready.push((delivery, meta.size));
+                            self.ready.push((delivery, size));
                         }
                         None => tokio::time::sleep(Duration::from_millis(10)).await,
                     }
@@ -179,7 +181,8 @@ impl Sink for KafkaSink {
             Some(ready) => ready,
             None => {
                 let (meta, outcome) = self.pending.next().await?;
-                (self.describe_outcome(meta, outcome), meta.size)
+                let size = meta.size;
+                (self.describe_outcome(meta, outcome), size)
             }
         };
         self.in_flight.events -= 1;
@@ -234,6 +237,7 @@ impl KafkaSink {
         };
         Delivery {
             token: meta.token,
+            topic: meta.topic,
             result,
             latency: meta.sent.elapsed(),
             timestamp_ms: meta.timestamp_ms,
@@ -250,9 +254,10 @@ struct PendingDelivery {
 }
 
 /// What the sink keeps of a record while it is in flight.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct RecordMeta {
     token: EventToken,
+    topic: String,
     size: usize,
     sent: Instant,
     timestamp_ms: Option<i64>,
@@ -262,10 +267,13 @@ impl Future for PendingDelivery {
     type Output = (RecordMeta, DeliveryOutcome);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let meta = self.meta;
-        Pin::new(&mut self.future)
-            .poll(cx)
-            .map(|outcome| (meta, outcome))
+        let outcome = std::task::ready!(Pin::new(&mut self.future).poll(cx));
+        // Polled to completion once (FuturesUnordered drops it then): take the meta.
+        let meta = RecordMeta {
+            topic: std::mem::take(&mut self.meta.topic),
+            ..self.meta.clone()
+        };
+        Poll::Ready((meta, outcome))
     }
 }
 

@@ -73,6 +73,8 @@ pub struct DeliveryError {
 #[derive(Debug)]
 pub struct Delivery {
     pub token: EventToken,
+    /// The record's topic.
+    pub topic: String,
     pub result: Result<(), DeliveryError>,
     /// From acceptance to outcome.
     pub latency: std::time::Duration,
