@@ -34,7 +34,7 @@ use serde_json::value::RawValue;
 use crate::config::{
     NullPayload, OutboxColumns, Placement, RecordConfig, RouteConfig, TopicCase, ValueFormat,
 };
-use crate::sink::{DeliveryError, Record};
+use crate::sink::{DeliveryError, Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
@@ -647,7 +647,7 @@ fn seconds_len(offset: &str) -> usize {
 }
 
 /// Turns a jsonb object's text into headers, in the object's order.
-fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<(Cow<'static, str>, Option<Bytes>)>, String> {
+fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<Header>, String> {
     let mut deserializer = serde_json::Deserializer::from_slice(json);
     let entries = deserializer
         .deserialize_map(EntriesVisitor)

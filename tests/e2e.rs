@@ -2265,8 +2265,16 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
             .map(|_| ())
     })
     .await;
-    let (written, _) =
-        write_events(&db.client, 1, 1, &[aggregate.clone()], 1, 0, Duration::ZERO).await;
+    let (written, _) = write_events(
+        &db.client,
+        1,
+        1,
+        std::slice::from_ref(&aggregate),
+        1,
+        0,
+        Duration::ZERO,
+    )
+    .await;
     consume(
         &kafka().bootstrap(),
         &[topic.as_str()],
@@ -2288,7 +2296,7 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
         &db.client,
         1,
         1,
-        &[aggregate.clone()],
+        std::slice::from_ref(&aggregate),
         1,
         10,
         Duration::ZERO,

@@ -777,9 +777,12 @@ mod tests {
         c.validate().unwrap();
     }
 
+    /// A field path and a change that breaks it.
+    type Breaks = Vec<(&'static str, Box<dyn Fn(&mut PipelineConfig)>)>;
+
     #[test]
     fn errors_name_the_field() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut PipelineConfig)>)> = vec![
+        let cases: Breaks = vec![
             ("slot", Box::new(|c| c.slot = "Bad-Slot".into())),
             ("slot", Box::new(|c| c.slot = String::new())),
             ("publication", Box::new(|c| c.publication = String::new())),

@@ -14,6 +14,9 @@ use bytes::Bytes;
 
 use crate::checkpoint::EventToken;
 
+/// A record header: name and value (`None`: a null value).
+pub type Header = (Cow<'static, str>, Option<Bytes>);
+
 /// A message for the broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
@@ -23,7 +26,7 @@ pub struct Record {
     /// `None`: a tombstone.
     pub value: Option<Bytes>,
     /// Name and value (`None`: a null header value), in order.
-    pub headers: Vec<(Cow<'static, str>, Option<Bytes>)>,
+    pub headers: Vec<Header>,
     /// Unix epoch, ms.
     pub timestamp_ms: Option<i64>,
     /// `None`: chosen by the producer's partitioner from the key.
