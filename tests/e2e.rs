@@ -1718,6 +1718,43 @@ async fn libpq_environment_and_password_file_are_honoured() {
     );
 }
 
+/// `run` arguments for a relay on `db` (a private cluster's database) with slot `slot`,
+/// outbox_pub, public.outbox and the shared broker.
+fn private_cluster_args(db: &support::TestDb, slot: &str) -> Vec<String> {
+    [
+        "run",
+        "--source-url",
+        &db.url(Auth::Scram),
+        "--slot",
+        slot,
+        "--publication",
+        "outbox_pub",
+        "--table",
+        "public.outbox",
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Waits until a walsender streams from `slot` (as seen from `client`'s database).
+async fn wait_slot_streaming(client: &tokio_postgres::Client, slot: &str) {
+    wait_for("a walsender on the slot", Duration::from_secs(60), || async {
+        client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .ok()
+            .flatten()
+            .map(|_| ())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_uncommitted() {
     // A cluster of its own: this test restarts it.
@@ -1728,38 +1765,12 @@ async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_unc
     let topic = format!("{}.events", types[0]);
     kafka().create_topic(&topic, 2);
     let slot = format!("{name}_slot");
-    let args: Vec<String> = [
-        "run",
-        "--source-url",
-        &db.url(Auth::Scram),
-        "--slot",
-        &slot,
-        "--publication",
-        "outbox_pub",
-        "--table",
-        "public.outbox",
-        "--bootstrap-servers",
-        &kafka().bootstrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = private_cluster_args(&db, &slot);
     let mut relay = Relay::spawn(&args);
     let streaming = |client: tokio_postgres::Client| {
         let slot = slot.clone();
         async move {
-            wait_for("a walsender on the slot", Duration::from_secs(60), || async {
-                client
-                    .query_opt(
-                        "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
-                        &[&slot],
-                    )
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|_| ())
-            })
-            .await;
+            wait_slot_streaming(&client, &slot).await;
             client
         }
     };
@@ -2234,37 +2245,11 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
     let topic = format!("{aggregate}.events");
     kafka().create_topic(&topic, 1);
     let slot = format!("{name}_slot");
-    let args: Vec<String> = [
-        "run",
-        "--source-url",
-        &db.url(Auth::Scram),
-        "--slot",
-        &slot,
-        "--publication",
-        "outbox_pub",
-        "--table",
-        "public.outbox",
-        "--bootstrap-servers",
-        &kafka().bootstrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = private_cluster_args(&db, &slot);
 
     // A first start creates the slot and publishes an event; then the relay stops.
     let mut relay = Relay::spawn(&args);
-    wait_for("the relay streaming", Duration::from_secs(60), || async {
-        db.client
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
-                &[&slot],
-            )
-            .await
-            .ok()
-            .flatten()
-            .map(|_| ())
-    })
-    .await;
+    wait_slot_streaming(&db.client, &slot).await;
     let (written, _) = write_events(
         &db.client,
         1,
