@@ -162,16 +162,7 @@ impl Sink for KafkaSink {
                         None => tokio::time::sleep(Duration::from_millis(10)).await,
                     }
                 }
-                Err((error, _)) => {
-                    return Err(DeliveryError {
-                        event_id: record.event_id(),
-                        topic: record.topic.clone(),
-                        retryable: is_retryable(&error),
-                        too_large: is_too_large(&error),
-                        reason: self.describe(&error, size),
-                        record: Some(Box::new(record)),
-                    })
-                }
+                Err((error, _)) => return Err(self.refused(&error, size, record)),
             }
         }
     }
@@ -211,20 +202,24 @@ impl KafkaSink {
         }
     }
 
+    /// The error for `record` (`size` bytes) that the client refused or failed to deliver.
+    fn refused(&self, error: &KafkaError, size: usize, record: Record) -> DeliveryError {
+        DeliveryError {
+            event_id: record.event_id(),
+            topic: record.topic.clone(),
+            retryable: is_retryable(error),
+            too_large: is_too_large(error),
+            reason: self.describe(error, size),
+            record: Some(Box::new(record)),
+        }
+    }
+
     fn describe_outcome(&self, meta: RecordMeta, outcome: DeliveryOutcome) -> Delivery {
         let size = meta.size;
         let result = match outcome {
             Ok(Ok(_)) => Ok(()),
             Ok(Err((error, message))) => {
-                let record = returned_record(&message, meta.timestamp_ms);
-                Err(DeliveryError {
-                    event_id: record.event_id(),
-                    topic: record.topic.clone(),
-                    retryable: is_retryable(&error),
-                    too_large: is_too_large(&error),
-                    reason: self.describe(&error, size),
-                    record: Some(Box::new(record)),
-                })
+                Err(self.refused(&error, size, returned_record(&message, meta.timestamp_ms)))
             }
             Err(_canceled) => Err(DeliveryError {
                 event_id: String::new(),
