@@ -219,6 +219,22 @@ impl HolderWatch {
             debug!(pipeline = %config.name, pid = holder.pid, reply_age_secs = server_age, unchanged_secs = since.elapsed().as_secs(), "slot held by another walsender");
             return;
         }
+        // The server itself ends a walsender whose client is silent for wal_sender_timeout;
+        // a walsender that outlived that while its reply_time stood still is busy (replaying
+        // a large transaction) and its relay alive. Terminating it would restart the replay,
+        // and two relays with the option would take turns forever.
+        match slot::wal_sender_timeout(client).await {
+            Ok(timeout) if !timeout.is_zero() && grace <= timeout => {
+                warn!(pipeline = %config.name, pid = holder.pid, wal_sender_timeout_secs = timeout.as_secs(), grace_secs = grace.as_secs(), "not terminating the walsender holding the slot: terminate_stale_walsender_after_secs must exceed the server's wal_sender_timeout, which ends stale walsenders by itself");
+                self.seen = None;
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(pipeline = %config.name, error = %chain(&e), "cannot read wal_sender_timeout; not terminating the walsender holding the slot");
+                return;
+            }
+        }
         let terminated = slot::terminate_stale_walsender(client, &holder).await;
         match &terminated {
             Ok(true) => warn!(

@@ -3679,3 +3679,45 @@ async fn an_imported_debezium_connector_takes_over_its_slot_and_keeps_its_topics
     assert_delivered(&written, &consumed, true);
     drop(relay);
 }
+
+/// A grace period not longer than the server's wal_sender_timeout is not used: the server ends
+/// a stale walsender by itself then, and one that outlives the timeout with its reply_time
+/// standing still is busy decoding for a live relay (two relays with the option would
+/// terminate each other's replays forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_takeover_with_a_grace_period_within_wal_sender_timeout() {
+    let setup = Setup::new("grace_within", &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET wal_sender_timeout = '60s'",
+            setup.db.name
+        ))
+        .await
+        .unwrap();
+    let (stale, stale_pid) = stopped_holder(&setup).await;
+    let mut waiting = Relay::spawn(&with_takeover(
+        setup.relay_args(&kafka().bootstrap(), Auth::Trust),
+    ));
+    waiting
+        .wait_for_log(
+            "must exceed the server's wal_sender_timeout",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(
+        setup.db.slot_active_pid(&setup.slot).await,
+        Some(stale_pid),
+        "the walsender was terminated:\n{}",
+        waiting.log()
+    );
+    assert!(
+        !waiting
+            .log()
+            .contains("terminated the walsender holding the slot"),
+        "{}",
+        waiting.log()
+    );
+    drop(stale);
+}

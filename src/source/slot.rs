@@ -98,6 +98,14 @@ pub async fn prepare(
         }
     };
 
+    Ok(SlotState {
+        confirmed_flush_lsn,
+        wal_sender_timeout: wal_sender_timeout(client).await?,
+    })
+}
+
+/// The server's `wal_sender_timeout` for this database and role (zero: never).
+pub async fn wal_sender_timeout(client: &Client) -> Result<Duration, SourceError> {
     let timeout_ms: i64 = client
         .query_one(
             "SELECT setting::bigint FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'",
@@ -105,10 +113,9 @@ pub async fn prepare(
         )
         .await?
         .get(0);
-    Ok(SlotState {
-        confirmed_flush_lsn,
-        wal_sender_timeout: Duration::from_millis(u64::try_from(timeout_ms).unwrap_or(0)),
-    })
+    Ok(Duration::from_millis(
+        u64::try_from(timeout_ms).unwrap_or(0),
+    ))
 }
 
 /// How much WAL the slot holds and may still hold, from `pg_replication_slots`.
