@@ -81,7 +81,7 @@ pub enum RouteError {
         column: String,
         value: String,
     },
-    #[error("event {event_id}: timestamp column {column:?} has value {value:?}, which is not a timestamp (ISO, e.g. 2026-11-29 23:24:30.123456+00)")]
+    #[error("event {event_id}: timestamp column {column:?} has value {value:?}, which is not a timestamp Kafka takes (ISO, e.g. 2026-11-29 23:24:30.123456+00, not before 1970)")]
     Timestamp {
         event_id: String,
         column: String,
@@ -347,11 +347,14 @@ impl Router {
         let mut timestamp_ms = commit_time_ms;
         if let Some(i) = self.timestamp {
             if let Some(text) = column(event, i).and_then(|c| c.text.as_deref()) {
-                timestamp_ms = parse_timestamp_ms(text).ok_or_else(|| RouteError::Timestamp {
-                    event_id: event_id(),
-                    column: self.columns[i].clone(),
-                    value: String::from_utf8_lossy(text).into_owned(),
-                })?;
+                // Kafka refuses negative timestamps (before 1970).
+                timestamp_ms = parse_timestamp_ms(text)
+                    .filter(|ms| *ms >= 0)
+                    .ok_or_else(|| RouteError::Timestamp {
+                        event_id: event_id(),
+                        column: self.columns[i].clone(),
+                        value: String::from_utf8_lossy(text).into_owned(),
+                    })?;
             }
         }
         let mut partition = None;
@@ -408,7 +411,9 @@ impl Router {
             key: record.key,
             value: if error.too_large { None } else { record.value },
             headers,
-            timestamp_ms: record.timestamp_ms,
+            // The producer's clock: the original timestamp may be why Kafka refused it
+            // (log.message.timestamp.*); it stays in the original row.
+            timestamp_ms: None,
             partition: None,
         }
     }
@@ -947,7 +952,7 @@ mod tests {
             (Some("2026-11-29T23:24:30.123456+00:00"), 1_795_994_670_123),
             // timestamp without time zone: UTC.
             (Some("2026-11-29 23:24:30.123456"), 1_795_994_670_123),
-            (Some("1900-01-01 05:53:28+05:53:28"), -2_208_988_800_000),
+            (Some("1970-01-01 05:53:28+05:53:28"), 0),
             (None, 42),
         ];
         for (text, expected) in cases {
@@ -968,6 +973,8 @@ mod tests {
             "29/11/2026 23:24:30",
             "2026-11-29 23:24:30+00 BC",
             "",
+            // Kafka refuses timestamps before 1970.
+            "1969-12-31 23:59:59.999+00",
         ] {
             let e = with_columns(
                 &router,
@@ -1359,7 +1366,7 @@ mod tests {
         assert_eq!(copy.topic, "dlq");
         assert_eq!(copy.key, record.key);
         assert_eq!(copy.value, None);
-        assert_eq!(copy.timestamp_ms, Some(7));
+        assert_eq!(copy.timestamp_ms, None);
         let names: Vec<&str> = copy.headers.iter().map(|(k, _)| k.as_ref()).collect();
         assert_eq!(names, ["id", "event_type", ERROR_HEADER, TOPIC_HEADER]);
         assert_eq!(copy.headers[3].1.as_deref(), Some(record.topic.as_bytes()));
