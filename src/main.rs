@@ -181,6 +181,8 @@ impl RunArgs {
             max_in_flight_events: self.max_in_flight_events,
             max_in_flight_bytes: self.max_in_flight_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
+            source_kind: config::SourceKind::LogTailing,
+            polling: config::PollingConfig::default(),
         }
     }
 }

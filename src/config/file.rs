@@ -62,9 +62,14 @@ struct PipelineSection {
     name: String,
     source_url: Option<String>,
     source_url_file: Option<String>,
-    slot: String,
-    publication: String,
+    /// Required with log tailing; unused by polling.
+    slot: Option<String>,
+    publication: Option<String>,
     table: TableName,
+    #[serde(default)]
+    source_kind: super::SourceKind,
+    #[serde(default)]
+    polling: super::PollingConfig,
     #[serde(default)]
     columns: OutboxColumns,
     message_prefix: Option<String>,
@@ -217,14 +222,29 @@ fn resolve(
                 (key, value)
             })
             .collect();
-        if !slots.insert((source_url.clone(), p.slot.clone())) && !source_url.is_empty() {
-            problem("slot", format!("{:?} on the same database is used by another pipeline (a slot admits one reader)", p.slot));
+        let log_tailing = p.source_kind == super::SourceKind::LogTailing;
+        let mut required = |field: &str, value: Option<String>, default: &str| match value {
+            Some(value) => value,
+            None if log_tailing => {
+                problem(field, "required with source_kind = \"log_tailing\"".into());
+                String::new()
+            }
+            // Unused by polling; kept so that switching to log tailing is one line.
+            None => default.to_owned(),
+        };
+        let slot = required("slot", p.slot, "outbox_relay");
+        let publication = required("publication", p.publication, "outbox_pub");
+        if log_tailing
+            && !slots.insert((source_url.clone(), slot.clone()))
+            && !source_url.is_empty()
+        {
+            problem("slot", format!("{slot:?} on the same database is used by another pipeline (a slot admits one reader)"));
         }
         let config = PipelineConfig {
             name: p.name,
             source_url,
-            slot: p.slot,
-            publication: p.publication,
+            slot,
+            publication,
             table: p.table,
             columns: p.columns,
             message_prefix: p.message_prefix,
@@ -246,6 +266,8 @@ fn resolve(
             max_in_flight_events: p.max_in_flight_events,
             max_in_flight_bytes: p.max_in_flight_bytes,
             shutdown_timeout_secs: p.shutdown_timeout_secs,
+            source_kind: p.source_kind,
+            polling: p.polling,
         };
         if let Err(e) = config.validate() {
             if !problems.iter().any(|known| known.field == at(&e.field)) {
@@ -536,6 +558,56 @@ mod tests {
             text.contains("additional_placement") && text.contains("footer"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn polling_pipelines_need_no_slot_and_log_tailing_ones_do() {
+        let config = load_str(
+            r#"
+            [[pipelines]]
+            name = "p"
+            source_url = "postgres://u@h/db"
+            source_kind = "polling"
+            table = "outbox_events"
+            kafka = { bootstrap_servers = "k:9092" }
+            [pipelines.polling]
+            mark = "flag"
+            batch_size = 50
+            notify_channel = "outbox_relay"
+            "#,
+            &[],
+        )
+        .unwrap();
+        let p = &config.pipelines[0];
+        assert_eq!(p.source_kind, super::super::SourceKind::Polling);
+        assert_eq!(p.polling.mark, super::super::MarkMode::Flag);
+        assert_eq!(p.polling.batch_size, 50);
+        assert_eq!(p.polling.max_interval_ms, 1_000, "defaults for the rest");
+        // Log tailing is the default, and needs its slot and publication.
+        let errors = load_str(
+            "[[pipelines]]\nname = \"p\"\nsource_url = \"postgres://u@h/db\"\ntable = \"outbox\"\nkafka = { bootstrap_servers = \"k:9092\" }\n",
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"pipelines[0].slot"), "{errors}");
+        assert!(fields.contains(&"pipelines[0].publication"), "{errors}");
+        // Polling problems name their field; unknown polling options are refused.
+        let errors = load_str(
+            &format!("{PIPELINE}source_kind = \"polling\"\npolling = {{ batch_size = 0 }}\nmessage_prefix = \"outbox\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            errors
+                .0
+                .iter()
+                .any(|e| e.field == "pipelines[0].polling.batch_size"),
+            "{errors}"
+        );
+        let errors =
+            load_str(&format!("{PIPELINE}polling = {{ batch_sise = 5 }}\n"), &[]).unwrap_err();
+        assert!(errors.to_string().contains("batch_sise"), "{errors}");
     }
 
     #[test]

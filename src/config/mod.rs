@@ -15,6 +15,9 @@ use crate::source::tls::{self, TlsSettings};
 
 pub mod file;
 pub mod libpq_env;
+pub mod polling;
+
+pub use polling::{MarkMode, PollingConfig, SourceKind};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
 /// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).
@@ -295,6 +298,10 @@ pub struct PipelineConfig {
     pub max_in_flight_events: usize,
     pub max_in_flight_bytes: usize,
     pub shutdown_timeout_secs: u64,
+    /// Log tailing (default; `slot`, `publication` and `create_slot` apply) or polling
+    /// (`polling` applies).
+    pub source_kind: SourceKind,
+    pub polling: PollingConfig,
 }
 
 impl fmt::Debug for PipelineConfig {
@@ -316,6 +323,8 @@ impl fmt::Debug for PipelineConfig {
             .field("max_in_flight_events", &self.max_in_flight_events)
             .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("shutdown_timeout_secs", &self.shutdown_timeout_secs)
+            .field("source_kind", &self.source_kind)
+            .field("polling", &self.polling)
             .finish()
     }
 }
@@ -329,20 +338,32 @@ impl PipelineConfig {
             return Err(ConfigError::new("name", "must not be empty"));
         }
         self.source_config()?;
+        if self.source_kind == SourceKind::Polling {
+            if let Some(first) = self.polling.problems().into_iter().next() {
+                return Err(first);
+            }
+            if self.message_prefix.is_some() {
+                return Err(ConfigError::new(
+                    "message_prefix",
+                    "logical decoding messages need source_kind = \"log_tailing\"",
+                ));
+            }
+        }
         // PostgreSQL's rule for slot names (ReplicationSlotValidateName).
-        if self.slot.is_empty()
-            || self.slot.len() > 63
-            || !self
-                .slot
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        if self.source_kind == SourceKind::LogTailing
+            && (self.slot.is_empty()
+                || self.slot.len() > 63
+                || !self
+                    .slot
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
         {
             return Err(ConfigError::new(
                 "slot",
                 format!("{:?} must be 1-63 characters of a-z, 0-9 and _", self.slot),
             ));
         }
-        if self.publication.is_empty() {
+        if self.source_kind == SourceKind::LogTailing && self.publication.is_empty() {
             return Err(ConfigError::new("publication", "must not be empty"));
         }
         if let Some(first) = self.routing_problems().into_iter().next() {
@@ -638,6 +659,8 @@ mod tests {
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+            source_kind: SourceKind::LogTailing,
+            polling: PollingConfig::default(),
         }
     }
 
