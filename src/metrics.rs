@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 use serde::Serialize;
 
@@ -30,7 +30,19 @@ pub struct Metrics {
     lag_bytes: IntGaugeVec,
     delivery_latency: HistogramVec,
     commit_to_ack: HistogramVec,
+    polling: PollingMetricVecs,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+}
+
+/// Metrics of the polling source only.
+#[derive(Clone)]
+struct PollingMetricVecs {
+    pending_rows: IntGaugeVec,
+    oldest_pending_age: GaugeVec,
+    failed_rows: IntGaugeVec,
+    events_failed: IntCounterVec,
+    polls: IntCounterVec,
+    rows_purged: IntCounterVec,
 }
 
 /// Seconds: 1 ms to 60 s.
@@ -113,6 +125,18 @@ impl Metrics {
             lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL and the confirmed flush LSN."),
             delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the producer to Kafka's acknowledgement."),
             commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to Kafka's acknowledgement (wall clocks of both hosts)."),
+            polling: PollingMetricVecs {
+                pending_rows: gauge(&r, "outbox_relay_pending_rows", "Polling: outbox rows waiting to be published (including those waiting for a retry)."),
+                oldest_pending_age: {
+                    let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_pending_age_seconds", "Polling: age of the oldest pending outbox row (0 when none)."), &["pipeline"]).expect("valid metric");
+                    r.register(Box::new(metric.clone())).expect("metric registered once");
+                    metric
+                },
+                failed_rows: gauge(&r, "outbox_relay_failed_rows", "Polling: outbox rows marked FAILED (not retried; need an operator)."),
+                events_failed: counter(&r, "outbox_relay_events_failed_total", "Polling: events this relay marked FAILED, by whether the last error was retryable.", &["pipeline", "retryable"]),
+                polls: counter(&r, "outbox_relay_polls_total", "Polling: poll cycles run.", &["pipeline"]),
+                rows_purged: counter(&r, "outbox_relay_rows_purged_total", "Polling: published rows deleted by the retention purge.", &["pipeline"]),
+            },
             health: Arc::default(),
             registry: r,
         }
@@ -136,6 +160,17 @@ impl Metrics {
             lag_bytes: self.lag_bytes.with_label_values(&[pipeline]),
             delivery_latency: self.delivery_latency.with_label_values(&[pipeline]),
             commit_to_ack: self.commit_to_ack.with_label_values(&[pipeline]),
+            polling: PollingMetrics {
+                pending_rows: self.polling.pending_rows.with_label_values(&[pipeline]),
+                oldest_pending_age: self
+                    .polling
+                    .oldest_pending_age
+                    .with_label_values(&[pipeline]),
+                failed_rows: self.polling.failed_rows.with_label_values(&[pipeline]),
+                events_failed: self.polling.events_failed.clone(),
+                polls: self.polling.polls.with_label_values(&[pipeline]),
+                rows_purged: self.polling.rows_purged.with_label_values(&[pipeline]),
+            },
             health: self.health.clone(),
             pipeline: pipeline.to_owned(),
         }
@@ -176,7 +211,30 @@ pub struct PipelineMetrics {
     pub lag_bytes: IntGauge,
     pub delivery_latency: Histogram,
     pub commit_to_ack: Histogram,
+    /// Used by the polling source only.
+    pub polling: PollingMetrics,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+}
+
+/// One pipeline's polling-source metric handles.
+#[derive(Clone)]
+pub struct PollingMetrics {
+    pub pending_rows: IntGauge,
+    pub oldest_pending_age: Gauge,
+    pub failed_rows: IntGauge,
+    events_failed: IntCounterVec,
+    pub polls: IntCounter,
+    pub rows_purged: IntCounter,
+}
+
+impl PollingMetrics {
+    /// Counts an event marked FAILED; `pipeline` labels it.
+    pub fn failed(&self, pipeline: &str, retryable: bool) {
+        let label = if retryable { "true" } else { "false" };
+        self.events_failed
+            .with_label_values(&[pipeline, label])
+            .inc();
+    }
 }
 
 impl PipelineMetrics {
@@ -216,6 +274,11 @@ impl PipelineMetrics {
         self.events_dead_lettered
             .with_label_values(&[&self.pipeline, reason])
             .inc();
+    }
+
+    /// The pipeline's name, as in the labels.
+    pub fn name(&self) -> &str {
+        &self.pipeline
     }
 
     pub fn delivery_failed(&self, retryable: bool) {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::checkpoint::AckTracker;
-use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig};
+use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig, SourceKind};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
@@ -53,6 +53,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     config.validate()?;
+    if config.source_kind == SourceKind::Polling {
+        return crate::polling::run(config, metrics, shutdown).await;
+    }
     let backoff = || {
         ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
