@@ -85,6 +85,18 @@ const PENDING: &str = "PENDING";
 const PUBLISHED: &str = "PUBLISHED";
 const FAILED: &str = "FAILED";
 
+/// Checks that the outbox table has every column `config` needs, as a polling pipeline does
+/// at start; returns the query of the pending count, oldest pending age (s) and failed count.
+///
+/// Returns an error naming the table or the missing column.
+pub(crate) async fn check_table(client: &Client, config: &PipelineConfig) -> Result<String, Error> {
+    let router = Router::new(&config.route, &config.columns, &config.record)
+        .map_err(|problem| ConfigError::new("route", problem))?;
+    Ok(Statements::prepare(client, config, router.columns())
+        .await?
+        .stats)
+}
+
 /// A row the polling source cannot use; the pipeline stops (nothing of the row is marked).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PollingError {
@@ -243,7 +255,7 @@ fn new_sink(config: &PipelineConfig) -> Result<KafkaSink, Error> {
 
 /// The SQL of one pipeline, built once from the configuration and the table's columns.
 #[derive(Debug)]
-struct Statements {
+pub(crate) struct Statements {
     /// `$1`: the batch size (int8).
     select: String,
     /// `$1`: ctids (text[]).
@@ -279,7 +291,7 @@ impl Statements {
     ///
     /// Returns an error naming the table or the column if one the configuration needs is
     /// not there.
-    async fn prepare(
+    pub(crate) async fn prepare(
         client: &Client,
         config: &PipelineConfig,
         extra: &[String],
@@ -356,7 +368,23 @@ impl Statements {
             extra_kinds.push(kind);
         }
 
-        let (pending, blocking, due) = match p.mark {
+        // The pending condition on the table under `alias` (`o.` or nothing).
+        let pending_on = |alias: &str| -> Result<String, Error> {
+            Ok(match p.mark {
+                MarkMode::Status => format!(
+                    "{alias}{} = {}",
+                    need("polling.status_column", &p.status_column)?.0,
+                    lit(PENDING)
+                ),
+                MarkMode::Flag => format!(
+                    "NOT {alias}{}",
+                    need("polling.published_column", &p.published_column)?.0
+                ),
+                MarkMode::Delete => "true".to_owned(),
+            })
+        };
+        let (pending, stats_pending) = (pending_on("o.")?, pending_on("")?);
+        let (blocking, due) = match p.mark {
             MarkMode::Status => {
                 let (status, _) = need("polling.status_column", &p.status_column)?;
                 need("polling.published_at_column", &p.published_at_column)?;
@@ -369,20 +397,12 @@ impl Statements {
                     format!("p.{status} = {}", lit(PENDING))
                 };
                 (
-                    format!("o.{status} = {}", lit(PENDING)),
                     blocking,
                     format!(" AND (o.{next_retry_at} IS NULL OR o.{next_retry_at} <= now())"),
                 )
             }
-            MarkMode::Flag => {
-                let (published, _) = need("polling.published_column", &p.published_column)?;
-                (
-                    format!("NOT o.{published}"),
-                    format!("NOT p.{published}"),
-                    String::new(),
-                )
-            }
-            MarkMode::Delete => ("true".to_owned(), "true".to_owned(), String::new()),
+            MarkMode::Flag => (pending_on("p.")?, String::new()),
+            MarkMode::Delete => ("true".to_owned(), String::new()),
         };
         // The count stops at the batch size: a row with more blocking predecessors cannot
         // have them all in its batch anyway.
@@ -442,7 +462,6 @@ impl Statements {
             }
             _ => (None, None),
         };
-        let stats_pending = pending.replace("o.", "");
         let stats = match p.mark {
             MarkMode::Status => format!(
                 "SELECT count(*) FILTER (WHERE {stats_pending}),

@@ -67,6 +67,26 @@ impl Setup {
         kafka_properties: &str,
         metrics: Option<&str>,
     ) -> Vec<String> {
+        self.relay_args_for(
+            "public.outbox",
+            relay,
+            bootstrap,
+            polling,
+            kafka_properties,
+            metrics,
+        )
+    }
+
+    /// [`Setup::relay_args`] for another outbox table.
+    fn relay_args_for(
+        &self,
+        table: &str,
+        relay: &str,
+        bootstrap: &str,
+        polling: &str,
+        kafka_properties: &str,
+        metrics: Option<&str>,
+    ) -> Vec<String> {
         let url = format!("{}?application_name={relay}", self.db.url(Auth::Trust));
         let path = self.dir.path().join(format!("{relay}.toml"));
         std::fs::write(
@@ -82,7 +102,7 @@ bootstrap_servers = "{bootstrap}"
 name = "{name}"
 source_url = "{url}"
 source_kind = "polling"
-table = "public.outbox"
+table = "{table}"
 shutdown_timeout_secs = 5
 [pipelines.polling]
 {polling}
@@ -652,4 +672,130 @@ async fn polling_kill_9_between_publish_and_mark_duplicates_only_that_batch() {
     )
     .await;
     drop(relays);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missing() {
+    let setup = Setup::new("poll_modes", &["Order"], 2).await;
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    client
+        .batch_execute(
+            "CREATE TABLE outbox_flag (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL,
+               aggregate_id text, event_type text, payload jsonb, created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+               published boolean NOT NULL DEFAULT false);
+             CREATE TABLE outbox_delete (LIKE outbox_flag INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+             ALTER TABLE outbox_delete DROP COLUMN published, ADD PRIMARY KEY (id);",
+        )
+        .await
+        .unwrap();
+    let mut written = Vec::new();
+    for (table, n) in [("outbox_flag", 0), ("outbox_delete", 1)] {
+        for i in 0..5 {
+            let row = client
+                .query_one(
+                    &format!("INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) VALUES ($1, $2, 'E', $3::text::jsonb) RETURNING id::text, payload::text"),
+                    &[&t, &format!("k{n}"), &payload(i)],
+                )
+                .await
+                .unwrap();
+            written.push(Written {
+                id: row.get(0),
+                aggregate_type: t.clone(),
+                aggregate_id: format!("k{n}"),
+                payload: row.get(1),
+            });
+        }
+    }
+    let bootstrap = kafka().bootstrap();
+    let flag = Relay::spawn(&setup.relay_args_for(
+        "public.outbox_flag",
+        "flag",
+        &bootstrap,
+        "mark = \"flag\"",
+        "",
+        None,
+    ));
+    let delete = Relay::spawn(&setup.relay_args_for(
+        "public.outbox_delete",
+        "delete",
+        &bootstrap,
+        "mark = \"delete\"",
+        "",
+        None,
+    ));
+    let consumed = setup
+        .consume_all(10, Duration::from_secs(2), Duration::from_secs(60))
+        .await;
+    assert_eq!(assert_delivered(&written, &consumed, 1), 0);
+    wait_for("rows to be marked", Duration::from_secs(30), || async {
+        let flagged: i64 = setup
+            .db
+            .query_one_value("SELECT count(*) FROM outbox_flag WHERE published")
+            .await;
+        let left: i64 = setup
+            .db
+            .query_one_value("SELECT count(*) FROM outbox_delete")
+            .await;
+        (flagged == 5 && left == 0).then_some(())
+    })
+    .await;
+    drop((flag, delete));
+
+    // check: a table without the status columns, and a role that may not mark rows.
+    let check = |args: Vec<String>| async move {
+        let mut args = args;
+        args[0] = "check".into();
+        let mut relay = Relay::spawn(&args);
+        let status = relay.wait(Duration::from_secs(60));
+        (status.success(), relay.log())
+    };
+    let (ok, out) = check(setup.relay_args(
+        "good",
+        &bootstrap,
+        "notify_channel = \"outbox_relay\"",
+        "",
+        None,
+    ))
+    .await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("polling: needs no REPLICATION")
+            && out.contains("0 pending")
+            && !out.contains("wal senders"),
+        "{out}"
+    );
+    let (ok, out) =
+        check(setup.relay_args_for("public.outbox_flag", "missing", &bootstrap, "", "", None))
+            .await;
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("FAIL") && out.contains("no column \"status\""),
+        "{out}"
+    );
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE reader_{0} LOGIN; GRANT SELECT ON outbox TO reader_{0};",
+            setup.name
+        ))
+        .await
+        .unwrap();
+    let mut args = setup.relay_args("reader", &bootstrap, "", "", None);
+    let path = args[2].clone();
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "postgres://postgres@",
+        &format!("postgres://reader_{}@", setup.name),
+    );
+    std::fs::write(&path, text).unwrap();
+    args[0] = "check".into();
+    let mut relay = Relay::spawn(&args);
+    assert!(!relay.wait(Duration::from_secs(60)).success());
+    let out = relay.log();
+    assert!(
+        out.contains(&format!(
+            "GRANT UPDATE ON \"public\".\"outbox\" TO reader_{}",
+            setup.name
+        )),
+        "{out}"
+    );
 }
