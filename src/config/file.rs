@@ -411,6 +411,52 @@ mod tests {
     }
 
     #[test]
+    fn the_example_polling_pipeline_loads_when_uncommented() {
+        let start = EXAMPLE.find("# --- Polling source").unwrap();
+        let mut example = EXAMPLE[..start].to_owned();
+        for line in EXAMPLE[start..].lines() {
+            // "# key = value" and "# [section]" are options; "# # ..." and prose stay comments.
+            let option = line.strip_prefix("# ").filter(|l| {
+                l.starts_with('[')
+                    || l.split_once(" = ").is_some_and(|(key, _)| {
+                        key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+            });
+            example.push_str(option.unwrap_or(line));
+            example.push('\n');
+        }
+        let config = load_str(
+            &example,
+            &[
+                (
+                    "ORDERS_DATABASE_URL",
+                    "postgres://relay:pw@orders-db/orders",
+                ),
+                (
+                    "BILLING_DATABASE_URL",
+                    "postgres://relay:pw@billing-db/billing",
+                ),
+                (
+                    "PAYMENTS_DATABASE_URL",
+                    "postgres://relay:pw@payments-db/payments",
+                ),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        let payments = &config.pipelines[2];
+        assert_eq!(payments.source_kind, super::super::SourceKind::Polling);
+        assert_eq!(
+            payments.polling,
+            super::super::PollingConfig {
+                notify_channel: Some("outbox_relay".into()),
+                purge_published_after_secs: Some(604_800),
+                ..Default::default()
+            },
+            "the example shows the defaults"
+        );
+    }
+
+    #[test]
     fn pipeline_kafka_settings_override_the_defaults() {
         let config = load_str(
             r#"
