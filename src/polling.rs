@@ -227,8 +227,17 @@ async fn connect(config: &PipelineConfig) -> Result<(Client, Driver, Arc<Notify>
             }
         }
     }));
+    // What the cycle relies on whatever the role's defaults: SKIP LOCKED rows re-checked
+    // under READ COMMITTED (REPEATABLE READ would fail with serialization errors), writable.
     client
         .batch_execute(slot::SESSION_SETTINGS)
+        .await
+        .map_err(SourceError::Sql)?;
+    client
+        .batch_execute(
+            "SET default_transaction_isolation = 'read committed';
+             SET default_transaction_read_only = off;",
+        )
         .await
         .map_err(SourceError::Sql)?;
     Ok((client, driver, notify))

@@ -799,3 +799,56 @@ async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missi
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_hostile_database_defaults_do_not_break_the_poller() {
+    let setup = Setup::new("poll_defaults", &["Order"], 1).await;
+    for setting in [
+        "statement_timeout = '1ms'",
+        "lock_timeout = '1ms'",
+        "idle_in_transaction_session_timeout = '1s'",
+        "idle_session_timeout = '1s'",
+        "search_path = nowhere",
+        "default_transaction_isolation = 'repeatable read'",
+        "default_transaction_read_only = on",
+        "TimeZone = 'America/Bogota'",
+    ] {
+        setup
+            .db
+            .client
+            .batch_execute(&format!("ALTER DATABASE {} SET {setting}", setup.name))
+            .await
+            .unwrap();
+    }
+    // linger.ms keeps each batch's transaction open past idle_in_transaction_session_timeout.
+    let relay = Relay::spawn(&setup.relay_args(
+        "poller",
+        &kafka().bootstrap(),
+        "max_interval_ms = 100\nstats_interval_ms = 100",
+        "\"linger.ms\" = \"1500\"",
+        None,
+    ));
+    let mut written = write_events(&setup.db.client, 2, 5, &setup.types, 3).await;
+    // Idle past idle_session_timeout, then more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    written.extend(write_events(&setup.db.client, 2, 5, &setup.types, 3).await);
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(assert_delivered(&written, &consumed, 1), 0);
+    wait_for(
+        "every row to be marked PUBLISHED",
+        Duration::from_secs(30),
+        || async { (setup.statuses().await.get("PUBLISHED") == Some(&20)).then_some(()) },
+    )
+    .await;
+    assert!(
+        !relay.log().contains("reconnecting"),
+        "no session ended:\n{}",
+        relay.log()
+    );
+}
