@@ -187,8 +187,7 @@ async fn session(
         router,
         sql,
         notified,
-        idle_streak: 0,
-        retry_streak: 0,
+        pace: Pace::default(),
         next_stats: Instant::now(),
         next_purge: Instant::now(),
     };
@@ -563,10 +562,7 @@ struct Poller<'a> {
     sql: Statements,
     /// Woken by LISTEN notifications.
     notified: Arc<Notify>,
-    /// Consecutive cycles that published nothing.
-    idle_streak: u32,
-    /// Consecutive cycles with a retryable failure (`mark` other than `status`).
-    retry_streak: u32,
+    pace: Pace,
     next_stats: Instant,
     next_purge: Instant,
 }
@@ -585,44 +581,17 @@ impl Poller<'_> {
                 return Ok(());
             }
             self.maintenance(shutdown).await?;
-            let delay = self.delay(&cycle);
+            let delay = self.pace.next(self.polling, &cycle);
             if delay.is_zero() {
                 continue;
             }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = self.notified.notified() => self.idle_streak = 0,
+                _ = self.notified.notified() => self.pace.idle_streak = 0,
                 _ = sleep(delay) => {}
             }
         }
-    }
-
-    fn delay(&mut self, cycle: &Cycle) -> Duration {
-        let p = self.polling;
-        if cycle.retry_later {
-            self.retry_streak = self.retry_streak.saturating_add(1);
-            let ms = p
-                .retry_min_ms
-                .saturating_mul(1 << self.retry_streak.min(20).saturating_sub(1))
-                .min(p.retry_max_ms);
-            return Duration::from_millis(ms);
-        }
-        self.retry_streak = 0;
-        if cycle.published > 0 {
-            self.idle_streak = 0;
-            return if cycle.fetched >= p.batch_size {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(p.min_interval_ms)
-            };
-        }
-        let ms = p
-            .min_interval_ms
-            .saturating_mul(1 << self.idle_streak.min(20))
-            .min(p.max_interval_ms);
-        self.idle_streak = self.idle_streak.saturating_add(1);
-        Duration::from_millis(ms)
     }
 
     /// One transaction: select, publish, await every outcome, mark, commit.
@@ -994,6 +963,43 @@ impl Poller<'_> {
     }
 }
 
+/// The wait before the next cycle.
+#[derive(Debug, Default)]
+struct Pace {
+    /// Consecutive cycles that published nothing.
+    idle_streak: u32,
+    /// Consecutive cycles with a retryable failure (`mark` other than `status`).
+    retry_streak: u32,
+}
+
+impl Pace {
+    /// None after a full batch; `min_interval_ms` after a partial one; after a cycle that
+    /// published nothing, `min_interval_ms` doubled per such cycle before it, at most
+    /// `max_interval_ms`. After a retryable failure without retry columns, `retry_min_ms`
+    /// doubled per consecutive failure, at most `retry_max_ms`.
+    fn next(&mut self, p: &PollingConfig, cycle: &Cycle) -> Duration {
+        let doubled = |base: u64, times: u32, max: u64| {
+            Duration::from_millis(base.saturating_mul(1 << times.min(30)).min(max))
+        };
+        if cycle.retry_later {
+            self.retry_streak = self.retry_streak.saturating_add(1);
+            return doubled(p.retry_min_ms, self.retry_streak - 1, p.retry_max_ms);
+        }
+        self.retry_streak = 0;
+        if cycle.published > 0 {
+            self.idle_streak = 0;
+            return if cycle.fetched >= p.batch_size {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(p.min_interval_ms)
+            };
+        }
+        let wait = doubled(p.min_interval_ms, self.idle_streak, p.max_interval_ms);
+        self.idle_streak = self.idle_streak.saturating_add(1);
+        wait
+    }
+}
+
 /// Why an event was not handed to the producer.
 enum NotSent {
     /// The producer refused the record (e.g. larger than `message.max.bytes`).
@@ -1006,4 +1012,62 @@ fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polls_at_once_while_full_and_backs_off_to_the_maximum_when_idle() {
+        let p = PollingConfig {
+            batch_size: 100,
+            min_interval_ms: 10,
+            max_interval_ms: 1_000,
+            retry_min_ms: 500,
+            retry_max_ms: 2_000,
+            ..PollingConfig::default()
+        };
+        let cycle = |fetched, published, retry_later| Cycle {
+            fetched,
+            published,
+            retry_later,
+            abandoned: false,
+        };
+        let mut pace = Pace::default();
+        let ms = |d: Duration| d.as_millis() as u64;
+        assert_eq!(ms(pace.next(&p, &cycle(100, 100, false))), 0, "full batch");
+        assert_eq!(
+            ms(pace.next(&p, &cycle(40, 40, false))),
+            10,
+            "partial batch"
+        );
+        let idle: Vec<u64> = (0..9)
+            .map(|_| ms(pace.next(&p, &cycle(0, 0, false))))
+            .collect();
+        assert_eq!(idle, [10, 20, 40, 80, 160, 320, 640, 1_000, 1_000]);
+        // Rows found but none publishable (held behind another poller) count as idle.
+        assert_eq!(ms(pace.next(&p, &cycle(100, 0, false))), 1_000);
+        assert_eq!(
+            ms(pace.next(&p, &cycle(100, 1, false))),
+            0,
+            "work resets the backoff"
+        );
+        assert_eq!(ms(pace.next(&p, &cycle(0, 0, false))), 10);
+        let retries: Vec<u64> = (0..4)
+            .map(|_| ms(pace.next(&p, &cycle(5, 0, true))))
+            .collect();
+        assert_eq!(retries, [500, 1_000, 2_000, 2_000]);
+        assert_eq!(ms(pace.next(&p, &cycle(100, 100, false))), 0);
+        assert_eq!(
+            ms(pace.next(&p, &cycle(5, 0, true))),
+            500,
+            "a success resets the retry delay"
+        );
+        // Many idle cycles never overflow.
+        for _ in 0..100 {
+            pace.next(&p, &cycle(0, 0, false));
+        }
+        assert_eq!(ms(pace.next(&p, &cycle(0, 0, false))), 1_000);
+    }
 }
