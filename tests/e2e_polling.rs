@@ -852,3 +852,90 @@ async fn polling_hostile_database_defaults_do_not_break_the_poller() {
         relay.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_sigterm_mid_stream_then_restart_publishes_each_event_once() {
+    let setup = Setup::new("poll_term", &["Order", "Shipment"], 2).await;
+    let args = setup.relay_args("poller", &kafka().bootstrap(), "batch_size = 20", "", None);
+    let mut relay = Relay::spawn(&args);
+    let writer_db = pg().connect(&setup.db.name, Auth::Trust).await;
+    let types = setup.types.clone();
+    let writer = tokio::spawn(async move {
+        let mut written = Vec::new();
+        for n in 0..400 {
+            let t = &types[n % types.len()];
+            written.push(insert(&writer_db, t, &format!("k{}", n % 7), &payload(n)).await);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        written
+    });
+    wait_for(
+        "some events to be published",
+        Duration::from_secs(30),
+        || async {
+            setup
+                .statuses()
+                .await
+                .contains_key("PUBLISHED")
+                .then_some(())
+        },
+    )
+    .await;
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "exit after SIGTERM: {status}\n{}",
+        relay.log()
+    );
+    assert!(!writer.is_finished(), "stopped mid-stream");
+    let relay = Relay::spawn(&args);
+    let written = writer.await.unwrap();
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(3),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(
+        assert_delivered(&written, &consumed, 1),
+        0,
+        "a graceful stop publishes nothing twice"
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_bad_input_halts_naming_the_event_after_marking_what_went_before() {
+    let setup = Setup::new("poll_bad", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    let good = insert(client, &t, "k1", r#"{"n": 1}"#).await;
+    let bad = insert(client, "not a topic", "k2", r#"{"n": 2}"#).await;
+    let after = insert(client, &t, "k3", r#"{"n": 3}"#).await;
+    let mut relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "bad input stops the pipeline");
+    let log = relay.log();
+    assert!(
+        log.contains(&bad.id) && log.contains("not a topic"),
+        "the error names the event:\n{log}"
+    );
+    assert_eq!(
+        setup.status_of(&good.id).await.0,
+        "PUBLISHED",
+        "what was acknowledged before is marked"
+    );
+    assert_eq!(
+        setup.status_of(&bad.id).await.0,
+        "PENDING",
+        "the bad event is not skipped"
+    );
+    assert_eq!(setup.status_of(&after.id).await.0, "PENDING");
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(30))
+        .await;
+    assert_eq!(consumed.len(), 1);
+    assert_eq!(id_of(&consumed[0]), good.id);
+}
