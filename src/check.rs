@@ -10,7 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio_postgres::Client;
 
-use crate::config::{InvalidOpBehavior, PipelineConfig};
+use crate::config::{InvalidOpBehavior, MarkMode, PipelineConfig, SourceKind};
 use crate::error::chain;
 use crate::source::{slot, SourceError};
 
@@ -60,7 +60,11 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
     let mut findings = Vec::new();
     match connect(config).await {
         Ok((client, connection)) => {
-            if let Err(e) = check_postgres(config, &client, &mut findings).await {
+            let checked = match config.source_kind {
+                SourceKind::LogTailing => check_postgres(config, &client, &mut findings).await,
+                SourceKind::Polling => check_polling(config, &client, &mut findings).await,
+            };
+            if let Err(e) = checked {
                 findings.push(finding(
                     "postgres",
                     Verdict::Fail,
@@ -327,6 +331,115 @@ async fn check_columns(
             ),
         )
     })
+}
+
+/// What a polling pipeline needs: the table with its columns (as the relay checks them at
+/// start), SELECT and UPDATE (DELETE with `mark = "delete"` or the purge), and for
+/// `notify_channel` a trigger. No REPLICATION, `wal_level` or slot.
+async fn check_polling(
+    config: &PipelineConfig,
+    client: &Client,
+    out: &mut Vec<Finding>,
+) -> Result<(), tokio_postgres::Error> {
+    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    out.push(finding(
+        "connection",
+        Verdict::Ok,
+        format!("PostgreSQL {version}"),
+    ));
+    out.push(finding(
+        "source",
+        Verdict::Ok,
+        "polling: needs no REPLICATION, wal_level = logical or slot",
+    ));
+    let stats = match crate::polling::check_table(client, config).await {
+        Ok(stats) => stats,
+        Err(e) => {
+            out.push(finding("outbox table", Verdict::Fail, chain(&e)));
+            return Ok(());
+        }
+    };
+    let table = format!(
+        "{}.{}",
+        quote(&config.table.schema),
+        quote(&config.table.name)
+    );
+    let polling = &config.polling;
+    let mut needed = vec!["SELECT"];
+    match polling.mark {
+        MarkMode::Status | MarkMode::Flag => needed.push("UPDATE"),
+        MarkMode::Delete => needed.push("DELETE"),
+    }
+    if polling.purge_published_after_secs.is_some() {
+        needed.push("DELETE");
+    }
+    let role: String = client
+        .query_one("SELECT current_user::text", &[])
+        .await?
+        .get(0);
+    let mut missing = Vec::new();
+    for privilege in needed {
+        let granted: bool = client
+            .query_one(
+                "SELECT has_table_privilege(to_regclass($1), $2)",
+                &[&table, &privilege],
+            )
+            .await?
+            .get(0);
+        if !granted {
+            missing.push(privilege);
+        }
+    }
+    out.push(if missing.is_empty() {
+        finding(
+            "outbox table",
+            Verdict::Ok,
+            format!(
+                "{} has the columns of mark = {:?}; {role} may read and mark rows",
+                config.table, polling.mark
+            ),
+        )
+    } else {
+        finding(
+            "outbox table",
+            Verdict::Fail,
+            format!("GRANT {} ON {table} TO {role}", missing.join(", ")),
+        )
+    });
+    let row = client.query_one(&stats, &[]).await?;
+    let (pending, age, failed): (i64, f64, i64) = (row.get(0), row.get(1), row.get(2));
+    out.push(finding(
+        "outbox rows",
+        if failed > 0 {
+            Verdict::Warn
+        } else {
+            Verdict::Ok
+        },
+        format!("{pending} pending (oldest {age:.0} s), {failed} FAILED"),
+    ));
+    if let Some(channel) = &polling.notify_channel {
+        let triggers: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) AND NOT tgisinternal",
+                &[&table],
+            )
+            .await?
+            .get(0);
+        out.push(if triggers > 0 {
+            finding(
+                "notify",
+                Verdict::Ok,
+                format!("LISTEN {channel}; {table} has a trigger (sql/outbox_polling.sql's notifies outbox_relay)"),
+            )
+        } else {
+            finding(
+                "notify",
+                Verdict::Warn,
+                format!("notify_channel = {channel:?} but {table} has no trigger: idle latency is max_interval_ms (sql/outbox_polling.sql has the trigger)"),
+            )
+        });
+    }
+    Ok(())
 }
 
 fn quote(ident: &str) -> String {

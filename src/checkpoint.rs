@@ -24,6 +24,19 @@ use crate::lsn::Lsn;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventToken(u64);
 
+impl EventToken {
+    /// A token numbered by a source that tracks its events without an [`AckTracker`] (the
+    /// polling source: the event's position in its batch).
+    pub fn from_index(index: u64) -> Self {
+        EventToken(index)
+    }
+
+    /// The number given to [`EventToken::from_index`].
+    pub fn index(self) -> u64 {
+        self.0
+    }
+}
+
 /// The calls arrived in an order the replication protocol cannot produce.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TrackerError {

@@ -25,6 +25,9 @@ pub enum Error {
     Rejected(DeliveryError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
+    /// The polling source cannot use the outbox table or one of its rows.
+    #[error(transparent)]
+    Polling(#[from] crate::polling::PollingError),
     #[error("cannot serve metrics on {listen}")]
     Listen {
         listen: std::net::SocketAddr,
@@ -50,6 +53,7 @@ impl Error {
             | Error::Outbox(_)
             | Error::Route(_)
             | Error::Producer(_)
+            | Error::Polling(_)
             | Error::Listen { .. } => false,
         }
     }

@@ -30,6 +30,8 @@
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end, with reconnects.
+//! - [`polling`]: the polling source (`source_kind = "polling"`): the outbox table read with
+//!   `FOR UPDATE SKIP LOCKED` where logical replication is not available.
 //! - [`check`]: the `check` and `status` commands.
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
@@ -45,6 +47,7 @@ pub mod import;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
+pub mod polling;
 pub mod probe;
 pub mod router;
 pub mod shutdown;

@@ -55,7 +55,9 @@ enum Command {
     },
     /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
     /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
-    /// publication, the slot, and that the Kafka brokers answer. Exits 1 if anything fails.
+    /// publication, the slot, and that the Kafka brokers answer (for a polling pipeline: the
+    /// outbox table's columns, SELECT and UPDATE or DELETE, pending and FAILED rows, the NOTIFY
+    /// trigger). Exits 1 if anything fails.
     ///
     ///   outbox-relay check --config relay.toml
     #[command(verbatim_doc_comment)]
@@ -214,6 +216,8 @@ impl RunArgs {
             max_in_flight_bytes: self.max_in_flight_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
             terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,
+            source_kind: config::SourceKind::LogTailing,
+            polling: config::PollingConfig::default(),
         }
     }
 }
@@ -307,6 +311,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Setup { args, print_sql } => {
             let (pipelines, _) = pipelines(args, false)?;
             for config in &pipelines {
+                if config.source_kind == config::SourceKind::Polling {
+                    println!(
+                        "pipeline {}: polling source, no publication or slot (the outbox table and its indexes: sql/outbox_polling.sql)",
+                        config.name
+                    );
+                    continue;
+                }
                 if print_sql {
                     println!(
                         "-- pipeline {}, in its database:\n{}\n",
@@ -354,6 +365,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             );
             let mut failed = false;
             for config in &pipelines {
+                if config.source_kind == config::SourceKind::Polling {
+                    println!(
+                        "{:<16} polling: no slot (see outbox_relay_pending_rows and `check`)",
+                        config.name
+                    );
+                    continue;
+                }
                 let text = |v: Option<String>| v.unwrap_or_else(|| "-".into());
                 match outbox_relay::check::status(config).await {
                     Ok(Some(s)) => println!(

@@ -34,7 +34,19 @@ pub struct Metrics {
     slot_safe_wal_size: IntGaugeVec,
     delivery_latency: HistogramVec,
     commit_to_ack: HistogramVec,
+    polling: PollingMetricVecs,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+}
+
+/// Metrics of the polling source only.
+#[derive(Clone)]
+struct PollingMetricVecs {
+    pending_rows: IntGaugeVec,
+    oldest_pending_age: GaugeVec,
+    failed_rows: IntGaugeVec,
+    events_failed: IntCounterVec,
+    polls: IntCounterVec,
+    rows_purged: IntCounterVec,
 }
 
 /// Seconds: 1 ms to 60 s.
@@ -132,6 +144,18 @@ impl Metrics {
             slot_safe_wal_size: gauge(&r, "outbox_relay_slot_safe_wal_size_bytes", "Bytes of WAL that can still be written before the slot is at risk of being lost (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited; refreshed every 10 s."),
             delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the producer to Kafka's acknowledgement."),
             commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to Kafka's acknowledgement (wall clocks of both hosts)."),
+            polling: PollingMetricVecs {
+                pending_rows: gauge(&r, "outbox_relay_pending_rows", "Polling: outbox rows waiting to be published (including those waiting for a retry)."),
+                oldest_pending_age: {
+                    let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_pending_age_seconds", "Polling: age of the oldest pending outbox row (0 when none)."), &["pipeline"]).expect("valid metric");
+                    r.register(Box::new(metric.clone())).expect("metric registered once");
+                    metric
+                },
+                failed_rows: gauge(&r, "outbox_relay_failed_rows", "Polling: outbox rows marked FAILED (not retried; need an operator)."),
+                events_failed: counter(&r, "outbox_relay_events_failed_total", "Polling: events this relay marked FAILED, by whether the last error was retryable.", &["pipeline", "retryable"]),
+                polls: counter(&r, "outbox_relay_polls_total", "Polling: poll cycles run.", &["pipeline"]),
+                rows_purged: counter(&r, "outbox_relay_rows_purged_total", "Polling: published rows deleted by the retention purge.", &["pipeline"]),
+            },
             health: Arc::default(),
             registry: r,
         }
@@ -159,6 +183,17 @@ impl Metrics {
             slot_safe_wal_size: self.slot_safe_wal_size.clone(),
             delivery_latency: self.delivery_latency.with_label_values(&[pipeline]),
             commit_to_ack: self.commit_to_ack.with_label_values(&[pipeline]),
+            polling: PollingMetrics {
+                pending_rows: self.polling.pending_rows.with_label_values(&[pipeline]),
+                oldest_pending_age: self
+                    .polling
+                    .oldest_pending_age
+                    .with_label_values(&[pipeline]),
+                failed_rows: self.polling.failed_rows.with_label_values(&[pipeline]),
+                events_failed: self.polling.events_failed.clone(),
+                polls: self.polling.polls.with_label_values(&[pipeline]),
+                rows_purged: self.polling.rows_purged.with_label_values(&[pipeline]),
+            },
             health: self.health.clone(),
             pipeline: pipeline.to_owned(),
         }
@@ -204,7 +239,30 @@ pub struct PipelineMetrics {
     slot_safe_wal_size: IntGaugeVec,
     pub delivery_latency: Histogram,
     pub commit_to_ack: Histogram,
+    /// Used by the polling source only.
+    pub polling: PollingMetrics,
     health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+}
+
+/// One pipeline's polling-source metric handles.
+#[derive(Clone)]
+pub struct PollingMetrics {
+    pub pending_rows: IntGauge,
+    pub oldest_pending_age: Gauge,
+    pub failed_rows: IntGauge,
+    events_failed: IntCounterVec,
+    pub polls: IntCounter,
+    pub rows_purged: IntCounter,
+}
+
+impl PollingMetrics {
+    /// Counts an event marked FAILED; `pipeline` labels it.
+    pub fn failed(&self, pipeline: &str, retryable: bool) {
+        let label = if retryable { "true" } else { "false" };
+        self.events_failed
+            .with_label_values(&[pipeline, label])
+            .inc();
+    }
 }
 
 impl PipelineMetrics {
@@ -244,6 +302,11 @@ impl PipelineMetrics {
         self.events_dead_lettered
             .with_label_values(&[&self.pipeline, reason])
             .inc();
+    }
+
+    /// The pipeline's name, as in the labels.
+    pub fn name(&self) -> &str {
+        &self.pipeline
     }
 
     /// Records the slot's `wal_status` (one of [`WAL_STATUSES`] gets 1, the others 0; an unknown

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::checkpoint::{AckTracker, EventToken};
-use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig};
+use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig, SourceKind};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
@@ -56,6 +56,9 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     config.validate()?;
+    if config.source_kind == SourceKind::Polling {
+        return crate::polling::run(config, metrics, shutdown).await;
+    }
     // Aborted when `run` returns (the guard drops the task).
     let _slot_watch = AbortOnDrop(tokio::spawn(watch_slot(config.clone(), metrics.clone())));
     let backoff = || {

@@ -76,9 +76,14 @@ struct PipelineSection {
     name: String,
     source_url: Option<String>,
     source_url_file: Option<String>,
-    slot: String,
-    publication: String,
+    /// Required with log tailing; unused by polling.
+    slot: Option<String>,
+    publication: Option<String>,
     table: TableName,
+    #[serde(default)]
+    source_kind: super::SourceKind,
+    #[serde(default)]
+    polling: super::PollingConfig,
     #[serde(default)]
     columns: OutboxColumns,
     message_prefix: Option<String>,
@@ -372,14 +377,29 @@ pub(crate) fn resolve(
                 (key, value)
             })
             .collect();
-        if !slots.insert((source_url.clone(), p.slot.clone())) && !source_url.is_empty() {
-            problem("slot", format!("{:?} on the same database is used by another pipeline (a slot admits one reader)", p.slot));
+        let log_tailing = p.source_kind == super::SourceKind::LogTailing;
+        let mut required = |field: &str, value: Option<String>, default: &str| match value {
+            Some(value) => value,
+            None if log_tailing => {
+                problem(field, "required with source_kind = \"log_tailing\"".into());
+                String::new()
+            }
+            // Unused by polling; kept so that switching to log tailing is one line.
+            None => default.to_owned(),
+        };
+        let slot = required("slot", p.slot, "outbox_relay");
+        let publication = required("publication", p.publication, "outbox_pub");
+        if log_tailing
+            && !slots.insert((source_url.clone(), slot.clone()))
+            && !source_url.is_empty()
+        {
+            problem("slot", format!("{slot:?} on the same database is used by another pipeline (a slot admits one reader)"));
         }
         let config = PipelineConfig {
             name: p.name,
             source_url,
-            slot: p.slot,
-            publication: p.publication,
+            slot,
+            publication,
             table: p.table,
             columns: p.columns,
             message_prefix: p.message_prefix,
@@ -402,6 +422,8 @@ pub(crate) fn resolve(
             max_in_flight_bytes: p.max_in_flight_bytes,
             shutdown_timeout_secs: p.shutdown_timeout_secs,
             terminate_stale_walsender_after_secs: p.terminate_stale_walsender_after_secs,
+            source_kind: p.source_kind,
+            polling: p.polling,
         };
         if let Err(e) = config.validate() {
             if !problems.iter().any(|known| known.field == at(&e.field)) {
@@ -685,6 +707,52 @@ mod tests {
     }
 
     #[test]
+    fn the_example_polling_pipeline_loads_when_uncommented() {
+        let start = EXAMPLE.find("# --- Polling source").unwrap();
+        let mut example = EXAMPLE[..start].to_owned();
+        for line in EXAMPLE[start..].lines() {
+            // "# key = value" and "# [section]" are options; "# # ..." and prose stay comments.
+            let option = line.strip_prefix("# ").filter(|l| {
+                l.starts_with('[')
+                    || l.split_once(" = ").is_some_and(|(key, _)| {
+                        key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    })
+            });
+            example.push_str(option.unwrap_or(line));
+            example.push('\n');
+        }
+        let config = load_str(
+            &example,
+            &[
+                (
+                    "ORDERS_DATABASE_URL",
+                    "postgres://relay:pw@orders-db/orders",
+                ),
+                (
+                    "BILLING_DATABASE_URL",
+                    "postgres://relay:pw@billing-db/billing",
+                ),
+                (
+                    "PAYMENTS_DATABASE_URL",
+                    "postgres://relay:pw@payments-db/payments",
+                ),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{example}"));
+        let payments = &config.pipelines[2];
+        assert_eq!(payments.source_kind, super::super::SourceKind::Polling);
+        assert_eq!(
+            payments.polling,
+            super::super::PollingConfig {
+                notify_channel: Some("outbox_relay".into()),
+                purge_published_after_secs: Some(604_800),
+                ..Default::default()
+            },
+            "the example shows the defaults"
+        );
+    }
+
+    #[test]
     fn pipeline_kafka_settings_override_the_defaults() {
         let config = load_str(
             r#"
@@ -832,6 +900,56 @@ mod tests {
             text.contains("additional_placement") && text.contains("footer"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn polling_pipelines_need_no_slot_and_log_tailing_ones_do() {
+        let config = load_str(
+            r#"
+            [[pipelines]]
+            name = "p"
+            source_url = "postgres://u@h/db"
+            source_kind = "polling"
+            table = "outbox_events"
+            kafka = { bootstrap_servers = "k:9092" }
+            [pipelines.polling]
+            mark = "flag"
+            batch_size = 50
+            notify_channel = "outbox_relay"
+            "#,
+            &[],
+        )
+        .unwrap();
+        let p = &config.pipelines[0];
+        assert_eq!(p.source_kind, super::super::SourceKind::Polling);
+        assert_eq!(p.polling.mark, super::super::MarkMode::Flag);
+        assert_eq!(p.polling.batch_size, 50);
+        assert_eq!(p.polling.max_interval_ms, 1_000, "defaults for the rest");
+        // Log tailing is the default, and needs its slot and publication.
+        let errors = load_str(
+            "[[pipelines]]\nname = \"p\"\nsource_url = \"postgres://u@h/db\"\ntable = \"outbox\"\nkafka = { bootstrap_servers = \"k:9092\" }\n",
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        assert!(fields.contains(&"pipelines[0].slot"), "{errors}");
+        assert!(fields.contains(&"pipelines[0].publication"), "{errors}");
+        // Polling problems name their field; unknown polling options are refused.
+        let errors = load_str(
+            &format!("{PIPELINE}source_kind = \"polling\"\npolling = {{ batch_size = 0 }}\nmessage_prefix = \"outbox\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            errors
+                .0
+                .iter()
+                .any(|e| e.field == "pipelines[0].polling.batch_size"),
+            "{errors}"
+        );
+        let errors =
+            load_str(&format!("{PIPELINE}polling = {{ batch_sise = 5 }}\n"), &[]).unwrap_err();
+        assert!(errors.to_string().contains("batch_sise"), "{errors}");
     }
 
     #[test]

@@ -15,6 +15,9 @@ use crate::source::tls::{self, TlsSettings};
 
 pub mod file;
 pub mod libpq_env;
+pub mod polling;
+
+pub use polling::{MarkMode, PollingConfig, SourceKind};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
 /// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).
@@ -392,6 +395,10 @@ pub struct PipelineConfig {
     /// When the slot is held by a walsender whose client has sent no status update for this
     /// long (seconds), terminate that walsender and take the slot over; `None`: never.
     pub terminate_stale_walsender_after_secs: Option<u64>,
+    /// Log tailing (default; `slot`, `publication` and `create_slot` apply) or polling
+    /// (`polling` applies).
+    pub source_kind: SourceKind,
+    pub polling: PollingConfig,
 }
 
 impl fmt::Debug for PipelineConfig {
@@ -417,6 +424,8 @@ impl fmt::Debug for PipelineConfig {
                 "terminate_stale_walsender_after_secs",
                 &self.terminate_stale_walsender_after_secs,
             )
+            .field("source_kind", &self.source_kind)
+            .field("polling", &self.polling)
             .finish()
     }
 }
@@ -430,20 +439,32 @@ impl PipelineConfig {
             return Err(ConfigError::new("name", "must not be empty"));
         }
         self.source_config()?;
+        if self.source_kind == SourceKind::Polling {
+            if let Some(first) = self.polling.problems().into_iter().next() {
+                return Err(first);
+            }
+            if self.message_prefix.is_some() {
+                return Err(ConfigError::new(
+                    "message_prefix",
+                    "logical decoding messages need source_kind = \"log_tailing\"",
+                ));
+            }
+        }
         // PostgreSQL's rule for slot names (ReplicationSlotValidateName).
-        if self.slot.is_empty()
-            || self.slot.len() > 63
-            || !self
-                .slot
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        if self.source_kind == SourceKind::LogTailing
+            && (self.slot.is_empty()
+                || self.slot.len() > 63
+                || !self
+                    .slot
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'))
         {
             return Err(ConfigError::new(
                 "slot",
                 format!("{:?} must be 1-63 characters of a-z, 0-9 and _", self.slot),
             ));
         }
-        if self.publication.is_empty() {
+        if self.source_kind == SourceKind::LogTailing && self.publication.is_empty() {
             return Err(ConfigError::new("publication", "must not be empty"));
         }
         // Unlike `table`, the publication is a name as PostgreSQL stores it.
@@ -766,6 +787,8 @@ mod tests {
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
             terminate_stale_walsender_after_secs: None,
+            source_kind: SourceKind::LogTailing,
+            polling: PollingConfig::default(),
         }
     }
 

@@ -66,7 +66,7 @@ pub enum ValueKind {
 
 impl ValueKind {
     /// The kind of a built-in type by name (a `pg_catalog` type in a Type message).
-    fn of_name(name: &str) -> ValueKind {
+    pub(crate) fn of_name(name: &str) -> ValueKind {
         match name {
             "json" | "jsonb" => ValueKind::Json,
             "int2" | "int4" | "int8" | "numeric" | "float4" | "float8" => ValueKind::Number,

@@ -264,7 +264,7 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
 /// timeout ends a slot creation waiting for running transactions or an idle connection kept
 /// between status queries, and values print in one format. `idle_session_timeout` exists from
 /// PostgreSQL 14, hence `set_config` over `pg_settings`.
-const SESSION_SETTINGS: &str = "SET search_path = pg_catalog, pg_temp;
+pub(crate) const SESSION_SETTINGS: &str = "SET search_path = pg_catalog, pg_temp;
 SET statement_timeout = 0;
 SET lock_timeout = 0;
 SET idle_in_transaction_session_timeout = 0;
