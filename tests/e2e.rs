@@ -2654,7 +2654,9 @@ dead_letter_topic = "{dlq}"
 // sees exactly that. The tests check what follows from it: each PostgreSQL transaction is
 // committed to Kafka once (one checkpoint each, strictly increasing), nothing is lost, and
 // duplicates come only from the one Kafka transaction a kill leaves open (which a broker with
-// transactions hides from read_committed consumers).
+// transactions hides from read_committed consumers). Nor does the mock fence: each
+// InitProducerId gets a new producer id and the old one stays valid, so a zombie relay being
+// fenced cannot be shown here either.
 // ---------------------------------------------------------------------------------------------
 
 const CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
@@ -2938,5 +2940,95 @@ async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
             && !logs.last().unwrap().contains("checkpoint_lsn=none"),
         "the last restart found a checkpoint"
     );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_aborted() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let setup = Setup::new("eos_commit", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let topic = format!("{}.events", types[0]);
+    let mock = mock_cluster(&types, 1);
+    let bootstrap = mock.bootstrap_servers();
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    let c = &setup.db.client;
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("exactly-once mode", Duration::from_secs(60))
+        .await;
+    let (mut written, before) = write_events(c, 1, 3, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+
+    // The coordinator answers the next commits "loading" for a while (librdkafka retries
+    // twice per commit call, the relay calls again): the records are in the log, the slot
+    // must stay before the transaction until the commit went through.
+    mock.request_errors(
+        RDKafkaApiKey::EndTxn,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS; 12],
+    );
+    let (more, before) = write_events(c, 1, 3, &types, 1, 3, Duration::ZERO).await;
+    written.extend(more);
+    support::consume_with(
+        &bootstrap,
+        &[&topic],
+        6,
+        Duration::ZERO,
+        Duration::from_secs(30),
+        &[("isolation.level", "read_uncommitted")],
+    )
+    .await;
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed < before[0],
+        "slot confirmed at {confirmed:X}, past a transaction whose Kafka commit is pending ({:X})",
+        before[0]
+    );
+    setup
+        .wait_confirmed_past(
+            before[0],
+            "the slot to pass the transaction once its commit went through",
+            Duration::from_secs(60),
+        )
+        .await;
+    let lsns = checkpoints(&bootstrap, &setup.slot, 2).await;
+    assert_eq!(
+        lsns.len(),
+        2,
+        "one checkpoint per transaction, also when the commit was retried: {lsns:?}"
+    );
+
+    // A commit that fails for good (unknown producer id: abortable): the relay aborts the
+    // Kafka transaction and starts a new session from the slot.
+    mock.request_errors(
+        RDKafkaApiKey::EndTxn,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID],
+    );
+    let (more, before) = write_events(c, 1, 3, &types, 1, 6, Duration::ZERO).await;
+    written.extend(more);
+    relay
+        .wait_for_log("open kafka transaction aborted", Duration::from_secs(60))
+        .await;
+    setup
+        .wait_confirmed_past(
+            before[0],
+            "the slot to pass the transaction after the abort and a new session",
+            Duration::from_secs(60),
+        )
+        .await;
+    let consumed = support::consume_with(
+        &bootstrap,
+        &[&topic],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    assert_delivered(&written, &consumed, false);
     drop(relay);
 }

@@ -209,6 +209,8 @@ impl Transactions {
     /// left to flush (rdkafka's flush loop would otherwise sleep in 100 ms steps), and fails the
     /// commit if a record of the transaction failed (an abortable error).
     ///
+    /// A commit that fails with a retriable error is tried again (without a second checkpoint).
+    ///
     /// Returns an error if the transaction could not be committed within 60 s; then it is open
     /// or aborted, never committed without the checkpoint. The returned future owns what it
     /// needs, so it may be kept across `select!` iterations.
@@ -220,7 +222,22 @@ impl Transactions {
         let topic = self.checkpoint_topic.clone();
         let key = self.pipeline.clone();
         let value = Checkpoint(end_lsn).encode();
-        let commit = self.call("commit", |p| p.commit_transaction(TRANSACTION_CALL_TIMEOUT));
+        let commit = self.call("commit", |p| {
+            // A retriable error (coordinator moving or loading, request timed out) leaves the
+            // transaction open: commit again, as librdkafka's documentation says, until the
+            // deadline.
+            let deadline = std::time::Instant::now() + TRANSACTION_CALL_TIMEOUT;
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match p.commit_transaction(left) {
+                    Err(KafkaError::Transaction(e)) if e.is_retriable() && !left.is_zero() => {
+                        tracing::debug!(error = %e, "kafka commit failed with a retriable error; committing again");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    result => return result,
+                }
+            }
+        });
         async move {
             let failed = |source| TransactionError {
                 operation: "commit",
@@ -568,4 +585,27 @@ fn is_retryable(error: &KafkaError) -> bool {
                 | UnknownPartition
         )
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transaction_errors_are_classified() {
+        let error = |operation, code| TransactionError {
+            operation,
+            source: KafkaError::MessageProduction(code),
+        };
+        let fenced = error("commit", RDKafkaErrorCode::ProducerFenced);
+        assert!(fenced.is_fenced() && fenced.is_transient());
+        assert!(error("begin", RDKafkaErrorCode::InvalidProducerEpoch).is_fenced());
+        let loading = error("commit", RDKafkaErrorCode::CoordinatorLoadInProgress);
+        assert!(!loading.is_fenced() && loading.is_transient());
+        let refused = error("init", RDKafkaErrorCode::TransactionalIdAuthorizationFailed);
+        assert!(!refused.is_fenced() && !refused.is_transient());
+        assert!(crate::error::chain(&fenced).starts_with(
+            "kafka transaction commit failed: Message production error: ProducerFenced"
+        ));
+    }
 }
