@@ -3032,3 +3032,78 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
     assert_delivered(&written, &consumed, false);
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_cost_backlog_throughput_against_at_least_once_on_the_mock_cluster() {
+    const TXNS: usize = 300;
+    const PER_TXN: usize = 10;
+    let mut rates = Vec::new();
+    for exactly_once in [false, true] {
+        let setup = Setup::new(if exactly_once { "eos_cost" } else { "alo_cost" }, &[], 1).await;
+        let types = vec![format!("Order_{}", setup.db.name)];
+        let mock = mock_cluster(&types, 3);
+        let bootstrap = mock.bootstrap_servers();
+        setup.db.create_slot(&setup.slot).await;
+        let (written, before_commit) = write_events(
+            &setup.db.client,
+            TXNS,
+            PER_TXN,
+            &types,
+            20,
+            0,
+            Duration::ZERO,
+        )
+        .await;
+        let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+        if exactly_once {
+            args.push("--exactly-once".into());
+        }
+        // EOS_COST_LINGER_MS=0 measures with linger.ms=0 (librdkafka's default is 5).
+        if let Ok(linger) = std::env::var("EOS_COST_LINGER_MS") {
+            args.extend(["--kafka-property".into(), format!("linger.ms={linger}")]);
+        }
+        let mut relay = Relay::spawn(&args);
+        relay
+            .wait_for_log("streaming", Duration::from_secs(60))
+            .await;
+        let start = std::time::Instant::now();
+        setup
+            .wait_confirmed_past(
+                *before_commit.last().unwrap(),
+                "the backlog to be confirmed",
+                Duration::from_secs(300),
+            )
+            .await;
+        let secs = start.elapsed().as_secs_f64();
+        let consumed = support::consume_with(
+            &bootstrap,
+            &[&format!("{}.events", types[0])],
+            written.len(),
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+            &[("isolation.level", "read_committed")],
+        )
+        .await;
+        assert_delivered(&written, &consumed, true);
+        if exactly_once {
+            let lsns = checkpoints(&bootstrap, &setup.slot, TXNS).await;
+            assert_eq!(
+                lsns.len(),
+                TXNS,
+                "one Kafka transaction per PostgreSQL transaction"
+            );
+        }
+        rates.push((
+            exactly_once,
+            written.len() as f64 / secs,
+            secs * 1_000.0 / TXNS as f64,
+        ));
+        drop(relay);
+    }
+    for (exactly_once, events_per_sec, ms_per_txn) in &rates {
+        eprintln!(
+            "{}: {TXNS} transactions of {PER_TXN} events from a backlog: {events_per_sec:.0} events/s, {ms_per_txn:.1} ms per transaction",
+            if *exactly_once { "exactly-once" } else { "at-least-once" }
+        );
+    }
+}

@@ -404,6 +404,9 @@ mod tests {
             orders.record.on_bad_event,
             super::super::OnBadEvent::DeadLetter
         );
+        assert!(orders.exactly_once);
+        assert_eq!(orders.transactional_id(), "outbox-relay-orders");
+        assert_eq!(orders.checkpoint_topic(), "outbox-relay.checkpoints");
     }
 
     #[test]
