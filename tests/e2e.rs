@@ -2727,7 +2727,12 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     let checkpoint = setup.db.current_wal_insert_lsn().await;
     let (last, before_last) = write_events(c, 1, 3, &types, 2, 12, Duration::ZERO).await;
     expected.extend(last);
-    let producer = support::kafka::producer(&bootstrap);
+    // With the relay's partitioner, so that the key stays in one partition.
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
     producer
         .send(
             rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
@@ -2778,6 +2783,29 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     assert_eq!(lsns.len(), 4, "{lsns:?}");
     assert_eq!(lsns[2], checkpoint);
     assert!(lsns[3] > before_last[0] && lsns[3] > checkpoint, "{lsns:?}");
+
+    // `check` reads the checkpoint as the relay does, and names a missing checkpoint topic.
+    let mut check_args = args.clone();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    check.wait(Duration::from_secs(60));
+    let out = check.log();
+    assert!(
+        out.lines().any(|l| l.starts_with("  ok    checkpoint")
+            && l.ends_with(&format!(
+                "{CHECKPOINT_TOPIC}: last checkpoint {} (the topic must have cleanup.policy=compact)",
+                support::pg::format_lsn(lsns[3])
+            ))),
+        "{out}"
+    );
+    check_args.extend(["--checkpoint-topic".into(), "no.such.topic".into()]);
+    let mut check = Relay::spawn(&check_args);
+    assert!(!check.wait(Duration::from_secs(60)).success());
+    let out = check.log();
+    assert!(
+        out.contains("checkpoint topic \"no.such.topic\" does not exist: create it with cleanup.policy=compact"),
+        "{out}"
+    );
     drop(relay);
 }
 

@@ -311,8 +311,9 @@ impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
 /// Reads the exactly-once checkpoint of `pipeline` from `topic`: assigns every partition from
 /// the beginning with a `read_committed` consumer, reads each to its end (the last stable
 /// offset: records of open transactions wait, those of aborted ones are never seen) and
-/// returns the last value under the key `pipeline`. Blocking work runs on tokio's blocking
-/// pool.
+/// returns the last value under the key `pipeline` (the highest of the partitions' last
+/// values, should the key be in several after partitions were added). Blocking work runs on
+/// tokio's blocking pool.
 ///
 /// Returns `Ok(None)` when the topic has no checkpoint for this pipeline (or its last value
 /// is a tombstone), and an error if the topic does not exist, a value is not an LSN, or the
@@ -360,7 +361,10 @@ pub async fn read_checkpoint(
         }
         consumer.assign(&assignment).map_err(kafka)?;
         let mut at_end = vec![false; partitions];
-        let mut last = None;
+        // The last value of each partition (records of one partition are in order); a key
+        // lives in one partition unless partitions were added to the topic, and checkpoints
+        // only grow, so the highest of them is the checkpoint.
+        let mut last = vec![None; partitions];
         while at_end.contains(&false) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -378,7 +382,13 @@ pub async fn read_checkpoint(
                 }
                 Some(Err(e)) => return Err(kafka(e)),
                 Some(Ok(message)) if message.key() == Some(pipeline.as_bytes()) => {
-                    last = match message.payload() {
+                    let Some(slot) = usize::try_from(message.partition())
+                        .ok()
+                        .and_then(|p| last.get_mut(p))
+                    else {
+                        continue;
+                    };
+                    *slot = match message.payload() {
                         None => None,
                         Some(value) => Some(Checkpoint::decode(value).map_err(|reason| {
                             CheckpointError::Value {
@@ -394,7 +404,7 @@ pub async fn read_checkpoint(
                 Some(Ok(_)) => {}
             }
         }
-        Ok(last.map(|c| c.0))
+        Ok(last.into_iter().flatten().map(|c: Checkpoint| c.0).max())
     };
     match tokio::task::spawn_blocking(read).await {
         Ok(result) => result,
