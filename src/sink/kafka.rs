@@ -141,22 +141,22 @@ pub struct TransactionError {
 }
 
 impl TransactionError {
-    fn transaction_error(&self) -> Option<&rdkafka::error::RDKafkaError> {
-        match &self.source {
-            KafkaError::Transaction(e) => Some(e),
-            _ => None,
-        }
-    }
-
     /// Whether another producer with the same `transactional.id` took over (a relay started
     /// since): this producer can do nothing more. The standby pattern: stop the session and
     /// retry as while the slot is in use.
     pub fn is_fenced(&self) -> bool {
-        self.transaction_error().is_some_and(|e| e.is_fatal())
-            || matches!(
-                self.source.rdkafka_error_code(),
-                Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+        let code = match &self.source {
+            KafkaError::Transaction(e) => Some(e.code()),
+            other => other.rdkafka_error_code(),
+        };
+        matches!(
+            code,
+            Some(
+                RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::Fenced
             )
+        )
     }
 
     /// Whether a new session (a new producer) may succeed; not for refused authorization or
