@@ -77,7 +77,29 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
         Err(e) => findings.push(finding("connection", Verdict::Fail, e)),
     }
     findings.push(check_kafka(config).await);
+    if config.exactly_once {
+        findings.push(check_checkpoint(config).await);
+    }
     findings
+}
+
+/// Exactly-once mode: the checkpoint topic exists and its last checkpoint for the pipeline
+/// reads back as the relay will read it.
+async fn check_checkpoint(config: &PipelineConfig) -> Finding {
+    let topic = config.checkpoint_topic();
+    match crate::sink::kafka::read_checkpoint(&config.kafka, topic, &config.name).await {
+        Ok(Some(lsn)) => finding(
+            "checkpoint",
+            Verdict::Ok,
+            format!("{topic}: last checkpoint {lsn} (the topic must have cleanup.policy=compact)"),
+        ),
+        Ok(None) => finding(
+            "checkpoint",
+            Verdict::Ok,
+            format!("{topic}: no checkpoint yet (the topic must have cleanup.policy=compact)"),
+        ),
+        Err(e) => finding("checkpoint", Verdict::Fail, chain(&e)),
+    }
 }
 
 async fn check_postgres(

@@ -1,8 +1,9 @@
 //! The top-level error: one variant per layer, each knowing whether a retry may help.
 
+use crate::checkpoint::CheckpointError;
 use crate::config::ConfigError;
 use crate::router::RouteError;
-use crate::sink::kafka::ProducerError;
+use crate::sink::kafka::{ProducerError, TransactionError};
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxError;
 use crate::source::SourceError;
@@ -28,6 +29,12 @@ pub enum Error {
     /// The polling source cannot use the outbox table or one of its rows.
     #[error(transparent)]
     Polling(#[from] crate::polling::PollingError),
+    /// Exactly-once mode: a Kafka transaction call failed.
+    #[error(transparent)]
+    Transaction(#[from] TransactionError),
+    /// Exactly-once mode: the checkpoint could not be read at session start.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     #[error("cannot serve metrics on {listen}")]
     Listen {
         listen: std::net::SocketAddr,
@@ -43,12 +50,23 @@ impl Error {
         matches!(self, Error::Source(crate::source::SourceError::Server { code, .. }) if code == "55006")
     }
 
+    /// Whether another relay with the same `transactional.id` fenced this one (exactly-once
+    /// mode): like a slot in use, a reason to stand by and retry soon.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Transaction(e) if e.is_fenced())
+    }
+
     /// Whether restarting the pipeline session (reconnect, new producer, resume from the slot)
     /// may succeed. Permanent errors stop the pipeline without confirming past the failing event.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Source(e) => e.is_transient(),
             Error::Delivery(e) | Error::Rejected(e) => e.retryable,
+            Error::Transaction(e) => e.is_transient(),
+            Error::Checkpoint(e) => matches!(
+                e,
+                CheckpointError::Kafka { .. } | CheckpointError::Timeout(_)
+            ),
             Error::Config(_)
             | Error::Outbox(_)
             | Error::Route(_)

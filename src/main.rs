@@ -102,7 +102,7 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
-        "shutdown_timeout_secs", "terminate_stale_walsender_after_secs",
+        "shutdown_timeout_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
@@ -180,6 +180,19 @@ struct RunArgs {
     /// pg_signal_backend (or the holder's role, or superuser).
     #[arg(long, env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS")]
     terminate_stale_walsender_after_secs: Option<u64>,
+    /// Exactly-once mode: a transactional producer commits each PostgreSQL transaction's
+    /// events with a checkpoint record in one Kafka transaction; read_committed consumers see
+    /// every event once, also after a crash. Needs a broker with transactions and the
+    /// checkpoint topic (cleanup.policy=compact).
+    #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE")]
+    exactly_once: bool,
+    /// With --exactly-once: the Kafka transactional.id [default: outbox-relay-<pipeline name>];
+    /// a relay started with the same id fences the one before it.
+    #[arg(long, env = "OUTBOX_RELAY_TRANSACTIONAL_ID", requires = "exactly_once")]
+    transactional_id: Option<String>,
+    /// With --exactly-once: the compacted checkpoint topic [default: outbox-relay.checkpoints].
+    #[arg(long, env = "OUTBOX_RELAY_CHECKPOINT_TOPIC", requires = "exactly_once")]
+    checkpoint_topic: Option<String>,
 }
 
 fn parse_property(s: &str) -> Result<(String, String), String> {
@@ -218,6 +231,9 @@ impl RunArgs {
             terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,
             source_kind: config::SourceKind::LogTailing,
             polling: config::PollingConfig::default(),
+            exactly_once: self.exactly_once,
+            transactional_id: self.transactional_id,
+            checkpoint_topic: self.checkpoint_topic,
         }
     }
 }

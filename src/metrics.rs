@@ -24,6 +24,7 @@ pub struct Metrics {
     delivery_failures: IntCounterVec,
     status_updates: IntCounterVec,
     reconnects: IntCounterVec,
+    kafka_transactions: IntCounterVec,
     confirmed_flush_lsn: IntGaugeVec,
     in_flight_events: IntGaugeVec,
     in_flight_bytes: IntGaugeVec,
@@ -130,6 +131,7 @@ impl Metrics {
             delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge, by topic and whether publishing again may succeed.", &["pipeline", "topic", "retryable"]),
             status_updates: counter(&r, "outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
             reconnects: counter(&r, "outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error.", &["pipeline"]),
+            kafka_transactions: counter(&r, "outbox_relay_kafka_transactions_total", "Exactly-once mode: Kafka transactions ended, by outcome (committed, aborted).", &["pipeline", "outcome"]),
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
             in_flight_events: gauge(&r, "outbox_relay_in_flight_events", "Records sent to Kafka and not yet acknowledged."),
             in_flight_bytes: gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records."),
@@ -173,6 +175,7 @@ impl Metrics {
             delivery_failures: self.delivery_failures.clone(),
             status_updates: self.status_updates.with_label_values(&[pipeline]),
             reconnects: self.reconnects.with_label_values(&[pipeline]),
+            kafka_transactions: self.kafka_transactions.clone(),
             confirmed_flush_lsn: self.confirmed_flush_lsn.with_label_values(&[pipeline]),
             in_flight_events: self.in_flight_events.with_label_values(&[pipeline]),
             in_flight_bytes: self.in_flight_bytes.with_label_values(&[pipeline]),
@@ -228,6 +231,7 @@ pub struct PipelineMetrics {
     delivery_failures: IntCounterVec,
     pub status_updates: IntCounter,
     pub reconnects: IntCounter,
+    kafka_transactions: IntCounterVec,
     pub confirmed_flush_lsn: IntGauge,
     pub in_flight_events: IntGauge,
     pub in_flight_bytes: IntGauge,
@@ -336,6 +340,13 @@ impl PipelineMetrics {
     pub fn published(&self, topic: &str) {
         self.events_published
             .with_label_values(&[&self.pipeline, topic])
+            .inc();
+    }
+
+    /// Counts a Kafka transaction that ended with `outcome` (`committed` or `aborted`).
+    pub fn kafka_transaction(&self, outcome: &str) {
+        self.kafka_transactions
+            .with_label_values(&[&self.pipeline, outcome])
             .inc();
     }
 

@@ -6,21 +6,32 @@
 //! after an exponential backoff with jitter. Since the relay confirms only what Kafka
 //! acknowledged (see [`crate::checkpoint`]), everything after that LSN is published again:
 //! duplicates are possible after a failure, loss is not (DESIGN.md I1, I4, I6).
+//!
+//! Exactly-once mode (opt-in) adds a transactional producer. Each PostgreSQL transaction with
+//! events gets one Kafka transaction: its records, then a checkpoint record (the commit's end
+//! LSN), then the Kafka commit, and only then does the ack tracker see the PostgreSQL commit,
+//! so the slot never passes a transaction whose Kafka transaction is not committed. WAL is
+//! not read while a Kafka commit is pending. A new session fences the previous producer,
+//! reads the checkpoint back and passes over the transactions at or below it: those committed
+//! to Kafka before a crash that came before the slot's confirmation.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use std::future::Future;
+use std::pin::Pin;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::checkpoint::{AckTracker, EventToken};
+use crate::checkpoint::{AckTracker, Checkpoint, EventToken};
 use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig, SourceKind};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::Router;
-use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::{self, KafkaSink, TransactionError, Transactions};
 use crate::sink::{Delivery, DeliveryError, Sink};
 use crate::source::outbox::{OutboxDecoder, OutboxError, OutboxEvent};
 use crate::source::pgoutput::{self, LogicalReplicationMessage};
@@ -45,6 +56,10 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
 /// retention changes over minutes, and the query is cheap.
 const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+/// How long to wait for an abort of the open Kafka transaction when a session ends; if it does
+/// not finish, the next session's producer aborts it (and the coordinator, after
+/// `transaction.timeout.ms`, if no session follows).
+const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
 ///
@@ -100,10 +115,13 @@ pub async fn run(
                     delays = backoff();
                 }
                 let mut delay = delays.next().unwrap_or(Duration::from_secs(30));
-                if e.is_slot_in_use() {
-                    // A standby waiting for the slot: poll often enough to take over within
-                    // seconds of the active relay's exit.
+                if e.is_slot_in_use() || e.is_fenced() {
+                    // A standby waiting for the slot (or fenced by the relay that took it):
+                    // poll often enough to take over within seconds of the active relay's exit.
                     delay = delay.min(SLOT_IN_USE_RETRY);
+                }
+                if e.is_fenced() {
+                    warn!(pipeline = %config.name, transactional_id = %config.transactional_id(), "fenced: another relay with the same transactional id took over; standing by");
                 }
                 warn!(pipeline = %config.name, error = %chain(&e), delay_ms = delay.as_millis() as u64, "pipeline session ended; reconnecting");
                 metrics.reconnects.inc();
@@ -324,11 +342,43 @@ async fn run_session(
     let confirmed_flush_lsn = slot::confirmed_flush_lsn(&client, &config.slot).await?;
     drop(client);
     drop(connection);
+    let transactional_id = config.exactly_once.then(|| config.transactional_id());
     let sink = KafkaSink::new(
         &config.kafka,
         &format!("outbox-relay-{}", config.name),
         config.max_in_flight_events,
+        transactional_id.as_deref(),
     )?;
+    // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get the
+    // slot) never fences the active relay; WAL waits in the socket meanwhile.
+    let eos = match &transactional_id {
+        Some(transactional_id) => {
+            let transactions = sink.transactions(config.checkpoint_topic(), &config.name);
+            // Fences the previous producer with this id and aborts its open transaction, so
+            // the read_committed read below is not held back by it.
+            transactions.init().await?;
+            let checkpoint =
+                kafka::read_checkpoint(&config.kafka, config.checkpoint_topic(), &config.name)
+                    .await?;
+            info!(
+                pipeline = %config.name,
+                transactional_id = %transactional_id,
+                checkpoint_topic = %config.checkpoint_topic(),
+                checkpoint_lsn = %checkpoint.map_or_else(|| "none".to_owned(), |lsn| lsn.to_string()),
+                confirmed_flush_lsn = %confirmed_flush_lsn,
+                "exactly-once mode: transactions before the checkpoint are passed over"
+            );
+            Some(ExactlyOnce {
+                transactions,
+                checkpoint: checkpoint.map(Checkpoint),
+                skipping: false,
+                kafka_open: false,
+                commit_at: None,
+                committing: None,
+            })
+        }
+        None => None,
+    };
     info!(
         pipeline = %config.name,
         slot = %config.slot,
@@ -373,6 +423,7 @@ async fn run_session(
         },
         sent_flush: Lsn::ZERO,
         last_status: Instant::now(),
+        eos,
     };
     metrics
         .confirmed_flush_lsn
@@ -403,6 +454,36 @@ struct Session<'a, S: Sink> {
     /// Flush LSN of the last status update sent.
     sent_flush: Lsn,
     last_status: Instant,
+    /// Exactly-once mode's state; `None` in the default (at-least-once) mode.
+    eos: Option<ExactlyOnce>,
+}
+
+/// A Kafka commit in progress.
+type Committing = Pin<Box<dyn Future<Output = Result<(), TransactionError>> + Send>>;
+
+/// A session's exactly-once state.
+struct ExactlyOnce {
+    transactions: Transactions,
+    /// Read at session start: transactions it covers were committed to Kafka already.
+    checkpoint: Option<Checkpoint>,
+    /// The open PostgreSQL transaction is covered by the checkpoint: its events are passed over.
+    skipping: bool,
+    /// A Kafka transaction is open: the current PostgreSQL transaction has records.
+    kafka_open: bool,
+    /// The end LSN of the PostgreSQL transaction whose Kafka commit is pending; no WAL is
+    /// read and the ack tracker keeps the transaction open until the commit succeeded.
+    commit_at: Option<Lsn>,
+    /// The commit call, started once every record of the transaction was acknowledged.
+    committing: Option<Committing>,
+}
+
+/// Waits for the Kafka commit in progress; never completes if there is none. Cancel-safe (the
+/// commit itself goes on and is polled again).
+async fn kafka_commit(eos: &mut Option<ExactlyOnce>) -> Result<(), TransactionError> {
+    match eos.as_mut().and_then(|eos| eos.committing.as_mut()) {
+        Some(commit) => commit.await,
+        None => std::future::pending().await,
+    }
 }
 
 impl<S: Sink> Session<'_, S> {
@@ -418,6 +499,7 @@ impl<S: Sink> Session<'_, S> {
         status_interval: Duration,
     ) -> Result<(), Error> {
         let result = self.stream(shutdown, status_interval).await;
+        self.end_kafka_transaction(&result).await;
         if let Err(e) = &result {
             if e.is_transient() || matches!(e, Error::Delivery(_)) {
                 return result;
@@ -434,6 +516,39 @@ impl<S: Sink> Session<'_, S> {
         }
         info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
         result
+    }
+
+    /// Exactly-once: lets a Kafka commit in progress finish (two transaction calls at once are
+    /// refused), then aborts a Kafka transaction still open, unless this producer was fenced.
+    /// An abort that fails is left to the next session's producer.
+    async fn end_kafka_transaction(&mut self, result: &Result<(), Error>) {
+        let Some(eos) = &mut self.eos else {
+            return;
+        };
+        if let Some(commit) = eos.committing.take() {
+            let end_lsn = eos.commit_at.take();
+            if commit.await.is_ok() {
+                eos.kafka_open = false;
+                self.metrics.kafka_transaction("committed");
+                if let Some(end_lsn) = end_lsn {
+                    // Cannot fail: the transaction was open in the tracker.
+                    let _ = self.tracker.commit(end_lsn);
+                }
+            }
+        }
+        if !eos.kafka_open || result.as_ref().is_err_and(Error::is_fenced) {
+            return;
+        }
+        eos.kafka_open = false;
+        match eos.transactions.abort(ABORT_TIMEOUT).await {
+            Ok(()) => {
+                self.metrics.kafka_transaction("aborted");
+                info!(pipeline = %self.config.name, "open kafka transaction aborted");
+            }
+            Err(e) => {
+                warn!(pipeline = %self.config.name, error = %chain(&e), "could not abort the open kafka transaction; the next session aborts it")
+            }
+        }
     }
 
     /// Waits up to `timeout` for the outcomes of records in flight, acknowledging them.
@@ -462,12 +577,24 @@ impl<S: Sink> Session<'_, S> {
 
         loop {
             let in_flight = self.sink.in_flight();
+            // Exactly-once: every record of the committed PostgreSQL transaction is
+            // acknowledged: commit its Kafka transaction (with the checkpoint record).
+            let mut committing = false;
+            if let Some(eos) = &mut self.eos {
+                if let (Some(end_lsn), None) = (eos.commit_at, &eos.committing) {
+                    if in_flight.events == 0 {
+                        eos.committing = Some(Box::pin(eos.transactions.commit(end_lsn)));
+                    }
+                }
+                committing = eos.commit_at.is_some();
+            }
             let has_capacity = in_flight.events < self.config.max_in_flight_events
                 && in_flight.bytes < self.config.max_in_flight_bytes;
             // While draining, finish the open transaction (so its events are confirmed and
             // not published again after restart) but start no new one.
             let draining = drain_deadline.is_some();
-            let read_wal = has_capacity && (!draining || self.tracker.in_transaction());
+            let read_wal =
+                has_capacity && (!draining || self.tracker.in_transaction()) && !committing;
             if draining && !self.tracker.in_transaction() && in_flight.events == 0 {
                 break;
             }
@@ -492,6 +619,8 @@ impl<S: Sink> Session<'_, S> {
                 Some(delivery) = self.sink.next_delivery(), if in_flight.events > 0 => {
                     self.on_delivery(delivery).await?;
                 }
+                // Exactly-once: the Kafka commit, then the ack tracker sees the PG commit.
+                result = kafka_commit(&mut self.eos), if committing => self.on_kafka_commit(result)?,
                 // 3. Status updates on a timer, also while WAL is not being read.
                 _ = status_timer.tick() => self.send_status().await?,
                 // 4. New WAL, only while there is room in flight.
@@ -510,6 +639,27 @@ impl<S: Sink> Session<'_, S> {
             }
         }
 
+        Ok(())
+    }
+
+    /// Exactly-once: the Kafka transaction of the PostgreSQL transaction ending at `commit_at`
+    /// is committed (or failed: the session ends, and the next one aborts what is open).
+    fn on_kafka_commit(&mut self, result: Result<(), TransactionError>) -> Result<(), Error> {
+        let eos = self
+            .eos
+            .as_mut()
+            .expect("commits only in exactly-once mode");
+        eos.committing = None;
+        result?;
+        eos.kafka_open = false;
+        let end_lsn = eos.commit_at.take().expect("a commit was pending");
+        self.metrics.kafka_transaction("committed");
+        self.tracker
+            .commit(end_lsn)
+            .map_err(|source| SourceError::Tracker {
+                lsn: end_lsn,
+                source,
+            })?;
         Ok(())
     }
 
@@ -556,11 +706,29 @@ impl<S: Sink> Session<'_, S> {
                 self.tracker.begin().map_err(tracker_error)?;
                 self.commit_time_ms =
                     Some(begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000);
+                if let Some(eos) = &mut self.eos {
+                    eos.skipping = eos.checkpoint.is_some_and(|c| c.covers(begin.final_lsn));
+                }
             }
             LogicalReplicationMessage::Commit(commit) => {
-                self.tracker.commit(commit.end_lsn).map_err(tracker_error)?;
                 self.commit_time_ms = None;
                 self.metrics.transactions.inc();
+                if let Some(eos) = &mut self.eos {
+                    if std::mem::take(&mut eos.skipping) {
+                        if let Some(checkpoint) = eos.checkpoint.filter(|c| commit.end_lsn > c.0) {
+                            return Err(SourceError::Protocol(format!(
+                                "transaction ending at {} was passed over as committed to Kafka, but the checkpoint is {}",
+                                commit.end_lsn, checkpoint.0
+                            ))
+                            .into());
+                        }
+                    } else if eos.kafka_open {
+                        // The tracker sees the commit once Kafka committed (on_kafka_commit).
+                        eos.commit_at = Some(commit.end_lsn);
+                        return Ok(());
+                    }
+                }
+                self.tracker.commit(commit.end_lsn).map_err(tracker_error)?;
             }
             LogicalReplicationMessage::Type(ty) => self.decoder.on_type(&ty),
             LogicalReplicationMessage::Relation(relation) => {
@@ -617,6 +785,11 @@ impl<S: Sink> Session<'_, S> {
             SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction"))
         })?;
         self.metrics.events_decoded.inc();
+        if self.eos.as_ref().is_some_and(|eos| eos.skipping) {
+            // Committed to Kafka with its transaction before the last crash.
+            self.metrics.skipped("checkpointed");
+            return Ok(());
+        }
         if event.aggregate_id.is_none() {
             self.null_key(&event);
         }
@@ -634,6 +807,12 @@ impl<S: Sink> Session<'_, S> {
                 _ => return Err(e.into()),
             },
         };
+        if let Some(eos) = &mut self.eos {
+            if !eos.kafka_open {
+                eos.transactions.begin().await?;
+                eos.kafka_open = true;
+            }
+        }
         let token = self
             .tracker
             .track_event()

@@ -258,6 +258,7 @@ fn new_sink(config: &PipelineConfig) -> Result<KafkaSink, Error> {
         &kafka,
         &format!("outbox-relay-{}", config.name),
         config.max_in_flight_events.max(config.polling.batch_size),
+        None,
     )?)
 }
 

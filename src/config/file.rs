@@ -113,6 +113,10 @@ struct PipelineSection {
     #[serde(default = "default_shutdown_timeout_secs")]
     shutdown_timeout_secs: u64,
     terminate_stale_walsender_after_secs: Option<u64>,
+    #[serde(default)]
+    exactly_once: bool,
+    transactional_id: Option<String>,
+    checkpoint_topic: Option<String>,
 }
 
 fn yes() -> bool {
@@ -315,6 +319,7 @@ pub(crate) fn resolve(
     }
     let mut names = HashSet::new();
     let mut slots = HashSet::new();
+    let mut transactional_ids = HashSet::new();
     let mut pipelines = Vec::new();
     for (i, p) in file.pipelines.into_iter().enumerate() {
         let at = |field: &str| format!("pipelines[{i}].{field}");
@@ -424,7 +429,16 @@ pub(crate) fn resolve(
             terminate_stale_walsender_after_secs: p.terminate_stale_walsender_after_secs,
             source_kind: p.source_kind,
             polling: p.polling,
+            exactly_once: p.exactly_once,
+            transactional_id: p.transactional_id,
+            checkpoint_topic: p.checkpoint_topic,
         };
+        if config.exactly_once && !transactional_ids.insert(config.transactional_id()) {
+            problem(
+                "transactional_id",
+                format!("{:?} is used by another pipeline: relays with one transactional id fence each other", config.transactional_id()),
+            );
+        }
         if let Err(e) = config.validate() {
             if !problems.iter().any(|known| known.field == at(&e.field)) {
                 problems.push(ConfigError {
@@ -433,8 +447,12 @@ pub(crate) fn resolve(
                 });
             }
         }
-        // validate() names the first problem; list every routing one.
-        for e in config.routing_problems() {
+        // validate() names the first problem; list every routing and exactly-once one.
+        for e in config
+            .routing_problems()
+            .into_iter()
+            .chain(config.exactly_once_problems())
+        {
             let e = ConfigError {
                 field: at(&e.field),
                 problem: e.problem,
@@ -704,6 +722,9 @@ mod tests {
             orders.record.on_bad_event,
             super::super::OnBadEvent::DeadLetter
         );
+        assert!(orders.exactly_once);
+        assert_eq!(orders.transactional_id(), "outbox-relay-orders");
+        assert_eq!(orders.checkpoint_topic(), "outbox-relay.checkpoints");
     }
 
     #[test]
@@ -950,6 +971,46 @@ mod tests {
         let errors =
             load_str(&format!("{PIPELINE}polling = {{ batch_sise = 5 }}\n"), &[]).unwrap_err();
         assert!(errors.to_string().contains("batch_sise"), "{errors}");
+    }
+
+    #[test]
+    fn loads_exactly_once_options_and_refuses_a_shared_transactional_id() {
+        let config = load_str(
+            &format!("{PIPELINE}exactly_once = true\ncheckpoint_topic = \"relay.checkpoints\"\n"),
+            &[],
+        )
+        .unwrap();
+        let p = &config.pipelines[0];
+        assert!(p.exactly_once);
+        assert_eq!(p.transactional_id(), "outbox-relay-p");
+        assert_eq!(p.checkpoint_topic(), "relay.checkpoints");
+        assert!(!load_str(PIPELINE, &[]).unwrap().pipelines[0].exactly_once);
+
+        let second = PIPELINE
+            .replace("name = \"p\"", "name = \"q\"")
+            .replace("slot = \"s\"", "slot = \"s2\"");
+        let errors = load_str(
+            &format!(
+                "{PIPELINE}exactly_once = true\ntransactional_id = \"relay\"\n{second}exactly_once = true\ntransactional_id = \"relay\"\ncheckpoint_topic = \"bad topic\"\n"
+            ),
+            &[],
+        )
+        .unwrap_err();
+        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+        for expected in [
+            "pipelines[1].transactional_id",
+            "pipelines[1].checkpoint_topic",
+        ] {
+            assert!(fields.contains(&expected), "{expected} missing in {errors}");
+        }
+        let errors =
+            load_str(&format!("{PIPELINE}transactional_id = \"relay\"\n"), &[]).unwrap_err();
+        assert!(
+            errors
+                .to_string()
+                .contains("pipelines[0].transactional_id: only used with exactly_once = true"),
+            "{errors}"
+        );
     }
 
     #[test]

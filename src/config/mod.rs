@@ -29,6 +29,9 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
 /// Time to wait for outstanding acknowledgements on shutdown before giving up (then the
 /// events after the last confirmed LSN are published again on restart).
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+/// Compacted topic for exactly-once checkpoints: one per Kafka cluster, keyed by pipeline name,
+/// so several relays can share it.
+pub const DEFAULT_CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
 
 /// A configuration value that cannot work; the message names the field.
 #[derive(Debug, thiserror::Error)]
@@ -399,6 +402,16 @@ pub struct PipelineConfig {
     /// (`polling` applies).
     pub source_kind: SourceKind,
     pub polling: PollingConfig,
+    /// Exactly-once mode: each PostgreSQL transaction's records and a checkpoint record go to
+    /// Kafka in one Kafka transaction (see [`crate::sink::kafka::Transactions`]).
+    pub exactly_once: bool,
+    /// Kafka `transactional.id` in exactly-once mode; `None`: `outbox-relay-<name>`. Stable
+    /// across restarts and unique per pipeline: a relay started with the same id fences the
+    /// one before it.
+    pub transactional_id: Option<String>,
+    /// Compacted topic for the checkpoints in exactly-once mode; `None`:
+    /// [`DEFAULT_CHECKPOINT_TOPIC`].
+    pub checkpoint_topic: Option<String>,
 }
 
 impl fmt::Debug for PipelineConfig {
@@ -426,6 +439,9 @@ impl fmt::Debug for PipelineConfig {
             )
             .field("source_kind", &self.source_kind)
             .field("polling", &self.polling)
+            .field("exactly_once", &self.exactly_once)
+            .field("transactional_id", &self.transactional_id)
+            .field("checkpoint_topic", &self.checkpoint_topic)
             .finish()
     }
 }
@@ -478,6 +494,9 @@ impl PipelineConfig {
             ));
         }
         if let Some(first) = self.routing_problems().into_iter().next() {
+            return Err(first);
+        }
+        if let Some(first) = self.exactly_once_problems().into_iter().next() {
             return Err(first);
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
@@ -648,6 +667,67 @@ impl PipelineConfig {
         problems
     }
 
+    /// Checks the exactly-once options (`exactly_once`, `transactional_id`, `checkpoint_topic`
+    /// and the Kafka properties they own).
+    ///
+    /// Returns every problem found, each naming its field path.
+    pub fn exactly_once_problems(&self) -> Vec<ConfigError> {
+        let mut problems = Vec::new();
+        let mut problem = |field: &str, text: String| problems.push(ConfigError::new(field, text));
+        if !self.exactly_once {
+            for (field, set) in [
+                ("transactional_id", self.transactional_id.is_some()),
+                ("checkpoint_topic", self.checkpoint_topic.is_some()),
+            ] {
+                if set {
+                    problem(field, "only used with exactly_once = true".into());
+                }
+            }
+        }
+        if self.exactly_once && self.source_kind == SourceKind::Polling {
+            problem(
+                "exactly_once",
+                "is for log tailing: a polling source marks rows after the acknowledgement instead"
+                    .into(),
+            );
+        }
+        if self.transactional_id.as_deref() == Some("") {
+            problem("transactional_id", "must not be empty".into());
+        }
+        if let Some(topic) = &self.checkpoint_topic {
+            if let Err(reason) = router::validate_topic(topic) {
+                problem(
+                    "checkpoint_topic",
+                    format!("{topic:?} is not a legal topic name: {reason}"),
+                );
+            }
+        }
+        for (key, _) in &self.kafka.properties {
+            if key == "transactional.id" {
+                problem(
+                    "kafka.properties",
+                    "transactional.id: set transactional_id (with exactly_once = true) instead"
+                        .into(),
+                );
+            }
+        }
+        problems
+    }
+
+    /// The Kafka `transactional.id` of exactly-once mode.
+    pub fn transactional_id(&self) -> String {
+        self.transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("outbox-relay-{}", self.name))
+    }
+
+    /// The checkpoint topic of exactly-once mode.
+    pub fn checkpoint_topic(&self) -> &str {
+        self.checkpoint_topic
+            .as_deref()
+            .unwrap_or(DEFAULT_CHECKPOINT_TOPIC)
+    }
+
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
     /// would (`PG*` environment variables, the password file, the local socket directory;
     /// see [`libpq_env`]), and its TLS settings.
@@ -789,6 +869,9 @@ mod tests {
             terminate_stale_walsender_after_secs: None,
             source_kind: SourceKind::LogTailing,
             polling: PollingConfig::default(),
+            exactly_once: false,
+            transactional_id: None,
+            checkpoint_topic: None,
         }
     }
 
@@ -1020,6 +1103,62 @@ mod tests {
             good.routing_problems()
         );
         good.validate().unwrap();
+    }
+
+    #[test]
+    fn exactly_once_options_are_checked_with_their_field_paths() {
+        type Mutate = Box<dyn Fn(&mut PipelineConfig)>;
+        let cases: Vec<(&str, Mutate)> = vec![
+            (
+                "transactional_id",
+                Box::new(|c| c.transactional_id = Some("relay-a".into())),
+            ),
+            (
+                "checkpoint_topic",
+                Box::new(|c| c.checkpoint_topic = Some("checkpoints".into())),
+            ),
+            (
+                "transactional_id",
+                Box::new(|c| {
+                    c.exactly_once = true;
+                    c.transactional_id = Some(String::new());
+                }),
+            ),
+            (
+                "checkpoint_topic",
+                Box::new(|c| {
+                    c.exactly_once = true;
+                    c.checkpoint_topic = Some("check points".into());
+                }),
+            ),
+            (
+                "kafka.properties",
+                Box::new(|c| {
+                    c.exactly_once = true;
+                    c.kafka.properties = vec![("transactional.id".into(), "x".into())];
+                }),
+            ),
+        ];
+        for (field, mutate) in cases {
+            let mut c = config();
+            mutate(&mut c);
+            let problems = c.exactly_once_problems();
+            assert!(
+                problems.iter().any(|p| p.field == field),
+                "{field}: {problems:?}"
+            );
+            assert_eq!(c.validate().unwrap_err().field, problems[0].field);
+        }
+        let mut c = config();
+        c.exactly_once = true;
+        c.validate().unwrap();
+        assert_eq!(c.transactional_id(), "outbox-relay-main");
+        assert_eq!(c.checkpoint_topic(), "outbox-relay.checkpoints");
+        c.transactional_id = Some("orders-relay".into());
+        c.checkpoint_topic = Some("relay.checkpoints".into());
+        c.validate().unwrap();
+        assert_eq!(c.transactional_id(), "orders-relay");
+        assert_eq!(c.checkpoint_topic(), "relay.checkpoints");
     }
 
     #[test]

@@ -374,6 +374,19 @@ pub async fn consume(
     settle: Duration,
     deadline: Duration,
 ) -> Vec<Consumed> {
+    consume_with(bootstrap, topics, expected, settle, deadline, &[]).await
+}
+
+/// Like [`consume`], with extra consumer properties (e.g. `isolation.level`; librdkafka's
+/// default is `read_committed`).
+pub async fn consume_with(
+    bootstrap: &str,
+    topics: &[&str],
+    expected: usize,
+    settle: Duration,
+    deadline: Duration,
+    properties: &[(&str, &str)],
+) -> Vec<Consumed> {
     let start = Instant::now();
     let end = start + deadline;
 
@@ -393,16 +406,19 @@ pub async fn consume(
     .await
     .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
 
-    let consumer: StreamConsumer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", bootstrap)
         .set("group.id", super::unique_name("it_consume"))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("allow.auto.create.topics", "false")
-        .set("fetch.wait.max.ms", "100")
-        .create()
-        .expect("creating an rdkafka StreamConsumer");
+        .set("fetch.wait.max.ms", "100");
+    for (key, value) in properties {
+        config.set(*key, *value);
+    }
+    let consumer: StreamConsumer = config.create().expect("creating an rdkafka StreamConsumer");
     let mut tpl = TopicPartitionList::new();
     for (t, n) in &parts {
         for p in 0..*n as i32 {

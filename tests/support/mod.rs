@@ -22,7 +22,7 @@ pub mod pg;
 pub mod relay;
 mod run;
 
-pub use kafka::{consume, kafka, Broker, Consumed};
+pub use kafka::{consume, consume_with, kafka, Broker, Consumed};
 pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD};
 pub use relay::Relay;
 pub use run::free_port;
