@@ -1390,6 +1390,16 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
     ReplicationClient::connect(&config, &tls)
         .await
         .unwrap_or_else(|e| panic!("hostaddr: {}", outbox_relay::error::chain(&e)));
+    // hostaddr alone, as libpq allows.
+    let (config, tls) = source_config(&format!(
+        "hostaddr=127.0.0.1 port={} dbname={} user=relay_tls password={} sslmode=require",
+        pg().port(),
+        setup.db.name,
+        support::PASSWORD,
+    ));
+    ReplicationClient::connect(&config, &tls)
+        .await
+        .unwrap_or_else(|e| panic!("hostaddr alone: {}", outbox_relay::error::chain(&e)));
 
     // The relay stops on a certificate that does not verify instead of retrying forever.
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);

@@ -574,31 +574,35 @@ async fn open_socket(
         _ => Some(Arc::new(tls.client_config().map_err(SourceError::Tls)?)),
     };
     let mut last_error = None;
-    for (i, host) in hosts.iter().enumerate() {
+    // As libpq: `host` and `hostaddr` pair up by position; either may be given alone.
+    for i in 0..hosts.len().max(hostaddrs.len()) {
         let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let host = hosts.get(i);
+        let addr = hostaddrs.get(i);
         let attempt = async {
-            match host {
-                Host::Tcp(name) => {
-                    let stream = match hostaddrs.get(i) {
-                        Some(addr) => TcpStream::connect((*addr, port)).await?,
-                        None => TcpStream::connect((name.as_str(), port)).await?,
-                    };
-                    stream.set_nodelay(true)?;
-                    set_keepalive(&stream, config)?;
-                    match &tls_config {
-                        Some(tls_config) => {
-                            negotiate_tls(stream, name, tls_config.clone(), tls.mode).await
-                        }
-                        None => Ok((Box::new(stream) as Box<dyn Socket>, None)),
-                    }
+            if let Some(Host::Unix(dir)) = host {
+                let path = dir.join(format!(".s.PGSQL.{port}"));
+                return Ok((
+                    Box::new(UnixStream::connect(path).await?) as Box<dyn Socket>,
+                    None,
+                ));
+            }
+            // The name TLS verifies: the host name, else the address itself.
+            let name = match host {
+                Some(Host::Tcp(name)) => name.clone(),
+                _ => addr.map(ToString::to_string).unwrap_or_default(),
+            };
+            let stream = match addr {
+                Some(addr) => TcpStream::connect((*addr, port)).await?,
+                None => TcpStream::connect((name.as_str(), port)).await?,
+            };
+            stream.set_nodelay(true)?;
+            set_keepalive(&stream, config)?;
+            match &tls_config {
+                Some(tls_config) => {
+                    negotiate_tls(stream, &name, tls_config.clone(), tls.mode).await
                 }
-                Host::Unix(dir) => {
-                    let path = dir.join(format!(".s.PGSQL.{port}"));
-                    Ok((
-                        Box::new(UnixStream::connect(path).await?) as Box<dyn Socket>,
-                        None,
-                    ))
-                }
+                None => Ok((Box::new(stream) as Box<dyn Socket>, None)),
             }
         };
         match tokio::time::timeout(connect_timeout, attempt).await {
