@@ -29,7 +29,6 @@ const SAME_PRODUCER_PROPERTIES: &[&str] = &[
     "client.id",
     "compression.type",
     "linger.ms",
-    "request.timeout.ms",
     "sasl.mechanism",
     "security.protocol",
 ];
@@ -258,6 +257,8 @@ struct Router {
     topic_regex: Option<String>,
     op_invalid_behavior: Option<&'static str>,
     additional: Vec<Additional>,
+    /// `route.tombstone.on.empty.payload = true`.
+    tombstone_on_null: bool,
 }
 
 impl Importer {
@@ -451,12 +452,8 @@ impl Importer {
         if topic_regex.is_some() {
             self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
         }
-        if let Some(tombstone) = get(self, "route.tombstone.on.empty.payload") {
-            self.note(
-                &option("route.tombstone.on.empty.payload"),
-                format!("{tombstone}: outbox-relay publishes a NULL payload as a tombstone (null_payload, default \"tombstone\"); an empty or blank text payload is published as it is"),
-            );
-        }
+        let tombstone_on_null = get(self, "route.tombstone.on.empty.payload")
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("true"));
         let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
             .into_iter()
             .find_map(|name| get(self, name).map(|value| (option(name), value)));
@@ -507,6 +504,7 @@ impl Importer {
             topic_regex,
             op_invalid_behavior,
             additional,
+            tombstone_on_null,
         })
     }
 
@@ -602,6 +600,11 @@ impl Pipeline {
         }
         if r.additional.iter().any(|a| a.placement == "envelope") {
             lines.push("value_format = \"envelope\"".into());
+            // Debezium's envelope keeps a NULL payload as "payload": null unless told to
+            // send a tombstone.
+            if !r.tombstone_on_null {
+                lines.push("null_payload = \"json_null\"".into());
+            }
         }
         if !r.additional.is_empty() {
             let entries: Vec<String> = r
@@ -1108,13 +1111,14 @@ mod tests {
             assert!(toml.contains(expected), "{expected} missing in\n{toml}");
         }
         assert!(!toml.contains("/secrets/"), "{toml}");
+        // route.tombstone.on.empty.payload = true: NULL payloads stay tombstones.
+        assert!(!toml.contains("json_null"), "{toml}");
         let notes = options(&imported.notes);
         for option in [
             "database.password",
             "table.include.list",
             "transforms.unwrap.type",
             "transforms.router.route.topic.regex",
-            "transforms.router.route.tombstone.on.empty.payload",
             "transforms.router.table.op.invalid.behavior",
             "transforms.router.table.expand.json.payload",
             "value.converter",

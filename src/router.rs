@@ -375,13 +375,14 @@ impl Router {
                     );
             }
         }
-        let value = match (&event.payload, self.null_payload) {
-            (None, NullPayload::Tombstone) => None,
-            (None, NullPayload::Empty) => Some(Bytes::new()),
-            (Some(payload), _) => Some(match self.value_format {
-                ValueFormat::Payload => payload.clone(),
-                ValueFormat::Envelope => self.envelope(event, payload)?,
-            }),
+        let value = match (&event.payload, self.null_payload, self.value_format) {
+            (None, NullPayload::Tombstone, _) => None,
+            (None, NullPayload::Empty, _) => Some(Bytes::new()),
+            (None, NullPayload::JsonNull, ValueFormat::Payload) => {
+                Some(Bytes::from_static(b"null"))
+            }
+            (Some(payload), _, ValueFormat::Payload) => Some(payload.clone()),
+            (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload.as_ref())?),
         };
         Ok(Record {
             topic,
@@ -525,8 +526,8 @@ impl Router {
 
     /// `{"payload":<payload>,"<alias>":<value>,...}`: JSON text as is, numbers and booleans as
     /// JSON, anything else as a JSON string.
-    fn envelope(&self, event: &OutboxEvent, payload: &Bytes) -> Result<Bytes, RouteError> {
-        let size = payload.len()
+    fn envelope(&self, event: &OutboxEvent, payload: Option<&Bytes>) -> Result<Bytes, RouteError> {
+        let size = payload.map_or(0, Bytes::len)
             + 16
             + self
                 .envelope
@@ -535,10 +536,15 @@ impl Router {
                 .sum::<usize>();
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(b"{\"payload\":");
-        push_json(&mut out, payload, event.payload_kind).map_err(|()| RouteError::NotUtf8 {
-            event_id: String::from_utf8_lossy(&event.id).into_owned(),
-            column: "payload".into(),
-        })?;
+        match payload {
+            Some(payload) => push_json(&mut out, payload, event.payload_kind).map_err(|()| {
+                RouteError::NotUtf8 {
+                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                    column: "payload".into(),
+                }
+            })?,
+            None => out.extend_from_slice(b"null"),
+        }
         for (name, i) in &self.envelope {
             out.push(b',');
             serde_json::to_writer(&mut out, name).expect("writing to a Vec cannot fail");
@@ -1319,6 +1325,32 @@ mod tests {
             Router::default().route(&e, 0).unwrap().value,
             None,
             "default: tombstone"
+        );
+    }
+
+    #[test]
+    fn null_payload_json_null_keeps_the_envelope_as_debezium_does() {
+        let router = envelope_router(NullPayload::JsonNull);
+        let record = router
+            .route(&envelope_event(&router, None, ValueKind::Json), 0)
+            .unwrap();
+        let value = record.value.expect("not a tombstone");
+        assert!(value.starts_with(b"{\"payload\":null,"), "{value:?}");
+        let parsed: serde_json::Value = serde_json::from_slice(&value).unwrap();
+        assert!(parsed["payload"].is_null());
+        let mut e = event("Order");
+        e.payload = None;
+        let plain = with(
+            RouteConfig::default(),
+            None,
+            RecordConfig {
+                null_payload: NullPayload::JsonNull,
+                ..RecordConfig::default()
+            },
+        );
+        assert_eq!(
+            plain.route(&e, 0).unwrap().value.as_deref(),
+            Some(&b"null"[..])
         );
     }
 

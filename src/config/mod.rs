@@ -286,13 +286,16 @@ pub enum ValueFormat {
 
 /// What a SQL NULL payload becomes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum NullPayload {
     /// A null value: a delete on compacted topics.
     #[default]
     Tombstone,
     /// A zero-byte value, which compacted topics keep.
     Empty,
+    /// The JSON `null`: the value `null`, or with `value_format = "envelope"` the envelope
+    /// with `"payload":null` (Debezium's envelope output for a NULL payload).
+    JsonNull,
 }
 
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
