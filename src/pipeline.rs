@@ -148,12 +148,18 @@ async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
     let mut connection = None;
     loop {
         timer.tick().await;
+        // Each step within one interval: a half-open connection must not freeze the metrics
+        // until TCP gives up.
         if connection.is_none() {
-            match slot::connect(&config).await {
-                Ok(c) => connection = Some(c),
-                Err(e) => {
+            match tokio::time::timeout(SLOT_WATCH_INTERVAL, slot::connect(&config)).await {
+                Ok(Ok(c)) => connection = Some(c),
+                Ok(Err(e)) => {
                     // The session logs the same failure; this is only for the metrics.
                     debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                    continue;
+                }
+                Err(_) => {
+                    debug!(pipeline = %config.name, "connecting to read the slot's wal_status timed out");
                     continue;
                 }
             }
@@ -161,11 +167,16 @@ async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
         let Some((client, _)) = &connection else {
             continue;
         };
-        match slot::slot_wal(client, &config.slot).await {
-            Ok(Some(wal)) => metrics.set_slot_wal(wal.wal_status.as_deref(), wal.safe_wal_size),
-            Ok(None) => metrics.set_slot_wal(None, None),
-            Err(e) => {
+        match tokio::time::timeout(SLOT_WATCH_INTERVAL, slot::slot_wal(client, &config.slot)).await
+        {
+            Ok(Ok(Some(wal))) => metrics.set_slot_wal(wal.wal_status.as_deref(), wal.safe_wal_size),
+            Ok(Ok(None)) => metrics.set_slot_wal(None, None),
+            Ok(Err(e)) => {
                 debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                connection = None;
+            }
+            Err(_) => {
+                debug!(pipeline = %config.name, "reading the slot's wal_status timed out; reconnecting");
                 connection = None;
             }
         }
@@ -317,6 +328,7 @@ async fn run_session(
         create_slot,
     )
     .await?;
+    let outbox_oid = slot::table_oid(&client, &config.table).await?;
 
     let mut replication = ReplicationClient::connect(&pg, &tls).await?;
     let identity = replication.identify_system().await?;
@@ -410,7 +422,8 @@ async fn run_session(
             config.message_prefix.clone(),
         )
         .with_route_by(config.route.by_field.clone())
-        .with_columns(router.columns().to_vec()),
+        .with_columns(router.columns().to_vec())
+        .with_oid(outbox_oid),
         router,
         null_key_warned: (None, 0),
         commit_time_ms: None,

@@ -176,6 +176,10 @@ pub struct OutboxDecoder {
     extra: Vec<String>,
     /// Kinds of non-built-in types (domains) from Type messages, by oid.
     types: HashMap<u32, ValueKind>,
+    /// The outbox table's oid when the session started (a Relation message's id is the
+    /// table's oid): a Relation with this id under another name is the outbox as it was named
+    /// then, e.g. before the rename that `table` now follows.
+    oid: Option<u32>,
 }
 
 /// An outbox event in a logical decoding message (`pg_logical_emit_message(true, prefix,
@@ -206,7 +210,16 @@ impl OutboxDecoder {
             route_by: None,
             extra: Vec::new(),
             types: HashMap::new(),
+            oid: None,
         }
+    }
+
+    /// Also takes the relation with id `oid` (the outbox table's oid when the session
+    /// started) as the outbox, whatever its name in the stream, unless this stream showed
+    /// it under the configured name first (then another name is a rename: an error).
+    pub fn with_oid(mut self, oid: Option<u32>) -> Self {
+        self.oid = oid;
+        self
     }
 
     /// Puts these columns' values in every event's [`OutboxEvent::columns`], in this order;
@@ -274,7 +287,13 @@ impl OutboxDecoder {
 
     /// Records a Relation message, replacing what was known about that relation id.
     pub fn on_relation(&mut self, relation: &RelationBody) {
-        let kind = if relation.namespace == self.table.schema && relation.name == self.table.name {
+        let named = relation.namespace == self.table.schema && relation.name == self.table.name;
+        let renamed_here = !named
+            && matches!(
+                self.relations.get(&relation.rel_id),
+                Some(RelationKind::Outbox(_) | RelationKind::Renamed(_))
+            );
+        let kind = if named || (!renamed_here && self.oid == Some(relation.rel_id)) {
             let find = |field: &'static str, name: &str| {
                 relation
                     .columns
@@ -317,10 +336,7 @@ impl OutboxDecoder {
                     },
                 })
             })())
-        } else if matches!(
-            self.relations.get(&relation.rel_id),
-            Some(RelationKind::Outbox(_) | RelationKind::Renamed(_))
-        ) {
+        } else if renamed_here {
             RelationKind::Renamed(
                 TableName {
                     schema: relation.namespace.clone(),
@@ -584,6 +600,35 @@ mod tests {
             ..insert
         };
         assert_eq!(decoder.on_insert(&other, Lsn(7)), Ok(None));
+    }
+
+    /// After `table` follows a rename and the relay restarts, WAL from before the rename still
+    /// names the old table: the oid says it is the outbox.
+    #[test]
+    fn the_outbox_under_its_old_name_is_found_by_its_oid() {
+        let relation = fixture()
+            .into_iter()
+            .find_map(|m| match m {
+                LogicalReplicationMessage::Relation(r) if r.name == "outbox" => Some(r),
+                _ => None,
+            })
+            .unwrap();
+        let renamed = || {
+            OutboxDecoder::new(
+                "public.outbox_v2".parse().unwrap(),
+                OutboxColumns::default(),
+                None,
+            )
+        };
+        let mut by_name_only = renamed();
+        by_name_only.on_relation(&relation);
+        assert!(!by_name_only.is_outbox(relation.rel_id));
+        let mut with_oid = renamed().with_oid(Some(relation.rel_id));
+        with_oid.on_relation(&relation);
+        assert!(with_oid.is_outbox(relation.rel_id));
+        let mut other_oid = renamed().with_oid(Some(relation.rel_id + 1));
+        other_oid.on_relation(&relation);
+        assert!(!other_oid.is_outbox(relation.rel_id));
     }
 
     #[test]

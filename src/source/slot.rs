@@ -104,6 +104,15 @@ pub async fn prepare(
     })
 }
 
+/// The oid of `table` (what pgoutput's Relation messages carry as the relation id), `None`
+/// if it does not exist.
+pub async fn table_oid(client: &Client, table: &TableName) -> Result<Option<u32>, SourceError> {
+    Ok(client
+        .query_one("SELECT to_regclass($1)::oid", &[&table.quoted()])
+        .await?
+        .get::<_, Option<u32>>(0))
+}
+
 /// The server's `wal_sender_timeout` for this database and role (zero: never).
 pub async fn wal_sender_timeout(client: &Client) -> Result<Duration, SourceError> {
     let timeout_ms: i64 = client
