@@ -227,7 +227,19 @@ fn apply_override(pipelines: &mut [Value], rest: &str, raw: &str) -> Result<(), 
 /// The index of the pipeline `selector` names: an index into the file's `[[pipelines]]`, or a
 /// pipeline's `name` (exact, else the only case-insensitive match).
 fn select_pipeline(pipelines: &[Value], selector: &str) -> Result<usize, String> {
+    let names: Vec<Option<&str>> = pipelines
+        .iter()
+        .map(|p| p.find_ref("name").and_then(Value::as_str))
+        .collect();
     if let Ok(index) = selector.parse::<usize>() {
+        // A pipeline named like another one's index would make the variable ambiguous.
+        if let Some(named) = names.iter().position(|n| *n == Some(selector)) {
+            if named != index {
+                return Err(format!(
+                    "{selector:?} is both the index of pipelines[{index}] and the name of pipelines[{named}]: rename that pipeline"
+                ));
+            }
+        }
         return if index < pipelines.len() {
             Ok(index)
         } else {
@@ -237,10 +249,6 @@ fn select_pipeline(pipelines: &[Value], selector: &str) -> Result<usize, String>
             ))
         };
     }
-    let names: Vec<Option<&str>> = pipelines
-        .iter()
-        .map(|p| p.find_ref("name").and_then(Value::as_str))
-        .collect();
     if let Some(index) = names.iter().position(|n| *n == Some(selector)) {
         return Ok(index);
     }
@@ -609,6 +617,23 @@ mod tests {
             load_with_overrides(TWO_PIPELINES, &[("OUTBOX_RELAY__PIPELINES__0__SLOTT", "x")])
                 .unwrap_err();
         assert!(errors.to_string().contains("slott"), "{errors}");
+    }
+
+    #[test]
+    fn a_pipeline_named_like_another_index_makes_that_index_ambiguous() {
+        let toml = TWO_PIPELINES.replace("\"Billing\"", "\"0\"");
+        let errors =
+            load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__0__SLOT", "x")]).unwrap_err();
+        assert!(
+            errors
+                .to_string()
+                .contains("\"0\" is both the index of pipelines[0] and the name of pipelines[1]"),
+            "{errors}"
+        );
+        // Index 1 is unambiguous.
+        let config =
+            load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__1__SLOT", "x")]).unwrap();
+        assert_eq!(config.pipelines[1].slot, "x");
     }
 
     #[test]
