@@ -79,9 +79,11 @@ CONF
   "${PSQL[@]}" -h 127.0.0.1 -p "$PGPORT" -U postgres -c "CREATE DATABASE shop"
   SOURCE_URL="postgres://postgres@127.0.0.1:$PGPORT/shop"
   "${PSQL[@]}" "$SOURCE_URL" -f sql/outbox.sql
-  "${PSQL[@]}" "$SOURCE_URL" -c "CREATE TABLE orders (id text PRIMARY KEY, state text NOT NULL, total numeric NOT NULL)"
   echo "PostgreSQL on 127.0.0.1:$PGPORT, database shop, outbox table and publication outbox_pub from sql/outbox.sql"
 fi
+
+# The demo's business table (also in an existing database given with --source-url).
+"${PSQL[@]}" "$SOURCE_URL" -c "CREATE TABLE IF NOT EXISTS quickstart_orders (id text PRIMARY KEY, state text NOT NULL, total numeric NOT NULL)"
 
 if [ -z "$BOOTSTRAP" ]; then
   step "starting a local Kafka-protocol broker (tansu, in memory)"
@@ -109,12 +111,12 @@ echo "relay is streaming from slot quickstart"
 step "writing business transactions, each with its outbox row"
 "${PSQL[@]}" "$SOURCE_URL" <<'SQL'
 BEGIN;
-INSERT INTO orders VALUES ('o-42', 'CREATED', 1500000.10);
+INSERT INTO quickstart_orders VALUES ('o-42', 'CREATED', 1500000.10) ON CONFLICT (id) DO UPDATE SET state = 'CREATED';
 INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 VALUES ('Order', 'o-42', 'OrderCreated', '{"orderId": "o-42", "total": 1500000.10, "currency": "COP"}');
 COMMIT;
 BEGIN;
-UPDATE orders SET state = 'PAID' WHERE id = 'o-42';
+UPDATE quickstart_orders SET state = 'PAID' WHERE id = 'o-42';
 INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
 VALUES ('Order', 'o-42', 'OrderPaid', '{"orderId": "o-42", "paidAt": "2026-11-29T12:00:00Z"}');
 COMMIT;

@@ -1,6 +1,6 @@
 //! Ack tracking: turns Kafka delivery outcomes into the flush LSN confirmed to PostgreSQL.
 //!
-//! The invariant this module exists for (DESIGN.md, I4): the flush LSN sent to PostgreSQL never
+//! The invariant this module exists for (I4 in the README's "What it guarantees": no LSN past an unacknowledged event): the flush LSN sent to PostgreSQL never
 //! passes the commit of a transaction that still has an event Kafka has not acknowledged.
 //! Confirming a transaction's end LSN tells the walsender never to send it again, so confirming
 //! early turns a later broker failure or crash into silent loss.

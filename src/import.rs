@@ -200,9 +200,12 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
             false => '_',
         })
         .collect();
+    let source_url = im.source_url(&env_prefix);
+    let (slot, new_slot) = im.slot();
     let pipeline = Pipeline {
-        source_url: im.source_url(&env_prefix),
-        slot: im.slot(),
+        source_url,
+        slot,
+        new_slot,
         publication: im
             .take("publication.name")
             .unwrap_or_else(|| "dbz_publication".into()),
@@ -232,6 +235,8 @@ struct Pipeline {
     /// With the password replaced by `${<NAME>_DB_PASSWORD}`.
     source_url: SourceUrl,
     slot: String,
+    /// Debezium's slot was not a pgoutput slot: `slot` is a new one.
+    new_slot: bool,
     publication: String,
     table: TableName,
     router: Router,
@@ -370,20 +375,20 @@ impl Importer {
         SourceUrl { url, password_var }
     }
 
-    /// Debezium's slot when it is a pgoutput slot, else a new one.
-    fn slot(&mut self) -> String {
+    /// Debezium's slot when it is a pgoutput slot (`false`), else a new one (`true`).
+    fn slot(&mut self) -> (String, bool) {
         let plugin = self
             .take("plugin.name")
             .unwrap_or_else(|| "decoderbufs".into());
         let slot = self.take("slot.name").unwrap_or_else(|| "debezium".into());
         if plugin == "pgoutput" {
-            return slot;
+            return (slot, false);
         }
         self.note(
             "plugin.name",
             format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
         );
-        "outbox_relay".into()
+        ("outbox_relay".into(), true)
     }
 
     /// The outbox table from `table.include.list` (or 1.x `table.whitelist`): the entry naming
@@ -586,10 +591,19 @@ impl Pipeline {
                 "# The password is not copied: set {var} in the relay's environment."
             ));
         }
+        lines.push(format!("source_url = {}", q(&self.source_url.url)));
+        if self.new_slot {
+            lines.extend([
+                "# A new pgoutput slot (Debezium's plugin was not pgoutput): create it with `outbox-relay".into(),
+                "# setup` before stopping Debezium; events in between are published twice.".into(),
+            ]);
+        } else {
+            lines.extend([
+                "# Debezium's slot and publication: stop the connector first (a slot admits one reader);".into(),
+                "# the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into(),
+            ]);
+        }
         lines.extend([
-            format!("source_url = {}", q(&self.source_url.url)),
-            "# Debezium's slot and publication: stop the connector first (a slot admits one reader);".into(),
-            "# the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into(),
             format!("slot = {}", q(&self.slot)),
             format!("publication = {}", q(&self.publication)),
             format!("table = {}", q(&self.table.to_string())),

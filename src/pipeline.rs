@@ -5,7 +5,7 @@
 //! the producer is dropped, and a new session resumes from the slot's `confirmed_flush_lsn`
 //! after an exponential backoff with jitter. Since the relay confirms only what Kafka
 //! acknowledged (see [`crate::checkpoint`]), everything after that LSN is published again:
-//! duplicates are possible after a failure, loss is not (DESIGN.md I1, I4, I6).
+//! duplicates are possible after a failure, loss is not (README, "What it guarantees").
 //!
 //! Exactly-once mode (opt-in) adds a transactional producer. Each PostgreSQL transaction with
 //! events gets one Kafka transaction: its records, then a checkpoint record (the commit's end

@@ -182,7 +182,7 @@ impl fmt::Display for TableName {
     }
 }
 
-/// Names of the outbox table's columns (DESIGN.md defaults).
+/// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct OutboxColumns {
