@@ -482,6 +482,16 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     );
 }
 
+/// Writes `toml` to `relay.toml` in a new temporary directory; returns the directory (the
+/// file lives as long as it does) and the arguments `run --config <file>`.
+fn run_with_config(toml: &str) -> (tempfile::TempDir, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(&path, toml).unwrap();
+    let args = vec!["run".into(), "--config".into(), path.display().to_string()];
+    (dir, args)
+}
+
 /// The relay's own parsing of a source URL (TLS parameters included).
 fn source_config(
     url: &str,
@@ -1126,14 +1136,9 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         ));
         env.push((format!("DB{i}_URL"), s.db.url(Auth::Scram)));
     }
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("relay.toml");
-    std::fs::write(&path, &toml).unwrap();
+    let (_dir, args) = run_with_config(&toml);
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let relay = Relay::spawn_with_env(
-        &["run".into(), "--config".into(), path.display().to_string()],
-        &env_refs,
-    );
+    let relay = Relay::spawn_with_env(&args, &env_refs);
 
     wait_for(
         "/readyz to report all three pipelines streaming",
@@ -2014,23 +2019,13 @@ async fn publish_event_function_and_debezium_named_columns() {
 
     let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
     // Debezium's column names, through a config file.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"debezium\"\nsource_url = \"{}\"\nslot = \"{}_dbz\"\npublication = \"outboxevent_pub\"\ntable = \"public.outboxevent\"\n[pipelines.columns]\naggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\nevent_type = \"type\"\n",
-            kafka().bootstrap(),
-            setup.db.url(Auth::Trust),
-            setup.slot
-        ),
-    )
-    .unwrap();
-    let debezium = Relay::spawn(&[
-        "run".into(),
-        "--config".into(),
-        config.display().to_string(),
-    ]);
+    let (_dir, args) = run_with_config(&format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"debezium\"\nsource_url = \"{}\"\nslot = \"{}_dbz\"\npublication = \"outboxevent_pub\"\ntable = \"public.outboxevent\"\n[pipelines.columns]\naggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\nevent_type = \"type\"\n",
+        kafka().bootstrap(),
+        setup.db.url(Auth::Trust),
+        setup.slot
+    ));
+    let debezium = Relay::spawn(&args);
     setup.wait_streaming().await;
     wait_for(
         "the Debezium-named pipeline to stream",
@@ -2557,10 +2552,8 @@ dead_letter_topic = "{dlq}"
         url = setup.db.url(Auth::Trust),
         slot = setup.slot,
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("relay.toml");
-    std::fs::write(&path, &toml).unwrap();
-    let relay = Relay::spawn(&["run".into(), "--config".into(), path.display().to_string()]);
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     c.batch_execute("BEGIN").await.unwrap();
@@ -2739,10 +2732,8 @@ dead_letter_topic = "{dlq}"
         url = setup.db.url(Auth::Trust),
         slot = setup.slot,
     );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("relay.toml");
-    std::fs::write(&path, &toml).unwrap();
-    let relay = Relay::spawn(&["run".into(), "--config".into(), path.display().to_string()]);
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     let client = &setup.db.client;
@@ -3294,23 +3285,13 @@ async fn quoted_mixed_case_names_and_look_alike_tables_in_one_publication() {
     }
 
     // The file form of the same names.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"quoted\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"Outbox-Pub\"\ntable = '{table}'\ncreate_slot = false\n",
-            kafka().bootstrap(),
-            setup.db.url(Auth::Trust),
-            setup.slot
-        ),
-    )
-    .unwrap();
-    let relay = Relay::spawn(&[
-        "run".into(),
-        "--config".into(),
-        config.display().to_string(),
-    ]);
+    let (_dir, args) = run_with_config(&format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"quoted\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"Outbox-Pub\"\ntable = '{table}'\ncreate_slot = false\n",
+        kafka().bootstrap(),
+        setup.db.url(Auth::Trust),
+        setup.slot
+    ));
+    let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     let mut written = Vec::new();
@@ -3502,23 +3483,13 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     );
 
     // Mapped to the new name, a restarted relay publishes it.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"renamed\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\ncreate_slot = false\n[pipelines.columns]\nevent_type = \"kind\"\n",
-            kafka().bootstrap(),
-            setup.db.url(Auth::Trust),
-            setup.slot
-        ),
-    )
-    .unwrap();
-    let mut relay = Relay::spawn(&[
-        "run".into(),
-        "--config".into(),
-        config.display().to_string(),
-    ]);
+    let (_dir, args) = run_with_config(&format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"renamed\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\ncreate_slot = false\n[pipelines.columns]\nevent_type = \"kind\"\n",
+        kafka().bootstrap(),
+        setup.db.url(Auth::Trust),
+        setup.slot
+    ));
+    let mut relay = Relay::spawn(&args);
     written.push(renamed);
     written.push(insert_with(c, "kind", &t, "AfterRestart", r#"'{"n": 10}'"#).await);
     let consumed = setup
@@ -3532,11 +3503,6 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
 
     // The outbox renamed under the running relay: its inserts stop it, they are not passed
     // over; a restart refuses the missing table.
-    let run_config = [
-        "run".into(),
-        "--config".into(),
-        config.display().to_string(),
-    ];
     c.batch_execute("ALTER TABLE outbox RENAME TO outbox_moved; BEGIN")
         .await
         .unwrap();
@@ -3566,7 +3532,7 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         confirmed <= before_commit,
         "confirmed_flush_lsn {confirmed:X} passed the insert into the renamed outbox"
     );
-    let mut restarted = Relay::spawn(&run_config);
+    let mut restarted = Relay::spawn(&args);
     assert!(!restarted.wait(Duration::from_secs(30)).success());
     assert!(
         restarted
