@@ -48,7 +48,7 @@ Scenarios:
 
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
-import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +91,29 @@ def cpu_seconds(pid):
     """utime + stime of a process, seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid):
+    """utime + stime of each thread of a process, by thread id: (name, seconds)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[task.name] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
+def cpu_by_thread_kind(before, after):
+    """CPU seconds between two thread_cpu_seconds samples, summed by thread name without digits."""
+    kinds = {}
+    for tid, (name, seconds) in after.items():
+        kind = re.sub(r"[-_]?\d+$", "", name)
+        kinds[kind] = kinds.get(kind, 0) + seconds - before.get(tid, (name, 0))[1]
+    return {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
 
 
 class Cluster:
@@ -387,21 +410,36 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
 
 
 CONSUMER = r"""
-import json, sys, time
+import json, sys, threading, time
 from confluent_kafka import Consumer, TopicPartition
 bootstrap, topic, expected, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+def actual():  # the number of events actually written, once the load generator knows it
+    global expected
+    line = sys.stdin.readline()
+    if line.strip():
+        expected = int(line)
+threading.Thread(target=actual, daemon=True).start()
 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-latency", "fetch.wait.max.ms": 1,
               "enable.auto.commit": False, "auto.offset.reset": "latest"})
 parts = c.list_topics(topic, timeout=10).topics[topic].partitions
 c.assign([TopicPartition(topic, p, -1) for p in parts])  # from the end: only new records
 print("ready", flush=True)
-lat, deadline = [], time.time() + timeout
+lat, seen, duplicates, deadline = [], set(), 0, time.time() + timeout
 while len(lat) < expected and time.time() < deadline:
     m = c.poll(0.1)
     if m is None or m.error():
         continue
-    lat.append((time.time() - json.loads(m.value())["t"]) * 1000)
-print(json.dumps(lat))
+    received = time.time()
+    t = json.loads(m.value()).get("t")
+    if t is None:  # the producer ceiling's warm-up record
+        continue
+    event_id = dict(m.headers() or []).get("id")
+    if event_id in seen:  # at-least-once: the first copy counts
+        duplicates += 1
+        continue
+    seen.add(event_id)
+    lat.append((received - t) * 1000)
+print(json.dumps({"latencies_ms": lat, "duplicates": duplicates}))
 """
 
 
@@ -410,12 +448,14 @@ def pgbench(cluster, work, table, rate, seconds):
     script.write_text(f"INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) VALUES "
                       "('Steady', 'k-' || (random() * 100)::int, 'Tick', "
                       "jsonb_build_object('t', extract(epoch FROM clock_timestamp()), 'pad', repeat('x', 200)));\n")
-    subprocess.run([str(PGBIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
-                    "-f", str(script), "-R", str(rate), "-T", str(seconds), "-c", "2", "-j", "2", "bench"],
-                   check=True, stdout=subprocess.DEVNULL,
+    out = subprocess.run([str(PGBIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
+                          "-f", str(script), "-R", str(rate), "-T", str(seconds), "-c", "2", "-j", "2", "bench"],
+                         check=True, capture_output=True, text=True,
                    # The walsender sends only flushed WAL: with the cluster's synchronous_commit=off a
                    # commit waits up to wal_writer_delay (200 ms) before any reader can see it.
-                   env={**os.environ, "PGOPTIONS": "-c synchronous_commit=on"})
+                         env={**os.environ, "PGOPTIONS": "-c synchronous_commit=on"}).stdout
+    # pgbench falls behind its schedule when the machine is busy: what it actually committed.
+    return int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
 
 
 def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
@@ -437,7 +477,7 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     if contender != CEIL:
         time.sleep(2)  # connected and caught up before the load starts
     consumer = subprocess.Popen([str(venv_python()), "-c", CONSUMER, broker.bootstrap, topic, str(expected),
-                                 str(seconds + grace)], stdout=subprocess.PIPE, text=True)
+                                 str(seconds + grace)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert consumer.stdout.readline().strip() == "ready"
     time.sleep(1)  # the consumer's end offsets resolved before the first record
     if contender == CEIL:
@@ -445,8 +485,11 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
                              capture_output=True, text=True).stdout
         extra["mean_produce_to_ack_ms"] = json.loads(out)["mean_produce_to_ack_ms"]
     else:
-        pgbench(cluster, work, "outbox_events" if contender == POLL else "outbox", rate, seconds)
-    lat = sorted(json.loads(consumer.stdout.readline()))
+        expected = pgbench(cluster, work, "outbox_events" if contender == POLL else "outbox", rate, seconds)
+    consumer.stdin.write(f"{expected}\n")
+    consumer.stdin.flush()
+    consumed = json.loads(consumer.stdout.readline())
+    lat = sorted(consumed["latencies_ms"])
     consumer.wait(30)
     if relay:
         # Where the time goes: the relay's own view, commit -> broker ack and producer -> ack.
@@ -458,7 +501,7 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     if slot:
         cluster.drop_slot(slot)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
-    return {"expected": expected, "received": len(lat), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+    return {"expected": expected, "target": rate * seconds, "received": len(lat), "duplicates": consumed["duplicates"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
             "max_ms": lat[-1] if lat else None, **extra}
 
 
@@ -472,13 +515,16 @@ def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace)
             fmt = lambda v: f"{v:.1f}" if v is not None else "-"
             log(f"    round {r + 1} {contender}: p50 {fmt(run['p50_ms'])} ms, p99 {fmt(run['p99_ms'])} ms, "
                 f"max {fmt(run['max_ms'])} ms, {run['received']:,} of {run['expected']:,} received"
+                + (f" (and {run['duplicates']:,} duplicates)" if run["duplicates"] else "")
                 + (f"; produce -> ack {run['mean_produce_to_ack_ms']:.1f} ms" if "mean_produce_to_ack_ms" in run else "")
                 + (f", commit -> ack {run['mean_commit_to_ack_ms']:.1f} ms" if "mean_commit_to_ack_ms" in run else ""))
     out = {}
     for c, v in runs.items():
         out[c] = {k: median([x.get(k) for x in v]) for k in
                   ("p50_ms", "p99_ms", "max_ms", "mean_commit_to_ack_ms", "mean_produce_to_ack_ms")}
-        out[c].update(expected=v[0]["expected"], received_min=min(x["received"] for x in v), runs=v)
+        out[c].update(target=v[0]["target"], written_min=min(x["expected"] for x in v),
+                      missed_max=max(x["expected"] - x["received"] for x in v),
+                      duplicates_max=max(x["duplicates"] for x in v), runs=v)
     return {"rate": rate, "seconds": seconds, "contenders": out}
 
 
@@ -543,10 +589,12 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
                 procs[c] = peers.start_poll(10**9)
         time.sleep(3)  # past start-up
         cpu0 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
+        relay_threads0 = thread_cpu_seconds(procs[RELAY].pid)
         start = time.time()
         cluster.sql(f"CALL fill_wal({wal_mb}, {seconds})")
         elapsed = time.time() - start
         cpu1 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
+        relay_threads = cpu_by_thread_kind(relay_threads0, thread_cpu_seconds(procs[RELAY].pid))
         at_end = slot_positions(cluster)
         wal = float(cluster.sql("SELECT sum(pg_wal_lsn_diff(end_lsn, start_lsn)) FROM filler_progress")) / 2**20
         time.sleep(20)
@@ -559,6 +607,8 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
         for c in contenders:
             run = {"cpu_seconds": cpu1[c] - cpu0[c], "window_seconds": elapsed, "wal_written_mib": wal}
             run["core_percent"] = 100 * run["cpu_seconds"] / elapsed
+            if c == RELAY:
+                run["cpu_seconds_by_thread"] = relay_threads
             if c in slots:
                 run.update(at_end[slots[c]])
                 run.update({f"{k}_20s_later": v for k, v in later[slots[c]].items()})
@@ -566,7 +616,8 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
             log(f"    round {r + 1} {c}: {run['cpu_seconds']:.2f} CPU s in {elapsed:.0f} s "
                 f"({run['core_percent']:.2f} % of a core)"
                 + (f", retained {run['retained_mib']:.0f} MiB (confirmed lag {run['confirmed_lag_mib']:.1f} MiB), "
-                   f"20 s later {run['retained_mib_20s_later']:.0f} MiB" if c in slots else ""))
+                   f"20 s later {run['retained_mib_20s_later']:.0f} MiB" if c in slots else "")
+                + (f"; by thread: {relay_threads}" if c == RELAY else ""))
         for slot in slots.values():
             cluster.drop_slot(slot)
         cluster.sql("TRUNCATE filler_progress")
@@ -656,8 +707,12 @@ def print_table(results, args):
                 cells.append("-")
                 continue
             cell = f"{fmt_ms(x['p50_ms'])} / {fmt_ms(x['p99_ms'])} / {fmt_ms(x['max_ms'])} ms"
-            if x["received_min"] < x["expected"]:
-                cell += f" ({x['received_min']:,} of {x['expected']:,} received)"
+            if x["missed_max"] > 0:
+                cell += f" ({x['missed_max']:,} not received in time)"
+            if x["duplicates_max"] > 0:
+                cell += f" ({x['duplicates_max']:,} duplicates)"
+            if x["written_min"] < 0.97 * x["target"]:
+                cell += f" (pgbench wrote {x['written_min']:,} of {x['target']:,})"
             cells.append(cell)
         print(f"| 3. steady {s['rate']:,} ev/s, commit -> consumer p50 / p99 / max | " + " | ".join(cells) + " | - |")
     if "one_big_transaction" in results:
