@@ -62,6 +62,12 @@ PAD = "x" * 200  # ~300-byte outbox rows with the other columns
 
 RECV, CEIL, RELAY, CDC, POLL = "pg_recvlogical", "producer ceiling", "outbox-relay", "wal2json relay", "polling relay"
 LIMITS = (RECV, CEIL)
+CONTENDERS = (RECV, CEIL, RELAY, CDC, POLL)
+SELECTED = set(CONTENDERS)  # --contender narrows it
+
+
+def selected(contenders):
+    return [c for c in contenders if c in SELECTED]
 
 # The peers' outbox (../shared/peers/README.md).
 OUTBOX_EVENTS = """CREATE TABLE outbox_events (
@@ -345,7 +351,7 @@ def ordered(contenders, r):
 def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, peer_timeout):
     """Per round: fills the peers' table, creates one slot per WAL reader at one LSN, fills the
     outbox, then drains with each contender in turn."""
-    contenders = [RECV, CEIL, RELAY, *peers.contenders()]
+    contenders = selected([RECV, CEIL, RELAY, *peers.contenders()])
     runs = {c: [] for c in contenders}
     for r in range(rounds):
         cluster.sql("TRUNCATE outbox, outbox_events")
@@ -401,31 +407,30 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
         out[c] = {"events_per_second": median([x["events_per_second"] for x in v]),
                   "seconds": median([x["seconds"] for x in v]), "partial": any(x.get("partial") for x in v),
                   "runs": v}
-    limit = min(out[c]["events_per_second"] for c in LIMITS)
+    limit = min((out[c]["events_per_second"] for c in LIMITS if c in out), default=None)
     out["lower_limit_events_per_second"] = limit
     for c in contenders:
         eps = out[c]["events_per_second"]
-        out[c]["ratio_to_lower_limit"] = eps / limit if eps else None
+        out[c]["ratio_to_lower_limit"] = eps / limit if eps and limit else None
     return out
 
 
 CONSUMER = r"""
 import json, sys, threading, time
 from confluent_kafka import Consumer, TopicPartition
-bootstrap, topic, expected, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-def actual():  # the number of events actually written, once the load generator knows it
+bootstrap, topic, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+expected = None  # the number of events actually written, once the load generator knows it
+def actual():
     global expected
-    line = sys.stdin.readline()
-    if line.strip():
-        expected = int(line)
+    expected = int(sys.stdin.readline())
 threading.Thread(target=actual, daemon=True).start()
 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-latency", "fetch.wait.max.ms": 1,
               "enable.auto.commit": False, "auto.offset.reset": "latest"})
 parts = c.list_topics(topic, timeout=10).topics[topic].partitions
 c.assign([TopicPartition(topic, p, -1) for p in parts])  # from the end: only new records
 print("ready", flush=True)
-lat, seen, duplicates, deadline = [], set(), 0, time.time() + timeout
-while len(lat) < expected and time.time() < deadline:
+lat, seen, duplicates, redelivered, deadline = [], {}, 0, 0, time.time() + timeout
+while (expected is None or len(lat) < expected) and time.time() < deadline:
     m = c.poll(0.1)
     if m is None or m.error():
         continue
@@ -435,11 +440,14 @@ while len(lat) < expected and time.time() < deadline:
         continue
     event_id = dict(m.headers() or []).get("id")
     if event_id in seen:  # at-least-once: the first copy counts
-        duplicates += 1
+        if seen[event_id] == (m.partition(), m.offset()):
+            redelivered += 1  # the same record again: the consumer's side
+        else:
+            duplicates += 1  # published twice
         continue
-    seen.add(event_id)
+    seen[event_id] = (m.partition(), m.offset())
     lat.append((received - t) * 1000)
-print(json.dumps({"latencies_ms": lat, "duplicates": duplicates}))
+print(json.dumps({"latencies_ms": lat, "duplicates": duplicates, "redelivered": redelivered}))
 """
 
 
@@ -476,8 +484,7 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
         proc = peers.start_poll(expected)
     if contender != CEIL:
         time.sleep(2)  # connected and caught up before the load starts
-    consumer = subprocess.Popen([str(venv_python()), "-c", CONSUMER, broker.bootstrap, topic, str(expected),
-                                 str(seconds + grace)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    consumer = subprocess.Popen([str(venv_python()), "-c", CONSUMER, broker.bootstrap, topic, str(seconds + grace)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert consumer.stdout.readline().strip() == "ready"
     time.sleep(1)  # the consumer's end offsets resolved before the first record
     if contender == CEIL:
@@ -501,12 +508,13 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     if slot:
         cluster.drop_slot(slot)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
-    return {"expected": expected, "target": rate * seconds, "received": len(lat), "duplicates": consumed["duplicates"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+    return {"expected": expected, "target": rate * seconds, "received": len(lat), "duplicates": consumed["duplicates"],
+            "redelivered_to_consumer": consumed["redelivered"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
             "max_ms": lat[-1] if lat else None, **extra}
 
 
 def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace):
-    contenders = [CEIL, RELAY, *peers.contenders()]
+    contenders = selected([CEIL, RELAY, *peers.contenders()])
     runs = {c: [] for c in contenders}
     for r in range(rounds):
         for contender in ordered(contenders, r):
@@ -516,6 +524,7 @@ def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace)
             log(f"    round {r + 1} {contender}: p50 {fmt(run['p50_ms'])} ms, p99 {fmt(run['p99_ms'])} ms, "
                 f"max {fmt(run['max_ms'])} ms, {run['received']:,} of {run['expected']:,} received"
                 + (f" (and {run['duplicates']:,} duplicates)" if run["duplicates"] else "")
+                + (f" (and {run['redelivered_to_consumer']:,} offsets read twice)" if run["redelivered_to_consumer"] else "")
                 + (f"; produce -> ack {run['mean_produce_to_ack_ms']:.1f} ms" if "mean_produce_to_ack_ms" in run else "")
                 + (f", commit -> ack {run['mean_commit_to_ack_ms']:.1f} ms" if "mean_commit_to_ack_ms" in run else ""))
     out = {}
@@ -568,7 +577,7 @@ def slot_positions(cluster):
 
 def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
     """Per round: every contender side by side for `seconds` while `filler` writes `wal_mb` of WAL."""
-    contenders = [RECV, RELAY, *peers.contenders()]
+    contenders = selected([RECV, RELAY, *peers.contenders()])
     runs = {c: [] for c in contenders}
     for r in range(rounds):
         cluster.sql("TRUNCATE outbox, outbox_events, filler")
@@ -589,12 +598,12 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
                 procs[c] = peers.start_poll(10**9)
         time.sleep(3)  # past start-up
         cpu0 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
-        relay_threads0 = thread_cpu_seconds(procs[RELAY].pid)
+        relay_threads0 = thread_cpu_seconds(procs[RELAY].pid) if RELAY in procs else {}
         start = time.time()
         cluster.sql(f"CALL fill_wal({wal_mb}, {seconds})")
         elapsed = time.time() - start
         cpu1 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
-        relay_threads = cpu_by_thread_kind(relay_threads0, thread_cpu_seconds(procs[RELAY].pid))
+        relay_threads = cpu_by_thread_kind(relay_threads0, thread_cpu_seconds(procs[RELAY].pid)) if RELAY in procs else {}
         at_end = slot_positions(cluster)
         wal = float(cluster.sql("SELECT sum(pg_wal_lsn_diff(end_lsn, start_lsn)) FROM filler_progress")) / 2**20
         time.sleep(20)
@@ -686,7 +695,7 @@ def fmt_ms(v):
 
 def print_table(results, args):
     drains = [k for k in ("backlog", "big_transactions") if k in results]
-    contenders = [RECV, CEIL, RELAY, CDC, POLL]
+    contenders = CONTENDERS
     present = [c for c in contenders if any(c in results[k] for k in drains)
                or any(c in s["contenders"] for s in results.get("steady", []))
                or c in results.get("idle", {}).get("contenders", {})]
@@ -698,7 +707,8 @@ def print_table(results, args):
         cells = [fmt_eps(d[c]["events_per_second"], d[c]["partial"]) + (
             f" ({d[c]['ratio_to_lower_limit']:.2f})" if d[c]["ratio_to_lower_limit"] and c not in LIMITS else "")
             if c in d else "-" for c in present]
-        print(f"| {labels[k]} | " + " | ".join(cells) + f" | **{d[RELAY]['ratio_to_lower_limit']:.2f}** |")
+        ratio = d.get(RELAY, {}).get("ratio_to_lower_limit")
+        print(f"| {labels[k]} | " + " | ".join(cells) + (f" | **{ratio:.2f}** |" if ratio else " | - |"))
     for s in results.get("steady", []):
         cells = []
         for c in present:
@@ -734,7 +744,8 @@ def print_table(results, args):
                 cell += (f", retained {x['retained_mib']:.0f} MiB (confirmed lag {x['confirmed_lag_mib']:.1f}); "
                          f"20 s later {x['retained_mib_20s_later']:.0f} MiB")
             cells.append(cell)
-        print(f"| 5. idle {i['seconds']} s, {i['contenders'][RELAY]['wal_written_mib']:.0f} MiB of other WAL | "
+        wal = next(iter(i["contenders"].values()))["wal_written_mib"]
+        print(f"| 5. idle {i['seconds']} s, {wal:.0f} MiB of other WAL | "
               + " | ".join(cells) + " | - |")
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds; {m['cores']} cores, load average "
@@ -760,11 +771,15 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
     ap.add_argument("--only", action="append", default=[], choices=SCENARIOS, help="run only these scenarios")
     ap.add_argument("--skip", action="append", default=[], choices=SCENARIOS, help="scenario to skip")
+    ap.add_argument("--contender", action="append", default=[], choices=CONTENDERS,
+                    help="run only these contenders (scenario 4 always runs the relay and pg_recvlogical)")
     ap.add_argument("--kafka-property", action="append", default=[],
                     help="key=value, passed to the relay and the producer ceiling")
     args = ap.parse_args()
     for prop in args.kafka_property:
         Relay.extra_args += ["--kafka-property", prop]
+    if args.contender:
+        SELECTED.intersection_update(args.contender)
     run = lambda s: s not in args.skip and (not args.only or s in args.only)
 
     subprocess.run([str(ROOT / "tests" / "setup-deps.sh")], check=True, stdout=subprocess.DEVNULL)
@@ -786,7 +801,7 @@ def main():
         for topic in ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events"):
             broker.topic(topic)
         peers = Peers(cluster, broker, work, not args.no_peers)
-        log(f"contenders: {', '.join([RECV, CEIL, RELAY, *peers.contenders()])}")
+        log(f"contenders: {', '.join(selected([RECV, CEIL, RELAY, *peers.contenders()]))}")
         if run("backlog"):
             log(f"scenario 1: backlog of {args.backlog:,} single-row transactions")
             results["backlog"] = drain_scenario("backlog", cluster, broker, peers, work,
