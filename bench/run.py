@@ -48,7 +48,7 @@ Scenarios:
 
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
-import argparse, json, os, re, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +91,13 @@ def log(*args):
 
 def uptime():
     return Path("/proc/loadavg").read_text().split()[:3]
+
+
+def machine_cpu():
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def cpu_seconds(pid):
@@ -447,7 +454,8 @@ while (expected is None or len(lat) < expected) and time.time() < deadline:
         continue
     seen[event_id] = (m.partition(), m.offset())
     lat.append((received - t) * 1000)
-print(json.dumps({"latencies_ms": lat, "duplicates": duplicates, "redelivered": redelivered}))
+print(json.dumps({"latencies_ms": lat, "duplicates": duplicates, "redelivered": redelivered,
+                  "cpu_seconds": time.process_time()}))
 """
 
 
@@ -484,9 +492,17 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
         proc = peers.start_poll(expected)
     if contender != CEIL:
         time.sleep(2)  # connected and caught up before the load starts
-    consumer = subprocess.Popen([str(venv_python()), "-c", CONSUMER, broker.bootstrap, topic, str(seconds + grace)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    walsender = cluster.sql("SELECT pid FROM pg_stat_replication LIMIT 1") if slot else ""
+    consumer = subprocess.Popen([str(venv_python()), "-c", CONSUMER, broker.bootstrap, topic, str(seconds + grace)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert consumer.stdout.readline().strip() == "ready"
     time.sleep(1)  # the consumer's end offsets resolved before the first record
+    # Where the CPU goes during the run: the contender, its walsender, the broker, the machine.
+    watched = {"contender": (relay.proc if relay else proc).pid if (relay or proc) else None,
+               "walsender": int(walsender) if walsender else None, "tansu": broker.proc.pid}
+    cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items() if pid}
+    machine0, children0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.time()
     if contender == CEIL:
         out = subprocess.run(ceiling_cmd(broker, topic, "rate", rate, seconds), check=True,
                              capture_output=True, text=True).stdout
@@ -496,6 +512,15 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     consumer.stdin.write(f"{expected}\n")
     consumer.stdin.flush()
     consumed = json.loads(consumer.stdout.readline())
+    elapsed = time.time() - start
+    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items() if pid}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if contender == CEIL:  # the only child that ended in the window
+        cpu["contender"] = children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
+    cpu["consumer"] = consumed["cpu_seconds"]
+    busy, total = (b - a for a, b in zip(machine0, machine_cpu()))
+    extra["cpu_percent_of_a_core"] = {k: round(100 * v / elapsed, 1) for k, v in cpu.items()}
+    extra["machine_busy_percent"] = round(100 * busy / total, 1)
     lat = sorted(consumed["latencies_ms"])
     consumer.wait(30)
     if relay:
@@ -526,7 +551,8 @@ def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace)
                 + (f" (and {run['duplicates']:,} duplicates)" if run["duplicates"] else "")
                 + (f" (and {run['redelivered_to_consumer']:,} offsets read twice)" if run["redelivered_to_consumer"] else "")
                 + (f"; produce -> ack {run['mean_produce_to_ack_ms']:.1f} ms" if "mean_produce_to_ack_ms" in run else "")
-                + (f", commit -> ack {run['mean_commit_to_ack_ms']:.1f} ms" if "mean_commit_to_ack_ms" in run else ""))
+                + (f", commit -> ack {run['mean_commit_to_ack_ms']:.1f} ms" if "mean_commit_to_ack_ms" in run else "")
+                + f"; CPU % of a core {run['cpu_percent_of_a_core']}, machine busy {run['machine_busy_percent']} %")
     out = {}
     for c, v in runs.items():
         out[c] = {k: median([x.get(k) for x in v]) for k in
