@@ -64,6 +64,7 @@ RECV, CEIL, RELAY, CDC, POLL = "pg_recvlogical", "producer ceiling", "outbox-rel
 LIMITS = (RECV, CEIL)
 CONTENDERS = (RECV, CEIL, RELAY, CDC, POLL)
 SELECTED = set(CONTENDERS)  # --contender narrows it
+PERF_DIR = None  # --perf
 
 
 def selected(contenders):
@@ -377,15 +378,39 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
         for contender in ordered(contenders, r):
             start = time.time()
             run = {}
+            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             if contender == RECV:
                 subprocess.run(recvlogical_cmd(cluster, slots[RECV][0], endpos), check=True)
             elif contender == CEIL:
                 out = subprocess.run(ceiling_cmd(broker, "ceiling.events", "count", events), check=True,
                                      capture_output=True, text=True).stdout
                 run["own"] = json.loads(out)
+            if contender in LIMITS:
+                children = resource.getrusage(resource.RUSAGE_CHILDREN)
+                run["cpu_seconds"] = (children.ru_utime + children.ru_stime
+                                      - children0.ru_utime - children0.ru_stime)
             elif contender == RELAY:
                 relay = Relay(work, cluster, broker, slots[RELAY][0])
+                perf = None
+                if PERF_DIR:  # --perf DIR: where the relay's CPU time goes, by function
+                    perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "999", "-p", str(relay.proc.pid),
+                                             "-o", str(PERF_DIR / f"{name}-{r + 1}.perf.data")],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                walsender = None
+                while relay.published() == 0 and relay.proc.poll() is None and time.time() - start < 60:
+                    walsender = walsender or cluster.sql(
+                        f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slots[RELAY][0]}'")
+                    time.sleep(0.005)
+                walsender_cpu0 = cpu_seconds(int(walsender)) if walsender else None
                 relay.wait_published(events)
+                # Where the time goes: the relay's own CPU and its walsender's, over the drain.
+                run["cpu_seconds"] = cpu_seconds(relay.proc.pid)
+                run["cpu_seconds_by_thread"] = cpu_by_thread_kind({}, thread_cpu_seconds(relay.proc.pid))
+                if walsender_cpu0 is not None:
+                    run["walsender_cpu_seconds_after_first_event"] = cpu_seconds(int(walsender)) - walsender_cpu0
+                if perf:
+                    perf.send_signal(2)
+                    perf.wait(60)
                 relay.stop()
             else:
                 proc = (peers.start_cdc(slots[CDC][0], events) if contender == CDC else peers.start_poll(events))
@@ -404,7 +429,11 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
             run.update(seconds=elapsed, events=done, events_per_second=done / elapsed if done else None)
             runs[contender].append(run)
             rate = f"{run['events_per_second']:,.0f} events/s" if done else "rate unknown"
-            log(f"    {contender}: {elapsed:.2f} s ({rate})" + (f", stopped after {peer_timeout} s with "
+            cpu = (f", {run['cpu_seconds']:.2f} CPU s" if "cpu_seconds" in run else "") + (
+                f" (walsender {run['walsender_cpu_seconds_after_first_event']:.2f})"
+                if "walsender_cpu_seconds_after_first_event" in run else "") + (
+                f"; by thread {run['cpu_seconds_by_thread']}" if "cpu_seconds_by_thread" in run else "")
+            log(f"    {contender}: {elapsed:.2f} s ({rate}{cpu})" + (f", stopped after {peer_timeout} s with "
                 f"{done if done is not None else 'an unknown number of'} of {events:,} published"
                 if run.get("partial") else ""))
         for slot, _ in slots.values():
@@ -799,6 +828,8 @@ def main():
     ap.add_argument("--skip", action="append", default=[], choices=SCENARIOS, help="scenario to skip")
     ap.add_argument("--contender", action="append", default=[], choices=CONTENDERS,
                     help="run only these contenders (scenario 4 always runs the relay and pg_recvlogical)")
+    ap.add_argument("--perf", type=Path, metavar="DIR",
+                    help="record the relay with `perf record -g` during scenarios 1-2 into DIR/<scenario>-<round>.perf.data")
     ap.add_argument("--kafka-property", action="append", default=[],
                     help="key=value, passed to the relay and the producer ceiling")
     args = ap.parse_args()
@@ -806,6 +837,10 @@ def main():
         Relay.extra_args += ["--kafka-property", prop]
     if args.contender:
         SELECTED.intersection_update(args.contender)
+    if args.perf:
+        global PERF_DIR
+        PERF_DIR = args.perf.resolve()
+        PERF_DIR.mkdir(parents=True, exist_ok=True)
     run = lambda s: s not in args.skip and (not args.only or s in args.only)
 
     subprocess.run([str(ROOT / "tests" / "setup-deps.sh")], check=True, stdout=subprocess.DEVNULL)
