@@ -121,6 +121,19 @@ def thread_cpu_seconds(pid):
     return out
 
 
+def context_switches(pid):
+    """Voluntary + involuntary context switches of all threads of a process."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
 def cpu_by_thread_kind(before, after):
     """CPU seconds between two thread_cpu_seconds samples, summed by thread name without digits."""
     kinds = {}
@@ -389,6 +402,8 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
                 children = resource.getrusage(resource.RUSAGE_CHILDREN)
                 run["cpu_seconds"] = (children.ru_utime + children.ru_stime
                                       - children0.ru_utime - children0.ru_stime)
+                run["context_switches"] = (children.ru_nvcsw + children.ru_nivcsw
+                                           - children0.ru_nvcsw - children0.ru_nivcsw)
             elif contender == RELAY:
                 relay = Relay(work, cluster, broker, slots[RELAY][0])
                 perf = None
@@ -406,6 +421,7 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
                 # Where the time goes: the relay's own CPU and its walsender's, over the drain.
                 run["cpu_seconds"] = cpu_seconds(relay.proc.pid)
                 run["cpu_seconds_by_thread"] = cpu_by_thread_kind({}, thread_cpu_seconds(relay.proc.pid))
+                run["context_switches"] = context_switches(relay.proc.pid)
                 if walsender_cpu0 is not None:
                     run["walsender_cpu_seconds_after_first_event"] = cpu_seconds(int(walsender)) - walsender_cpu0
                 if perf:
@@ -430,6 +446,7 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
             runs[contender].append(run)
             rate = f"{run['events_per_second']:,.0f} events/s" if done else "rate unknown"
             cpu = (f", {run['cpu_seconds']:.2f} CPU s" if "cpu_seconds" in run else "") + (
+                f", {run['context_switches'] / events:.2f} context switches/event" if "context_switches" in run else "") + (
                 f" (walsender {run['walsender_cpu_seconds_after_first_event']:.2f})"
                 if "walsender_cpu_seconds_after_first_event" in run else "") + (
                 f"; by thread {run['cpu_seconds_by_thread']}" if "cpu_seconds_by_thread" in run else "")
