@@ -39,7 +39,7 @@ Scenarios:
    reads every contender's topic. The producer ceiling sends at the same rate, evenly spaced,
    with its send time in the value: the broker path alone.
 4. one transaction of BIG rows: the relay's peak RSS (VmHWM) and time to drain, and
-   pg_recvlogical's time on the same WAL.
+   pg_recvlogical's time on the same WAL (one round: recvlogical, the ceiling, the relay).
 5. idle: --idle-secs with no outbox writes while another table writes --idle-wal-mb of WAL;
    each WAL reader's CPU seconds over the window (utime + stime of its process) and the WAL
    its slot retains at the end (current LSN - restart_lsn) and its confirmed lag (current LSN
@@ -624,6 +624,10 @@ def big_scenario(cluster, broker, work, rows):
     recv_seconds = time.time() - start
     log(f"    {RECV}: {recv_seconds:.2f} s")
     start = time.time()
+    subprocess.run(ceiling_cmd(broker, "ceiling.events", "count", rows), check=True, stdout=subprocess.DEVNULL)
+    ceiling_seconds = time.time() - start
+    log(f"    {CEIL}: {ceiling_seconds:.2f} s")
+    start = time.time()
     relay = Relay(work, cluster, broker, "big_relay")
     relay.wait_published(rows, timeout=3600)
     elapsed = time.time() - start
@@ -634,7 +638,8 @@ def big_scenario(cluster, broker, work, rows):
         cluster.drop_slot(slot)
     cluster.sql("CHECKPOINT")
     return {"rows": rows, "seconds": elapsed, "events_per_second": rows / elapsed, "peak_rss_mib": rss,
-            RECV: {"seconds": recv_seconds, "events_per_second": rows / recv_seconds}}
+            RECV: {"seconds": recv_seconds, "events_per_second": rows / recv_seconds},
+            CEIL: {"seconds": ceiling_seconds, "events_per_second": rows / ceiling_seconds}}
 
 
 def slot_positions(cluster):
@@ -770,7 +775,8 @@ def print_table(results, args):
     contenders = CONTENDERS
     present = [c for c in contenders if any(c in results[k] for k in drains)
                or any(c in s["contenders"] for s in results.get("steady", []))
-               or c in results.get("idle", {}).get("contenders", {})]
+               or c in results.get("idle", {}).get("contenders", {})
+               or c in results.get("one_big_transaction", {}) or (c == RELAY and "one_big_transaction" in results)]
     print("| scenario | " + " | ".join(present) + " | relay / lower limit |")
     print("|---|" + "---|" * len(present) + "---|")
     labels = {"backlog": f"1. backlog, {args.backlog:,} single-row txns", "big_transactions": f"2. 20 txns x {args.bigtx_rows:,} rows"}
@@ -799,10 +805,11 @@ def print_table(results, args):
         print(f"| 3. steady {s['rate']:,} ev/s, commit -> consumer p50 / p99 / max | " + " | ".join(cells) + " | - |")
     if "one_big_transaction" in results:
         b = results["one_big_transaction"]
-        cells = {RECV: fmt_eps(b[RECV]["events_per_second"]),
-                 RELAY: f"{fmt_eps(b['events_per_second'])}, peak RSS {b['peak_rss_mib']:.0f} MiB"}
+        limit = min(b[c]["events_per_second"] for c in LIMITS if c in b)
+        cells = {c: fmt_eps(b[c]["events_per_second"]) for c in LIMITS if c in b}
+        cells[RELAY] = f"{fmt_eps(b['events_per_second'])}, peak RSS {b['peak_rss_mib']:.0f} MiB"
         print(f"| 4. one txn of {b['rows']:,} rows | " + " | ".join(cells.get(c, "-") for c in present)
-              + f" | {b['events_per_second'] / b[RECV]['events_per_second']:.2f} |")
+              + f" | {b['events_per_second'] / limit:.2f} |")
     if "idle" in results:
         i = results["idle"]
         cells = []
@@ -820,7 +827,7 @@ def print_table(results, args):
         print(f"| 5. idle {i['seconds']} s, {wal:.0f} MiB of other WAL | "
               + " | ".join(cells) + " | - |")
     m = results["machine"]
-    print(f"\n(medians of {args.rounds} alternating rounds; {m['cores']} cores, load average "
+    print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
           f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; tansu in memory; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
@@ -847,9 +854,16 @@ def main():
                     help="run only these contenders (scenario 4 always runs the relay and pg_recvlogical)")
     ap.add_argument("--perf", type=Path, metavar="DIR",
                     help="record the relay with `perf record -g` during scenarios 1-2 into DIR/<scenario>-<round>.perf.data")
+    ap.add_argument("--print", type=Path, metavar="RESULTS_JSON",
+                    help="print the table of an earlier run's results.json and exit")
     ap.add_argument("--kafka-property", action="append", default=[],
                     help="key=value, passed to the relay and the producer ceiling")
     args = ap.parse_args()
+    if args.print:
+        results = json.loads(args.print.read_text())
+        results["machine"].setdefault("load_after", ["?"] * 3)
+        print_table(results, argparse.Namespace(**results["args"]))
+        return
     for prop in args.kafka_property:
         Relay.extra_args += ["--kafka-property", prop]
     if args.contender:
@@ -868,7 +882,8 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="outbox-relay-bench."))
     cluster = broker = None
     results = {"machine": {"cores": os.cpu_count(), "load_before": uptime()}, "broker": "tansu (memory storage)",
-               "command": " ".join(sys.argv), "kafka_properties": args.kafka_property}
+               "command": " ".join(sys.argv), "kafka_properties": args.kafka_property,
+               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     try:
         cluster = Cluster(work)
         cluster.sql("CREATE DATABASE bench", db="postgres")
@@ -879,31 +894,37 @@ def main():
         for topic in ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events"):
             broker.topic(topic)
         peers = Peers(cluster, broker, work, not args.no_peers)
+        save = lambda: (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         log(f"contenders: {', '.join(selected([RECV, CEIL, RELAY, *peers.contenders()]))}")
         if run("backlog"):
             log(f"scenario 1: backlog of {args.backlog:,} single-row transactions")
             results["backlog"] = drain_scenario("backlog", cluster, broker, peers, work,
                                                 f"CALL fill_single({args.backlog}, '{{table}}')", args.backlog,
                                                 args.rounds, args.peer_timeout)
+            save()
         if run("bigtx"):
             log(f"scenario 2: 20 transactions of {args.bigtx_rows:,} rows")
             results["big_transactions"] = drain_scenario("bigtx", cluster, broker, peers, work,
                                                          f"CALL fill_big(20, {args.bigtx_rows}, '{{table}}')",
                                                          20 * args.bigtx_rows,
                                                          args.rounds, args.peer_timeout)
+            save()
         if run("steady"):
             results["steady"] = []
             for rate in (int(r) for r in args.rates.split(",")):
                 log(f"scenario 3: {rate:,} events/s for {args.steady_secs} s")
                 results["steady"].append(latency_scenario(cluster, broker, peers, work, rate, args.steady_secs,
                                                           args.rounds, grace=15))
+                save()
         if run("onebig"):
             log(f"scenario 4: one transaction of {args.big:,} rows")
             results["one_big_transaction"] = big_scenario(cluster, broker, work, args.big)
+            save()
         if run("idle"):
             log(f"scenario 5: {args.idle_secs} s without outbox writes, {args.idle_wal_mb} MB of other WAL")
             results["idle"] = idle_scenario(cluster, broker, peers, work, args.idle_secs, args.idle_wal_mb,
                                             args.rounds)
+            save()
     finally:
         if broker:
             broker.proc.terminate()
