@@ -674,6 +674,11 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
             else:
                 procs[c] = peers.start_poll(10**9)
         time.sleep(3)  # past start-up
+        perf = None
+        if PERF_DIR and RELAY in procs:
+            perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "999", "-p", str(procs[RELAY].pid),
+                                     "-o", str(PERF_DIR / f"idle-{r + 1}.perf.data")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu0 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
         relay_threads0 = thread_cpu_seconds(procs[RELAY].pid) if RELAY in procs else {}
         start = time.time()
@@ -681,6 +686,9 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
         elapsed = time.time() - start
         cpu1 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
         relay_threads = cpu_by_thread_kind(relay_threads0, thread_cpu_seconds(procs[RELAY].pid)) if RELAY in procs else {}
+        if perf:
+            perf.send_signal(2)
+            perf.wait(60)
         at_end = slot_positions(cluster)
         wal = float(cluster.sql("SELECT sum(pg_wal_lsn_diff(end_lsn, start_lsn)) FROM filler_progress")) / 2**20
         time.sleep(20)
@@ -853,7 +861,7 @@ def main():
     ap.add_argument("--contender", action="append", default=[], choices=CONTENDERS,
                     help="run only these contenders (scenario 4 always runs the relay and pg_recvlogical)")
     ap.add_argument("--perf", type=Path, metavar="DIR",
-                    help="record the relay with `perf record -g` during scenarios 1-2 into DIR/<scenario>-<round>.perf.data")
+                    help="record the relay with `perf record -g` in scenarios 1, 2 and 5 into DIR/<scenario>-<round>.perf.data")
     ap.add_argument("--print", type=Path, metavar="RESULTS_JSON",
                     help="print the table of an earlier run's results.json and exit")
     ap.add_argument("--kafka-property", action="append", default=[],
