@@ -196,22 +196,39 @@ shared_buffers = 512MB
             self.sql(f"SELECT pg_drop_replication_slot('{slot}')")
 
 
+TOPICS = ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events")
+
+
 class Broker:
+    """tansu with memory storage. It keeps every record in memory and slows down as they pile
+    up (at 1,000 events/s its CPU doubled after the 1.2 million records of scenarios 1-2), so
+    each scenario and each steady-load run starts with a fresh broker: `fresh()`."""
+
     def __init__(self, work):
+        self.work, self.proc = work, None
+        self.fresh()
+
+    def fresh(self):
+        """Stops the running broker, if any, and starts an empty one with the bench's topics."""
+        if self.proc:
+            stop_process(self.proc)
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([str(TANSU), "broker", "--storage-engine", "memory://tansu/",
                                       "--listener-url", f"tcp://{self.bootstrap}",
                                       "--advertised-listener-url", f"tcp://{self.bootstrap}"],
-                                     stdout=open(work / "tansu.log", "w"), stderr=subprocess.STDOUT)
+                                     stdout=open(self.work / "tansu.log", "a"), stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
+                break
             except OSError:
                 time.sleep(0.05)
-        raise SystemExit("tansu did not start")
+        else:
+            raise SystemExit("tansu did not start")
+        for topic in TOPICS:
+            self.topic(topic)
 
     def topic(self, name, partitions=3):
         subprocess.run([str(TANSU), "topic", "create", name, "--partitions", str(partitions),
@@ -374,6 +391,7 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
     outbox, then drains with each contender in turn."""
     contenders = selected([RECV, CEIL, RELAY, *peers.contenders()])
     runs = {c: [] for c in contenders}
+    broker.fresh()
     for r in range(rounds):
         cluster.sql("TRUNCATE outbox, outbox_events")
         if POLL in contenders:
@@ -524,6 +542,7 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     """One steady-load run: commit (or send) -> consumer receipt latencies, ms."""
     expected = rate * seconds
     topic = {RELAY: "Steady.events", CEIL: "ceiling.events"}.get(contender, "steady.events")
+    broker.fresh()
     slot, proc, relay, extra = None, None, None, {}
     if contender == RELAY:
         slot = "steady_relay"
@@ -610,6 +629,7 @@ def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace)
 
 
 def big_scenario(cluster, broker, work, rows):
+    broker.fresh()
     cluster.sql("TRUNCATE outbox")
     cluster.sql("SELECT pg_create_logical_replication_slot('big_relay', 'pgoutput')")
     cluster.sql("SELECT pg_create_logical_replication_slot('big_recv', 'pgoutput')")
@@ -656,6 +676,7 @@ def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
     """Per round: every contender side by side for `seconds` while `filler` writes `wal_mb` of WAL."""
     contenders = selected([RECV, RELAY, *peers.contenders()])
     runs = {c: [] for c in contenders}
+    broker.fresh()
     for r in range(rounds):
         cluster.sql("TRUNCATE outbox, outbox_events, filler")
         slots = {RECV: f"idle_{r}_recv", RELAY: f"idle_{r}_relay", CDC: f"idle_{r}_cdc"}
@@ -899,8 +920,6 @@ def main():
         for statement in SETUP_SQL:
             cluster.sql(statement)
         broker = Broker(work)
-        for topic in ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events"):
-            broker.topic(topic)
         peers = Peers(cluster, broker, work, not args.no_peers)
         save = lambda: (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         log(f"contenders: {', '.join(selected([RECV, CEIL, RELAY, *peers.contenders()]))}")
@@ -935,7 +954,7 @@ def main():
             save()
     finally:
         if broker:
-            broker.proc.terminate()
+            stop_process(broker.proc)
         if cluster:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
