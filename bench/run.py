@@ -578,7 +578,13 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     consumer.stdin.flush()
     consumed = json.loads(consumer.stdout.readline())
     elapsed = time.time() - start
-    cpu = {k: cpu_seconds(pid) - cpu0[k] for k, pid in watched.items() if pid}
+    cpu = {}
+    for k, pid in watched.items():
+        try:
+            cpu[k] = cpu_seconds(pid) - cpu0[k] if pid else None
+        except OSError:
+            pass  # ended already (the wal2json relay exits after the events it was told to expect)
+    cpu = {k: v for k, v in cpu.items() if v is not None}
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     if contender == CEIL:  # the only child that ended in the window
         cpu["contender"] = children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
