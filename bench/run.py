@@ -434,6 +434,7 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
                     walsender = walsender or cluster.sql(
                         f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slots[RELAY][0]}'")
                     time.sleep(0.005)
+                run["first_ack_seconds"] = time.time() - start  # start-up plus one round trip
                 walsender_cpu0 = cpu_seconds(int(walsender)) if walsender else None
                 relay.wait_published(events)
                 # Where the time goes: the relay's own CPU and its walsender's, over the drain.
@@ -463,7 +464,8 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
             run.update(seconds=elapsed, events=done, events_per_second=done / elapsed if done else None)
             runs[contender].append(run)
             rate = f"{run['events_per_second']:,.0f} events/s" if done else "rate unknown"
-            cpu = (f", {run['cpu_seconds']:.2f} CPU s" if "cpu_seconds" in run else "") + (
+            cpu = (f", first ack after {run['first_ack_seconds']:.2f} s" if "first_ack_seconds" in run else "") + (
+                f", {run['cpu_seconds']:.2f} CPU s" if "cpu_seconds" in run else "") + (
                 f", {run['context_switches'] / events:.2f} context switches/event" if "context_switches" in run else "") + (
                 f" (walsender {run['walsender_cpu_seconds_after_first_event']:.2f})"
                 if "walsender_cpu_seconds_after_first_event" in run else "") + (
