@@ -1,33 +1,83 @@
 #!/usr/bin/env python3
-"""Benchmarks outbox-relay against the decode-and-stream limit on the same WAL.
+"""Benchmarks outbox-relay against its two limits and the reference relays, on one machine.
 
-    bench/run.py [--rounds 3] [--backlog 100000] [--rate 1000] [--steady-secs 60] [--big 1000000]
+    bench/run.py [--rounds 3] [--backlog 100000] [--rates 1000,5000] [--steady-secs 60]
+                 [--big 1000000] [--idle-secs 60] [--idle-wal-mb 500] [--only SCENARIO] ...
 
-Starts its own PostgreSQL 15 cluster (wal_level=logical) and tansu broker, builds the relay in
-release mode, and runs each scenario for each contender in alternation (A B A B ...), then
-prints medians as a markdown table and writes bench/results.json:
+Starts its own PostgreSQL 15 cluster (wal_level=logical) and tansu broker (in memory), builds
+the relay and bench/producer_ceiling.rs in release mode, and runs each scenario for each
+contender in alternation (forward order in even rounds, reversed in odd ones), then prints
+medians as a markdown table and writes them, with every run, to bench/results.json.
 
-1. backlog: N single-row transactions (~300-byte rows) committed while nothing reads the
-   slot; time until the last event is acknowledged by the broker (the relay's
-   outbox_relay_events_published_total) or, for pg_recvlogical, until it has read past the
-   last commit.
+Contenders:
+- pg_recvlogical: pgoutput on the same WAL, decode and stream to /dev/null. The WAL-side limit:
+  no pgoutput client reads the slot faster.
+- producer ceiling: bench/producer_ceiling.rs, a bare rdkafka producer loop with the relay's
+  producer settings (idempotence, acks=all, murmur2_random, at most 10,000 in flight, the
+  same --kafka-property values) and records of the same shape. The broker-side limit: the
+  relay cannot publish faster than this.
+- outbox-relay (release build).
+- wal2json relay: ../shared/peers/seed_cdc_relay.py (psycopg2 + wal2json + confluent-kafka;
+  confirms before the broker's ack, so an upper bound for that design).
+- polling relay: ../shared/peers/seed_poll_relay.py (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
+  100 on its own outbox_events table, marks rows PUBLISHED in delivery callbacks).
+The peers run from ../shared/peers relative to the repo root (PEERS_DIR overrides); the
+wal2json relay needs postgresql-15-wal2json (installed with apt-get when missing, as root).
+Python dependencies go into bench/.venv.
+
+Scenarios:
+1. backlog: N single-row transactions (~300-byte rows) committed while nothing reads;
+   time from the contender's start until the last event is acknowledged by the broker (the
+   relay's outbox_relay_events_published_total; the peers' and the ceiling's exit after their
+   final flush), or for pg_recvlogical until it has read past the last commit. The polling
+   relay gets the same rows in outbox_events, written before the slots are created. A peer
+   still running after --peer-timeout is stopped and scored by what it published by then.
 2. big transactions: 20 transactions of 5,000 rows, measured the same way.
-3. steady load: RATE events/s for STEADY seconds through pgbench; commit -> consumer receipt
-   latency p50/p99/max (payload carries the commit-side clock; same machine, same clock;
-   consumer with fetch.wait.max.ms=1 from a venv with confluent-kafka).
-4. one transaction of BIG rows: the relay's peak RSS (VmHWM) and drain time.
+3. steady load: RATE events/s (each of --rates) for --steady-secs through pgbench (-R, so
+   Poisson arrivals); commit -> consumer receipt latency p50/p99/max. The value carries the
+   inserting transaction's clock; the same consumer (confluent-kafka, fetch.wait.max.ms=1)
+   reads every contender's topic. The producer ceiling sends at the same rate, evenly spaced,
+   with its send time in the value: the broker path alone.
+4. one transaction of BIG rows: the relay's peak RSS (VmHWM) and time to drain, and
+   pg_recvlogical's time on the same WAL (one round: recvlogical, the ceiling, the relay).
+5. idle: --idle-secs with no outbox writes while another table writes --idle-wal-mb of WAL;
+   each WAL reader's CPU seconds over the window (utime + stime of its process) and the WAL
+   its slot retains at the end (current LSN - restart_lsn) and its confirmed lag (current LSN
+   - confirmed_flush_lsn), again 20 s later. The contenders run side by side in one window
+   (CPU seconds of one process and one slot's position do not depend on the others' order).
 
-Contenders: `pg_recvlogical` with pgoutput (decode and stream only, the limit for any pgoutput
-client) and outbox-relay (decode, route, publish, wait for acks, confirm). Only Python's
-standard library is needed, except scenario 3's consumer (installed into bench/.venv).
+Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
-import argparse, json, os, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PGBIN = Path(os.environ.get("PG_BINDIR", "/usr/lib/postgresql/15/bin"))
 TANSU = Path(os.environ.get("TANSU_BIN", Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo")) / "bin" / "tansu"))
+PEERS = Path(os.environ.get("PEERS_DIR", ROOT.parent / "shared" / "peers"))
+VENV = ROOT / "bench" / ".venv"
+PY_DEPS = {"psycopg2": "psycopg2-binary", "confluent_kafka": "confluent-kafka", "sqlalchemy": "sqlalchemy"}
+CEILING = ROOT / "target" / "release" / "examples" / "producer_ceiling"
 PAD = "x" * 200  # ~300-byte outbox rows with the other columns
+
+RECV, CEIL, RELAY, CDC, POLL = "pg_recvlogical", "producer ceiling", "outbox-relay", "wal2json relay", "polling relay"
+LIMITS = (RECV, CEIL)
+CONTENDERS = (RECV, CEIL, RELAY, CDC, POLL)
+SELECTED = set(CONTENDERS)  # --contender narrows it
+PERF_DIR = None  # --perf
+
+
+def selected(contenders):
+    return [c for c in contenders if c in SELECTED]
+
+# The peers' outbox (../shared/peers/README.md).
+OUTBOX_EVENTS = """CREATE TABLE outbox_events (
+    id UUID PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_id VARCHAR(255) NOT NULL, aggregate_type VARCHAR(100) NOT NULL,
+    event_type VARCHAR(100) NOT NULL, payload JSONB NOT NULL, headers JSONB DEFAULT '{}',
+    created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(), published_at TIMESTAMPTZ,
+    status VARCHAR(20) NOT NULL DEFAULT 'PENDING', retry_count INTEGER NOT NULL DEFAULT 0,
+    next_retry_at TIMESTAMPTZ)"""
 
 
 def free_port():
@@ -38,6 +88,59 @@ def free_port():
 
 def log(*args):
     print(*args, file=sys.stderr, flush=True)
+
+
+def uptime():
+    return Path("/proc/loadavg").read_text().split()[:3]
+
+
+def machine_cpu():
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid):
+    """utime + stime of each thread of a process, by thread id: (name, seconds)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[task.name] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
+def context_switches(pid):
+    """Voluntary + involuntary context switches of all threads of a process."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            for line in (task / "status").read_text().splitlines():
+                if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total
+
+
+def cpu_by_thread_kind(before, after):
+    """CPU seconds between two thread_cpu_seconds samples, summed by thread name without digits."""
+    kinds = {}
+    for tid, (name, seconds) in after.items():
+        kind = re.sub(r"[-_]?\d+$", "", name)
+        kinds[kind] = kinds.get(kind, 0) + seconds - before.get(tid, (name, 0))[1]
+    return {k: round(v, 3) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
 
 
 class Cluster:
@@ -82,23 +185,50 @@ shared_buffers = 512MB
                              check=True, capture_output=True, text=True)
         return out.stdout.strip()
 
+    def drop_slot(self, slot):
+        """Drops `slot` once its reader has let go of it (up to 30 s)."""
+        deadline = time.time() + 30
+        while self.sql(f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'") == "t":
+            if time.time() > deadline:
+                raise SystemExit(f"slot {slot} still active after 30 s")
+            time.sleep(0.1)
+        if self.sql(f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}'") == "1":
+            self.sql(f"SELECT pg_drop_replication_slot('{slot}')")
+
+
+TOPICS = ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events")
+
 
 class Broker:
+    """tansu with memory storage. It keeps every record in memory and slows down as they pile
+    up (at 1,000 events/s its CPU doubled after the 1.2 million records of scenarios 1-2), so
+    each scenario and each steady-load run starts with a fresh broker: `fresh()`."""
+
     def __init__(self, work):
+        self.work, self.proc = work, None
+        self.fresh()
+
+    def fresh(self):
+        """Stops the running broker, if any, and starts an empty one with the bench's topics."""
+        if self.proc:
+            stop_process(self.proc)
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([str(TANSU), "broker", "--storage-engine", "memory://tansu/",
                                       "--listener-url", f"tcp://{self.bootstrap}",
                                       "--advertised-listener-url", f"tcp://{self.bootstrap}"],
-                                     stdout=open(work / "tansu.log", "w"), stderr=subprocess.STDOUT)
+                                     stdout=open(self.work / "tansu.log", "a"), stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
+                break
             except OSError:
                 time.sleep(0.05)
-        raise SystemExit("tansu did not start")
+        else:
+            raise SystemExit("tansu did not start")
+        for topic in TOPICS:
+            self.topic(topic)
 
     def topic(self, name, partitions=3):
         subprocess.run([str(TANSU), "topic", "create", name, "--partitions", str(partitions),
@@ -160,202 +290,686 @@ class Relay:
         self.proc.wait(60)
 
 
-def recvlogical(cluster, slot, endpos):
-    subprocess.run([str(PGBIN / "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
-                    "-d", "bench", "--slot", slot, "--start", "-f", "/dev/null", "--no-loop",
-                    "-o", "proto_version=1", "-o", "publication_names=outbox_pub", f"--endpos={endpos}"], check=True)
+def recvlogical_cmd(cluster, slot, endpos=None):
+    return [str(PGBIN / "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
+            "-d", "bench", "--slot", slot, "--start", "-f", "/dev/null", "--no-loop",
+            "-o", "proto_version=1", "-o", "publication_names=outbox_pub",
+            *([f"--endpos={endpos}"] if endpos else [])]
 
 
-def median(xs):
-    return statistics.median(xs) if xs else None
+def ceiling_cmd(broker, topic, *mode):
+    props = [p for i, p in enumerate(Relay.extra_args) if i % 2 == 1]  # --kafka-property k=v pairs
+    return [str(CEILING), broker.bootstrap, topic, *map(str, mode), *props]
 
 
-def drain_scenario(name, cluster, broker, work, fill_sql, events, rounds):
-    """Creates two slots at one LSN, fills, then drains each (alternating who goes first)."""
-    results = {"pg_recvlogical": [], "outbox-relay": []}
-    for r in range(rounds):
-        cluster.sql("TRUNCATE outbox")
-        slots = {c: f"{name}_{r}_{i}" for i, c in enumerate(results)}
-        for slot in slots.values():
-            cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
-        t0 = time.time()
-        cluster.sql(fill_sql)
-        endpos = cluster.sql("SELECT pg_current_wal_lsn()")
-        log(f"  round {r + 1}: wrote {events} events in {time.time() - t0:.1f} s")
-        order = list(results) if r % 2 == 0 else list(reversed(results))
-        for contender in order:
-            start = time.time()
-            if contender == "pg_recvlogical":
-                recvlogical(cluster, slots[contender], endpos)
-            else:
-                relay = Relay(work, cluster, broker, slots[contender])
-                relay.wait_published(events)
-                relay.stop()
-            elapsed = time.time() - start
-            results[contender].append(elapsed)
-            log(f"    {contender}: {elapsed:.2f} s ({events / elapsed:,.0f} events/s)")
-        for slot in slots.values():
-            cluster.sql(f"SELECT pg_drop_replication_slot('{slot}')")
-    return {c: {"seconds": median(v), "events_per_second": events / median(v), "runs": v} for c, v in results.items()}
+def stop_process(proc, timeout=30):
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Peers:
+    """The reference relays in PEERS_DIR and what they need: bench/.venv, wal2json."""
+
+    def __init__(self, cluster, broker, work, use):
+        self.cluster, self.broker, self.work = cluster, broker, work
+        self.python = venv_python() if use else None
+        self.cdc = use and (PEERS / "seed_cdc_relay.py").exists() and ensure_wal2json()
+        self.poll = use and (PEERS / "seed_poll_relay.py").exists()
+        if use and not (self.cdc or self.poll):
+            log(f"  no peer relays in {PEERS}: running without them")
+
+    def contenders(self):
+        return [c for c, ok in ((CDC, self.cdc), (POLL, self.poll)) if ok]
+
+    def log_tail(self, contender, lines=15):
+        logs = sorted(self.work.glob("cdc-*.log" if contender == CDC else "poll.log"), key=os.path.getmtime)
+        return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else ""
+
+    def start_cdc(self, slot, stop_after=0):
+        dsn = f"host=127.0.0.1 port={self.cluster.port} user=postgres dbname=bench"
+        return subprocess.Popen([str(self.python), str(PEERS / "seed_cdc_relay.py"), dsn, self.broker.bootstrap,
+                                 slot, "public.outbox", str(stop_after)],
+                                stdout=open(self.work / f"cdc-{slot}.log", "a"), stderr=subprocess.STDOUT)
+
+    def start_poll(self, stop_after):
+        # SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3; the peers README installs psycopg2.
+        url = f"postgresql+psycopg2://postgres@127.0.0.1:{self.cluster.port}/bench"
+        return subprocess.Popen([str(self.python), str(PEERS / "seed_poll_relay.py"), url, self.broker.bootstrap,
+                                 str(stop_after)],
+                                stdout=open(self.work / "poll.log", "a"), stderr=subprocess.STDOUT)
 
 
 def venv_python():
-    venv = ROOT / "bench" / ".venv"
-    python = venv / "bin" / "python"
+    """bench/.venv's python, with the peers' and the consumer's packages installed."""
+    python = VENV / "bin" / "python"
+    if getattr(venv_python, "checked", False):
+        return python
+    venv_python.checked = True
     if not python.exists():
-        log("  installing confluent-kafka into bench/.venv")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "confluent-kafka"], check=True)
+        log("  creating bench/.venv")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    missing = [pkg for mod, pkg in PY_DEPS.items()
+               if subprocess.run([str(python), "-c", f"import {mod}"], capture_output=True).returncode != 0]
+    if missing:
+        log(f"  installing {' '.join(missing)} into bench/.venv")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *missing], check=True)
     return python
 
 
+def ensure_wal2json():
+    """Installs postgresql-15-wal2json with apt-get when missing; False if that cannot be done."""
+    if (PGBIN.parent / "lib" / "wal2json.so").exists():
+        return True
+    if os.geteuid() != 0:
+        log("  wal2json missing and not root: running without the wal2json relay")
+        return False
+    log("  installing postgresql-15-wal2json (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql-15-wal2json"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    return (PGBIN.parent / "lib" / "wal2json.so").exists()
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def ordered(contenders, r):
+    """A B C in even rounds, C B A in odd ones."""
+    return list(contenders) if r % 2 == 0 else list(reversed(contenders))
+
+
+def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, peer_timeout):
+    """Per round: fills the peers' table, creates one slot per WAL reader at one LSN, fills the
+    outbox, then drains with each contender in turn."""
+    contenders = selected([RECV, CEIL, RELAY, *peers.contenders()])
+    runs = {c: [] for c in contenders}
+    broker.fresh()
+    for r in range(rounds):
+        cluster.sql("TRUNCATE outbox, outbox_events")
+        if POLL in contenders:
+            cluster.sql(fill.format(table="outbox_events"))
+            cluster.sql("VACUUM ANALYZE outbox_events")
+        slots = {RECV: (f"{name}_{r}_recv", "pgoutput"), RELAY: (f"{name}_{r}_relay", "pgoutput"),
+                 CDC: (f"{name}_{r}_cdc", "wal2json")}
+        slots = {c: s for c, s in slots.items() if c in contenders}
+        for slot, plugin in slots.values():
+            cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', '{plugin}')")
+        t0 = time.time()
+        cluster.sql(fill.format(table="outbox"))
+        endpos = cluster.sql("SELECT pg_current_wal_lsn()")
+        log(f"  round {r + 1}: wrote {events:,} events in {time.time() - t0:.1f} s (load {' '.join(uptime())})")
+        for contender in ordered(contenders, r):
+            start = time.time()
+            run = {}
+            children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            if contender == RECV:
+                subprocess.run(recvlogical_cmd(cluster, slots[RECV][0], endpos), check=True)
+            elif contender == CEIL:
+                out = subprocess.run(ceiling_cmd(broker, "ceiling.events", "count", events), check=True,
+                                     capture_output=True, text=True).stdout
+                run["own"] = json.loads(out)
+            if contender in LIMITS:
+                children = resource.getrusage(resource.RUSAGE_CHILDREN)
+                run["cpu_seconds"] = (children.ru_utime + children.ru_stime
+                                      - children0.ru_utime - children0.ru_stime)
+                run["context_switches"] = (children.ru_nvcsw + children.ru_nivcsw
+                                           - children0.ru_nvcsw - children0.ru_nivcsw)
+            elif contender == RELAY:
+                relay = Relay(work, cluster, broker, slots[RELAY][0])
+                perf = None
+                if PERF_DIR:  # --perf DIR: where the relay's CPU time goes, by function
+                    perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "999", "-p", str(relay.proc.pid),
+                                             "-o", str(PERF_DIR / f"{name}-{r + 1}.perf.data")],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                walsender = None
+                while relay.published() == 0 and relay.proc.poll() is None and time.time() - start < 60:
+                    walsender = walsender or cluster.sql(
+                        f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slots[RELAY][0]}'")
+                    time.sleep(0.005)
+                run["first_ack_seconds"] = time.time() - start  # start-up plus one round trip
+                walsender_cpu0 = cpu_seconds(int(walsender)) if walsender else None
+                relay.wait_published(events)
+                # Where the time goes: the relay's own CPU and its walsender's, over the drain.
+                run["cpu_seconds"] = cpu_seconds(relay.proc.pid)
+                run["cpu_seconds_by_thread"] = cpu_by_thread_kind({}, thread_cpu_seconds(relay.proc.pid))
+                run["context_switches"] = context_switches(relay.proc.pid)
+                if walsender_cpu0 is not None:
+                    run["walsender_cpu_seconds_after_first_event"] = cpu_seconds(int(walsender)) - walsender_cpu0
+                if perf:
+                    perf.send_signal(2)
+                    perf.wait(60)
+                relay.stop()
+            else:
+                proc = (peers.start_cdc(slots[CDC][0], events) if contender == CDC else peers.start_poll(events))
+                try:
+                    proc.wait(peer_timeout)
+                except subprocess.TimeoutExpired:
+                    stop_process(proc)
+                    run["partial"] = True
+                if proc.returncode not in (0, None) and not run.get("partial"):
+                    raise SystemExit(f"{contender} exited with {proc.returncode}:\n{peers.log_tail(contender)}")
+            elapsed = time.time() - start
+            done = events
+            if run.get("partial"):
+                done = (int(cluster.sql("SELECT count(*) FROM outbox_events WHERE status = 'PUBLISHED'"))
+                        if contender == POLL else None)
+            run.update(seconds=elapsed, events=done, events_per_second=done / elapsed if done else None)
+            runs[contender].append(run)
+            rate = f"{run['events_per_second']:,.0f} events/s" if done else "rate unknown"
+            cpu = (f", first ack after {run['first_ack_seconds']:.2f} s" if "first_ack_seconds" in run else "") + (
+                f", {run['cpu_seconds']:.2f} CPU s" if "cpu_seconds" in run else "") + (
+                f", {run['context_switches'] / events:.2f} context switches/event" if "context_switches" in run else "") + (
+                f" (walsender {run['walsender_cpu_seconds_after_first_event']:.2f})"
+                if "walsender_cpu_seconds_after_first_event" in run else "") + (
+                f"; by thread {run['cpu_seconds_by_thread']}" if "cpu_seconds_by_thread" in run else "")
+            log(f"    {contender}: {elapsed:.2f} s ({rate}{cpu})" + (f", stopped after {peer_timeout} s with "
+                f"{done if done is not None else 'an unknown number of'} of {events:,} published"
+                if run.get("partial") else ""))
+        for slot, _ in slots.values():
+            cluster.drop_slot(slot)
+    out = {}
+    for c, v in runs.items():
+        out[c] = {"events_per_second": median([x["events_per_second"] for x in v]),
+                  "seconds": median([x["seconds"] for x in v]), "partial": any(x.get("partial") for x in v),
+                  "runs": v}
+    limit = min((out[c]["events_per_second"] for c in LIMITS if c in out), default=None)
+    out["lower_limit_events_per_second"] = limit
+    for c in contenders:
+        eps = out[c]["events_per_second"]
+        out[c]["ratio_to_lower_limit"] = eps / limit if eps and limit else None
+    return out
+
+
 CONSUMER = r"""
-import json, sys, time
+import json, sys, threading, time
 from confluent_kafka import Consumer, TopicPartition
-bootstrap, topic, expected, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+bootstrap, topic, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+expected = None  # the number of events actually written, once the load generator knows it
+def actual():
+    global expected
+    expected = int(sys.stdin.readline())
+threading.Thread(target=actual, daemon=True).start()
 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-latency", "fetch.wait.max.ms": 1,
               "enable.auto.commit": False, "auto.offset.reset": "latest"})
 parts = c.list_topics(topic, timeout=10).topics[topic].partitions
 c.assign([TopicPartition(topic, p, -1) for p in parts])  # from the end: only new records
 print("ready", flush=True)
-lat, deadline = [], time.time() + timeout
-while len(lat) < expected and time.time() < deadline:
+lat, seen, duplicates, redelivered, deadline = [], {}, 0, 0, time.time() + timeout
+while (expected is None or len(lat) < expected) and time.time() < deadline:
     m = c.poll(0.1)
     if m is None or m.error():
         continue
-    lat.append((time.time() - json.loads(m.value())["t"]) * 1000)
-print(json.dumps(lat))
+    received = time.time()
+    t = json.loads(m.value()).get("t")
+    if t is None:  # the producer ceiling's warm-up record
+        continue
+    event_id = dict(m.headers() or []).get("id")
+    if event_id in seen:  # at-least-once: the first copy counts
+        if seen[event_id] == (m.partition(), m.offset()):
+            redelivered += 1  # the same record again: the consumer's side
+        else:
+            duplicates += 1  # published twice
+        continue
+    seen[event_id] = (m.partition(), m.offset())
+    lat.append((received - t) * 1000)
+print(json.dumps({"latencies_ms": lat, "duplicates": duplicates, "redelivered": redelivered,
+                  "cpu_seconds": time.process_time()}))
 """
 
 
-def latency_scenario(cluster, broker, work, rate, seconds):
-    python = venv_python()
-    slot = "steady"
-    cluster.sql("TRUNCATE outbox")
-    cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
-    relay = Relay(work, cluster, broker, slot)
-    time.sleep(2)
-    expected = rate * seconds
-    consumer = subprocess.Popen([str(python), "-c", CONSUMER, broker.bootstrap, "Steady.events", str(expected),
-                                 str(seconds + 60)], stdout=subprocess.PIPE, text=True)
-    assert consumer.stdout.readline().strip() == "ready"
-    script = work / "steady.sql"
-    script.write_text("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES "
+def pgbench(cluster, work, table, rate, seconds):
+    script = work / f"steady-{table}.sql"
+    script.write_text(f"INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) VALUES "
                       "('Steady', 'k-' || (random() * 100)::int, 'Tick', "
                       "jsonb_build_object('t', extract(epoch FROM clock_timestamp()), 'pad', repeat('x', 200)));\n")
-    subprocess.run([str(PGBIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
-                    "-f", str(script), "-R", str(rate), "-T", str(seconds), "-c", "2", "-j", "2", "bench"],
-                   check=True, stdout=subprocess.DEVNULL,
+    out = subprocess.run([str(PGBIN / "pgbench"), "-n", "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
+                          "-f", str(script), "-R", str(rate), "-T", str(seconds), "-c", "2", "-j", "2", "bench"],
+                         check=True, capture_output=True, text=True,
                    # The walsender sends only flushed WAL: with the cluster's synchronous_commit=off a
                    # commit waits up to wal_writer_delay (200 ms) before any reader can see it.
-                   env={**os.environ, "PGOPTIONS": "-c synchronous_commit=on"})
-    lat = sorted(json.loads(consumer.stdout.readline()))
+                         env={**os.environ, "PGOPTIONS": "-c synchronous_commit=on"}).stdout
+    # pgbench falls behind its schedule when the machine is busy: what it actually committed.
+    return int(re.search(r"number of transactions actually processed: (\d+)", out).group(1))
+
+
+def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
+    """One steady-load run: commit (or send) -> consumer receipt latencies, ms."""
+    expected = rate * seconds
+    topic = {RELAY: "Steady.events", CEIL: "ceiling.events"}.get(contender, "steady.events")
+    broker.fresh()
+    slot, proc, relay, extra = None, None, None, {}
+    if contender == RELAY:
+        slot = "steady_relay"
+        cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+        relay = Relay(work, cluster, broker, slot)
+    elif contender == CDC:
+        slot = "steady_cdc"
+        cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'wal2json')")
+        proc = peers.start_cdc(slot)  # no stop count: pgbench may commit a few more than rate x seconds
+    elif contender == POLL:
+        cluster.sql("TRUNCATE outbox_events")
+        proc = peers.start_poll(10**9)
+    if contender != CEIL:
+        time.sleep(2)  # connected and caught up before the load starts
+    walsender = cluster.sql("SELECT pid FROM pg_stat_replication LIMIT 1") if slot else ""
+    consumer = subprocess.Popen([str(venv_python()), "-c", CONSUMER, broker.bootstrap, topic, str(seconds + grace)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert consumer.stdout.readline().strip() == "ready"
+    time.sleep(1)  # the consumer's end offsets resolved before the first record
+    # Where the CPU goes during the run: the contender, its walsender, the broker, the machine.
+    watched = {"contender": (relay.proc if relay else proc).pid if (relay or proc) else None,
+               "walsender": int(walsender) if walsender else None, "tansu": broker.proc.pid}
+    cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items() if pid}
+    machine0, children0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.time()
+    if contender == CEIL:
+        out = subprocess.run(ceiling_cmd(broker, topic, "rate", rate, seconds), check=True,
+                             capture_output=True, text=True).stdout
+        extra["mean_produce_to_ack_ms"] = json.loads(out)["mean_produce_to_ack_ms"]
+    else:
+        expected = pgbench(cluster, work, "outbox_events" if contender == POLL else "outbox", rate, seconds)
+    consumer.stdin.write(f"{expected}\n")
+    consumer.stdin.flush()
+    consumed = json.loads(consumer.stdout.readline())
+    elapsed = time.time() - start
+    cpu = {}
+    for k, pid in watched.items():
+        try:
+            cpu[k] = cpu_seconds(pid) - cpu0[k] if pid else None
+        except OSError:
+            pass  # ended already (the wal2json relay exits after the events it was told to expect)
+    cpu = {k: v for k, v in cpu.items() if v is not None}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if contender == CEIL:  # the only child that ended in the window
+        cpu["contender"] = children.ru_utime + children.ru_stime - children0.ru_utime - children0.ru_stime
+    cpu["consumer"] = consumed["cpu_seconds"]
+    busy, total = (b - a for a, b in zip(machine0, machine_cpu()))
+    extra["cpu_percent_of_a_core"] = {k: round(100 * v / elapsed, 1) for k, v in cpu.items()}
+    extra["machine_busy_percent"] = round(100 * busy / total, 1)
+    lat = sorted(consumed["latencies_ms"])
     consumer.wait(30)
-    # Where the time goes: the relay's own view, commit -> broker ack and producer -> ack.
-    commit_to_ack_ms = (relay.mean_seconds("outbox_relay_commit_to_ack_latency_seconds") or 0) * 1000
-    produce_to_ack_ms = (relay.mean_seconds("outbox_relay_delivery_latency_seconds") or 0) * 1000
-    relay.stop()
-    cluster.sql(f"SELECT pg_drop_replication_slot('{slot}')")
+    if relay:
+        # Where the time goes: the relay's own view, commit -> broker ack and producer -> ack.
+        extra["mean_commit_to_ack_ms"] = (relay.mean_seconds("outbox_relay_commit_to_ack_latency_seconds") or 0) * 1000
+        extra["mean_produce_to_ack_ms"] = (relay.mean_seconds("outbox_relay_delivery_latency_seconds") or 0) * 1000
+        relay.stop()
+    if proc:
+        stop_process(proc)
+    if slot:
+        cluster.drop_slot(slot)
     pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else None
-    return {"rate": rate, "seconds": seconds, "received": len(lat), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "max_ms": lat[-1] if lat else None, "mean_commit_to_ack_ms": commit_to_ack_ms,
-            "mean_produce_to_ack_ms": produce_to_ack_ms}
+    return {"expected": expected, "target": rate * seconds, "received": len(lat), "duplicates": consumed["duplicates"],
+            "redelivered_to_consumer": consumed["redelivered"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "max_ms": lat[-1] if lat else None, **extra}
+
+
+def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace):
+    contenders = selected([CEIL, RELAY, *peers.contenders()])
+    runs = {c: [] for c in contenders}
+    for r in range(rounds):
+        for contender in ordered(contenders, r):
+            run = latency_run(contender, cluster, broker, peers, work, rate, seconds, grace)
+            runs[contender].append(run)
+            fmt = lambda v: f"{v:.1f}" if v is not None else "-"
+            log(f"    round {r + 1} {contender}: p50 {fmt(run['p50_ms'])} ms, p99 {fmt(run['p99_ms'])} ms, "
+                f"max {fmt(run['max_ms'])} ms, {run['received']:,} of {run['expected']:,} received"
+                + (f" (and {run['duplicates']:,} duplicates)" if run["duplicates"] else "")
+                + (f" (and {run['redelivered_to_consumer']:,} offsets read twice)" if run["redelivered_to_consumer"] else "")
+                + (f"; produce -> ack {run['mean_produce_to_ack_ms']:.1f} ms" if "mean_produce_to_ack_ms" in run else "")
+                + (f", commit -> ack {run['mean_commit_to_ack_ms']:.1f} ms" if "mean_commit_to_ack_ms" in run else "")
+                + f"; CPU % of a core {run['cpu_percent_of_a_core']}, machine busy {run['machine_busy_percent']} %")
+    out = {}
+    for c, v in runs.items():
+        out[c] = {k: median([x.get(k) for x in v]) for k in
+                  ("p50_ms", "p99_ms", "max_ms", "mean_commit_to_ack_ms", "mean_produce_to_ack_ms")}
+        out[c].update(target=v[0]["target"], written_min=min(x["expected"] for x in v),
+                      missed_max=max(x["expected"] - x["received"] for x in v),
+                      duplicates_max=max(x["duplicates"] for x in v), runs=v)
+    return {"rate": rate, "seconds": seconds, "contenders": out}
 
 
 def big_scenario(cluster, broker, work, rows):
+    broker.fresh()
     cluster.sql("TRUNCATE outbox")
-    cluster.sql("SELECT pg_create_logical_replication_slot('big', 'pgoutput')")
+    cluster.sql("SELECT pg_create_logical_replication_slot('big_relay', 'pgoutput')")
+    cluster.sql("SELECT pg_create_logical_replication_slot('big_recv', 'pgoutput')")
+    t0 = time.time()
     cluster.sql(f"INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) "
                 f"SELECT 'Order', 'key-' || (g % 1000), 'Bulk', jsonb_build_object('seq', g, 'pad', '{PAD}') "
                 f"FROM generate_series(1, {rows}) g")
+    endpos = cluster.sql("SELECT pg_current_wal_lsn()")
+    log(f"  wrote {rows:,} rows in one transaction in {time.time() - t0:.1f} s")
     start = time.time()
-    relay = Relay(work, cluster, broker, "big")
+    subprocess.run(recvlogical_cmd(cluster, "big_recv", endpos), check=True)
+    recv_seconds = time.time() - start
+    log(f"    {RECV}: {recv_seconds:.2f} s")
+    start = time.time()
+    subprocess.run(ceiling_cmd(broker, "ceiling.events", "count", rows), check=True, stdout=subprocess.DEVNULL)
+    ceiling_seconds = time.time() - start
+    log(f"    {CEIL}: {ceiling_seconds:.2f} s")
+    start = time.time()
+    relay = Relay(work, cluster, broker, "big_relay")
     relay.wait_published(rows, timeout=3600)
     elapsed = time.time() - start
     rss = relay.peak_rss_mib()
     relay.stop()
-    cluster.sql("SELECT pg_drop_replication_slot('big')")
-    return {"rows": rows, "seconds": elapsed, "events_per_second": rows / elapsed, "peak_rss_mib": rss}
+    log(f"    {RELAY}: {elapsed:.2f} s, peak RSS {rss:.0f} MiB")
+    for slot in ("big_relay", "big_recv"):
+        cluster.drop_slot(slot)
+    cluster.sql("CHECKPOINT")
+    return {"rows": rows, "seconds": elapsed, "events_per_second": rows / elapsed, "peak_rss_mib": rss,
+            RECV: {"seconds": recv_seconds, "events_per_second": rows / recv_seconds},
+            CEIL: {"seconds": ceiling_seconds, "events_per_second": rows / ceiling_seconds}}
+
+
+def slot_positions(cluster):
+    rows = cluster.sql("SELECT slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), "
+                       "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots")
+    out = {}
+    for line in rows.splitlines():
+        name, retained, lag = line.split("|")
+        out[name] = {"retained_mib": float(retained) / 2**20, "confirmed_lag_mib": float(lag) / 2**20}
+    return out
+
+
+def idle_scenario(cluster, broker, peers, work, seconds, wal_mb, rounds):
+    """Per round: every contender side by side for `seconds` while `filler` writes `wal_mb` of WAL."""
+    contenders = selected([RECV, RELAY, *peers.contenders()])
+    runs = {c: [] for c in contenders}
+    broker.fresh()
+    for r in range(rounds):
+        cluster.sql("TRUNCATE outbox, outbox_events, filler")
+        slots = {RECV: f"idle_{r}_recv", RELAY: f"idle_{r}_relay", CDC: f"idle_{r}_cdc"}
+        slots = {c: s for c, s in slots.items() if c in contenders}
+        procs = {}
+        for c in contenders:
+            if c in slots:
+                plugin = "wal2json" if c == CDC else "pgoutput"
+                cluster.sql(f"SELECT pg_create_logical_replication_slot('{slots[c]}', '{plugin}')")
+            if c == RECV:
+                procs[c] = subprocess.Popen(recvlogical_cmd(cluster, slots[c]))
+            elif c == RELAY:
+                procs[c] = Relay(work, cluster, broker, slots[c]).proc
+            elif c == CDC:
+                procs[c] = peers.start_cdc(slots[c])
+            else:
+                procs[c] = peers.start_poll(10**9)
+        time.sleep(3)  # past start-up
+        perf = None
+        if PERF_DIR and RELAY in procs:
+            perf = subprocess.Popen(["perf", "record", "-q", "-g", "-F", "999", "-p", str(procs[RELAY].pid),
+                                     "-o", str(PERF_DIR / f"idle-{r + 1}.perf.data")],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu0 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
+        relay_threads0 = thread_cpu_seconds(procs[RELAY].pid) if RELAY in procs else {}
+        start = time.time()
+        cluster.sql(f"CALL fill_wal({wal_mb}, {seconds})")
+        elapsed = time.time() - start
+        cpu1 = {c: cpu_seconds(p.pid) for c, p in procs.items()}
+        relay_threads = cpu_by_thread_kind(relay_threads0, thread_cpu_seconds(procs[RELAY].pid)) if RELAY in procs else {}
+        if perf:
+            perf.send_signal(2)
+            perf.wait(60)
+        at_end = slot_positions(cluster)
+        wal = float(cluster.sql("SELECT sum(pg_wal_lsn_diff(end_lsn, start_lsn)) FROM filler_progress")) / 2**20
+        time.sleep(20)
+        later = slot_positions(cluster)
+        for c, p in procs.items():
+            if p.poll() is not None:
+                raise SystemExit(f"{c} exited with {p.returncode} during the idle window:\n"
+                                 + (peers.log_tail(c) if c in (CDC, POLL) else ""))
+            stop_process(p)
+        for c in contenders:
+            run = {"cpu_seconds": cpu1[c] - cpu0[c], "window_seconds": elapsed, "wal_written_mib": wal}
+            run["core_percent"] = 100 * run["cpu_seconds"] / elapsed
+            if c == RELAY:
+                run["cpu_seconds_by_thread"] = relay_threads
+            if c in slots:
+                run.update(at_end[slots[c]])
+                run.update({f"{k}_20s_later": v for k, v in later[slots[c]].items()})
+            runs[c].append(run)
+            log(f"    round {r + 1} {c}: {run['cpu_seconds']:.2f} CPU s in {elapsed:.0f} s "
+                f"({run['core_percent']:.2f} % of a core)"
+                + (f", retained {run['retained_mib']:.0f} MiB (confirmed lag {run['confirmed_lag_mib']:.1f} MiB), "
+                   f"20 s later {run['retained_mib_20s_later']:.0f} MiB" if c in slots else "")
+                + (f"; by thread: {relay_threads}" if c == RELAY else ""))
+        for slot in slots.values():
+            cluster.drop_slot(slot)
+        cluster.sql("TRUNCATE filler_progress")
+        cluster.sql("CHECKPOINT")
+    keys = ("cpu_seconds", "core_percent", "retained_mib", "confirmed_lag_mib", "retained_mib_20s_later",
+            "confirmed_lag_mib_20s_later", "wal_written_mib")
+    return {"seconds": seconds, "wal_mb": wal_mb,
+            "contenders": {c: {**{k: median([x.get(k) for x in v]) for k in keys}, "runs": v}
+                           for c, v in runs.items()}}
+
+
+SETUP_SQL = [
+    f"{OUTBOX_EVENTS}",
+    # Static INSERTs (cached plans) into the relay's outbox or the peers' outbox_events.
+    """CREATE PROCEDURE fill_single(n int, tbl text) LANGUAGE plpgsql AS $$
+       BEGIN FOR i IN 1..n LOOP
+         IF tbl = 'outbox' THEN
+           INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+           VALUES ('Order', 'key-' || (i % 1000), 'Created', jsonb_build_object('seq', i, 'pad', repeat('x', 200)));
+         ELSE
+           INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+           VALUES ('Order', 'key-' || (i % 1000), 'Created', jsonb_build_object('seq', i, 'pad', repeat('x', 200)));
+         END IF;
+         COMMIT;
+       END LOOP; END $$""",
+    """CREATE PROCEDURE fill_big(txns int, rows int, tbl text) LANGUAGE plpgsql AS $$
+       BEGIN FOR t IN 1..txns LOOP
+         IF tbl = 'outbox' THEN
+           INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+           SELECT 'Order', 'key-' || (g % 1000), 'Bulk', jsonb_build_object('seq', g, 'pad', repeat('x', 200))
+           FROM generate_series(1, rows) g;
+         ELSE
+           INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, payload)
+           SELECT 'Order', 'key-' || (g % 1000), 'Bulk', jsonb_build_object('seq', g, 'pad', repeat('x', 200))
+           FROM generate_series(1, rows) g;
+         END IF;
+         COMMIT;
+       END LOOP; END $$""",
+    # Scenario 5: WAL from another table, at an even pace (kB-sized rows, committed every ~1 MB).
+    "CREATE TABLE filler (id bigserial PRIMARY KEY, pad text)",
+    "CREATE TABLE filler_progress (start_lsn pg_lsn, end_lsn pg_lsn)",
+    """CREATE PROCEDURE fill_wal(total_mb int, duration_s int) LANGUAGE plpgsql AS $$
+       DECLARE start_lsn pg_lsn := pg_current_wal_lsn(); t0 timestamptz := clock_timestamp(); due float8;
+       BEGIN LOOP
+         EXIT WHEN clock_timestamp() - t0 >= make_interval(secs => duration_s);
+         due := total_mb * 1048576.0 * extract(epoch FROM clock_timestamp() - t0) / duration_s;
+         IF pg_wal_lsn_diff(pg_current_wal_lsn(), start_lsn) < due THEN
+           INSERT INTO filler (pad) SELECT repeat('y', 1000) FROM generate_series(1, 1000);
+         ELSE
+           PERFORM pg_sleep(0.02);
+         END IF;
+         COMMIT;
+       END LOOP;
+       INSERT INTO filler_progress VALUES (start_lsn, pg_current_wal_lsn());
+       END $$""",
+]
+
+
+def fmt_eps(v, partial=False):
+    return "-" if v is None else f"{v:,.0f} ev/s" + (" (partial)" if partial else "")
+
+
+def fmt_ms(v):
+    return "-" if v is None else f"{v:.1f}"
+
+
+def print_table(results, args):
+    drains = [k for k in ("backlog", "big_transactions") if k in results]
+    contenders = CONTENDERS
+    present = [c for c in contenders if any(c in results[k] for k in drains)
+               or any(c in s["contenders"] for s in results.get("steady", []))
+               or c in results.get("idle", {}).get("contenders", {})
+               or c in results.get("one_big_transaction", {}) or (c == RELAY and "one_big_transaction" in results)]
+    print("| scenario | " + " | ".join(present) + " | relay / lower limit |")
+    print("|---|" + "---|" * len(present) + "---|")
+    labels = {"backlog": f"1. backlog, {args.backlog:,} single-row txns", "big_transactions": f"2. 20 txns x {args.bigtx_rows:,} rows"}
+    for k in drains:
+        d = results[k]
+        cells = [fmt_eps(d[c]["events_per_second"], d[c]["partial"]) + (
+            f" ({d[c]['ratio_to_lower_limit']:.2f})" if d[c]["ratio_to_lower_limit"] and c not in LIMITS else "")
+            if c in d else "-" for c in present]
+        ratio = d.get(RELAY, {}).get("ratio_to_lower_limit")
+        print(f"| {labels[k]} | " + " | ".join(cells) + (f" | **{ratio:.2f}** |" if ratio else " | - |"))
+    for s in results.get("steady", []):
+        cells = []
+        for c in present:
+            x = s["contenders"].get(c)
+            if not x:
+                cells.append("-")
+                continue
+            cell = f"{fmt_ms(x['p50_ms'])} / {fmt_ms(x['p99_ms'])} / {fmt_ms(x['max_ms'])} ms"
+            if x["missed_max"] > 0:
+                cell += f" ({x['missed_max']:,} not received in time)"
+            if x["duplicates_max"] > 0:
+                cell += f" ({x['duplicates_max']:,} duplicates)"
+            if x["written_min"] < 0.97 * x["target"]:
+                cell += f" (pgbench wrote {x['written_min']:,} of {x['target']:,})"
+            cells.append(cell)
+        print(f"| 3. steady {s['rate']:,} ev/s, commit -> consumer p50 / p99 / max | " + " | ".join(cells) + " | - |")
+    if "one_big_transaction" in results:
+        b = results["one_big_transaction"]
+        limit = min(b[c]["events_per_second"] for c in LIMITS if c in b)
+        cells = {c: fmt_eps(b[c]["events_per_second"]) for c in LIMITS if c in b}
+        cells[RELAY] = f"{fmt_eps(b['events_per_second'])}, peak RSS {b['peak_rss_mib']:.0f} MiB"
+        print(f"| 4. one txn of {b['rows']:,} rows | " + " | ".join(cells.get(c, "-") for c in present)
+              + f" | {b['events_per_second'] / limit:.2f} |")
+    if "idle" in results:
+        i = results["idle"]
+        cells = []
+        for c in present:
+            x = i["contenders"].get(c)
+            if not x:
+                cells.append("-")
+                continue
+            cell = f"{x['core_percent']:.2f} % of a core"
+            if x.get("retained_mib") is not None:
+                cell += (f", retained {x['retained_mib']:.0f} MiB (confirmed lag {x['confirmed_lag_mib']:.1f}); "
+                         f"20 s later {x['retained_mib_20s_later']:.0f} MiB")
+            cells.append(cell)
+        wal = next(iter(i["contenders"].values()))["wal_written_mib"]
+        print(f"| 5. idle {i['seconds']} s, {wal:.0f} MiB of other WAL | "
+              + " | ".join(cells) + " | - |")
+    m = results["machine"]
+    print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
+          f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; tansu in memory; "
+          f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
+
+
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backlog", type=int, default=100_000)
-    ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--rates", default="1000,5000", help="steady-load rates, events/s, comma-separated")
     ap.add_argument("--steady-secs", type=int, default=60)
+    ap.add_argument("--bigtx-rows", type=int, default=5_000, help="rows in each of scenario 2's 20 transactions")
     ap.add_argument("--big", type=int, default=1_000_000)
-    ap.add_argument("--skip", action="append", default=[], help="scenario to skip: backlog, bigtx, steady, onebig")
-    ap.add_argument("--kafka-property", action="append", default=[], help="passed to the relay, key=value")
+    ap.add_argument("--idle-secs", type=int, default=60)
+    ap.add_argument("--idle-wal-mb", type=int, default=500)
+    ap.add_argument("--peer-timeout", type=int, default=60,
+                    help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
+    ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
+    ap.add_argument("--only", action="append", default=[], choices=SCENARIOS, help="run only these scenarios")
+    ap.add_argument("--skip", action="append", default=[], choices=SCENARIOS, help="scenario to skip")
+    ap.add_argument("--contender", action="append", default=[], choices=CONTENDERS,
+                    help="run only these contenders (scenario 4 always runs the relay and pg_recvlogical)")
+    ap.add_argument("--perf", type=Path, metavar="DIR",
+                    help="record the relay with `perf record -g` in scenarios 1, 2 and 5 into DIR/<scenario>-<round>.perf.data")
+    ap.add_argument("--print", type=Path, metavar="RESULTS_JSON",
+                    help="print the table of an earlier run's results.json and exit")
+    ap.add_argument("--kafka-property", action="append", default=[],
+                    help="key=value, passed to the relay and the producer ceiling")
     args = ap.parse_args()
+    if args.print:
+        results = json.loads(args.print.read_text())
+        results["machine"].setdefault("load_after", ["?"] * 3)
+        print_table(results, argparse.Namespace(**results["args"]))
+        return
     for prop in args.kafka_property:
         Relay.extra_args += ["--kafka-property", prop]
+    if args.contender:
+        SELECTED.intersection_update(args.contender)
+    if args.perf:
+        global PERF_DIR
+        PERF_DIR = args.perf.resolve()
+        PERF_DIR.mkdir(parents=True, exist_ok=True)
+    run = lambda s: s not in args.skip and (not args.only or s in args.only)
 
     subprocess.run([str(ROOT / "tests" / "setup-deps.sh")], check=True, stdout=subprocess.DEVNULL)
-    log("building outbox-relay (release)")
-    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay"], cwd=ROOT, check=True)
+    log("building outbox-relay and bench/producer_ceiling.rs (release)")
+    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling"],
+                   cwd=ROOT, check=True)
+    venv_python()  # the latency consumer, and the peers
     work = Path(tempfile.mkdtemp(prefix="outbox-relay-bench."))
     cluster = broker = None
+    results = {"machine": {"cores": os.cpu_count(), "load_before": uptime()}, "broker": "tansu (memory storage)",
+               "command": " ".join(sys.argv), "kafka_properties": args.kafka_property,
+               "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     try:
         cluster = Cluster(work)
         cluster.sql("CREATE DATABASE bench", db="postgres")
         subprocess.run(["psql", "-X", "-q", cluster.url(), "-f", str(ROOT / "sql" / "outbox.sql")], check=True)
-        cluster.sql("""CREATE PROCEDURE fill_single(n int) LANGUAGE plpgsql AS $$
-            BEGIN FOR i IN 1..n LOOP
-              INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-              VALUES ('Order', 'key-' || (i % 1000), 'Created', jsonb_build_object('seq', i, 'pad', repeat('x', 200)));
-              COMMIT;
-            END LOOP; END $$""")
-        cluster.sql("""CREATE PROCEDURE fill_big(txns int, rows int) LANGUAGE plpgsql AS $$
-            BEGIN FOR t IN 1..txns LOOP
-              INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-              SELECT 'Order', 'key-' || (g % 1000), 'Bulk', jsonb_build_object('seq', g, 'pad', repeat('x', 200))
-              FROM generate_series(1, rows) g;
-              COMMIT;
-            END LOOP; END $$""")
+        for statement in SETUP_SQL:
+            cluster.sql(statement)
         broker = Broker(work)
-        for topic in ("Order.events", "Steady.events"):
-            broker.topic(topic)
-        results = {"machine": {"cores": os.cpu_count()}, "broker": "tansu (memory storage)"}
-        if "backlog" not in args.skip:
+        peers = Peers(cluster, broker, work, not args.no_peers)
+        save = lambda: (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        log(f"contenders: {', '.join(selected([RECV, CEIL, RELAY, *peers.contenders()]))}")
+        if run("backlog"):
             log(f"scenario 1: backlog of {args.backlog:,} single-row transactions")
-            results["backlog"] = drain_scenario("backlog", cluster, broker, work, f"CALL fill_single({args.backlog})",
-                                                args.backlog, args.rounds)
-        if "bigtx" not in args.skip:
-            log("scenario 2: 20 transactions of 5,000 rows")
-            results["big_transactions"] = drain_scenario("bigtx", cluster, broker, work, "CALL fill_big(20, 5000)",
-                                                         100_000, args.rounds)
-        if "steady" not in args.skip:
-            log(f"scenario 3: {args.rate} events/s for {args.steady_secs} s")
-            results["steady"] = latency_scenario(cluster, broker, work, args.rate, args.steady_secs)
-        if "onebig" not in args.skip:
+            results["backlog"] = drain_scenario("backlog", cluster, broker, peers, work,
+                                                f"CALL fill_single({args.backlog}, '{{table}}')", args.backlog,
+                                                args.rounds, args.peer_timeout)
+            save()
+        if run("bigtx"):
+            log(f"scenario 2: 20 transactions of {args.bigtx_rows:,} rows")
+            results["big_transactions"] = drain_scenario("bigtx", cluster, broker, peers, work,
+                                                         f"CALL fill_big(20, {args.bigtx_rows}, '{{table}}')",
+                                                         20 * args.bigtx_rows,
+                                                         args.rounds, args.peer_timeout)
+            save()
+        if run("steady"):
+            results["steady"] = []
+            for rate in (int(r) for r in args.rates.split(",")):
+                log(f"scenario 3: {rate:,} events/s for {args.steady_secs} s")
+                results["steady"].append(latency_scenario(cluster, broker, peers, work, rate, args.steady_secs,
+                                                          args.rounds, grace=15))
+                save()
+        if run("onebig"):
             log(f"scenario 4: one transaction of {args.big:,} rows")
             results["one_big_transaction"] = big_scenario(cluster, broker, work, args.big)
+            save()
+        if run("idle"):
+            log(f"scenario 5: {args.idle_secs} s without outbox writes, {args.idle_wal_mb} MB of other WAL")
+            results["idle"] = idle_scenario(cluster, broker, peers, work, args.idle_secs, args.idle_wal_mb,
+                                            args.rounds)
+            save()
     finally:
         if broker:
-            broker.proc.terminate()
+            stop_process(broker.proc)
         if cluster:
             cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
 
+    results["machine"]["load_after"] = uptime()
     (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    print("| scenario | pg_recvlogical (limit) | outbox-relay | relay / limit |")
-    print("|---|---|---|---|")
-    for key, label in (("backlog", f"backlog, {args.backlog:,} single-row txns"), ("big_transactions", "20 txns x 5,000 rows")):
-        if key in results:
-            lim, rel = results[key]["pg_recvlogical"], results[key]["outbox-relay"]
-            print(f"| {label} | {lim['events_per_second']:,.0f} ev/s | {rel['events_per_second']:,.0f} ev/s "
-                  f"| {rel['events_per_second'] / lim['events_per_second']:.2f} |")
-    if "steady" in results:
-        s = results["steady"]
-        print(f"| steady {s['rate']} ev/s, commit -> consumer | - | p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms, "
-              f"max {s['max_ms']:.1f} ms ({s['received']} received); relay's mean commit -> ack "
-              f"{s['mean_commit_to_ack_ms']:.1f} ms, producer -> ack {s['mean_produce_to_ack_ms']:.1f} ms | - |")
-    if "one_big_transaction" in results:
-        b = results["one_big_transaction"]
-        print(f"| one txn of {b['rows']:,} rows | - | {b['events_per_second']:,.0f} ev/s, peak RSS "
-              f"{b['peak_rss_mib']:.0f} MiB | - |")
-    print(f"\n(medians of {args.rounds} alternating rounds; 2-core machine; tansu broker in memory; bench/results.json)")
+    print_table(results, args)
 
 
 if __name__ == "__main__":
