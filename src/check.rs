@@ -102,17 +102,22 @@ async fn check_checkpoint(config: &PipelineConfig) -> Finding {
     }
 }
 
+/// The server's version, as the first finding of a pipeline that connected.
+async fn connection_finding(client: &Client) -> Result<Finding, tokio_postgres::Error> {
+    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
+    Ok(finding(
+        "connection",
+        Verdict::Ok,
+        format!("PostgreSQL {version}"),
+    ))
+}
+
 async fn check_postgres(
     config: &PipelineConfig,
     client: &Client,
     out: &mut Vec<Finding>,
 ) -> Result<(), tokio_postgres::Error> {
-    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
-    out.push(finding(
-        "connection",
-        Verdict::Ok,
-        format!("PostgreSQL {version}"),
-    ));
+    out.push(connection_finding(client).await?);
 
     let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
     out.push(if wal_level == "logical" {
@@ -363,12 +368,7 @@ async fn check_polling(
     client: &Client,
     out: &mut Vec<Finding>,
 ) -> Result<(), tokio_postgres::Error> {
-    let version: String = client.query_one("SHOW server_version", &[]).await?.get(0);
-    out.push(finding(
-        "connection",
-        Verdict::Ok,
-        format!("PostgreSQL {version}"),
-    ));
+    out.push(connection_finding(client).await?);
     out.push(finding(
         "source",
         Verdict::Ok,
