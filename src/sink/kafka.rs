@@ -22,10 +22,10 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
+use super::producer::{DeliveryContext, DeliveryFuture, DeliveryReport, PolledProducer};
 use super::{Delivery, DeliveryError, InFlight, Record, Sink};
 use crate::checkpoint::{Checkpoint, CheckpointError, EventToken};
 use crate::config::KafkaConfig;
@@ -36,10 +36,9 @@ use crate::lsn::Lsn;
 #[error("cannot create the Kafka producer")]
 pub struct ProducerError(#[source] pub KafkaError);
 
-/// An rdkafka [`FutureProducer`] as a [`Sink`].
+/// An rdkafka producer ([`PolledProducer`]) as a [`Sink`].
 pub struct KafkaSink {
-    /// `None` only while being dropped.
-    producer: Option<FutureProducer>,
+    producer: PolledProducer,
     pending: FuturesUnordered<PendingDelivery>,
     /// Outcomes taken while waiting for queue space, not yet handed out (still in flight
     /// for the accounting), with their sizes.
@@ -105,7 +104,7 @@ impl KafkaSink {
             .to_owned();
         Ok(KafkaSink {
             message_max_bytes,
-            producer: Some(client.create().map_err(ProducerError)?),
+            producer: PolledProducer::new(&client).map_err(ProducerError)?,
             pending: FuturesUnordered::new(),
             ready: Vec::new(),
             in_flight: InFlight::default(),
@@ -182,8 +181,7 @@ impl TransactionError {
 /// producer), never on the runtime's threads. Not cancel-safe in the sense that a dropped
 /// call still completes in the background.
 pub struct Transactions {
-    /// `None` only while being dropped.
-    producer: Option<FutureProducer>,
+    producer: PolledProducer,
     checkpoint_topic: String,
     pipeline: String,
 }
@@ -220,7 +218,7 @@ impl Transactions {
         &self,
         end_lsn: Lsn,
     ) -> impl Future<Output = Result<(), TransactionError>> + Send + 'static {
-        let producer = self.producer.clone().expect("producer present until drop");
+        let producer = self.producer.clone();
         let topic = self.checkpoint_topic.clone();
         let key = self.pipeline.clone();
         let value = Checkpoint(end_lsn).encode();
@@ -245,12 +243,12 @@ impl Transactions {
                 operation: "commit",
                 source,
             };
-            let record = FutureRecord::<str, str>::to(&topic)
-                .key(&key)
-                .payload(&value);
-            let delivery = producer.send_result(record).map_err(|(e, _)| failed(e))?;
+            let (record, delivery) = PolledProducer::record(&topic);
+            producer
+                .send(record.key(key.as_bytes()).payload(value.as_bytes()))
+                .map_err(|(e, _)| failed(e))?;
             match delivery.await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(())) => {}
                 Ok(Err((e, _))) => return Err(failed(e)),
                 Err(_canceled) => return Err(failed(KafkaError::Canceled)),
             }
@@ -272,25 +270,13 @@ impl Transactions {
     fn call<T: Send + 'static>(
         &self,
         operation: &'static str,
-        f: impl FnOnce(&FutureProducer) -> Result<T, KafkaError> + Send + 'static,
+        f: impl FnOnce(&BaseProducer<DeliveryContext>) -> Result<T, KafkaError> + Send + 'static,
     ) -> impl Future<Output = Result<T, TransactionError>> + Send + 'static {
-        let producer = self.producer.clone().expect("producer present until drop");
+        let producer = self.producer.clone();
         async move {
-            match tokio::task::spawn_blocking(move || f(&producer)).await {
+            match tokio::task::spawn_blocking(move || f(producer.inner())).await {
                 Ok(result) => result.map_err(|source| TransactionError { operation, source }),
                 Err(join) => std::panic::resume_unwind(join.into_panic()),
-            }
-        }
-    }
-}
-
-impl Drop for Transactions {
-    /// The last clone of a producer joins librdkafka's threads: drop it off the runtime.
-    fn drop(&mut self) {
-        if let Some(producer) = self.producer.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(producer))),
-                Err(_) => drop(producer),
             }
         }
     }
@@ -414,19 +400,6 @@ pub async fn read_checkpoint(
     }
 }
 
-impl Drop for KafkaSink {
-    /// Dropping a producer joins librdkafka's threads and may wait for in-flight requests:
-    /// do it off the async runtime.
-    fn drop(&mut self) {
-        if let Some(producer) = self.producer.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn_blocking(move || drop(producer))),
-                Err(_) => drop(producer),
-            }
-        }
-    }
-}
-
 impl Sink for KafkaSink {
     async fn send(&mut self, record: Record, token: EventToken) -> Result<(), DeliveryError> {
         let size = record.size();
@@ -437,24 +410,23 @@ impl Sink for KafkaSink {
                 value: value.as_deref(),
             });
         }
-        let mut future_record: FutureRecord<'_, [u8], [u8]> =
-            FutureRecord::to(&record.topic).headers(headers);
+        let (mut kafka_record, future) = PolledProducer::record(&record.topic);
+        kafka_record = kafka_record.headers(headers);
         if let Some(key) = &record.key {
-            future_record = future_record.key(key.as_ref());
+            kafka_record = kafka_record.key(key.as_ref());
         }
         if let Some(value) = &record.value {
-            future_record = future_record.payload(value.as_ref());
+            kafka_record = kafka_record.payload(value.as_ref());
         }
         if let Some(timestamp) = record.timestamp_ms {
-            future_record = future_record.timestamp(timestamp);
+            kafka_record = kafka_record.timestamp(timestamp);
         }
         if let Some(partition) = record.partition {
-            future_record = future_record.partition(partition);
+            kafka_record = kafka_record.partition(partition);
         }
         loop {
-            let producer = self.producer.as_ref().expect("producer present until drop");
-            match producer.send_result(future_record) {
-                Ok(future) => {
+            match self.producer.send(kafka_record) {
+                Ok(()) => {
                     let meta = RecordMeta {
                         token,
                         topic: record.topic,
@@ -469,7 +441,7 @@ impl Sink for KafkaSink {
                 }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // librdkafka's queue is full: wait for one outcome, keep it, try again.
-                    future_record = returned;
+                    kafka_record = returned;
                     match self.pending.next().await {
                         Some((meta, outcome)) => {
                             let size = meta.size;
@@ -557,7 +529,7 @@ impl KafkaSink {
     }
 }
 
-type DeliveryOutcome = Result<OwnedDeliveryResult, futures::channel::oneshot::Canceled>;
+type DeliveryOutcome = Result<DeliveryReport, futures::channel::oneshot::Canceled>;
 
 /// A delivery future tagged with the record's token and size.
 struct PendingDelivery {

@@ -5,6 +5,7 @@
 //! outcomes, never from acceptance.
 
 pub mod kafka;
+pub mod producer;
 
 use std::future::Future;
 
