@@ -58,6 +58,9 @@ PEERS = Path(os.environ.get("PEERS_DIR", ROOT.parent / "shared" / "peers"))
 VENV = ROOT / "bench" / ".venv"
 PY_DEPS = {"psycopg2": "psycopg2-binary", "confluent_kafka": "confluent-kafka", "sqlalchemy": "sqlalchemy"}
 CEILING = ROOT / "target" / "release" / "examples" / "producer_ceiling"
+MOCK_BROKER = ROOT / "target" / "release" / "examples" / "mock_broker"
+BROKERS = {"tansu": "tansu (memory storage)",
+           "mock": "librdkafka's mock cluster (bench/mock_broker.rs: next to no broker latency; not a real broker)"}
 PAD = "x" * 200  # ~300-byte outbox rows with the other columns
 
 RECV, CEIL, RELAY, CDC, POLL = "pg_recvlogical", "producer ceiling", "outbox-relay", "wal2json relay", "polling relay"
@@ -208,10 +211,22 @@ class Broker:
         self.work, self.proc = work, None
         self.fresh()
 
+    kind = "tansu"
+
     def fresh(self):
         """Stops the running broker, if any, and starts an empty one with the bench's topics."""
         if self.proc:
             stop_process(self.proc)
+        if Broker.kind == "mock":
+            # Topics are made at start (3 partitions each, as tansu's); it serves until stdin closes.
+            self.proc = subprocess.Popen([str(MOCK_BROKER), *TOPICS], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=open(self.work / "mock-broker.log", "a"),
+                                         text=True)
+            self.bootstrap = self.proc.stdout.readline().strip()
+            if not self.bootstrap:
+                raise SystemExit(f"the mock broker did not start: see {self.work / 'mock-broker.log'}")
+            self.port = int(self.bootstrap.rsplit(":", 1)[1])
+            return
         self.port = free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([str(TANSU), "broker", "--storage-engine", "memory://tansu/",
@@ -566,7 +581,7 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     time.sleep(1)  # the consumer's end offsets resolved before the first record
     # Where the CPU goes during the run: the contender, its walsender, the broker, the machine.
     watched = {"contender": (relay.proc if relay else proc).pid if (relay or proc) else None,
-               "walsender": int(walsender) if walsender else None, "tansu": broker.proc.pid}
+               "walsender": int(walsender) if walsender else None, Broker.kind: broker.proc.pid}
     cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items() if pid}
     machine0, children0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
@@ -865,7 +880,7 @@ def print_table(results, args):
               + " | ".join(cells) + " | - |")
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
-          f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; tansu in memory; "
+          f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; broker: {results.get('broker', BROKERS['tansu'])}; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
@@ -893,6 +908,8 @@ def main():
                     help="record the relay with `perf record -g` in scenarios 1, 2 and 5 into DIR/<scenario>-<round>.perf.data")
     ap.add_argument("--print", type=Path, metavar="RESULTS_JSON",
                     help="print the table of an earlier run's results.json and exit")
+    ap.add_argument("--broker", choices=sorted(BROKERS), default="tansu",
+                    help="tansu (the default), or librdkafka's mock cluster to take the broker's own latency out")
     ap.add_argument("--kafka-property", action="append", default=[],
                     help="key=value, passed to the relay and the producer ceiling")
     args = ap.parse_args()
@@ -901,6 +918,7 @@ def main():
         results["machine"].setdefault("load_after", ["?"] * 3)
         print_table(results, argparse.Namespace(**results["args"]))
         return
+    Broker.kind = args.broker
     for prop in args.kafka_property:
         Relay.extra_args += ["--kafka-property", prop]
     if args.contender:
@@ -913,12 +931,13 @@ def main():
 
     subprocess.run([str(ROOT / "tests" / "setup-deps.sh")], check=True, stdout=subprocess.DEVNULL)
     log("building outbox-relay and bench/producer_ceiling.rs (release)")
-    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling"],
+    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling",
+                    "--example", "mock_broker"],
                    cwd=ROOT, check=True)
     venv_python()  # the latency consumer, and the peers
     work = Path(tempfile.mkdtemp(prefix="outbox-relay-bench."))
     cluster = broker = None
-    results = {"machine": {"cores": os.cpu_count(), "load_before": uptime()}, "broker": "tansu (memory storage)",
+    results = {"machine": {"cores": os.cpu_count(), "load_before": uptime()}, "broker": BROKERS[args.broker],
                "command": " ".join(sys.argv), "kafka_properties": args.kafka_property,
                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     try:
