@@ -58,7 +58,7 @@ impl KafkaSink {
     /// out after `transaction.timeout.ms` (librdkafka's default for `message.timeout.ms` then)
     /// fails its transaction instead of waiting forever.
     ///
-    /// Returns an error if librdkafka rejects the configuration. Does not contact the broker.
+    /// Returns an error if librdkafka rejects the configuration. Connects to the broker in the background; never waits for it.
     pub fn new(
         config: &KafkaConfig,
         client_id: &str,

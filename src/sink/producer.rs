@@ -6,6 +6,13 @@
 //! passed to librdkafka in whole milliseconds, so it ends as repeated non-blocking polls):
 //! about 1 % of a core on an idle relay. Polling in 1 s steps leaves a tenth of that. A
 //! delivery report wakes the poll at once whatever the step, so latency does not change.
+//!
+//! A new idempotent producer gets its producer id (and so sends its first record) only when
+//! librdkafka's 500 ms id timer next finds a broker connected: on a cluster whose bootstrap
+//! address is the broker's own, that took 1 s after start, every session (debug log of
+//! `bench/run.py` scenario 2). [`PolledProducer::new`] asks for metadata at once, which
+//! connects a broker and, on the answer, requests the id: the first record goes out within
+//! a few round trips.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,11 +22,13 @@ use futures::channel::oneshot;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedMessage;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 /// How long one poll of the delivery report queue may block when nothing arrives.
 const POLL_STEP: Duration = Duration::from_secs(1);
+/// How long the early metadata request (see the module docs) may wait for a broker.
+const PRIME_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A record's delivery report: `Err` carries librdkafka's error and the record it gave back.
 pub type DeliveryReport = Result<(), (KafkaError, OwnedMessage)>;
@@ -69,10 +78,11 @@ impl Drop for StopOnDrop {
 }
 
 impl PolledProducer {
-    /// Creates the producer for `config` and starts its delivery report thread
-    /// (`rdkafka-delivery`).
+    /// Creates the producer for `config`, starts its delivery report thread
+    /// (`rdkafka-delivery`) and requests the cluster's metadata on a short-lived thread
+    /// (`rdkafka-prime`, at most 10 s) so that the producer id comes at once.
     ///
-    /// Returns an error if librdkafka rejects the configuration. Does not contact the broker.
+    /// Returns an error if librdkafka rejects the configuration or a thread cannot start.
     pub fn new(config: &ClientConfig) -> Result<Self, KafkaError> {
         let producer: Arc<BaseProducer<DeliveryContext>> =
             Arc::new(config.create_with_context(DeliveryContext)?);
@@ -89,6 +99,19 @@ impl PolledProducer {
             })
             .map_err(|e| {
                 KafkaError::ClientCreation(format!("cannot start the delivery report thread: {e}"))
+            })?;
+        let primed = Arc::clone(&producer);
+        std::thread::Builder::new()
+            .name("rdkafka-prime".into())
+            .spawn(move || {
+                // Topic names are not known yet: the metadata of all (once per producer). A
+                // failure only means the id comes by librdkafka's timer instead.
+                if let Err(e) = primed.client().fetch_metadata(None, PRIME_TIMEOUT) {
+                    tracing::debug!(error = %e, "early metadata request failed; the producer id comes by librdkafka's timer");
+                }
+            })
+            .map_err(|e| {
+                KafkaError::ClientCreation(format!("cannot start the metadata request thread: {e}"))
             })?;
         Ok(PolledProducer {
             producer,
