@@ -10,9 +10,10 @@
 //! A new idempotent producer gets its producer id (and so sends its first record) only when
 //! librdkafka's 500 ms id timer next finds a broker connected: on a cluster whose bootstrap
 //! address is the broker's own, that took 1 s after start, every session (debug log of
-//! `bench/run.py` scenario 2). [`PolledProducer::new`] asks for metadata at once, which
-//! connects a broker and, on the answer, requests the id: the first record goes out within
-//! a few round trips.
+//! `bench/run.py` scenario 2). [`PolledProducer::new`] asks for metadata at once, and again
+//! once the bootstrap connection has made way for the brokers it named: librdkafka requests
+//! the id whenever metadata arrives, and a named broker is then connected, so the first
+//! record goes out within a few round trips.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -27,8 +28,11 @@ use rdkafka::ClientContext;
 
 /// How long one poll of the delivery report queue may block when nothing arrives.
 const POLL_STEP: Duration = Duration::from_secs(1);
-/// How long the early metadata request (see the module docs) may wait for a broker.
+/// How long each early metadata request (see the module docs) may wait for a broker.
 const PRIME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Between the two early metadata requests: the bootstrap connection closes within a few ms
+/// of the first answer (4 ms in the debug log of a local broker).
+const PRIME_PAUSE: Duration = Duration::from_millis(20);
 
 /// A record's delivery report: `Err` carries librdkafka's error and the record it gave back.
 pub type DeliveryReport = Result<(), (KafkaError, OwnedMessage)>;
@@ -80,9 +84,10 @@ impl Drop for StopOnDrop {
 impl PolledProducer {
     /// Creates the producer for `config`, starts its delivery report thread
     /// (`rdkafka-delivery`) and requests the cluster's metadata on a short-lived thread
-    /// (`rdkafka-prime`, at most 10 s) so that the producer id comes at once.
+    /// (`rdkafka-prime`, twice, at most 10 s each) so that the producer id comes at once.
     ///
-    /// Returns an error if librdkafka rejects the configuration or a thread cannot start.
+    /// Returns an error if librdkafka rejects the configuration or the delivery report thread
+    /// cannot start.
     pub fn new(config: &ClientConfig) -> Result<Self, KafkaError> {
         let producer: Arc<BaseProducer<DeliveryContext>> =
             Arc::new(config.create_with_context(DeliveryContext)?);
@@ -94,29 +99,40 @@ impl PolledProducer {
                 while !stopped.load(Ordering::Relaxed) {
                     polled.poll(POLL_STEP);
                 }
-                // The last reference: librdkafka's threads are joined here, off the runtime.
+                // Usually the last reference: librdkafka's threads are joined here, off the
+                // async runtime.
                 drop(polled);
             })
             .map_err(|e| {
                 KafkaError::ClientCreation(format!("cannot start the delivery report thread: {e}"))
             })?;
-        let primed = Arc::clone(&producer);
-        std::thread::Builder::new()
-            .name("rdkafka-prime".into())
-            .spawn(move || {
-                // Topic names are not known yet: the metadata of all (once per producer). A
-                // failure only means the id comes by librdkafka's timer instead.
-                if let Err(e) = primed.client().fetch_metadata(None, PRIME_TIMEOUT) {
-                    tracing::debug!(error = %e, "early metadata request failed; the producer id comes by librdkafka's timer");
-                }
-            })
-            .map_err(|e| {
-                KafkaError::ClientCreation(format!("cannot start the metadata request thread: {e}"))
-            })?;
-        Ok(PolledProducer {
+        let producer = PolledProducer {
             producer,
             _stop: Arc::new(StopOnDrop(stop)),
-        })
+        };
+        let primed = Arc::clone(&producer.producer);
+        let prime = std::thread::Builder::new()
+            .name("rdkafka-prime".into())
+            .spawn(move || {
+                // Topic names are not known yet: the metadata of all. The first answer comes
+                // from the bootstrap connection, which librdkafka then closes in favour of the
+                // brokers it names; the second, a moment later, from one of those, which is
+                // what the producer id needs.
+                for attempt in 0..2 {
+                    if attempt > 0 {
+                        std::thread::sleep(PRIME_PAUSE);
+                    }
+                    if let Err(e) = primed.client().fetch_metadata(None, PRIME_TIMEOUT) {
+                        tracing::debug!(error = %e, "early metadata request failed; the producer id comes by librdkafka's timer");
+                        return;
+                    }
+                }
+            });
+        // Without it the producer id only comes later (librdkafka's timer): not an error.
+        if let Err(e) = prime {
+            tracing::debug!(error = %e, "cannot start the early metadata request");
+        }
+        Ok(producer)
     }
 
     /// Queues `record` (made by [`PolledProducer::record`]); its future resolves with the
