@@ -16,8 +16,7 @@
 //!
 //! Settings as `outbox_relay::sink::kafka::KafkaSink::new` makes them: `partitioner =
 //! murmur2_random`, `enable.idempotence = true`, `acks = all`, `message.timeout.ms = 0`,
-//! `queue.buffering.max.messages = 100000`, `linger.ms = 0` unless given; librdkafka's defaults
-//! otherwise.
+//! `queue.buffering.max.messages = 100000`; librdkafka's defaults otherwise (`linger.ms = 5`).
 //! Records: key `key-<i mod 1000>`, a ~230-byte JSON value, headers `id` (36 bytes) and
 //! `event_type`, the send time as timestamp.
 
@@ -105,9 +104,6 @@ fn main() {
     for property in rest {
         let (key, value) = property.split_once('=').unwrap_or_else(|| usage());
         config.set(key, value);
-    }
-    if config.get("linger.ms").is_none() && config.get("queue.buffering.max.ms").is_none() {
-        config.set("linger.ms", "0");
     }
     if config.get("message.timeout.ms").is_none() && config.get("delivery.timeout.ms").is_none() {
         config.set("message.timeout.ms", "0");

@@ -4,10 +4,12 @@
     bench/run.py [--rounds 3] [--backlog 100000] [--rates 1000,5000] [--steady-secs 60]
                  [--big 1000000] [--idle-secs 60] [--idle-wal-mb 500] [--only SCENARIO] ...
 
-Starts its own PostgreSQL 15 cluster (wal_level=logical) and tansu broker (in memory), builds
-the relay and bench/producer_ceiling.rs in release mode, and runs each scenario for each
-contender in alternation (forward order in even rounds, reversed in odd ones), then prints
-medians as a markdown table and writes them, with every run, to bench/results.json.
+Starts its own PostgreSQL 15 cluster (wal_level=logical) and tansu broker (in memory; with
+--broker mock, librdkafka's mock cluster from bench/mock_broker.rs instead, for every scenario:
+a broker with next to no latency of its own, to show what the relay adds in scenario 3), builds
+the relay, bench/producer_ceiling.rs and bench/mock_broker.rs in release mode, and runs each
+scenario for each contender in alternation (forward order in even rounds, reversed in odd
+ones), then prints medians as a markdown table and writes them, with every run, to bench/results.json.
 
 Contenders:
 - pg_recvlogical: pgoutput on the same WAL, decode and stream to /dev/null. The WAL-side limit:
@@ -48,7 +50,7 @@ Scenarios:
 
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
-import argparse, json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,7 +205,8 @@ TOPICS = ("Order.events", "Steady.events", "order.events", "steady.events", "cei
 
 
 class Broker:
-    """tansu with memory storage. It keeps every record in memory and slows down as they pile
+    """tansu with memory storage (or, with --broker mock, bench/mock_broker.rs: librdkafka's
+    mock cluster). tansu keeps every record in memory and slows down as they pile
     up (at 1,000 events/s its CPU doubled after the 1.2 million records of scenarios 1-2), so
     each scenario and each steady-load run starts with a fresh broker: `fresh()`."""
 
@@ -222,7 +225,8 @@ class Broker:
             self.proc = subprocess.Popen([str(MOCK_BROKER), *TOPICS], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=open(self.work / "mock-broker.log", "a"),
                                          text=True)
-            self.bootstrap = self.proc.stdout.readline().strip()
+            ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+            self.bootstrap = self.proc.stdout.readline().strip() if ready else ""
             if not self.bootstrap:
                 raise SystemExit(f"the mock broker did not start: see {self.work / 'mock-broker.log'}")
             self.port = int(self.bootstrap.rsplit(":", 1)[1])

@@ -88,47 +88,40 @@ fn producer_config(
     queue_messages: usize,
     transactional_id: Option<&str>,
 ) -> ClientConfig {
-        let mut client = ClientConfig::new();
-        client
-            .set("bootstrap.servers", &config.bootstrap_servers)
-            .set("client.id", client_id)
-            // The Java client's partitioner (Debezium, Kafka Connect, Kafka Streams): an
-            // aggregate keeps the partition it had before the switch to this relay.
-            .set("partitioner", "murmur2_random");
-        for (key, value) in &config.properties {
-            client.set(key, value);
-        }
-        // Send as soon as a connection is free instead of librdkafka's 5 ms wait for a fuller
-        // batch (Kafka Connect's default before Kafka 4.0): at 1,000 events/s that wait is most
-        // of the commit -> consumer latency. Records still batch while requests are in flight,
-        // so backlogs drain no slower (bench/run.py, README Performance).
-        if client.get("linger.ms").is_none() && client.get("queue.buffering.max.ms").is_none() {
-            client.set("linger.ms", "0");
-        }
-        // What the delivery guarantees rest on, after the user's properties so nothing
-        // weakens them (validation already rejects conflicting values).
-        let queue_messages = client
-            .get("queue.buffering.max.messages")
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(0)
-            .max(queue_messages)
-            .max(100_000);
-        // A record that times out can leave a gap that later records of its partition fill
-        // ahead of it. Unless the operator sets a timeout, librdkafka retries in order for
-        // as long as the broker is away, and the relay waits (reading no WAL beyond its
-        // in-flight limits, still answering the walsender).
-        if let Some(id) = transactional_id {
-            client.set("transactional.id", id);
-        } else if client.get("message.timeout.ms").is_none()
-            && client.get("delivery.timeout.ms").is_none()
-        {
-            client.set("message.timeout.ms", "0");
-        }
-        client
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("queue.buffering.max.messages", queue_messages.to_string());
-        client
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", &config.bootstrap_servers)
+        .set("client.id", client_id)
+        // The Java client's partitioner (Debezium, Kafka Connect, Kafka Streams): an
+        // aggregate keeps the partition it had before the switch to this relay.
+        .set("partitioner", "murmur2_random");
+    for (key, value) in &config.properties {
+        client.set(key, value);
+    }
+    // What the delivery guarantees rest on, after the user's properties so nothing
+    // weakens them (validation already rejects conflicting values).
+    let queue_messages = client
+        .get("queue.buffering.max.messages")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .max(queue_messages)
+        .max(100_000);
+    // A record that times out can leave a gap that later records of its partition fill
+    // ahead of it. Unless the operator sets a timeout, librdkafka retries in order for
+    // as long as the broker is away, and the relay waits (reading no WAL beyond its
+    // in-flight limits, still answering the walsender).
+    if let Some(id) = transactional_id {
+        client.set("transactional.id", id);
+    } else if client.get("message.timeout.ms").is_none()
+        && client.get("delivery.timeout.ms").is_none()
+    {
+        client.set("message.timeout.ms", "0");
+    }
+    client
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("queue.buffering.max.messages", queue_messages.to_string());
+    client
 }
 
 impl KafkaSink {
@@ -246,6 +239,12 @@ impl Transactions {
             // transaction open: commit again, as librdkafka's documentation says, until the
             // deadline.
             let deadline = std::time::Instant::now() + TRANSACTION_CALL_TIMEOUT;
+            // The checkpoint's report reached us before librdkafka stopped counting the
+            // record (rdkafka completes the future, then frees the report): commit's own
+            // flush would then poll for a whole 100 ms. A flush without a timeout only looks.
+            while p.flush(Duration::ZERO).is_err() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             loop {
                 let left = deadline.saturating_duration_since(std::time::Instant::now());
                 match p.commit_transaction(left) {
@@ -652,20 +651,26 @@ mod tests {
     }
 
     #[test]
-    fn producer_sends_without_lingering_unless_told_to() {
+    fn producer_settings_keep_what_the_guarantees_rest_on() {
         let config = producer_config(&kafka(&[]), "c", 10_000, None);
-        assert_eq!(config.get("linger.ms"), Some("0"));
-        assert_eq!(config.get("message.timeout.ms"), Some("0"));
         assert_eq!(config.get("enable.idempotence"), Some("true"));
         assert_eq!(config.get("acks"), Some("all"));
+        assert_eq!(config.get("message.timeout.ms"), Some("0"));
         assert_eq!(config.get("queue.buffering.max.messages"), Some("100000"));
-
-        let config = producer_config(&kafka(&[("linger.ms", "20")]), "c", 10_000, None);
-        assert_eq!(config.get("linger.ms"), Some("20"));
-        // librdkafka's alias: setting linger.ms too would make the outcome depend on order.
-        let config = producer_config(&kafka(&[("queue.buffering.max.ms", "20")]), "c", 10_000, None);
+        assert_eq!(config.get("partitioner"), Some("murmur2_random"));
+        // librdkafka's 5 ms batching wait stays unless set (README: Performance).
         assert_eq!(config.get("linger.ms"), None);
-        assert_eq!(config.get("queue.buffering.max.ms"), Some("20"));
+
+        let config = producer_config(
+            &kafka(&[("linger.ms", "0"), ("message.timeout.ms", "30000")]),
+            "c",
+            200_000,
+            Some("tx"),
+        );
+        assert_eq!(config.get("linger.ms"), Some("0"));
+        assert_eq!(config.get("message.timeout.ms"), Some("30000"));
+        assert_eq!(config.get("queue.buffering.max.messages"), Some("200000"));
+        assert_eq!(config.get("transactional.id"), Some("tx"));
     }
 
     #[test]

@@ -10,10 +10,10 @@
 //! A new idempotent producer gets its producer id (and so sends its first record) only when
 //! librdkafka's 500 ms id timer next finds a broker connected: on a cluster whose bootstrap
 //! address is the broker's own, that took 1 s after start, every session (debug log of
-//! `bench/run.py` scenario 2). [`PolledProducer::new`] asks for metadata at once, and again
-//! once the bootstrap connection has made way for the brokers it named: librdkafka requests
-//! the id whenever metadata arrives, and a named broker is then connected, so the first
-//! record goes out within a few round trips.
+//! `bench/run.py` scenario 2). librdkafka also requests the id whenever metadata arrives, so
+//! [`PolledProducer::new`] asks for metadata at once, and again once the bootstrap connection
+//! has made way for the brokers it named (best effort, [`prime`]): the first record then goes
+//! out within a few round trips.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -29,16 +29,19 @@ use rdkafka::ClientContext;
 /// How long one poll of the delivery report queue may block when nothing arrives.
 const POLL_STEP: Duration = Duration::from_secs(1);
 /// How long each early metadata request (see the module docs) may wait for a broker.
-const PRIME_TIMEOUT: Duration = Duration::from_secs(10);
-/// Between the two early metadata requests: the bootstrap connection closes within a few ms
-/// of the first answer (4 ms in the debug log of a local broker).
+const PRIME_TIMEOUT: Duration = Duration::from_secs(1);
+/// Between early metadata requests: the bootstrap connection closes within a few ms of the
+/// first answer (4 ms in the debug log of a local broker).
 const PRIME_PAUSE: Duration = Duration::from_millis(20);
+/// Early metadata requests at most, answered or not.
+const PRIME_ATTEMPTS: u32 = 4;
 
 /// A record's delivery report: `Err` carries librdkafka's error and the record it gave back.
 pub type DeliveryReport = Result<(), (KafkaError, OwnedMessage)>;
 
-/// Resolves with the record's [`DeliveryReport`]; `Err(Canceled)` if the producer was
-/// destroyed without one.
+/// Resolves with the record's [`DeliveryReport`]. Destroying the producer purges what it still
+/// holds, each record with a report (`PurgeQueue` / `PurgeInflight`); `Err(Canceled)` only if
+/// the record was refused by [`PolledProducer::send`] and then dropped.
 pub type DeliveryFuture = oneshot::Receiver<DeliveryReport>;
 
 /// A record for [`PolledProducer::send`]: the opaque is its delivery future's sender.
@@ -65,11 +68,40 @@ impl ProducerContext for DeliveryContext {
 
 /// A producer with one delivery report thread. Clones share the producer; when the last clone
 /// is dropped the thread ends within [`POLL_STEP`] and destroys the producer itself (purging
-/// what is still queued, as rdkafka does), so dropping never blocks the caller.
+/// what is still queued, as rdkafka does), so dropping never blocks the caller. The thread is
+/// detached: when the process exits first, the producer is not destroyed at all (the relay
+/// drains before it exits, so nothing is left in flight; the broker sees the connection close).
 #[derive(Clone)]
 pub struct PolledProducer {
+    // Fields drop in order: this reference goes before the stop flag is set, so the delivery
+    // thread's is normally the last one.
     producer: Arc<BaseProducer<DeliveryContext>>,
     _stop: Arc<StopOnDrop>,
+}
+
+/// Best effort, on the `rdkafka-prime` thread: asks for the metadata of all topics (their names
+/// are not known yet) until two answers came, at most [`PRIME_ATTEMPTS`] times. The first
+/// answer usually comes over the bootstrap connection, which librdkafka then closes in favour
+/// of the brokers it names; the second, after [`PRIME_PAUSE`], from one of those, which is what
+/// the producer id needs. Holds the producer only during a request (at most
+/// [`PRIME_TIMEOUT`]), so a dropped producer is destroyed at most that much later.
+fn prime(producer: &std::sync::Weak<BaseProducer<DeliveryContext>>) {
+    let mut answers = 0;
+    for attempt in 0..PRIME_ATTEMPTS {
+        if attempt > 0 {
+            std::thread::sleep(PRIME_PAUSE);
+        }
+        let Some(producer) = producer.upgrade() else {
+            return;
+        };
+        match producer.client().fetch_metadata(None, PRIME_TIMEOUT) {
+            Ok(_) => answers += 1,
+            Err(e) => tracing::debug!(error = %e, attempt, "early metadata request failed"),
+        }
+        if answers == 2 {
+            return;
+        }
+    }
 }
 
 /// Tells the polling thread to end when the last [`PolledProducer`] clone goes.
@@ -77,14 +109,14 @@ struct StopOnDrop(Arc<AtomicBool>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.store(true, Ordering::Release);
     }
 }
 
 impl PolledProducer {
     /// Creates the producer for `config`, starts its delivery report thread
     /// (`rdkafka-delivery`) and requests the cluster's metadata on a short-lived thread
-    /// (`rdkafka-prime`, twice, at most 10 s each) so that the producer id comes at once.
+    /// (`rdkafka-prime`, [`prime`]) so that the producer id comes at once.
     ///
     /// Returns an error if librdkafka rejects the configuration or the delivery report thread
     /// cannot start.
@@ -96,7 +128,7 @@ impl PolledProducer {
         std::thread::Builder::new()
             .name("rdkafka-delivery".into())
             .spawn(move || {
-                while !stopped.load(Ordering::Relaxed) {
+                while !stopped.load(Ordering::Acquire) {
                     polled.poll(POLL_STEP);
                 }
                 // Usually the last reference: librdkafka's threads are joined here, off the
@@ -110,24 +142,10 @@ impl PolledProducer {
             producer,
             _stop: Arc::new(StopOnDrop(stop)),
         };
-        let primed = Arc::clone(&producer.producer);
+        let primed = Arc::downgrade(&producer.producer);
         let prime = std::thread::Builder::new()
             .name("rdkafka-prime".into())
-            .spawn(move || {
-                // Topic names are not known yet: the metadata of all. The first answer comes
-                // from the bootstrap connection, which librdkafka then closes in favour of the
-                // brokers it names; the second, a moment later, from one of those, which is
-                // what the producer id needs.
-                for attempt in 0..2 {
-                    if attempt > 0 {
-                        std::thread::sleep(PRIME_PAUSE);
-                    }
-                    if let Err(e) = primed.client().fetch_metadata(None, PRIME_TIMEOUT) {
-                        tracing::debug!(error = %e, "early metadata request failed; the producer id comes by librdkafka's timer");
-                        return;
-                    }
-                }
-            });
+            .spawn(move || prime(&primed));
         // Without it the producer id only comes later (librdkafka's timer): not an error.
         if let Err(e) = prime {
             tracing::debug!(error = %e, "cannot start the early metadata request");
@@ -149,7 +167,10 @@ impl PolledProducer {
     /// Creates a record for `topic` and the future its delivery report completes.
     pub fn record(topic: &str) -> (ProducerRecord<'_>, DeliveryFuture) {
         let (sender, receiver) = oneshot::channel();
-        (BaseRecord::with_opaque_to(topic, Box::new(sender)), receiver)
+        (
+            BaseRecord::with_opaque_to(topic, Box::new(sender)),
+            receiver,
+        )
     }
 
     /// The producer, for the calls of rdkafka's [`rdkafka::producer::Producer`] trait
