@@ -50,7 +50,7 @@ Scenarios:
 
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
-import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, time, urllib.request
+import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -588,6 +588,19 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
                "walsender": int(walsender) if walsender else None, Broker.kind: broker.proc.pid}
     cpu0 = {k: cpu_seconds(pid) for k, pid in watched.items() if pid}
     machine0, children0 = machine_cpu(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # How far the walsender's sent position trails the WAL, twice a second: whether commit ->
+    # ack time goes before the WAL reaches the reader (walsender) or after (the reader).
+    behind, sampling = [], threading.Event()
+    if walsender:
+        def sample():
+            while not sampling.wait(0.5):
+                try:
+                    behind.append(int(cluster.sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), sent_lsn) "
+                                                  f"FROM pg_stat_replication WHERE pid = {walsender}") or 0))
+                except (subprocess.CalledProcessError, ValueError):
+                    pass
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
     start = time.time()
     if contender == CEIL:
         out = subprocess.run(ceiling_cmd(broker, topic, "rate", rate, seconds), check=True,
@@ -599,6 +612,9 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     consumer.stdin.flush()
     consumed = json.loads(consumer.stdout.readline())
     elapsed = time.time() - start
+    sampling.set()
+    if behind:
+        extra["walsender_behind_wal_mib"] = {"mean": statistics.mean(behind) / 2**20, "max": max(behind) / 2**20}
     cpu = {}
     for k, pid in watched.items():
         try:
@@ -644,6 +660,8 @@ def latency_scenario(cluster, broker, peers, work, rate, seconds, rounds, grace)
                 + (f" (and {run['redelivered_to_consumer']:,} offsets read twice)" if run["redelivered_to_consumer"] else "")
                 + (f"; produce -> ack {run['mean_produce_to_ack_ms']:.1f} ms" if "mean_produce_to_ack_ms" in run else "")
                 + (f", commit -> ack {run['mean_commit_to_ack_ms']:.1f} ms" if "mean_commit_to_ack_ms" in run else "")
+                + (f"; walsender behind the WAL by {run['walsender_behind_wal_mib']['mean']:.2f} MiB on average, "
+                   f"{run['walsender_behind_wal_mib']['max']:.2f} at most" if "walsender_behind_wal_mib" in run else "")
                 + f"; CPU % of a core {run['cpu_percent_of_a_core']}, machine busy {run['machine_busy_percent']} %")
     out = {}
     for c, v in runs.items():
