@@ -205,7 +205,18 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         assert!(matches!(delivery.try_recv(), Ok(None)));
         drop(clone);
-        let report = futures::executor::block_on(delivery).expect("reported, not dropped");
+        // Destroyed within a poll step (1 s) plus an early metadata request (1 s).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let report = loop {
+            match delivery.try_recv() {
+                Ok(Some(report)) => break report,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(None) => panic!("no delivery report 30 s after the last clone was dropped"),
+                Err(_) => panic!("the record's sender was dropped without a report"),
+            }
+        };
         let (error, message) = report.expect_err("never delivered");
         assert_eq!(
             error.rdkafka_error_code(),
