@@ -861,21 +861,27 @@ def print_table(results, args):
             if c in d else "-" for c in present]
         ratio = d.get(RELAY, {}).get("ratio_to_lower_limit")
         print(f"| {labels[k]} | " + " | ".join(cells) + (f" | **{ratio:.2f}** |" if ratio else " | - |"))
+    def steady_cell(x):
+        cell = f"{fmt_ms(x['p50_ms'])} / {fmt_ms(x['p99_ms'])} / {fmt_ms(x['max_ms'])} ms"
+        if x["missed_max"] > 0:
+            cell += f" ({x['missed_max']:,} not received in time)"
+        if x["duplicates_max"] > 0:
+            cell += f" ({x['duplicates_max']:,} duplicates)"
+        if x["written_min"] < 0.97 * x["target"]:
+            cell += f" (pgbench wrote {x['written_min']:,} of {x['target']:,})"
+        return cell
+
+    def idle_cell(x):
+        cell = f"{x['core_percent']:.2f} % of a core"
+        if x.get("retained_mib") is not None:
+            cell += (f", retained {x['retained_mib']:.0f} MiB (confirmed lag {x['confirmed_lag_mib']:.1f}); "
+                     f"20 s later {x['retained_mib_20s_later']:.0f} MiB")
+        return cell
+
+    # One cell per contender present in the run, "-" for those without a result here.
+    row = lambda contenders, cell: [cell(contenders[c]) if contenders.get(c) else "-" for c in present]
     for s in results.get("steady", []):
-        cells = []
-        for c in present:
-            x = s["contenders"].get(c)
-            if not x:
-                cells.append("-")
-                continue
-            cell = f"{fmt_ms(x['p50_ms'])} / {fmt_ms(x['p99_ms'])} / {fmt_ms(x['max_ms'])} ms"
-            if x["missed_max"] > 0:
-                cell += f" ({x['missed_max']:,} not received in time)"
-            if x["duplicates_max"] > 0:
-                cell += f" ({x['duplicates_max']:,} duplicates)"
-            if x["written_min"] < 0.97 * x["target"]:
-                cell += f" (pgbench wrote {x['written_min']:,} of {x['target']:,})"
-            cells.append(cell)
+        cells = row(s["contenders"], steady_cell)
         print(f"| 3. steady {s['rate']:,} ev/s, commit -> consumer p50 / p99 / max | " + " | ".join(cells) + " | - |")
     if "one_big_transaction" in results:
         b = results["one_big_transaction"]
@@ -886,17 +892,7 @@ def print_table(results, args):
               + f" | {b['events_per_second'] / limit:.2f} |")
     if "idle" in results:
         i = results["idle"]
-        cells = []
-        for c in present:
-            x = i["contenders"].get(c)
-            if not x:
-                cells.append("-")
-                continue
-            cell = f"{x['core_percent']:.2f} % of a core"
-            if x.get("retained_mib") is not None:
-                cell += (f", retained {x['retained_mib']:.0f} MiB (confirmed lag {x['confirmed_lag_mib']:.1f}); "
-                         f"20 s later {x['retained_mib_20s_later']:.0f} MiB")
-            cells.append(cell)
+        cells = row(i["contenders"], idle_cell)
         wal = next(iter(i["contenders"].values()))["wal_written_mib"]
         print(f"| 5. idle {i['seconds']} s, {wal:.0f} MiB of other WAL | "
               + " | ".join(cells) + " | - |")
