@@ -4188,3 +4188,94 @@ async fn exactly_once_cost_backlog_throughput_against_at_least_once_on_the_mock_
         );
     }
 }
+
+// ---- issue 16 (supervisor) ----
+
+/// Defect 4: a SIGTERM while the relay sets up its session, here creating its slot, which
+/// waits for a transaction that stays open (the relay's SQL connection runs with
+/// `statement_timeout = 0`), ends the process within seconds, well under the 30 s shutdown
+/// timeout, with success and without ever streaming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_slot_creation_waits_for_an_open_transaction_ends_the_relay_within_seconds(
+) {
+    let name = unique_name("stop_in_setup");
+    let db = pg().create_database(&name).await;
+    let slot = format!("{name}_slot");
+    // A transaction with an xid, left open: a logical slot's creation waits for it to end.
+    let holder = pg().connect(&name, Auth::Trust).await;
+    support::within(
+        "opening the transaction that holds up the slot creation",
+        Duration::from_secs(30),
+        holder.batch_execute("BEGIN; SELECT txid_current();"),
+    )
+    .await
+    .unwrap();
+    // No broker: the session never gets as far as creating its producer.
+    let bootstrap = format!("127.0.0.1:{}", support::free_port());
+    let args: Vec<String> = [
+        "run",
+        "--source-url",
+        &db.url(Auth::Trust),
+        "--slot",
+        &slot,
+        "--publication",
+        "outbox_pub",
+        "--table",
+        "public.outbox",
+        "--bootstrap-servers",
+        &bootstrap,
+        "--pipeline-name",
+        &slot,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut relay = Relay::spawn(&args);
+    wait_for(
+        "the relay's slot creation to wait for the open transaction",
+        Duration::from_secs(30),
+        || async {
+            let waiting: i64 = db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()
+                       AND query LIKE '%pg_create_logical_replication_slot%'
+                       AND state = 'active' AND wait_event = 'transactionid'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    let signalled = std::time::Instant::now();
+    relay.sigterm();
+    // Panics (with the deadline) if the relay is still there after 10 s.
+    let status = relay.wait(Duration::from_secs(10));
+    let took = signalled.elapsed();
+    let log = relay.log();
+    assert!(
+        status.success(),
+        "relay exited with {status} after SIGTERM during set-up:\n{log}"
+    );
+    assert_eq!(status.code(), Some(0), "exit code:\n{log}");
+    eprintln!("stopped {took:?} after SIGTERM during the slot creation");
+    assert!(
+        !log.contains(": streaming "),
+        "the relay streamed although its slot creation never finished:\n{log}"
+    );
+    assert!(
+        log.contains("stopped during session set-up"),
+        "no log line saying the set-up was cancelled:\n{log}"
+    );
+    support::within(
+        "committing the transaction that held up the slot creation",
+        Duration::from_secs(30),
+        holder.batch_execute("COMMIT"),
+    )
+    .await
+    .unwrap();
+}
