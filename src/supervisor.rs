@@ -341,7 +341,10 @@ mod tests {
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(1, false, || SourceError::Auth("password".into()).into());
         let result = supervise("p", &p, &CancellationToken::new(), &mut fake).await;
-        assert!(matches!(result, Err(Error::Source(SourceError::Auth(_)))), "{result:?}");
+        assert!(
+            matches!(result, Err(Error::Source(SourceError::Auth(_)))),
+            "{result:?}"
+        );
         assert_eq!(fake.starts.len(), 1);
         assert_eq!(metrics.health()["p"].state, PipelineState::Failed);
     }
@@ -432,7 +435,10 @@ mod tests {
             stop_after(shutdown.clone(), Duration::from_secs(5)),
         );
         result.unwrap();
-        assert!(stuck.drained, "the streaming session was dropped instead of drained");
+        assert!(
+            stuck.drained,
+            "the streaming session was dropped instead of drained"
+        );
         assert_eq!(start.elapsed(), Duration::from_secs(25));
     }
 }
