@@ -71,7 +71,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     config.validate()?;
     if config.source_kind == SourceKind::Polling {
-        let mut sessions = crate::polling::Sessions {
+        let mut sessions = crate::polling::Polling {
             config: &config,
             metrics: &metrics,
         };

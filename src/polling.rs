@@ -114,12 +114,12 @@ pub enum PollingError {
 
 /// A polling pipeline's sessions, for [`crate::supervisor::supervise`]: transient errors
 /// (connection loss, server restart) reconnect with backoff.
-pub(crate) struct Sessions<'a> {
+pub(crate) struct Polling<'a> {
     pub(crate) config: &'a PipelineConfig,
     pub(crate) metrics: &'a PipelineMetrics,
 }
 
-impl crate::supervisor::Sessions for Sessions<'_> {
+impl crate::supervisor::Sessions for Polling<'_> {
     async fn session(
         &mut self,
         progress: &SessionProgress,

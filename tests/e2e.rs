@@ -4212,30 +4212,20 @@ async fn sigterm_while_the_slot_creation_waits_for_an_open_transaction_ends_the_
     .unwrap();
     // No broker: the session never gets as far as creating its producer.
     let bootstrap = format!("127.0.0.1:{}", support::free_port());
-    let args: Vec<String> = [
-        "run",
-        "--source-url",
-        &db.url(Auth::Trust),
-        "--slot",
-        &slot,
-        "--publication",
-        "outbox_pub",
-        "--table",
-        "public.outbox",
-        "--bootstrap-servers",
-        &bootstrap,
-        "--pipeline-name",
-        &slot,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    // A Setup without topics (Setup::new would start the broker): its relay arguments.
+    let setup = Setup {
+        db,
+        slot,
+        types: Vec::new(),
+    };
+    let args = setup.relay_args(&bootstrap, Auth::Trust);
     let mut relay = Relay::spawn(&args);
     wait_for(
         "the relay's slot creation to wait for the open transaction",
         Duration::from_secs(30),
         || async {
-            let waiting: i64 = db
+            let waiting: i64 = setup
+                .db
                 .client
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity
