@@ -169,7 +169,7 @@ pub async fn supervise(
 }
 
 /// Completes when `shutdown` is cancelled while the session has not reported streaming yet;
-/// never completes once it streams (the session then drains by itself).
+/// never completes once it streams (the session then drains by itself). Cancel-safe.
 async fn stopped_during_set_up(shutdown: &CancellationToken, progress: &SessionProgress) {
     shutdown.cancelled().await;
     if progress.is_streaming() {
