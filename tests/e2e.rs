@@ -4276,7 +4276,10 @@ fn reconnect_delays_ms(log: &str) -> Vec<u64> {
         .filter(|line| line.contains("pipeline session ended; reconnecting"))
         .filter_map(|line| {
             let (_, rest) = line.split_once("delay_ms=")?;
-            rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
         })
         .collect()
 }
@@ -4362,5 +4365,9 @@ async fn a_session_failing_after_every_start_backs_off_further_and_readyz_shows_
     );
     relay.sigterm();
     let status = relay.wait(Duration::from_secs(40));
-    assert!(status.success(), "relay exited with {status}:\n{}", relay.log());
+    assert!(
+        status.success(),
+        "relay exited with {status}:\n{}",
+        relay.log()
+    );
 }
