@@ -1,4 +1,5 @@
-//! The top-level error: one variant per layer, each knowing whether a retry may help.
+//! The top-level error: one variant per layer, each classified by [`Error::recovery`] as worth
+//! a retry, a reason to stand by, or a stop.
 
 use crate::checkpoint::CheckpointError;
 use crate::config::ConfigError;
@@ -43,36 +44,50 @@ pub enum Error {
     },
 }
 
+/// What the supervisor does when a session ends with an error. Layers only classify (this
+/// enum, from [`Error::recovery`]); [`crate::supervisor`] alone decides what follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// A new session (reconnect, new producer, resume from the slot's confirmed LSN) may
+    /// succeed: restart after a backoff that grows until a session makes progress.
+    Retry,
+    /// Another relay holds the slot (SQLSTATE 55006, "replication slot ... is active for PID
+    /// n") or fenced this one with the same `transactional.id`: stand by, and try again soon
+    /// enough to take over within seconds of the active relay's exit.
+    StandBy,
+    /// Retrying cannot fix it (bad input, configuration, authorization): stop the pipeline
+    /// without confirming past the failing event.
+    Stop,
+}
+
 impl Error {
-    /// Whether another walsender holds the slot (SQLSTATE 55006, "replication slot ... is
-    /// active for PID n").
-    pub fn is_slot_in_use(&self) -> bool {
-        matches!(self, Error::Source(crate::source::SourceError::Server { code, .. }) if code == "55006")
-    }
-
-    /// Whether another relay with the same `transactional.id` fenced this one (exactly-once
-    /// mode): like a slot in use, a reason to stand by and retry soon.
-    pub fn is_fenced(&self) -> bool {
-        matches!(self, Error::Transaction(e) if e.is_fenced())
-    }
-
-    /// Whether restarting the pipeline session (reconnect, new producer, resume from the slot)
-    /// may succeed. Permanent errors stop the pipeline without confirming past the failing event.
-    pub fn is_transient(&self) -> bool {
+    /// How the pipeline recovers from this error (see [`Recovery`]).
+    pub fn recovery(&self) -> Recovery {
+        let retry_or_stop = |transient: bool| {
+            if transient {
+                Recovery::Retry
+            } else {
+                Recovery::Stop
+            }
+        };
         match self {
-            Error::Source(e) => e.is_transient(),
-            Error::Delivery(e) | Error::Rejected(e) => e.retryable,
-            Error::Transaction(e) => e.is_transient(),
-            Error::Checkpoint(e) => matches!(
+            Error::Source(crate::source::SourceError::Server { code, .. }) if code == "55006" => {
+                Recovery::StandBy
+            }
+            Error::Source(e) => retry_or_stop(e.is_transient()),
+            Error::Delivery(e) | Error::Rejected(e) => retry_or_stop(e.retryable),
+            Error::Transaction(e) if e.is_fenced() => Recovery::StandBy,
+            Error::Transaction(e) => retry_or_stop(e.is_transient()),
+            Error::Checkpoint(e) => retry_or_stop(matches!(
                 e,
                 CheckpointError::Kafka { .. } | CheckpointError::Timeout(_)
-            ),
+            )),
             Error::Config(_)
             | Error::Outbox(_)
             | Error::Route(_)
             | Error::Producer(_)
             | Error::Polling(_)
-            | Error::Listen { .. } => false,
+            | Error::Listen { .. } => Recovery::Stop,
         }
     }
 }

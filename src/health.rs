@@ -60,3 +60,38 @@ async fn readiness(State(metrics): State<Metrics>) -> impl IntoResponse {
         Json(serde_json::json!({ "ready": ready, "pipelines": pipelines })),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn readyz_shows_an_error_that_recurs_after_every_session_start() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        p.set_state(PipelineState::Streaming, None);
+        p.set_failed_sessions(3);
+        p.set_state(
+            PipelineState::Reconnecting,
+            Some("invalid pgoutput message at LSN 0/16B3748".into()),
+        );
+        let response = readiness(State(metrics.clone())).await.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let orders = &json["pipelines"]["orders"];
+        assert_eq!(orders["state"], "reconnecting", "{json}");
+        assert_eq!(orders["consecutive_failed_sessions"], 3, "{json}");
+        assert_eq!(
+            orders["last_error"], "invalid pgoutput message at LSN 0/16B3748",
+            "{json}"
+        );
+        // Streaming again: ready, and the count stays until a session makes progress.
+        p.set_state(PipelineState::Streaming, None);
+        let response = readiness(State(metrics.clone())).await.into_response();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(metrics.health()["orders"].consecutive_failed_sessions, 3);
+    }
+}

@@ -29,7 +29,11 @@
 //! - [`router`]: events to Kafka records.
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
-//! - [`pipeline`]: one source database end to end, with reconnects.
+//! - [`pipeline`]: one source database end to end (the entry point of both source kinds and
+//!   the log-tailing session).
+//! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
+//!   backoff reset only by progress, standby while another relay holds the slot, recovery
+//!   decided from [`error::Recovery`], a stop during set-up that drops the session.
 //! - [`polling`]: the polling source (`source_kind = "polling"`): the outbox table read with
 //!   `FOR UPDATE SKIP LOCKED` where logical replication is not available.
 //! - [`check`]: the `check` and `status` commands.
@@ -53,6 +57,7 @@ pub mod router;
 pub mod shutdown;
 pub mod sink;
 pub mod source;
+pub mod supervisor;
 
 use std::future::Future;
 use std::net::SocketAddr;

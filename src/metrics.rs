@@ -24,6 +24,7 @@ pub struct Metrics {
     delivery_failures: IntCounterVec,
     status_updates: IntCounterVec,
     reconnects: IntCounterVec,
+    consecutive_failed_sessions: IntGaugeVec,
     kafka_transactions: IntCounterVec,
     confirmed_flush_lsn: IntGaugeVec,
     in_flight_events: IntGaugeVec,
@@ -87,6 +88,9 @@ pub struct PipelineHealth {
     /// When the pipeline entered this state, Unix epoch ms.
     pub since_unix_ms: u64,
     pub last_error: Option<String>,
+    /// Sessions in a row that ended in a retryable error without progress: above 0 while
+    /// `last_error` keeps recurring (the supervisor's backoff grows meanwhile).
+    pub consecutive_failed_sessions: u64,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -131,6 +135,7 @@ impl Metrics {
             delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge, by topic and whether publishing again may succeed.", &["pipeline", "topic", "retryable"]),
             status_updates: counter(&r, "outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
             reconnects: counter(&r, "outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error.", &["pipeline"]),
+            consecutive_failed_sessions: gauge(&r, "outbox_relay_consecutive_failed_sessions", "Sessions in a row that ended in a retryable error without progress (no flush LSN confirmed, no polling batch marked); 0 once a session makes progress."),
             kafka_transactions: counter(&r, "outbox_relay_kafka_transactions_total", "Exactly-once mode: Kafka transactions ended, by outcome (committed, aborted).", &["pipeline", "outcome"]),
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
             in_flight_events: gauge(&r, "outbox_relay_in_flight_events", "Records sent to Kafka and not yet acknowledged."),
@@ -175,6 +180,9 @@ impl Metrics {
             delivery_failures: self.delivery_failures.clone(),
             status_updates: self.status_updates.with_label_values(&[pipeline]),
             reconnects: self.reconnects.with_label_values(&[pipeline]),
+            consecutive_failed_sessions: self
+                .consecutive_failed_sessions
+                .with_label_values(&[pipeline]),
             kafka_transactions: self.kafka_transactions.clone(),
             confirmed_flush_lsn: self.confirmed_flush_lsn.with_label_values(&[pipeline]),
             in_flight_events: self.in_flight_events.with_label_values(&[pipeline]),
@@ -231,6 +239,7 @@ pub struct PipelineMetrics {
     delivery_failures: IntCounterVec,
     pub status_updates: IntCounter,
     pub reconnects: IntCounter,
+    consecutive_failed_sessions: IntGauge,
     kafka_transactions: IntCounterVec,
     pub confirmed_flush_lsn: IntGauge,
     pub in_flight_events: IntGauge,
@@ -278,19 +287,29 @@ impl PipelineMetrics {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let mut health = self.health.lock().expect("health lock");
-        let last_error = error.or_else(|| {
-            health
-                .get(&self.pipeline)
-                .and_then(|h| h.last_error.clone())
-        });
+        let previous = health.get(&self.pipeline);
+        let last_error = error.or_else(|| previous.and_then(|h| h.last_error.clone()));
+        let consecutive_failed_sessions = previous.map_or(0, |h| h.consecutive_failed_sessions);
         health.insert(
             self.pipeline.clone(),
             PipelineHealth {
                 state,
                 since_unix_ms,
                 last_error,
+                consecutive_failed_sessions,
             },
         );
+    }
+
+    /// Records how many sessions in a row ended in a retryable error without progress, for
+    /// `outbox_relay_consecutive_failed_sessions` and `/readyz`.
+    pub fn set_failed_sessions(&self, sessions: u64) {
+        self.consecutive_failed_sessions
+            .set(i64::try_from(sessions).unwrap_or(i64::MAX));
+        let mut health = self.health.lock().expect("health lock");
+        if let Some(h) = health.get_mut(&self.pipeline) {
+            h.consecutive_failed_sessions = sessions;
+        }
     }
 
     /// Counts a pgoutput message of `kind` that is not an outbox insert.

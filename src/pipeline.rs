@@ -3,7 +3,8 @@
 //! A *session* is one replication connection plus one producer. Any transient failure (the
 //! connection drops, the walsender restarts, Kafka gives up on a record) ends the session:
 //! the producer is dropped, and a new session resumes from the slot's `confirmed_flush_lsn`
-//! after an exponential backoff with jitter. Since the relay confirms only what Kafka
+//! after an exponential backoff with jitter ([`crate::supervisor`] decides, for both source
+//! kinds). Since the relay confirms only what Kafka
 //! acknowledged (see [`crate::checkpoint`]), everything after that LSN is published again:
 //! duplicates are possible after a failure, loss is not (README, "What it guarantees").
 //!
@@ -20,16 +21,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use std::future::Future;
 use std::pin::Pin;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
-use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
+use tokio::time::{interval, sleep_until, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::checkpoint::{AckTracker, Checkpoint, EventToken};
 use crate::config::{ConfigError, InvalidOpBehavior, OnBadEvent, PipelineConfig, SourceKind};
-use crate::error::{chain, Error};
+use crate::error::{chain, Error, Recovery};
 use crate::lsn::Lsn;
-use crate::metrics::{PipelineMetrics, PipelineState};
+use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::sink::kafka::{self, KafkaSink, TransactionError, Transactions};
 use crate::sink::{Delivery, DeliveryError, Sink};
@@ -39,6 +39,7 @@ use crate::source::replication::{
     ReplicationClient, ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS,
 };
 use crate::source::{slot, SourceError};
+use crate::supervisor::{self, SessionProgress};
 
 /// Minimum gap between status updates sent because the flush LSN moved; the timer sends
 /// one every `status_interval_ms` regardless.
@@ -49,8 +50,6 @@ const NULL_KEY_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 /// Lag that counts as catching up: 16 MiB of WAL.
 const PROGRESS_MIN_LAG_BYTES: u64 = 16 << 20;
-/// Longest wait between attempts while another walsender holds the slot.
-const SLOT_IN_USE_RETRY: Duration = Duration::from_secs(3);
 /// How long to wait for the walsender to acknowledge the end of streaming.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
@@ -63,8 +62,9 @@ const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
 ///
-/// Transient errors restart the session with backoff; each restart is logged with its reason
-/// and counted in `outbox_relay_reconnects_total`.
+/// Both source kinds run under [`supervisor::supervise`]: transient errors restart the
+/// session with backoff; each restart is logged with its reason and counted in
+/// `outbox_relay_reconnects_total`.
 pub async fn run(
     config: PipelineConfig,
     metrics: PipelineMetrics,
@@ -72,70 +72,50 @@ pub async fn run(
 ) -> Result<(), Error> {
     config.validate()?;
     if config.source_kind == SourceKind::Polling {
-        return crate::polling::run(config, metrics, shutdown).await;
+        let mut sessions = crate::polling::Polling {
+            config: &config,
+            metrics: &metrics,
+        };
+        return supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await;
     }
     // Aborted when `run` returns (the guard drops the task).
     let _slot_watch = AbortOnDrop(tokio::spawn(watch_slot(config.clone(), metrics.clone())));
-    let backoff = || {
-        ExponentialBuilder::default()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(Duration::from_secs(30))
-            .with_jitter()
-            .without_max_times()
-            .build()
+    let mut sessions = LogTailing {
+        config: &config,
+        metrics: &metrics,
+        slot_seen: false,
+        holder_watch: HolderWatch::default(),
     };
-    let mut delays = backoff();
-    // Once this process streamed from the slot, a missing slot means someone dropped it and
-    // the events after its confirmed LSN may be gone: never re-create it silently.
-    let mut slot_seen = false;
-    let mut holder_watch = HolderWatch::default();
-    loop {
-        metrics.set_state(PipelineState::Connecting, None);
-        let mut streamed = false;
+    supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await
+}
+
+/// Log-tailing sessions, with what the supervisor keeps between them.
+struct LogTailing<'a> {
+    config: &'a PipelineConfig,
+    metrics: &'a PipelineMetrics,
+    /// Once this process streamed from the slot, a missing slot means someone dropped it and
+    /// the events after its confirmed LSN may be gone: never re-create it silently.
+    slot_seen: bool,
+    holder_watch: HolderWatch,
+}
+
+impl supervisor::Sessions for LogTailing<'_> {
+    async fn session(
+        &mut self,
+        progress: &SessionProgress,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
         let result = run_session(
-            &config,
-            &metrics,
-            &shutdown,
-            !slot_seen && config.create_slot,
-            &mut streamed,
-            &mut holder_watch,
+            self.config,
+            self.metrics,
+            shutdown,
+            !self.slot_seen && self.config.create_slot,
+            progress,
+            &mut self.holder_watch,
         )
         .await;
-        // The session's producer is gone: nothing is awaiting an acknowledgement any more.
-        metrics.oldest_unacked_age.set(0.0);
-        match result {
-            Ok(()) => {
-                metrics.set_state(PipelineState::Stopped, None);
-                return Ok(());
-            }
-            Err(e) if e.is_transient() => {
-                metrics.set_state(PipelineState::Reconnecting, Some(chain(&e)));
-                if streamed {
-                    slot_seen = true;
-                    delays = backoff();
-                }
-                let mut delay = delays.next().unwrap_or(Duration::from_secs(30));
-                if e.is_slot_in_use() || e.is_fenced() {
-                    // A standby waiting for the slot (or fenced by the relay that took it):
-                    // poll often enough to take over within seconds of the active relay's exit.
-                    delay = delay.min(SLOT_IN_USE_RETRY);
-                }
-                if e.is_fenced() {
-                    warn!(pipeline = %config.name, transactional_id = %config.transactional_id(), "fenced: another relay with the same transactional id took over; standing by");
-                }
-                warn!(pipeline = %config.name, error = %chain(&e), delay_ms = delay.as_millis() as u64, "pipeline session ended; reconnecting");
-                metrics.reconnects.inc();
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = sleep(delay) => {}
-                }
-            }
-            Err(e) => {
-                metrics.set_state(PipelineState::Failed, Some(chain(&e)));
-                error!(pipeline = %config.name, error = %chain(&e), "pipeline stopped by an error that retrying cannot fix");
-                return Err(e);
-            }
-        }
+        self.slot_seen |= progress.is_streaming();
+        result
     }
 }
 
@@ -315,7 +295,7 @@ async fn run_session(
     metrics: &PipelineMetrics,
     shutdown: &CancellationToken,
     create_slot: bool,
-    streamed: &mut bool,
+    progress: &SessionProgress,
     holder_watch: &mut HolderWatch,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
@@ -339,8 +319,8 @@ async fn run_session(
         Ok(stream) => stream,
         Err(e) => {
             let e = Error::from(e);
-            if let (true, Some(grace)) =
-                (e.is_slot_in_use(), config.terminate_stale_walsender_after())
+            if let (Recovery::StandBy, Some(grace)) =
+                (e.recovery(), config.terminate_stale_walsender_after())
             {
                 holder_watch.check(&client, config, grace).await;
             }
@@ -399,8 +379,7 @@ async fn run_session(
         timeline = identity.timeline,
         "streaming"
     );
-    *streamed = true;
-    metrics.set_state(PipelineState::Streaming, None);
+    progress.streaming();
 
     // Status updates at most every min(status interval, wal_sender_timeout / 2).
     let mut status_interval = config.status_interval();
@@ -413,6 +392,7 @@ async fn run_session(
     let session = Session {
         config,
         metrics,
+        session_progress: progress,
         stream,
         sink,
         tracker: AckTracker::new(confirmed_flush_lsn),
@@ -449,6 +429,8 @@ async fn run_session(
 struct Session<'a, S: Sink> {
     config: &'a PipelineConfig,
     metrics: &'a PipelineMetrics,
+    /// Told when the confirmed flush LSN moves (the supervisor's backoff resets on progress).
+    session_progress: &'a SessionProgress,
     stream: ReplicationStream,
     sink: S,
     tracker: AckTracker,
@@ -514,7 +496,7 @@ impl<S: Sink> Session<'_, S> {
         let result = self.stream(shutdown, status_interval).await;
         self.end_kafka_transaction(&result).await;
         if let Err(e) = &result {
-            if e.is_transient() || matches!(e, Error::Delivery(_)) {
+            if e.recovery() != Recovery::Stop || matches!(e, Error::Delivery(_)) {
                 return result;
             }
             self.drain_in_flight(self.config.shutdown_timeout()).await;
@@ -549,7 +531,8 @@ impl<S: Sink> Session<'_, S> {
                 }
             }
         }
-        if !eos.kafka_open || result.as_ref().is_err_and(Error::is_fenced) {
+        let fenced = matches!(result, Err(Error::Transaction(e)) if e.is_fenced());
+        if !eos.kafka_open || fenced {
             return;
         }
         eos.kafka_open = false;
@@ -934,6 +917,9 @@ impl<S: Sink> Session<'_, S> {
         self.stream.send_status(flush, flush).await?;
         if flush != self.sent_flush {
             debug!(pipeline = %self.config.name, flush_lsn = %flush, "confirmed");
+        }
+        if flush > self.sent_flush && self.sent_flush != Lsn::ZERO {
+            self.session_progress.advanced();
         }
         self.sent_flush = flush;
         self.last_status = Instant::now();

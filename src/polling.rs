@@ -1,8 +1,8 @@
 //! The polling source: one pipeline that reads the outbox table instead of the WAL, for
 //! databases without logical replication (no REPLICATION privilege, `wal_level` not
 //! `logical`, a read-only role on a managed service). Same [`Router`], [`KafkaSink`] and
-//! metrics as log tailing; [`crate::pipeline::run`] hands a pipeline with
-//! `source_kind = "polling"` to [`run`].
+//! metrics as log tailing; [`crate::pipeline::run`] runs a pipeline with
+//! `source_kind = "polling"` under [`crate::supervisor`], one connection per session.
 //!
 //! # One cycle
 //!
@@ -52,7 +52,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::Notify;
@@ -65,15 +64,16 @@ use crate::checkpoint::EventToken;
 use crate::config::{
     ConfigError, KafkaConfig, MarkMode, OnBadEvent, PipelineConfig, PollingConfig,
 };
-use crate::error::{chain, Error};
+use crate::error::Error;
 use crate::lsn::Lsn;
-use crate::metrics::{PipelineMetrics, PipelineState};
+use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::{Delivery, DeliveryError, Sink};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 use crate::source::replication::{quote_ident, quote_literal};
 use crate::source::{slot, SourceError};
+use crate::supervisor::SessionProgress;
 
 /// `message.timeout.ms` of a polling pipeline unless its Kafka properties set one: a cycle
 /// holds its row locks until every record has an outcome, so a broker outage must end in a
@@ -112,51 +112,20 @@ pub enum PollingError {
     Null { event_id: String, column: String },
 }
 
-/// Runs a polling pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error
-/// stops it; transient errors (connection loss, server restart) reconnect with backoff.
-pub async fn run(
-    config: PipelineConfig,
-    metrics: PipelineMetrics,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
-    config.validate()?;
-    let backoff = || {
-        ExponentialBuilder::default()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(Duration::from_secs(30))
-            .with_jitter()
-            .without_max_times()
-            .build()
-    };
-    let mut delays = backoff();
-    loop {
-        metrics.set_state(PipelineState::Connecting, None);
-        let mut polled = false;
-        match session(&config, &metrics, &shutdown, &mut polled).await {
-            Ok(()) => {
-                metrics.set_state(PipelineState::Stopped, None);
-                info!(pipeline = %config.name, "stopped");
-                return Ok(());
-            }
-            Err(e) if e.is_transient() => {
-                metrics.set_state(PipelineState::Reconnecting, Some(chain(&e)));
-                if polled {
-                    delays = backoff();
-                }
-                let delay = delays.next().unwrap_or(Duration::from_secs(30));
-                warn!(pipeline = %config.name, error = %chain(&e), delay_ms = delay.as_millis() as u64, "polling session ended; reconnecting");
-                metrics.reconnects.inc();
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = sleep(delay) => {}
-                }
-            }
-            Err(e) => {
-                metrics.set_state(PipelineState::Failed, Some(chain(&e)));
-                error!(pipeline = %config.name, error = %chain(&e), "pipeline stopped by an error that retrying cannot fix");
-                return Err(e);
-            }
-        }
+/// A polling pipeline's sessions, for [`crate::supervisor::supervise`]: transient errors
+/// (connection loss, server restart) reconnect with backoff.
+pub(crate) struct Polling<'a> {
+    pub(crate) config: &'a PipelineConfig,
+    pub(crate) metrics: &'a PipelineMetrics,
+}
+
+impl crate::supervisor::Sessions for Polling<'_> {
+    async fn session(
+        &mut self,
+        progress: &SessionProgress,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
+        session(self.config, self.metrics, shutdown, progress).await
     }
 }
 
@@ -165,7 +134,7 @@ async fn session(
     config: &PipelineConfig,
     metrics: &PipelineMetrics,
     shutdown: &CancellationToken,
-    polled: &mut bool,
+    progress: &SessionProgress,
 ) -> Result<(), Error> {
     let (client, _driver, notified) = connect(config).await?;
     let polling = &config.polling;
@@ -182,6 +151,7 @@ async fn session(
         config,
         polling,
         metrics,
+        session_progress: progress,
         client,
         sink: new_sink(config)?,
         router,
@@ -192,8 +162,7 @@ async fn session(
         next_purge: Instant::now(),
     };
     info!(pipeline = %config.name, table = %config.table, mark = ?polling.mark, batch_size = polling.batch_size, notify = ?polling.notify_channel, "polling");
-    *polled = true;
-    metrics.set_state(PipelineState::Streaming, None);
+    progress.streaming();
     poller.poll_until_shutdown(shutdown).await
 }
 
@@ -557,6 +526,8 @@ struct Poller<'a> {
     config: &'a PipelineConfig,
     polling: &'a PollingConfig,
     metrics: &'a PipelineMetrics,
+    /// Told when a batch's marks commit (the supervisor's backoff resets on progress).
+    session_progress: &'a SessionProgress,
     client: Client,
     sink: KafkaSink,
     router: Router,
@@ -785,6 +756,9 @@ impl Poller<'_> {
             }
         }
         self.sql_batch("COMMIT").await?;
+        if !published.is_empty() || !failed.is_empty() {
+            self.session_progress.advanced();
+        }
         cycle.published = published.len();
         if recreate_sink {
             // After a timed-out record librdkafka may have reset the partition's sequence:

@@ -1,0 +1,444 @@
+//! The supervisor: runs a pipeline's sessions one after another, for every source kind.
+//!
+//! A *session* is one attempt at the pipeline (connections, a producer, streaming until
+//! shutdown or an error); a source kind provides it through [`Sessions`]. The supervisor alone
+//! decides what an ended session leads to, from [`Error::recovery`]:
+//!
+//! - [`Recovery::Retry`]: a new session after an exponential backoff with jitter (1 s to 30 s).
+//!   The backoff is reset only after *progress* ([`SessionProgress::advanced`]: the confirmed
+//!   flush LSN moved, a polling batch was marked), not when a session merely starts, so an
+//!   error that recurs right after every start backs off further each time instead of
+//!   restarting the session (and the walsender's decoding from `restart_lsn`) every second.
+//!   Such sessions are counted in `outbox_relay_consecutive_failed_sessions` and in `/readyz`.
+//! - [`Recovery::StandBy`]: another relay holds the slot or the transactional id: retry at
+//!   most every [`STAND_BY_RETRY`], to take over within seconds of its exit. Not a failure.
+//! - [`Recovery::Stop`]: the pipeline stops with the error.
+//!
+//! Shutdown: until the session reports [`SessionProgress::streaming`], a shutdown drops the
+//! session future at once (its set-up, such as a slot creation waiting for a long transaction
+//! or the exactly-once start, has confirmed nothing and owns no detached task); once it
+//! streams, the session drains by itself (in-flight deliveries, the final status update).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use tokio::time::sleep;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::error::{chain, Error, Recovery};
+use crate::metrics::{PipelineMetrics, PipelineState};
+
+/// Shortest wait before a new session after an error.
+const MIN_DELAY: Duration = Duration::from_secs(1);
+/// Longest wait before a new session after an error: the backoff stops growing there.
+const MAX_DELAY: Duration = Duration::from_secs(30);
+/// Longest wait between attempts while another relay holds the slot or the transactional id.
+pub const STAND_BY_RETRY: Duration = Duration::from_secs(3);
+
+/// A source kind's sessions: what the supervisor starts again after each failure.
+pub trait Sessions {
+    /// Runs one session until `shutdown` (then drains and returns `Ok`) or an error. Calls
+    /// `progress.streaming()` once set-up is done and `progress.advanced()` whenever it
+    /// confirms something. Until `streaming()`, the future must be safe to drop at any await:
+    /// it has confirmed nothing, and it owns (aborts on drop) every task it spawned.
+    fn session<'a>(
+        &'a mut self,
+        progress: &'a SessionProgress,
+        shutdown: &'a CancellationToken,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+}
+
+/// How a session tells the supervisor that it streams and that it made progress.
+pub struct SessionProgress {
+    metrics: PipelineMetrics,
+    streaming: AtomicBool,
+    advanced: AtomicBool,
+}
+
+impl SessionProgress {
+    fn new(metrics: PipelineMetrics) -> Self {
+        SessionProgress {
+            metrics,
+            streaming: AtomicBool::new(false),
+            advanced: AtomicBool::new(false),
+        }
+    }
+
+    /// Reports that set-up is done and the session streams (log tailing: after
+    /// START_REPLICATION and the exactly-once start; polling: the table checked): from now on
+    /// a shutdown drains the session instead of dropping it. The pipeline reads as ready.
+    pub fn streaming(&self) {
+        self.streaming.store(true, Ordering::Release);
+        self.metrics.set_state(PipelineState::Streaming, None);
+    }
+
+    /// Reports progress: the confirmed flush LSN moved past where the session started, or a
+    /// polling batch's marks committed. Resets the backoff and the count of failed sessions.
+    pub fn advanced(&self) {
+        if !self.advanced.swap(true, Ordering::AcqRel) {
+            self.metrics.set_failed_sessions(0);
+        }
+    }
+
+    /// Whether [`Self::streaming`] was called.
+    pub fn is_streaming(&self) -> bool {
+        self.streaming.load(Ordering::Acquire)
+    }
+
+    fn has_advanced(&self) -> bool {
+        self.advanced.load(Ordering::Acquire)
+    }
+}
+
+/// Runs `sessions` until `shutdown` is cancelled (then `Ok`) or an error classed
+/// [`Recovery::Stop`] ends the pipeline (then that error). Sets the pipeline's state for
+/// `/readyz`, counts restarts in `outbox_relay_reconnects_total` and logs each with its reason.
+pub async fn supervise(
+    pipeline: &str,
+    metrics: &PipelineMetrics,
+    shutdown: &CancellationToken,
+    sessions: &mut impl Sessions,
+) -> Result<(), Error> {
+    let mut retry = backoff();
+    let mut stand_by = backoff();
+    let mut failed_sessions = 0u64;
+    loop {
+        metrics.set_state(PipelineState::Connecting, None);
+        let progress = SessionProgress::new(metrics.clone());
+        let result = {
+            let session = sessions.session(&progress, shutdown);
+            tokio::pin!(session);
+            tokio::select! {
+                biased;
+                result = &mut session => Some(result),
+                () = stopped_during_set_up(shutdown, &progress) => None,
+            }
+        };
+        // The session's producer is gone: nothing is awaiting an acknowledgement any more.
+        metrics.oldest_unacked_age.set(0.0);
+        if progress.has_advanced() {
+            retry = backoff();
+            failed_sessions = 0;
+        }
+        let e = match result {
+            None => {
+                info!(pipeline, "stopped during session set-up");
+                metrics.set_state(PipelineState::Stopped, None);
+                return Ok(());
+            }
+            Some(Ok(())) => {
+                info!(pipeline, "pipeline stopped");
+                metrics.set_state(PipelineState::Stopped, None);
+                return Ok(());
+            }
+            Some(Err(e)) => e,
+        };
+        let delay = match e.recovery() {
+            Recovery::Stop => {
+                metrics.set_state(PipelineState::Failed, Some(chain(&e)));
+                error!(pipeline, error = %chain(&e), "pipeline stopped by an error that retrying cannot fix");
+                return Err(e);
+            }
+            Recovery::StandBy => {
+                let delay = next(&mut stand_by).min(STAND_BY_RETRY);
+                warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, "another relay holds the slot or the transactional id; standing by");
+                delay
+            }
+            Recovery::Retry => {
+                stand_by = backoff();
+                failed_sessions += 1;
+                metrics.set_failed_sessions(failed_sessions);
+                let delay = next(&mut retry);
+                warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, failed_sessions, "pipeline session ended; reconnecting");
+                delay
+            }
+        };
+        metrics.set_state(PipelineState::Reconnecting, Some(chain(&e)));
+        metrics.reconnects.inc();
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                metrics.set_state(PipelineState::Stopped, None);
+                return Ok(());
+            }
+            _ = sleep(delay) => {}
+        }
+    }
+}
+
+/// Completes when `shutdown` is cancelled while the session has not reported streaming yet;
+/// never completes once it streams (the session then drains by itself). Cancel-safe.
+async fn stopped_during_set_up(shutdown: &CancellationToken, progress: &SessionProgress) {
+    shutdown.cancelled().await;
+    if progress.is_streaming() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(MIN_DELAY)
+        .with_max_delay(MAX_DELAY)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+fn next(backoff: &mut ExponentialBackoff) -> Duration {
+    // Jitter adds up to the delay again.
+    backoff.next().unwrap_or(MAX_DELAY * 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::source::SourceError;
+    use std::sync::Arc;
+    use tokio::time::Instant;
+
+    /// Sessions that stream, optionally confirm something, then fail with `error` (built
+    /// afresh each time); the session after `failures` of them cancels the shutdown and ends.
+    struct Fake {
+        failures: usize,
+        advance: bool,
+        error: fn() -> Error,
+        starts: Vec<Instant>,
+    }
+
+    impl Fake {
+        fn new(failures: usize, advance: bool, error: fn() -> Error) -> Self {
+            Fake {
+                failures,
+                advance,
+                error,
+                starts: Vec::new(),
+            }
+        }
+
+        /// Seconds between one session's start and the next one's.
+        fn gaps(&self) -> Vec<f64> {
+            self.starts
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64())
+                .collect()
+        }
+    }
+
+    impl Sessions for Fake {
+        async fn session(
+            &mut self,
+            progress: &SessionProgress,
+            shutdown: &CancellationToken,
+        ) -> Result<(), Error> {
+            self.starts.push(Instant::now());
+            progress.streaming();
+            if self.advance {
+                progress.advanced();
+            }
+            if self.starts.len() > self.failures {
+                shutdown.cancel();
+                return Ok(());
+            }
+            Err((self.error)())
+        }
+    }
+
+    fn closed() -> Error {
+        SourceError::Closed.into()
+    }
+
+    fn slot_in_use() -> Error {
+        SourceError::Server {
+            code: "55006".into(),
+            message: "replication slot \"s\" is active for PID 42".into(),
+        }
+        .into()
+    }
+
+    fn gauge_line(metrics: &Metrics, value: u64) -> bool {
+        metrics.render().contains(&format!(
+            "outbox_relay_consecutive_failed_sessions{{pipeline=\"p\"}} {value}"
+        ))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_failing_right_after_its_start_backs_off_further_each_time() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(7, false, closed);
+        supervise("p", &p, &CancellationToken::new(), &mut fake)
+            .await
+            .unwrap();
+        let gaps = fake.gaps();
+        assert_eq!(gaps.len(), 7, "{gaps:?}");
+        // Without jitter 1, 2, 4, 8, 16, 30, 30 s; jitter adds up to as much again.
+        for (i, (gap, least)) in gaps
+            .iter()
+            .zip([1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0])
+            .enumerate()
+        {
+            assert!(
+                (least..=least * 2.0 + 0.1).contains(gap),
+                "gap {i} between sessions {gap:.3} s, expected {least} to {} s: {gaps:?}",
+                least * 2.0
+            );
+        }
+        assert!(gauge_line(&metrics, 7), "{}", metrics.render());
+        let health = metrics.health()["p"].clone();
+        assert_eq!(health.consecutive_failed_sessions, 7);
+        assert!(
+            health
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("closed the replication connection")),
+            "{health:?}"
+        );
+        assert_eq!(health.state, PipelineState::Stopped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_that_made_progress_resets_the_backoff() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(7, true, closed);
+        supervise("p", &p, &CancellationToken::new(), &mut fake)
+            .await
+            .unwrap();
+        let gaps = fake.gaps();
+        assert_eq!(gaps.len(), 7, "{gaps:?}");
+        assert!(
+            gaps.iter().all(|gap| (1.0..=2.1).contains(gap)),
+            "every restart after progress waits the first delay (1 to 2 s): {gaps:?}"
+        );
+        // Each failure counts 1 until the next session's progress resets it to 0.
+        assert!(gauge_line(&metrics, 0), "{}", metrics.render());
+        assert_eq!(p.reconnects.get(), 7);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_retries_within_seconds_and_is_not_a_failure() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(10, false, slot_in_use);
+        supervise("p", &p, &CancellationToken::new(), &mut fake)
+            .await
+            .unwrap();
+        let gaps = fake.gaps();
+        assert_eq!(gaps.len(), 10, "{gaps:?}");
+        assert!(
+            gaps.iter().all(|gap| (1.0..=3.0).contains(gap)),
+            "standby retries every 1 to 3 s: {gaps:?}"
+        );
+        assert!(gauge_line(&metrics, 0), "{}", metrics.render());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_retrying_cannot_fix_stops_the_pipeline() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(1, false, || SourceError::Auth("password".into()).into());
+        let result = supervise("p", &p, &CancellationToken::new(), &mut fake).await;
+        assert!(
+            matches!(result, Err(Error::Source(SourceError::Auth(_)))),
+            "{result:?}"
+        );
+        assert_eq!(fake.starts.len(), 1);
+        assert_eq!(metrics.health()["p"].state, PipelineState::Failed);
+    }
+
+    /// A session whose set-up never ends (a slot creation waiting for a transaction), or one
+    /// that streams and drains for `drain` after the shutdown.
+    struct Stuck {
+        stream: bool,
+        drain: Duration,
+        /// Set when the session future is dropped.
+        dropped: Arc<AtomicBool>,
+        drained: bool,
+    }
+
+    struct SetFlagOnDrop(Arc<AtomicBool>);
+
+    impl Drop for SetFlagOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    impl Sessions for Stuck {
+        async fn session(
+            &mut self,
+            progress: &SessionProgress,
+            shutdown: &CancellationToken,
+        ) -> Result<(), Error> {
+            let _guard = SetFlagOnDrop(self.dropped.clone());
+            if !self.stream {
+                return std::future::pending().await;
+            }
+            progress.streaming();
+            shutdown.cancelled().await;
+            sleep(self.drain).await;
+            self.drained = true;
+            Ok(())
+        }
+    }
+
+    async fn stop_after(shutdown: CancellationToken, after: Duration) {
+        sleep(after).await;
+        shutdown.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_during_set_up_drops_the_session_at_once() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let shutdown = CancellationToken::new();
+        let dropped = Arc::new(AtomicBool::new(false));
+        let mut stuck = Stuck {
+            stream: false,
+            drain: Duration::ZERO,
+            dropped: dropped.clone(),
+            drained: false,
+        };
+        let start = Instant::now();
+        let (result, ()) = tokio::join!(
+            tokio::time::timeout(
+                Duration::from_secs(60),
+                supervise("p", &p, &shutdown, &mut stuck)
+            ),
+            stop_after(shutdown.clone(), Duration::from_secs(5)),
+        );
+        result
+            .expect("the pipeline did not stop within 60 s of a shutdown during set-up")
+            .unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        assert!(dropped.load(Ordering::SeqCst), "the set-up was not dropped");
+        assert_eq!(metrics.health()["p"].state, PipelineState::Stopped);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_while_streaming_lets_the_session_drain() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let shutdown = CancellationToken::new();
+        let mut stuck = Stuck {
+            stream: true,
+            drain: Duration::from_secs(20),
+            dropped: Arc::new(AtomicBool::new(false)),
+            drained: false,
+        };
+        let start = Instant::now();
+        let (result, ()) = tokio::join!(
+            supervise("p", &p, &shutdown, &mut stuck),
+            stop_after(shutdown.clone(), Duration::from_secs(5)),
+        );
+        result.unwrap();
+        assert!(
+            stuck.drained,
+            "the streaming session was dropped instead of drained"
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(25));
+    }
+}
