@@ -53,6 +53,7 @@ pub mod router;
 pub mod shutdown;
 pub mod sink;
 pub mod source;
+pub mod validation;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -68,17 +69,15 @@ pub use metrics::Metrics;
 /// to each pipeline's `shutdown_timeout_secs`, final status update) and returns. Serves
 /// `/metrics`, `/healthz` and `/readyz` on `metrics_listen` when given.
 ///
-/// A pipeline stopped by a permanent error does not stop the others; `run` returns the first
-/// such error once all pipelines have ended.
+/// The pipelines must have passed [`validation::pipelines`] (or [`validation::pipeline`]) at
+/// start; `run` checks nothing again. A pipeline stopped by a permanent error does not stop the
+/// others; `run` returns the first such error once all pipelines have ended.
 pub async fn run(
     pipelines: Vec<PipelineConfig>,
     metrics: Metrics,
     metrics_listen: Option<SocketAddr>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    for pipeline in &pipelines {
-        pipeline.validate()?;
-    }
     let token = CancellationToken::new();
     let server = match metrics_listen {
         Some(listen) => {
