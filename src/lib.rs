@@ -24,9 +24,15 @@
 //! price is that events after the last confirmed LSN may be published again.
 //!
 //! # Layout
-//! - [`config`]: typed, validated pipeline configuration.
-//! - [`source`]: replication connection, pgoutput decoder, outbox mapping, slot checks.
-//! - [`router`]: events to Kafka records.
+//! - [`config`]: the pipeline configuration as plain data, at the bottom of the dependency
+//!   graph (it imports no other module): one serde schema for the flags, the config file, its
+//!   environment overrides and `import-debezium`'s output.
+//! - [`validation`]: every start-up check of a pipeline (its own fields, the router's options,
+//!   the source URL), run once before any command starts.
+//! - [`source`]: replication connection, `source_url` as libpq reads it, pgoutput decoder,
+//!   outbox mapping, slot checks.
+//! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
+//!   options with their field paths.
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end, with reconnects.

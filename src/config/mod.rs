@@ -2,7 +2,7 @@
 //! file, its environment overrides and `import-debezium`'s output.
 //!
 //! One [`PipelineConfig`] per source database: a `[[pipelines]]` entry of the file (see
-//! [`file`]), or the single-database flags. This module depends on no other part of the relay;
+//! [`file`](mod@file)), or the single-database flags. This module depends on no other part of the relay;
 //! the checks that need one (the router's template and regex, the source URL's syntax) live
 //! there and [`crate::validation`] runs them all once at start.
 
