@@ -155,22 +155,25 @@ fn exactly_once_options_are_checked_with_their_field_paths() {
 
 const EXAMPLE: &str = include_str!("../../examples/relay.toml");
 
+/// The variables the example's `${NAME}` references need (payments: its polling pipeline).
+const EXAMPLE_ENV: &[(&str, &str)] = &[
+    (
+        "ORDERS_DATABASE_URL",
+        "postgres://relay:pw@orders-db/orders",
+    ),
+    (
+        "BILLING_DATABASE_URL",
+        "postgres://relay:pw@billing-db/billing",
+    ),
+    (
+        "PAYMENTS_DATABASE_URL",
+        "postgres://relay:pw@payments-db/payments",
+    ),
+];
+
 #[test]
 fn the_example_file_loads() {
-    let config = load_str(
-        EXAMPLE,
-        &[
-            (
-                "ORDERS_DATABASE_URL",
-                "postgres://relay:pw@orders-db/orders",
-            ),
-            (
-                "BILLING_DATABASE_URL",
-                "postgres://relay:pw@billing-db/billing",
-            ),
-        ],
-    )
-    .unwrap();
+    let config = load_str(EXAMPLE, EXAMPLE_ENV).unwrap();
     assert_eq!(config.pipelines.len(), 2);
     let orders = &config.pipelines[0];
     assert_eq!(orders.source_url, "postgres://relay:pw@orders-db/orders");
@@ -203,20 +206,7 @@ fn the_example_routing_options_load_when_uncommented() {
         example.push('\n');
     }
     example.push_str(&EXAMPLE[end..]);
-    let config = load_str(
-        &example,
-        &[
-            (
-                "ORDERS_DATABASE_URL",
-                "postgres://relay:pw@orders-db/orders",
-            ),
-            (
-                "BILLING_DATABASE_URL",
-                "postgres://relay:pw@billing-db/billing",
-            ),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{example}"));
+    let config = load_str(&example, EXAMPLE_ENV).unwrap_or_else(|e| panic!("{e}\n{example}"));
     let orders = &config.pipelines[0];
     assert_eq!(orders.columns.timestamp.as_deref(), Some("created_at"));
     assert!(orders.route.topic_regex.is_some());
@@ -242,24 +232,7 @@ fn the_example_polling_pipeline_loads_when_uncommented() {
         example.push_str(option.unwrap_or(line));
         example.push('\n');
     }
-    let config = load_str(
-        &example,
-        &[
-            (
-                "ORDERS_DATABASE_URL",
-                "postgres://relay:pw@orders-db/orders",
-            ),
-            (
-                "BILLING_DATABASE_URL",
-                "postgres://relay:pw@billing-db/billing",
-            ),
-            (
-                "PAYMENTS_DATABASE_URL",
-                "postgres://relay:pw@payments-db/payments",
-            ),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{example}"));
+    let config = load_str(&example, EXAMPLE_ENV).unwrap_or_else(|e| panic!("{e}\n{example}"));
     let payments = &config.pipelines[2];
     assert_eq!(payments.source_kind, crate::config::SourceKind::Polling);
     assert_eq!(
