@@ -633,6 +633,90 @@ mod tests {
         );
     }
 
+    /// A pipeline with a value other than the default in every field.
+    fn every_field_set() -> PipelineConfig {
+        use crate::config::*;
+        PipelineConfig {
+            source_url: "postgres://u@h/db".into(),
+            slot: "s".into(),
+            publication: "Pub".into(),
+            source_kind: SourceKind::Polling,
+            polling: PollingConfig {
+                batch_size: 7,
+                mark: MarkMode::Flag,
+                notify_channel: Some("c".into()),
+                ..PollingConfig::default()
+            },
+            columns: OutboxColumns {
+                id: "event_id".into(),
+                timestamp: Some("created_at".into()),
+                ..OutboxColumns::default()
+            },
+            message_prefix: Some("outbox".into()),
+            route: RouteConfig {
+                by_field: Some("tenant".into()),
+                topic_template: "t.${routedByValue}".into(),
+                topic_case: TopicCase::Lower,
+                topic_regex: Some("(.*)".into()),
+            },
+            additional_placement: vec![AdditionalPlacement {
+                field: "tenant".into(),
+                placement: Placement::Header,
+                alias: Some("t".into()),
+            }],
+            value_format: ValueFormat::Envelope,
+            null_payload: NullPayload::JsonNull,
+            on_bad_event: OnBadEvent::DeadLetter,
+            dead_letter_topic: Some("dlq".into()),
+            op_invalid_behavior: InvalidOpBehavior::Warn,
+            create_slot: false,
+            kafka: KafkaConfig {
+                bootstrap_servers: "k:9092".into(),
+                properties: vec![("linger.ms".into(), "5".into())],
+            },
+            status_interval_ms: 2,
+            max_in_flight_events: 3,
+            max_in_flight_bytes: 4,
+            shutdown_timeout_secs: 5,
+            terminate_stale_walsender_after_secs: Some(6),
+            exactly_once: true,
+            transactional_id: Some("tx".into()),
+            checkpoint_topic: Some("cp".into()),
+            ..PipelineConfig::new("p", "app.\"Outbox\"".parse().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_pipeline_serializes_to_the_file_it_was_read_from() {
+        let file = |pipeline: PipelineConfig| FileConfig {
+            pipelines: vec![pipeline],
+            ..FileConfig::default()
+        };
+        for pipeline in [
+            every_field_set(),
+            PipelineConfig::new("q", "outbox".parse().unwrap()),
+        ] {
+            let toml = toml::to_string(&file(pipeline.clone())).unwrap();
+            let read: FileConfig = Figment::new()
+                .merge(Toml::string(&toml))
+                .extract()
+                .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+            assert_eq!(read.pipelines, [pipeline], "{toml}");
+        }
+        // Defaults are left out: the entry says what differs.
+        let plain =
+            toml::to_string(&file(PipelineConfig::new("q", "outbox".parse().unwrap()))).unwrap();
+        let keys: Vec<&str> = plain
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(key, _)| key))
+            .collect();
+        assert_eq!(
+            keys,
+            ["name", "table", "topic_template", "topic_case"],
+            "{plain}"
+        );
+    }
+
     #[test]
     fn expands_environment_references() {
         let env = |name: &str| (name == "PW").then(|| "s3cret".to_owned());
