@@ -22,6 +22,10 @@
 //!
 //! An event that fails any of these is a [`RouteError`]: the pipeline halts before
 //! confirming its transaction, or publishes [`Router::dead_letter`] (`on_bad_event`).
+//!
+//! [`Router::new`] builds the router from a pipeline's configuration and refuses options that
+//! cannot work, each problem with its field path (the checks are in `router/problems.rs`); the
+//! start-up validation ([`crate::validation`]) reports them before anything connects.
 
 use std::borrow::Cow;
 use std::fmt;
