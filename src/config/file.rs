@@ -626,6 +626,18 @@ mod tests {
     fn unknown_fields_and_wrong_types_name_the_key() {
         let errors = load_str("[[pipelines]]\nname = \"a\"\nslott = \"x\"\n", &[]).unwrap_err();
         assert!(errors.to_string().contains("slott"), "{errors}");
+        // Also in every table of a pipeline: a misspelt column would silently read the default.
+        for table in ["columns", "route", "kafka", "polling"] {
+            let errors = load_str(
+                &format!("[[pipelines]]\nname = \"a\"\ntable = \"t\"\n{table} = {{ aggregatetype = \"x\" }}\n"),
+                &[],
+            )
+            .unwrap_err();
+            assert!(
+                errors.to_string().contains("aggregatetype"),
+                "{table}: {errors}"
+            );
+        }
         let errors = load_str("[[pipelines]]\nname = \"a\"\nsource_url = \"x\"\nslot = \"s\"\npublication = \"p\"\ntable = \"t\"\nmax_in_flight_events = \"many\"\n", &[]).unwrap_err();
         assert!(
             errors.to_string().contains("max_in_flight_events"),

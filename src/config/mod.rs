@@ -109,7 +109,7 @@ pub fn validate_topic(topic: &str) -> Result<(), &'static str> {
 
 /// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct OutboxColumns {
     /// Event id: the Kafka header `id`.
     pub id: String,
