@@ -211,7 +211,7 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
         .take("publication.name")
         .unwrap_or_else(|| "dbz_publication".into());
     let mut pipeline = PipelineConfig {
-        source_url: source_url.url,
+        source_url: source_url.url.into(),
         slot,
         publication,
         // Debezium's slot, or one `setup` creates before the switch.
@@ -289,7 +289,7 @@ struct Importer {
     notes: Vec<Note>,
 }
 
-struct SourceUrl {
+struct UrlWithSecret {
     url: String,
     password_var: Option<String>,
 }
@@ -332,7 +332,7 @@ impl Importer {
     }
 
     /// `postgres://user:${PASSWORD_VAR}@host:port/dbname?sslmode=...` from `database.*`.
-    fn source_url(&mut self, env_prefix: &str) -> SourceUrl {
+    fn source_url(&mut self, env_prefix: &str) -> UrlWithSecret {
         let host = self
             .url_part("database.hostname", env_prefix, "DB_HOST")
             .unwrap_or_else(|| {
@@ -400,7 +400,7 @@ impl Importer {
             url.push('?');
             url.push_str(&query.join("&"));
         }
-        SourceUrl { url, password_var }
+        UrlWithSecret { url, password_var }
     }
 
     /// Debezium's slot when it is a pgoutput slot (`false`), else a new one (`true`).

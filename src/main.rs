@@ -206,7 +206,7 @@ impl RunArgs {
     /// the flags (whose defaults are the same `DEFAULT_*` constants).
     fn into_config(self) -> PipelineConfig {
         PipelineConfig {
-            source_url: self.source_url.unwrap_or_default(),
+            source_url: self.source_url.unwrap_or_default().into(),
             slot: self.slot,
             publication: self.publication,
             message_prefix: self.message_prefix,

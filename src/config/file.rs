@@ -286,7 +286,7 @@ pub(crate) fn resolve(
         if !names.insert(p.name.clone()) {
             problem("name", format!("{:?} is used by another pipeline", p.name));
         }
-        p.source_url = match (p.source_url.is_empty(), &p.source_url_file) {
+        let url = match (p.source_url.is_empty(), &p.source_url_file) {
             (false, None) => expand(&p.source_url, env).unwrap_or_else(|e| {
                 problem("source_url", e);
                 String::new()
@@ -306,6 +306,7 @@ pub(crate) fn resolve(
                 String::new()
             }
         };
+        p.source_url = url.into();
         if p.kafka.bootstrap_servers.is_empty() {
             p.kafka.bootstrap_servers = file.kafka.bootstrap_servers.clone();
         }
@@ -337,7 +338,7 @@ pub(crate) fn resolve(
         if p.source_kind == SourceKind::LogTailing
             && !p.source_url.is_empty()
             && !p.slot.is_empty()
-            && !slots.insert((p.source_url.clone(), p.slot.clone()))
+            && !slots.insert((p.source_url.0.clone(), p.slot.clone()))
         {
             problem("slot", format!("{:?} on the same database is used by another pipeline (a slot admits one reader)", p.slot));
         }

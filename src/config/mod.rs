@@ -327,14 +327,14 @@ impl fmt::Debug for KafkaConfig {
 /// holds the URL (`${NAME}` references and `source_url_file` resolved) and `kafka` the
 /// pipeline's settings over the file's `[kafka]` defaults. [`crate::validation::pipelines`]
 /// checks the values once at start.
-#[derive(Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
     /// Label in logs and metrics.
     pub name: String,
     /// libpq connection URL or `key=value` string of the source database.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub source_url: String,
+    #[serde(default, skip_serializing_if = "str::is_empty")]
+    pub source_url: SourceUrl,
     /// A file holding `source_url` (a mounted secret), instead of `source_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_url_file: Option<String>,
@@ -451,50 +451,13 @@ defaults! {
     default_shutdown_timeout_secs, is_default_shutdown_timeout_secs: u64 = DEFAULT_SHUTDOWN_TIMEOUT_SECS;
 }
 
-impl fmt::Debug for PipelineConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PipelineConfig")
-            .field("name", &self.name)
-            .field("source_url", &redact_url(&self.source_url))
-            .field("source_url_file", &self.source_url_file)
-            .field("slot", &self.slot)
-            .field("publication", &self.publication)
-            .field("table", &self.table)
-            .field("source_kind", &self.source_kind)
-            .field("polling", &self.polling)
-            .field("columns", &self.columns)
-            .field("message_prefix", &self.message_prefix)
-            .field("route", &self.route)
-            .field("additional_placement", &self.additional_placement)
-            .field("value_format", &self.value_format)
-            .field("null_payload", &self.null_payload)
-            .field("on_bad_event", &self.on_bad_event)
-            .field("dead_letter_topic", &self.dead_letter_topic)
-            .field("op_invalid_behavior", &self.op_invalid_behavior)
-            .field("create_slot", &self.create_slot)
-            .field("kafka", &self.kafka)
-            .field("status_interval_ms", &self.status_interval_ms)
-            .field("max_in_flight_events", &self.max_in_flight_events)
-            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
-            .field("shutdown_timeout_secs", &self.shutdown_timeout_secs)
-            .field(
-                "terminate_stale_walsender_after_secs",
-                &self.terminate_stale_walsender_after_secs,
-            )
-            .field("exactly_once", &self.exactly_once)
-            .field("transactional_id", &self.transactional_id)
-            .field("checkpoint_topic", &self.checkpoint_topic)
-            .finish()
-    }
-}
-
 impl PipelineConfig {
     /// The pipeline `name` reading `table`, every other field at its default (as a file entry
     /// with only these two keys): no source URL, slot or publication yet, no Kafka brokers.
     pub fn new(name: impl Into<String>, table: TableName) -> Self {
         PipelineConfig {
             name: name.into(),
-            source_url: String::new(),
+            source_url: SourceUrl::default(),
             source_url_file: None,
             slot: String::new(),
             publication: String::new(),
@@ -710,6 +673,43 @@ impl PipelineConfig {
     pub fn terminate_stale_walsender_after(&self) -> Option<Duration> {
         self.terminate_stale_walsender_after_secs
             .map(Duration::from_secs)
+    }
+}
+
+/// A libpq connection URL or `key=value` string (`source_url`); it derefs to the text, and its
+/// `Debug` hides the password ([`redact_url`]), so configs can be logged.
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct SourceUrl(pub String);
+
+impl std::ops::Deref for SourceUrl {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl From<String> for SourceUrl {
+    fn from(url: String) -> Self {
+        SourceUrl(url)
+    }
+}
+
+impl From<&str> for SourceUrl {
+    fn from(url: &str) -> Self {
+        SourceUrl(url.to_owned())
+    }
+}
+
+impl PartialEq<&str> for SourceUrl {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl fmt::Debug for SourceUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&redact_url(&self.0), f)
     }
 }
 
