@@ -16,7 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
 
-use crate::config::TableName;
+use crate::config::file::FileConfig;
+use crate::config::{
+    AdditionalPlacement, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
+    PipelineConfig, Placement, RouteConfig, TableName, ValueFormat,
+};
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
@@ -53,7 +57,8 @@ impl fmt::Display for Note {
     }
 }
 
-/// The translation: TOML for a config file, and the notes for the operator.
+/// The translation: TOML for a config file (the serialized [`FileConfig`] with one pipeline,
+/// under comments), and the notes for the operator.
 #[derive(Debug, Clone)]
 pub struct Imported {
     pub toml: String,
@@ -202,24 +207,79 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
         .collect();
     let source_url = im.source_url(&env_prefix);
     let (slot, new_slot) = im.slot();
-    let pipeline = Pipeline {
-        source_url,
+    let publication = im
+        .take("publication.name")
+        .unwrap_or_else(|| "dbz_publication".into());
+    let mut pipeline = PipelineConfig {
+        source_url: source_url.url.into(),
         slot,
-        new_slot,
-        publication: im
-            .take("publication.name")
-            .unwrap_or_else(|| "dbz_publication".into()),
-        table: im.table(),
-        router: im.router(alias)?,
-        bootstrap_servers: im.take("producer.override.bootstrap.servers"),
-        properties: im.producer_properties(),
-        name,
+        publication,
+        // Debezium's slot, or one `setup` creates before the switch.
+        create_slot: false,
+        ..PipelineConfig::new(name.clone(), im.table())
     };
+    im.router(alias, &mut pipeline)?;
+    let bootstrap_servers = im.take("producer.override.bootstrap.servers");
+    pipeline.kafka.properties = im.producer_properties();
     im.note_the_rest(alias, other_routers);
+    let mut comments = vec![
+        format!(
+            "Imported from Debezium connector {:?} by `outbox-relay import-debezium`.",
+            name
+        ),
+        "Options not carried over are listed on stderr with the reason.".to_owned(),
+    ];
+    if bootstrap_servers.is_none() {
+        comments.push("[kafka] bootstrap_servers: Debezium's connector config has no brokers (the Kafka Connect worker's bootstrap.servers has them): set KAFKA_BOOTSTRAP_SERVERS, or write them here.".into());
+    }
+    if let Some(var) = &source_url.password_var {
+        comments.push(format!(
+            "source_url: the password is not copied: set {var} in the relay's environment."
+        ));
+    }
+    comments.push(match new_slot {
+        true => "slot: a new pgoutput slot (Debezium's plugin was not pgoutput): create it with `outbox-relay setup` before stopping Debezium; events in between are published twice.".into(),
+        false => "slot, publication: Debezium's; stop the connector first (a slot admits one reader); the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into(),
+    });
+    comments.push(
+        "route.topic_template: Debezium's topic names (its default is outbox.event.${routedByValue})."
+            .into(),
+    );
+    let file = FileConfig {
+        kafka: KafkaConfig {
+            bootstrap_servers: bootstrap_servers
+                .unwrap_or_else(|| "${KAFKA_BOOTSTRAP_SERVERS}".into()),
+            properties: Vec::new(),
+        },
+        pipelines: vec![pipeline],
+        ..FileConfig::default()
+    };
     Ok(Imported {
-        toml: pipeline.render(),
+        toml: render(&comments, &file),
         notes: im.notes,
     })
+}
+
+/// The config file text: `comments` as `#` lines wrapped at 96 columns, then `file`.
+fn render(comments: &[String], file: &FileConfig) -> String {
+    let mut text = String::new();
+    for comment in comments {
+        let mut line = String::from("#");
+        for word in comment.split(' ') {
+            if line.len() + 1 + word.len() > 96 && line.len() > 1 {
+                text.push_str(&line);
+                text.push('\n');
+                line = String::from("#  ");
+            }
+            line.push(' ');
+            line.push_str(word);
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text.push('\n');
+    text.push_str(&toml::to_string(file).expect("a config file serializes to TOML"));
+    text
 }
 
 /// The connector's options, which of them were carried over, and the notes so far.
@@ -229,41 +289,9 @@ struct Importer {
     notes: Vec<Note>,
 }
 
-/// What becomes the `[[pipelines]]` entry.
-struct Pipeline {
-    name: String,
-    /// With the password replaced by `${<NAME>_DB_PASSWORD}`.
-    source_url: SourceUrl,
-    slot: String,
-    /// Debezium's slot was not a pgoutput slot: `slot` is a new one.
-    new_slot: bool,
-    publication: String,
-    table: TableName,
-    router: Router,
-    bootstrap_servers: Option<String>,
-    /// librdkafka properties from `producer.override.*`.
-    properties: Vec<(String, String)>,
-}
-
-struct SourceUrl {
+struct UrlWithSecret {
     url: String,
     password_var: Option<String>,
-}
-
-/// The Event Router options in outbox-relay terms.
-struct Router {
-    id: String,
-    aggregate_type: String,
-    aggregate_id: String,
-    event_type: String,
-    payload: String,
-    timestamp: Option<String>,
-    topic_template: String,
-    topic_regex: Option<String>,
-    op_invalid_behavior: Option<&'static str>,
-    additional: Vec<Additional>,
-    /// `route.tombstone.on.empty.payload = true`.
-    tombstone_on_null: bool,
 }
 
 impl Importer {
@@ -304,7 +332,7 @@ impl Importer {
     }
 
     /// `postgres://user:${PASSWORD_VAR}@host:port/dbname?sslmode=...` from `database.*`.
-    fn source_url(&mut self, env_prefix: &str) -> SourceUrl {
+    fn source_url(&mut self, env_prefix: &str) -> UrlWithSecret {
         let host = self
             .url_part("database.hostname", env_prefix, "DB_HOST")
             .unwrap_or_else(|| {
@@ -372,7 +400,7 @@ impl Importer {
             url.push('?');
             url.push_str(&query.join("&"));
         }
-        SourceUrl { url, password_var }
+        UrlWithSecret { url, password_var }
     }
 
     /// Debezium's slot when it is a pgoutput slot (`false`), else a new one (`true`).
@@ -444,8 +472,9 @@ impl Importer {
         }
     }
 
-    /// The options of the Event Router transform `alias`.
-    fn router(&mut self, alias: &str) -> Result<Router, ImportError> {
+    /// Sets `pipeline`'s columns, route and record options from the Event Router transform
+    /// `alias`.
+    fn router(&mut self, alias: &str, pipeline: &mut PipelineConfig) -> Result<(), ImportError> {
         let option = |name: &str| format!("transforms.{alias}.{name}");
         self.take(&option("type"));
         let get = |im: &mut Importer, name: &str| im.take(&option(name));
@@ -463,17 +492,17 @@ impl Importer {
             .into_iter()
             .find_map(|name| get(self, name).map(|value| (option(name), value)));
         let op_invalid_behavior = op_invalid.map(|(option, value)| {
-            let mapped = match value.trim().to_ascii_lowercase().as_str() {
-                "fatal" => "error",
+            let (mapped, name) = match value.trim().to_ascii_lowercase().as_str() {
+                "fatal" => (InvalidOpBehavior::Error, "error"),
                 "error" => {
                     self.note(&option, "error (log and go on) becomes \"warn\": outbox-relay's \"error\" stops the pipeline, like Debezium's fatal");
-                    "warn"
+                    (InvalidOpBehavior::Warn, "warn")
                 }
-                _ => "warn",
+                _ => (InvalidOpBehavior::Warn, "warn"),
             };
             self.note(
                 &option,
-                format!("op_invalid_behavior = {mapped:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"),
+                format!("op_invalid_behavior = {name:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"),
             );
             mapped
         });
@@ -492,7 +521,7 @@ impl Importer {
                 format!("{expand}: outbox-relay always publishes the payload text as PostgreSQL prints it, so a json/jsonb payload is JSON already (as expansion gave), byte for byte"),
             );
         }
-        Ok(Router {
+        pipeline.columns = OutboxColumns {
             id: get(self, "table.field.event.id").unwrap_or_else(|| "id".into()),
             aggregate_type: get(self, "route.by.field").unwrap_or_else(|| "aggregatetype".into()),
             aggregate_id: get(self, "table.field.event.key")
@@ -502,15 +531,32 @@ impl Importer {
                 .or_else(|| get(self, "table.field.payload"))
                 .unwrap_or_else(|| "payload".into()),
             timestamp: get(self, "table.field.event.timestamp"),
+            ..OutboxColumns::default()
+        };
+        pipeline.route = RouteConfig {
             topic_template: java_replacement(
                 &get(self, "route.topic.replacement")
                     .unwrap_or_else(|| DEFAULT_TOPIC_REPLACEMENT.into()),
             ),
             topic_regex,
-            op_invalid_behavior,
-            additional,
-            tombstone_on_null,
-        })
+            ..RouteConfig::default()
+        };
+        if let Some(behavior) = op_invalid_behavior {
+            pipeline.op_invalid_behavior = behavior;
+        }
+        if additional
+            .iter()
+            .any(|a| a.placement == Placement::Envelope)
+        {
+            pipeline.value_format = ValueFormat::Envelope;
+            // Debezium's envelope keeps a NULL payload as "payload": null unless told to
+            // send a tombstone.
+            if !tombstone_on_null {
+                pipeline.null_payload = NullPayload::JsonNull;
+            }
+        }
+        pipeline.additional_placement = additional;
+        Ok(())
     }
 
     /// `producer.override.*` properties librdkafka knows by the same name.
@@ -558,116 +604,6 @@ impl Importer {
         if !self.options.contains_key("value.converter") {
             self.note("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
         }
-    }
-}
-
-impl Pipeline {
-    /// The config file text: `[kafka]` and one `[[pipelines]]` entry.
-    fn render(&self) -> String {
-        let r = &self.router;
-        let mut lines = vec![
-            format!(
-                "# Imported from Debezium connector {} by `outbox-relay import-debezium`.",
-                q(&self.name)
-            ),
-            "# Options not carried over are listed on stderr with the reason.".into(),
-            "[kafka]".into(),
-        ];
-        match &self.bootstrap_servers {
-            Some(servers) => lines.push(format!("bootstrap_servers = {}", q(servers))),
-            None => lines.extend([
-                "# Debezium's connector config has no brokers (the Kafka Connect worker's bootstrap.servers".into(),
-                "# has them): set KAFKA_BOOTSTRAP_SERVERS, or write them here.".into(),
-                "bootstrap_servers = \"${KAFKA_BOOTSTRAP_SERVERS}\"".into(),
-            ]),
-        }
-        lines.extend([
-            String::new(),
-            "[[pipelines]]".into(),
-            format!("name = {}", q(&self.name)),
-        ]);
-        if let Some(var) = &self.source_url.password_var {
-            lines.push(format!(
-                "# The password is not copied: set {var} in the relay's environment."
-            ));
-        }
-        lines.push(format!("source_url = {}", q(&self.source_url.url)));
-        if self.new_slot {
-            lines.extend([
-                "# A new pgoutput slot (Debezium's plugin was not pgoutput): create it with `outbox-relay".into(),
-                "# setup` before stopping Debezium; events in between are published twice.".into(),
-            ]);
-        } else {
-            lines.extend([
-                "# Debezium's slot and publication: stop the connector first (a slot admits one reader);".into(),
-                "# the relay resumes at the slot's confirmed position (what Debezium sent after it is sent again).".into(),
-            ]);
-        }
-        lines.extend([
-            format!("slot = {}", q(&self.slot)),
-            format!("publication = {}", q(&self.publication)),
-            format!("table = {}", q(&self.table.to_string())),
-            "create_slot = false".into(),
-        ]);
-        if let Some(mapped) = r.op_invalid_behavior {
-            lines.push(format!("op_invalid_behavior = {}", q(mapped)));
-        }
-        if r.additional.iter().any(|a| a.placement == "envelope") {
-            lines.push("value_format = \"envelope\"".into());
-            // Debezium's envelope keeps a NULL payload as "payload": null unless told to
-            // send a tombstone.
-            if !r.tombstone_on_null {
-                lines.push("null_payload = \"json_null\"".into());
-            }
-        }
-        if !r.additional.is_empty() {
-            let entries: Vec<String> = r
-                .additional
-                .iter()
-                .map(|a| {
-                    let alias = a
-                        .alias
-                        .as_ref()
-                        .map(|alias| format!(", alias = {}", q(alias)))
-                        .unwrap_or_default();
-                    format!(
-                        "{{ field = {}, placement = {}{alias} }}",
-                        q(&a.field),
-                        q(&a.placement)
-                    )
-                })
-                .collect();
-            lines.push(format!("additional_placement = [{}]", entries.join(", ")));
-        }
-        lines.push("[pipelines.columns]".into());
-        for (field, column) in [
-            ("id", &r.id),
-            ("aggregate_type", &r.aggregate_type),
-            ("aggregate_id", &r.aggregate_id),
-            ("event_type", &r.event_type),
-            ("payload", &r.payload),
-        ] {
-            lines.push(format!("{field} = {}", q(column)));
-        }
-        if let Some(column) = &r.timestamp {
-            lines.push(format!("timestamp = {}", q(column)));
-        }
-        lines.extend([
-            "[pipelines.route]".into(),
-            "# Debezium's topic names (its default is outbox.event.${routedByValue}).".into(),
-            format!("topic_template = {}", q(&r.topic_template)),
-        ]);
-        if let Some(regex) = &r.topic_regex {
-            lines.push(format!("topic_regex = {}", q(regex)));
-        }
-        if !self.properties.is_empty() {
-            lines.push("[pipelines.kafka.properties]".into());
-            for (key, value) in &self.properties {
-                lines.push(format!("{} = {}", q(key), q(value)));
-            }
-        }
-        lines.push(String::new());
-        lines.join("\n")
     }
 }
 
@@ -722,15 +658,8 @@ fn java_replacement(replacement: &str) -> String {
     out
 }
 
-#[derive(Debug, PartialEq, Eq)]
-struct Additional {
-    field: String,
-    placement: String,
-    alias: Option<String>,
-}
-
 /// Parses `column:placement[:alias],...`.
-fn additional_placement(list: &str) -> Result<Vec<Additional>, String> {
+fn additional_placement(list: &str) -> Result<Vec<AdditionalPlacement>, String> {
     list.split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
@@ -745,17 +674,21 @@ fn additional_placement(list: &str) -> Result<Vec<Additional>, String> {
                     ))
                 }
             };
-            let placement = placement.to_ascii_lowercase();
-            if !["header", "envelope", "partition"].contains(&placement.as_str()) {
-                return Err(format!(
-                    "{entry:?}: placement must be header, envelope or partition"
-                ));
-            }
-            Ok(Additional {
+            let placement = match placement.to_ascii_lowercase().as_str() {
+                "header" => Placement::Header,
+                "envelope" => Placement::Envelope,
+                "partition" => Placement::Partition,
+                _ => {
+                    return Err(format!(
+                        "{entry:?}: placement must be header, envelope or partition"
+                    ))
+                }
+            };
+            Ok(AdditionalPlacement {
                 field: field.to_owned(),
                 // Debezium ignores an alias for the partition.
                 alias: alias
-                    .filter(|_| placement != "partition")
+                    .filter(|_| placement != Placement::Partition)
                     .map(str::to_owned),
                 placement,
             })
@@ -865,11 +798,6 @@ fn converter_reason(option: &str, value: &str) -> String {
     }
 }
 
-/// A TOML string.
-fn q(text: &str) -> String {
-    toml::Value::String(text.to_owned()).to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -904,10 +832,15 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        crate::config::file::resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
-            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-        })
-        .unwrap_or_else(|e| panic!("{e}\n{toml}"))
+        let (relay, problems) =
+            crate::config::file::resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
+                env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            })
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        assert_eq!(problems, vec![], "{toml}");
+        let valid = crate::validation::pipelines(&relay.pipelines);
+        assert!(valid.is_ok(), "{valid:?}\n{toml}");
+        relay
     }
 
     fn options(notes: &[Note]) -> Vec<&str> {
@@ -1112,7 +1045,6 @@ mod tests {
             r#"table = '"Billing-Prod"."Outbox"'"#,
             r#"op_invalid_behavior = "error""#,
             r#"value_format = "envelope""#,
-            r#"additional_placement = [{ field = "type", placement = "header", alias = "eventType" }, { field = "tenant", placement = "envelope" }, { field = "part", placement = "partition" }]"#,
             r#"id = "event_id""#,
             r#"aggregate_type = "aggregate_type""#,
             r#"aggregate_id = "aggregate_id""#,
@@ -1125,6 +1057,28 @@ mod tests {
             assert!(toml.contains(expected), "{expected} missing in\n{toml}");
         }
         assert!(!toml.contains("/secrets/"), "{toml}");
+        // The placements, in order (the TOML has them as an array of tables).
+        let config = load(
+            toml,
+            &[
+                ("DB_USER", "relay"),
+                ("BILLING_DB_PASSWORD", "pw"),
+                ("KAFKA_BOOTSTRAP_SERVERS", "k:9092"),
+            ],
+        );
+        let placement = |field: &str, placement, alias: Option<&str>| AdditionalPlacement {
+            field: field.into(),
+            placement,
+            alias: alias.map(str::to_owned),
+        };
+        assert_eq!(
+            config.pipelines[0].additional_placement,
+            [
+                placement("type", Placement::Header, Some("eventType")),
+                placement("tenant", Placement::Envelope, None),
+                placement("part", Placement::Partition, None),
+            ]
+        );
         // route.tombstone.on.empty.payload = true: NULL payloads stay tombstones.
         assert!(!toml.contains("json_null"), "{toml}");
         let notes = options(&imported.notes);

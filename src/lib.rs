@@ -24,9 +24,15 @@
 //! price is that events after the last confirmed LSN may be published again.
 //!
 //! # Layout
-//! - [`config`]: typed, validated pipeline configuration.
-//! - [`source`]: replication connection, pgoutput decoder, outbox mapping, slot checks.
-//! - [`router`]: events to Kafka records.
+//! - [`config`]: the pipeline configuration as plain data, at the bottom of the dependency
+//!   graph (it imports no other module): one serde schema for the flags, the config file, its
+//!   environment overrides and `import-debezium`'s output.
+//! - [`validation`]: every start-up check of a pipeline (its own fields, the router's options,
+//!   the source URL), run once before any command starts.
+//! - [`source`]: replication connection, `source_url` as libpq reads it, pgoutput decoder,
+//!   outbox mapping, slot checks.
+//! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
+//!   options with their field paths.
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
 //! - [`checkpoint`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end (the entry point of both source kinds and
@@ -58,6 +64,7 @@ pub mod shutdown;
 pub mod sink;
 pub mod source;
 pub mod supervisor;
+pub mod validation;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,17 +80,15 @@ pub use metrics::Metrics;
 /// to each pipeline's `shutdown_timeout_secs`, final status update) and returns. Serves
 /// `/metrics`, `/healthz` and `/readyz` on `metrics_listen` when given.
 ///
-/// A pipeline stopped by a permanent error does not stop the others; `run` returns the first
-/// such error once all pipelines have ended.
+/// The pipelines must have passed [`validation::pipelines`] (or [`validation::pipeline`]) at
+/// start; `run` checks nothing again. A pipeline stopped by a permanent error does not stop the
+/// others; `run` returns the first such error once all pipelines have ended.
 pub async fn run(
     pipelines: Vec<PipelineConfig>,
     metrics: Metrics,
     metrics_listen: Option<SocketAddr>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
-    for pipeline in &pipelines {
-        pipeline.validate()?;
-    }
     let token = CancellationToken::new();
     let server = match metrics_listen {
         Some(listen) => {

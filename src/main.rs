@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use outbox_relay::config::{self, KafkaConfig, OutboxColumns, PipelineConfig, TableName};
+use outbox_relay::config::{self, KafkaConfig, PipelineConfig, TableName};
 use outbox_relay::error::chain;
 use outbox_relay::Metrics;
 use tracing_subscriber::EnvFilter;
@@ -202,14 +202,13 @@ fn parse_property(s: &str) -> Result<(String, String), String> {
 }
 
 impl RunArgs {
+    /// The pipeline the single-database flags describe: the file's schema, filled in from
+    /// the flags (whose defaults are the same `DEFAULT_*` constants).
     fn into_config(self) -> PipelineConfig {
         PipelineConfig {
-            name: self.pipeline_name,
-            source_url: self.source_url.unwrap_or_default(),
+            source_url: self.source_url.unwrap_or_default().into(),
             slot: self.slot,
             publication: self.publication,
-            table: self.table,
-            columns: OutboxColumns::default(),
             message_prefix: self.message_prefix,
             route: config::RouteConfig {
                 by_field: self.route_by_field,
@@ -217,7 +216,6 @@ impl RunArgs {
                 topic_case: self.topic_case,
                 topic_regex: None,
             },
-            record: config::RecordConfig::default(),
             op_invalid_behavior: self.op_invalid_behavior,
             create_slot: !self.no_create_slot,
             kafka: KafkaConfig {
@@ -229,11 +227,10 @@ impl RunArgs {
             max_in_flight_bytes: self.max_in_flight_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
             terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,
-            source_kind: config::SourceKind::LogTailing,
-            polling: config::PollingConfig::default(),
             exactly_once: self.exactly_once,
             transactional_id: self.transactional_id,
             checkpoint_topic: self.checkpoint_topic,
+            ..PipelineConfig::new(self.pipeline_name, self.table)
         }
     }
 }
@@ -259,8 +256,9 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-/// The pipelines and metrics address from --config or from the single-database flags.
-/// Commands that never contact Kafka (`setup`, `status`) pass `need_kafka = false`.
+/// The pipelines and metrics address from --config or from the single-database flags, checked
+/// once ([`outbox_relay::validation`]) before any command starts. Commands that never contact
+/// Kafka (`setup`, `status`) pass `need_kafka = false`.
 fn pipelines(
     mut args: RunArgs,
     need_kafka: bool,
@@ -270,8 +268,8 @@ fn pipelines(
     }
     match &args.config {
         Some(path) => {
-            let file =
-                config::file::load(path).with_context(|| format!("loading {}", path.display()))?;
+            let file = outbox_relay::validation::load_file(path)
+                .with_context(|| format!("loading {}", path.display()))?;
             let mut pipelines = file.pipelines;
             for name in &args.pipelines {
                 anyhow::ensure!(
@@ -293,9 +291,11 @@ fn pipelines(
         None => {
             let metrics_listen = args.metrics_listen;
             let config = args.into_config();
-            config
-                .validate()
-                .context("check the flags and OUTBOX_RELAY_* variables")?;
+            let problems = outbox_relay::validation::pipeline(&config);
+            if !problems.is_empty() {
+                return Err(config::ConfigErrors(problems))
+                    .context("check the flags and OUTBOX_RELAY_* variables");
+            }
             Ok((vec![config], metrics_listen))
         }
     }

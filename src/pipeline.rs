@@ -70,7 +70,7 @@ pub async fn run(
     metrics: PipelineMetrics,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
-    config.validate()?;
+    debug_assert!(config.problems().is_empty(), "validated at start");
     if config.source_kind == SourceKind::Polling {
         let mut sessions = crate::polling::Polling {
             config: &config,
@@ -387,8 +387,7 @@ async fn run_session(
         status_interval = status_interval.min(state.wal_sender_timeout / 2);
     }
 
-    let router = Router::new(&config.route, &config.columns, &config.record)
-        .map_err(|problem| ConfigError::new("route", problem))?;
+    let router = Router::new(config).map_err(ConfigError::from)?;
     let session = Session {
         config,
         metrics,
@@ -791,10 +790,7 @@ impl<S: Sink> Session<'_, S> {
         }
         let record = match self.router.route(&event, commit_time_ms) {
             Ok(record) => record,
-            Err(e) => match (
-                &self.config.record.on_bad_event,
-                &self.config.record.dead_letter_topic,
-            ) {
+            Err(e) => match (&self.config.on_bad_event, &self.config.dead_letter_topic) {
                 (OnBadEvent::DeadLetter, Some(topic)) => {
                     warn!(pipeline = %self.config.name, %lsn, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
                     self.metrics.dead_lettered(e.reason_label());
@@ -834,10 +830,7 @@ impl<S: Sink> Session<'_, S> {
         mut error: DeliveryError,
         token: EventToken,
     ) -> Result<(), DeliveryError> {
-        let dead_letter_topic = match (
-            &self.config.record.on_bad_event,
-            &self.config.record.dead_letter_topic,
-        ) {
+        let dead_letter_topic = match (&self.config.on_bad_event, &self.config.dead_letter_topic) {
             (OnBadEvent::DeadLetter, Some(topic)) if !error.retryable && error.topic != *topic => {
                 topic.clone()
             }

@@ -90,8 +90,7 @@ const FAILED: &str = "FAILED";
 ///
 /// Returns an error naming the table or the missing column.
 pub(crate) async fn check_table(client: &Client, config: &PipelineConfig) -> Result<String, Error> {
-    let router = Router::new(&config.route, &config.columns, &config.record)
-        .map_err(|problem| ConfigError::new("route", problem))?;
+    let router = Router::new(config).map_err(ConfigError::from)?;
     Ok(Statements::prepare(client, config, router.columns())
         .await?
         .stats)
@@ -144,8 +143,7 @@ async fn session(
             .await
             .map_err(SourceError::Sql)?;
     }
-    let router = Router::new(&config.route, &config.columns, &config.record)
-        .map_err(|problem| ConfigError::new("route", problem))?;
+    let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, router.columns()).await?;
     let mut poller = Poller {
         config,
@@ -846,10 +844,7 @@ impl Poller<'_> {
         }
         let record = match self.router.route(event, time_ms) {
             Ok(record) => record,
-            Err(e) => match (
-                &self.config.record.on_bad_event,
-                &self.config.record.dead_letter_topic,
-            ) {
+            Err(e) => match (&self.config.on_bad_event, &self.config.dead_letter_topic) {
                 (OnBadEvent::DeadLetter, Some(topic)) => {
                     warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
                     self.metrics.dead_lettered(e.reason_label());

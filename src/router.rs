@@ -22,6 +22,10 @@
 //!
 //! An event that fails any of these is a [`RouteError`]: the pipeline halts before
 //! confirming its transaction, or publishes [`Router::dead_letter`] (`on_bad_event`).
+//!
+//! [`Router::new`] builds the router from a pipeline's configuration and refuses options that
+//! cannot work, each problem with its field path (the checks are in `router/problems.rs`); the
+//! start-up validation ([`crate::validation`]) reports them before anything connects.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -31,16 +35,18 @@ use regex::Regex;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+pub use crate::config::validate_topic;
 use crate::config::{
-    NullPayload, OutboxColumns, Placement, RecordConfig, RouteConfig, TopicCase, ValueFormat,
+    ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, TableName, TopicCase,
+    ValueFormat,
 };
 use crate::sink::{DeliveryError, Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
-/// Kafka's limit on topic name length.
-const MAX_TOPIC_LEN: usize = 249;
+mod problems;
+
 /// The dead-letter record's header with the reason.
 pub const ERROR_HEADER: &str = "outbox_relay_error";
 /// Header of a dead-letter record refused by Kafka: the topic the record was meant for.
@@ -243,27 +249,41 @@ pub struct Router {
     null_payload: NullPayload,
 }
 
+/// The router of a pipeline with the default routing and record options.
 impl Default for Router {
     fn default() -> Self {
-        Router::new(
-            &RouteConfig::default(),
-            &OutboxColumns::default(),
-            &RecordConfig::default(),
-        )
-        .expect("the default configuration is valid")
+        let table = TableName {
+            schema: "public".into(),
+            name: "outbox".into(),
+        };
+        Router::new(&PipelineConfig::new("default", table))
+            .expect("the default configuration is valid")
     }
 }
 
 impl Router {
-    /// Builds the router of a pipeline's `route`, `columns.timestamp` and record options.
+    /// Builds the router of a pipeline from its `route`, `columns`, `message_prefix`,
+    /// `additional_placement`, `value_format`, `null_payload`, `on_bad_event` and
+    /// `dead_letter_topic`.
     ///
-    /// Returns an error if the template or regex does not parse (the configuration's
-    /// validation reports these first, with their field paths).
-    pub fn new(
-        route: &RouteConfig,
-        columns: &OutboxColumns,
-        record: &RecordConfig,
-    ) -> Result<Self, String> {
+    /// Returns every problem of these options, each with its field path (`route.topic_regex`,
+    /// `additional_placement[1].placement`, ...): a template or regex that does not parse, a
+    /// placeholder without its group, a template that gives no legal topic name, columns
+    /// combined with `message_prefix`, a second partition placement, envelope placements
+    /// without `value_format = "envelope"` or with a name used twice, and a missing or illegal
+    /// dead-letter topic.
+    pub fn new(config: &PipelineConfig) -> Result<Self, ConfigErrors> {
+        let problems = problems::problems(config);
+        if !problems.is_empty() {
+            return Err(ConfigErrors(problems));
+        }
+        Router::build(config)
+            .map_err(|problem| ConfigErrors(vec![ConfigError::new("route", problem)]))
+    }
+
+    /// [`Router::new`] once its options are known to be good.
+    fn build(config: &PipelineConfig) -> Result<Self, String> {
+        let (route, columns) = (&config.route, &config.columns);
         let regex = match &route.topic_regex {
             Some(text) => Some((text.clone(), compile_topic_regex(text)?)),
             None => None,
@@ -291,7 +311,7 @@ impl Router {
             .collect();
         let timestamp = columns.timestamp.as_deref().map(&mut index);
         let (mut headers, mut envelope, mut partition) = (Vec::new(), Vec::new(), None);
-        for p in &record.additional_placement {
+        for p in &config.additional_placement {
             let i = index(&p.field);
             match p.placement {
                 Placement::Header => headers.push((Cow::Owned(p.name().to_owned()), i)),
@@ -308,8 +328,8 @@ impl Router {
             headers,
             envelope,
             partition,
-            value_format: record.value_format,
-            null_payload: record.null_payload,
+            value_format: config.value_format,
+            null_payload: config.null_payload,
         })
     }
 
@@ -701,26 +721,6 @@ impl<'de> Visitor<'de> for EntriesVisitor {
     }
 }
 
-/// Checks Kafka's rules for topic names: 1-249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
-pub fn validate_topic(topic: &str) -> Result<(), &'static str> {
-    if topic.is_empty() {
-        return Err("empty");
-    }
-    if topic.len() > MAX_TOPIC_LEN {
-        return Err("longer than 249 characters");
-    }
-    if topic == "." || topic == ".." {
-        return Err("'.' and '..' are reserved");
-    }
-    if !topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return Err("only ASCII letters, digits, '.', '_' and '-' are allowed");
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -807,17 +807,16 @@ mod tests {
     #[test]
     fn templates_case_and_route_by_field() {
         let router = |template: &str, case| {
-            Router::new(
-                &RouteConfig {
+            with(
+                RouteConfig {
                     by_field: None,
                     topic_template: template.into(),
                     topic_case: case,
                     topic_regex: None,
                 },
-                &OutboxColumns::default(),
-                &RecordConfig::default(),
+                None,
+                pipeline(),
             )
-            .unwrap()
         };
         assert_eq!(
             router("outbox.${routedByValue}", TopicCase::Lower)
@@ -887,18 +886,18 @@ mod tests {
         assert!(validate_topic("a-b_c.D9").is_ok());
     }
 
-    use crate::config::AdditionalPlacement;
+    use crate::config::{AdditionalPlacement, RouteConfig};
 
-    fn with(route: RouteConfig, timestamp: Option<&str>, record: RecordConfig) -> Router {
-        Router::new(
-            &route,
-            &OutboxColumns {
-                timestamp: timestamp.map(str::to_owned),
-                ..OutboxColumns::default()
-            },
-            &record,
-        )
-        .unwrap()
+    /// A pipeline with the default routing and record options.
+    fn pipeline() -> PipelineConfig {
+        PipelineConfig::test_pipeline()
+    }
+
+    /// The router of `config` with `route` and the timestamp column `timestamp`.
+    fn with(route: RouteConfig, timestamp: Option<&str>, mut config: PipelineConfig) -> Router {
+        config.route = route;
+        config.columns.timestamp = timestamp.map(str::to_owned);
+        Router::new(&config).unwrap_or_else(|e| panic!("{e}"))
     }
 
     fn route(template: &str, regex: Option<&str>) -> RouteConfig {
@@ -944,11 +943,7 @@ mod tests {
 
     #[test]
     fn timestamp_column_sets_the_record_time_and_null_falls_back_to_the_commit_time() {
-        let router = with(
-            RouteConfig::default(),
-            Some("created_at"),
-            RecordConfig::default(),
-        );
+        let router = with(RouteConfig::default(), Some("created_at"), pipeline());
         assert_eq!(router.columns(), ["created_at"]);
         let cases = [
             (Some("2026-11-29 23:24:30.123456+00"), 1_795_994_670_123),
@@ -1004,7 +999,7 @@ mod tests {
                 Some(r"(?P<domain>[a-z]+)_(v[0-9]+)"),
             ),
             None,
-            RecordConfig::default(),
+            pipeline(),
         );
         assert_eq!(
             router.route(&event("billing_v2"), 0).unwrap().topic,
@@ -1016,7 +1011,7 @@ mod tests {
                 ..route("${routedByValue}-${kind}", Some("(?P<kind>[a-z]+)"))
             },
             None,
-            RecordConfig::default(),
+            pipeline(),
         );
         assert_eq!(
             lower.route(&event("Order"), 0).unwrap().topic,
@@ -1033,24 +1028,22 @@ mod tests {
             assert_eq!(err.reason_label(), "topic_regex");
         }
         // A group that takes no part in the match is empty, and an empty topic is illegal.
-        let optional = with(route("${1}", Some("(a)?b")), None, RecordConfig::default());
+        let optional = with(route("${1}", Some("(a)?b")), None, pipeline());
         assert!(matches!(
             optional.route(&event("b"), 0),
             Err(RouteError::IllegalTopic { .. })
         ));
         // Group placeholders need the regex and an existing group.
-        let none = Router::new(
-            &route("${x}.events", None),
-            &OutboxColumns::default(),
-            &RecordConfig::default(),
-        );
-        assert!(none.unwrap_err().contains("route.topic_regex"));
-        let missing = Router::new(
-            &route("${3}", Some("(a)(b)")),
-            &OutboxColumns::default(),
-            &RecordConfig::default(),
-        );
-        assert!(missing.unwrap_err().contains("${3}"));
+        let none = Router::new(&PipelineConfig {
+            route: route("${x}.events", None),
+            ..pipeline()
+        });
+        assert!(none.unwrap_err().to_string().contains("route.topic_regex"));
+        let missing = Router::new(&PipelineConfig {
+            route: route("${3}", Some("(a)(b)")),
+            ..pipeline()
+        });
+        assert!(missing.unwrap_err().to_string().contains("${3}"));
     }
 
     #[test]
@@ -1061,7 +1054,7 @@ mod tests {
                 None,
             ),
             None,
-            RecordConfig::default(),
+            pipeline(),
         );
         assert_eq!(router.columns(), ["tenant_id"], "a column is carried once");
         let e = with_columns(
@@ -1125,12 +1118,12 @@ mod tests {
 
     #[test]
     fn header_placements_follow_the_other_headers_with_null_as_a_null_value() {
-        let record = RecordConfig {
+        let record = PipelineConfig {
             additional_placement: vec![
                 placement("tenant_id", Placement::Header, Some("tenant")),
                 placement("region", Placement::Header, None),
             ],
-            ..RecordConfig::default()
+            ..pipeline()
         };
         let router = with(RouteConfig::default(), None, record);
         let mut e = with_columns(
@@ -1163,9 +1156,9 @@ mod tests {
 
     #[test]
     fn partition_placement_takes_a_non_negative_integer_and_null_partitions_by_key() {
-        let record = RecordConfig {
+        let record = PipelineConfig {
             additional_placement: vec![placement("shard", Placement::Partition, None)],
-            ..RecordConfig::default()
+            ..pipeline()
         };
         let router = with(RouteConfig::default(), None, record);
         for (text, expected) in [(Some("3"), Some(3)), (Some("0"), Some(0)), (None, None)] {
@@ -1202,7 +1195,7 @@ mod tests {
         with(
             RouteConfig::default(),
             None,
-            RecordConfig {
+            PipelineConfig {
                 additional_placement: vec![
                     placement("tenant_id", Placement::Envelope, Some("tenant")),
                     placement("meta", Placement::Envelope, None),
@@ -1213,7 +1206,7 @@ mod tests {
                 ],
                 value_format: ValueFormat::Envelope,
                 null_payload,
-                ..RecordConfig::default()
+                ..pipeline()
             },
         )
     }
@@ -1310,9 +1303,9 @@ mod tests {
         let empty = with(
             RouteConfig::default(),
             None,
-            RecordConfig {
+            PipelineConfig {
                 null_payload: NullPayload::Empty,
-                ..RecordConfig::default()
+                ..pipeline()
             },
         );
         assert_eq!(empty.route(&e, 0).unwrap().value, Some(Bytes::new()));
@@ -1343,9 +1336,9 @@ mod tests {
         let plain = with(
             RouteConfig::default(),
             None,
-            RecordConfig {
+            PipelineConfig {
                 null_payload: NullPayload::JsonNull,
-                ..RecordConfig::default()
+                ..pipeline()
             },
         );
         assert_eq!(

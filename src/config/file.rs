@@ -28,13 +28,10 @@ use std::path::Path;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::{
-    ConfigError, KafkaConfig, OutboxColumns, PipelineConfig, RouteConfig, TableName,
-    DEFAULT_MAX_IN_FLIGHT_BYTES, DEFAULT_MAX_IN_FLIGHT_EVENTS, DEFAULT_SHUTDOWN_TIMEOUT_SECS,
-    DEFAULT_STATUS_INTERVAL_MS,
-};
+pub use super::ConfigErrors;
+use super::{ConfigError, KafkaConfig, PipelineConfig, SourceKind};
 
 /// The whole file, resolved: pipelines with their Kafka settings merged, and the metrics
 /// listener.
@@ -45,106 +42,52 @@ pub struct RelayConfig {
     pub metrics_listen: Option<SocketAddr>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The file as written: `[kafka]` defaults, `[metrics]`, and the `[[pipelines]]` entries
+/// (what `import-debezium` prints).
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct FileConfig {
+pub struct FileConfig {
+    /// Brokers and properties of every pipeline that does not set its own.
     #[serde(default)]
-    kafka: KafkaSection,
+    pub kafka: KafkaConfig,
+    #[serde(default, skip_serializing_if = "MetricsSection::is_empty")]
+    pub metrics: MetricsSection,
     #[serde(default)]
-    metrics: MetricsSection,
-    #[serde(default)]
-    pipelines: Vec<PipelineSection>,
+    pub pipelines: Vec<PipelineConfig>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `[metrics]`.
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct KafkaSection {
-    bootstrap_servers: Option<String>,
-    #[serde(default)]
-    properties: BTreeMap<String, String>,
+pub struct MetricsSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MetricsSection {
-    listen: Option<SocketAddr>,
+impl MetricsSection {
+    fn is_empty(&self) -> bool {
+        self.listen.is_none()
+    }
 }
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PipelineSection {
-    name: String,
-    source_url: Option<String>,
-    source_url_file: Option<String>,
-    /// Required with log tailing; unused by polling.
-    slot: Option<String>,
-    publication: Option<String>,
-    table: TableName,
-    #[serde(default)]
-    source_kind: super::SourceKind,
-    #[serde(default)]
-    polling: super::PollingConfig,
-    #[serde(default)]
-    columns: OutboxColumns,
-    message_prefix: Option<String>,
-    #[serde(default)]
-    route: RouteConfig,
-    #[serde(default)]
-    additional_placement: Vec<super::AdditionalPlacement>,
-    #[serde(default)]
-    value_format: super::ValueFormat,
-    #[serde(default)]
-    null_payload: super::NullPayload,
-    #[serde(default)]
-    on_bad_event: super::OnBadEvent,
-    dead_letter_topic: Option<String>,
-    #[serde(default)]
-    op_invalid_behavior: super::InvalidOpBehavior,
-    #[serde(default = "yes")]
-    create_slot: bool,
-    #[serde(default)]
-    kafka: KafkaSection,
-    #[serde(default = "default_status_interval_ms")]
-    status_interval_ms: u64,
-    #[serde(default = "default_max_in_flight_events")]
-    max_in_flight_events: usize,
-    #[serde(default = "default_max_in_flight_bytes")]
-    max_in_flight_bytes: usize,
-    #[serde(default = "default_shutdown_timeout_secs")]
-    shutdown_timeout_secs: u64,
-    terminate_stale_walsender_after_secs: Option<u64>,
-    #[serde(default)]
-    exactly_once: bool,
-    transactional_id: Option<String>,
-    checkpoint_topic: Option<String>,
-}
-
-fn yes() -> bool {
-    true
-}
-fn default_status_interval_ms() -> u64 {
-    DEFAULT_STATUS_INTERVAL_MS
-}
-fn default_max_in_flight_events() -> usize {
-    DEFAULT_MAX_IN_FLIGHT_EVENTS
-}
-fn default_max_in_flight_bytes() -> usize {
-    DEFAULT_MAX_IN_FLIGHT_BYTES
-}
-fn default_shutdown_timeout_secs() -> u64 {
-    DEFAULT_SHUTDOWN_TIMEOUT_SECS
-}
-
-/// Every problem found in a config file; `Display` lists them one per line.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration:\n{}", .0.iter().map(|e| format!("  - {}: {}", e.field, e.problem)).collect::<Vec<_>>().join("\n"))]
-pub struct ConfigErrors(pub Vec<ConfigError>);
 
 /// Loads `path`, applies `OUTBOX_RELAY__...` overrides, resolves `${NAME}` references and
-/// secret files, and validates every pipeline.
+/// secret files; [`crate::validation::load_file`] also checks the values.
 ///
 /// Returns all problems at once, each naming its field path (e.g. `pipelines[1].slot`).
 pub fn load(path: &Path) -> Result<RelayConfig, ConfigErrors> {
+    match read(path)? {
+        (relay, problems) if problems.is_empty() => Ok(relay),
+        (_, problems) => Err(ConfigErrors(problems)),
+    }
+}
+
+/// [`load`], returning the problems of resolution with the config instead of failing on them
+/// (a field with a problem is left empty), so that a caller can list them together with its
+/// own checks.
+///
+/// Returns an error if the file cannot be read or does not fit the schema, or if an
+/// `OUTBOX_RELAY__PIPELINES__...` variable selects no pipeline or field.
+pub fn read(path: &Path) -> Result<(RelayConfig, Vec<ConfigError>), ConfigErrors> {
     let figment = Figment::new().merge(Toml::file_exact(path)).merge(
         Env::prefixed(ENV_PREFIX)
             .split("__")
@@ -299,10 +242,17 @@ fn set_path(dict: &mut Dict, path: &[String], raw: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Extracts the file from `figment` and resolves each pipeline: `${NAME}` references (looked
+/// up with `env`), `source_url_file`, the `[kafka]` defaults. Checks what only the file as a
+/// whole can say: at least one pipeline, names, slots and transactional ids used once.
+///
+/// Returns the config with the problems found, each with its field path (a field with a
+/// problem is left empty), or an error if the file does not fit the schema at all (syntax,
+/// unknown keys, wrong types). The values themselves are checked by [`crate::validation`].
 pub(crate) fn resolve(
     figment: Figment,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<RelayConfig, ConfigErrors> {
+) -> Result<(RelayConfig, Vec<ConfigError>), ConfigErrors> {
     let file: FileConfig = figment.extract().map_err(|errors| {
         ConfigErrors(
             errors
@@ -329,23 +279,19 @@ pub(crate) fn resolve(
     let mut slots = HashSet::new();
     let mut transactional_ids = HashSet::new();
     let mut pipelines = Vec::new();
-    for (i, p) in file.pipelines.into_iter().enumerate() {
-        let at = |field: &str| format!("pipelines[{i}].{field}");
-        let mut problem = |field: &str, text: String| {
-            problems.push(ConfigError {
-                field: at(field),
-                problem: text,
-            })
-        };
+    for (i, mut p) in file.pipelines.into_iter().enumerate() {
+        let at = format!("pipelines[{i}]");
+        let mut problem =
+            |field: &str, text: String| problems.push(ConfigError::new(field, text).under(&at));
         if !names.insert(p.name.clone()) {
             problem("name", format!("{:?} is used by another pipeline", p.name));
         }
-        let source_url = match (&p.source_url, &p.source_url_file) {
-            (Some(url), None) => expand(url, env).unwrap_or_else(|e| {
+        let url = match (p.source_url.is_empty(), &p.source_url_file) {
+            (false, None) => expand(&p.source_url, env).unwrap_or_else(|e| {
                 problem("source_url", e);
                 String::new()
             }),
-            (None, Some(file)) => match std::fs::read_to_string(file) {
+            (true, Some(file)) => match std::fs::read_to_string(file) {
                 Ok(url) => url.trim().to_owned(),
                 Err(e) => {
                     problem("source_url_file", format!("cannot read {file:?}: {e}"));
@@ -360,27 +306,26 @@ pub(crate) fn resolve(
                 String::new()
             }
         };
-        let bootstrap = p
-            .kafka
-            .bootstrap_servers
-            .as_ref()
-            .or(file.kafka.bootstrap_servers.as_ref());
-        let bootstrap_servers = match bootstrap {
-            Some(servers) => expand(servers, env).unwrap_or_else(|e| {
+        p.source_url = url.into();
+        if p.kafka.bootstrap_servers.is_empty() {
+            p.kafka.bootstrap_servers = file.kafka.bootstrap_servers.clone();
+        }
+        p.kafka.bootstrap_servers = if p.kafka.bootstrap_servers.is_empty() {
+            problem(
+                "kafka.bootstrap_servers",
+                "not set here nor in [kafka]".into(),
+            );
+            String::new()
+        } else {
+            expand(&p.kafka.bootstrap_servers, env).unwrap_or_else(|e| {
                 problem("kafka.bootstrap_servers", e);
                 String::new()
-            }),
-            None => {
-                problem(
-                    "kafka.bootstrap_servers",
-                    "not set here nor in [kafka]".into(),
-                );
-                String::new()
-            }
+            })
         };
-        let mut properties = file.kafka.properties.clone();
-        properties.extend(p.kafka.properties.clone());
-        let properties = properties
+        let mut properties: BTreeMap<String, String> =
+            file.kafka.properties.iter().cloned().collect();
+        properties.extend(std::mem::take(&mut p.kafka.properties));
+        p.kafka.properties = properties
             .into_iter()
             .map(|(key, value)| {
                 let value = expand(&value, env).unwrap_or_else(|e| {
@@ -390,97 +335,26 @@ pub(crate) fn resolve(
                 (key, value)
             })
             .collect();
-        let log_tailing = p.source_kind == super::SourceKind::LogTailing;
-        let mut required = |field: &str, value: Option<String>, default: &str| match value {
-            Some(value) => value,
-            None if log_tailing => {
-                problem(field, "required with source_kind = \"log_tailing\"".into());
-                String::new()
-            }
-            // Unused by polling; kept so that switching to log tailing is one line.
-            None => default.to_owned(),
-        };
-        let slot = required("slot", p.slot, "outbox_relay");
-        let publication = required("publication", p.publication, "outbox_pub");
-        if log_tailing
-            && !slots.insert((source_url.clone(), slot.clone()))
-            && !source_url.is_empty()
+        if p.source_kind == SourceKind::LogTailing
+            && !p.source_url.is_empty()
+            && !p.slot.is_empty()
+            && !slots.insert((p.source_url.0.clone(), p.slot.clone()))
         {
-            problem("slot", format!("{slot:?} on the same database is used by another pipeline (a slot admits one reader)"));
+            problem("slot", format!("{:?} on the same database is used by another pipeline (a slot admits one reader)", p.slot));
         }
-        let config = PipelineConfig {
-            name: p.name,
-            source_url,
-            slot,
-            publication,
-            table: p.table,
-            columns: p.columns,
-            message_prefix: p.message_prefix,
-            route: p.route,
-            record: super::RecordConfig {
-                additional_placement: p.additional_placement,
-                value_format: p.value_format,
-                null_payload: p.null_payload,
-                on_bad_event: p.on_bad_event,
-                dead_letter_topic: p.dead_letter_topic,
-            },
-            op_invalid_behavior: p.op_invalid_behavior,
-            create_slot: p.create_slot,
-            kafka: KafkaConfig {
-                bootstrap_servers,
-                properties,
-            },
-            status_interval_ms: p.status_interval_ms,
-            max_in_flight_events: p.max_in_flight_events,
-            max_in_flight_bytes: p.max_in_flight_bytes,
-            shutdown_timeout_secs: p.shutdown_timeout_secs,
-            terminate_stale_walsender_after_secs: p.terminate_stale_walsender_after_secs,
-            source_kind: p.source_kind,
-            polling: p.polling,
-            exactly_once: p.exactly_once,
-            transactional_id: p.transactional_id,
-            checkpoint_topic: p.checkpoint_topic,
-        };
-        if config.exactly_once && !transactional_ids.insert(config.transactional_id()) {
+        if p.exactly_once && !transactional_ids.insert(p.transactional_id()) {
             problem(
                 "transactional_id",
-                format!("{:?} is used by another pipeline: relays with one transactional id fence each other", config.transactional_id()),
+                format!("{:?} is used by another pipeline: relays with one transactional id fence each other", p.transactional_id()),
             );
         }
-        if let Err(e) = config.validate() {
-            if !problems.iter().any(|known| known.field == at(&e.field)) {
-                problems.push(ConfigError {
-                    field: at(&e.field),
-                    problem: e.problem,
-                });
-            }
-        }
-        // validate() names the first problem; list every routing and exactly-once one.
-        for e in config
-            .routing_problems()
-            .into_iter()
-            .chain(config.exactly_once_problems())
-        {
-            let e = ConfigError {
-                field: at(&e.field),
-                problem: e.problem,
-            };
-            if !problems
-                .iter()
-                .any(|known| known.field == e.field && known.problem == e.problem)
-            {
-                problems.push(e);
-            }
-        }
-        pipelines.push(config);
+        pipelines.push(p);
     }
-    if !problems.is_empty() {
-        return Err(ConfigErrors(problems));
-    }
-    Ok(RelayConfig {
+    let relay = RelayConfig {
         pipelines,
         metrics_listen: file.metrics.listen,
-    })
+    };
+    Ok((relay, problems))
 }
 
 /// Replaces each `${NAME}` in `value` with the environment variable `NAME`.
@@ -513,16 +387,24 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
+        let (relay, problems) = resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-        })
+        })?;
+        match problems.is_empty() {
+            true => Ok(relay),
+            false => Err(ConfigErrors(problems)),
+        }
     }
 
     /// Like [`load_str`], with `vars` as the process environment for overrides.
     fn load_with_overrides(toml: &str, vars: &[(&str, &str)]) -> Result<RelayConfig, ConfigErrors> {
         let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
         let figment = with_pipeline_overrides(Figment::new().merge(Toml::string(toml)), vars)?;
-        resolve(figment, &|_| None)
+        let (relay, problems) = resolve(figment, &|_| None)?;
+        match problems.is_empty() {
+            true => Ok(relay),
+            false => Err(ConfigErrors(problems)),
+        }
     }
 
     const TWO_PIPELINES: &str = r#"
@@ -675,129 +557,6 @@ mod tests {
         });
     }
 
-    const EXAMPLE: &str = include_str!("../../examples/relay.toml");
-
-    #[test]
-    fn the_example_file_loads() {
-        let config = load_str(
-            EXAMPLE,
-            &[
-                (
-                    "ORDERS_DATABASE_URL",
-                    "postgres://relay:pw@orders-db/orders",
-                ),
-                (
-                    "BILLING_DATABASE_URL",
-                    "postgres://relay:pw@billing-db/billing",
-                ),
-            ],
-        )
-        .unwrap();
-        assert_eq!(config.pipelines.len(), 2);
-        let orders = &config.pipelines[0];
-        assert_eq!(orders.source_url, "postgres://relay:pw@orders-db/orders");
-        assert_eq!(orders.kafka.bootstrap_servers, "kafka-1:9092,kafka-2:9092");
-        assert!(orders
-            .kafka
-            .properties
-            .contains(&("linger.ms".into(), "5".into())));
-        let billing = &config.pipelines[1];
-        assert_eq!(billing.table.to_string(), "billing.outbox");
-        assert_eq!(billing.columns.aggregate_type, "aggregatetype");
-        assert_eq!(billing.max_in_flight_events, 2_000);
-        assert!(config.metrics_listen.is_some());
-    }
-
-    #[test]
-    fn the_example_routing_options_load_when_uncommented() {
-        let start = EXAMPLE.find("# --- Routing").unwrap();
-        let end = start + EXAMPLE[start..].find("[[pipelines]]").unwrap();
-        let mut example = EXAMPLE[..start].to_owned();
-        for line in EXAMPLE[start..end].lines() {
-            let option = line.strip_prefix("# ").filter(|l| {
-                l.starts_with("  {")
-                    || *l == "]"
-                    || l.split_once(" = ").is_some_and(|(key, _)| {
-                        key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-                    })
-            });
-            example.push_str(option.unwrap_or(line));
-            example.push('\n');
-        }
-        example.push_str(&EXAMPLE[end..]);
-        let config = load_str(
-            &example,
-            &[
-                (
-                    "ORDERS_DATABASE_URL",
-                    "postgres://relay:pw@orders-db/orders",
-                ),
-                (
-                    "BILLING_DATABASE_URL",
-                    "postgres://relay:pw@billing-db/billing",
-                ),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{example}"));
-        let orders = &config.pipelines[0];
-        assert_eq!(orders.columns.timestamp.as_deref(), Some("created_at"));
-        assert!(orders.route.topic_regex.is_some());
-        assert_eq!(orders.record.additional_placement.len(), 3);
-        assert_eq!(
-            orders.record.on_bad_event,
-            super::super::OnBadEvent::DeadLetter
-        );
-        assert!(orders.exactly_once);
-        assert_eq!(orders.transactional_id(), "outbox-relay-orders");
-        assert_eq!(orders.checkpoint_topic(), "outbox-relay.checkpoints");
-    }
-
-    #[test]
-    fn the_example_polling_pipeline_loads_when_uncommented() {
-        let start = EXAMPLE.find("# --- Polling source").unwrap();
-        let mut example = EXAMPLE[..start].to_owned();
-        for line in EXAMPLE[start..].lines() {
-            // "# key = value" and "# [section]" are options; "# # ..." and prose stay comments.
-            let option = line.strip_prefix("# ").filter(|l| {
-                l.starts_with('[')
-                    || l.split_once(" = ").is_some_and(|(key, _)| {
-                        key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-                    })
-            });
-            example.push_str(option.unwrap_or(line));
-            example.push('\n');
-        }
-        let config = load_str(
-            &example,
-            &[
-                (
-                    "ORDERS_DATABASE_URL",
-                    "postgres://relay:pw@orders-db/orders",
-                ),
-                (
-                    "BILLING_DATABASE_URL",
-                    "postgres://relay:pw@billing-db/billing",
-                ),
-                (
-                    "PAYMENTS_DATABASE_URL",
-                    "postgres://relay:pw@payments-db/payments",
-                ),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("{e}\n{example}"));
-        let payments = &config.pipelines[2];
-        assert_eq!(payments.source_kind, super::super::SourceKind::Polling);
-        assert_eq!(
-            payments.polling,
-            super::super::PollingConfig {
-                notify_channel: Some("outbox_relay".into()),
-                purge_published_after_secs: Some(604_800),
-                ..Default::default()
-            },
-            "the example shows the defaults"
-        );
-    }
-
     #[test]
     fn pipeline_kafka_settings_override_the_defaults() {
         let config = load_str(
@@ -864,188 +623,110 @@ mod tests {
         assert!(errors.to_string().contains("MISSING_URL"));
     }
 
-    const PIPELINE: &str = "[[pipelines]]\nname = \"p\"\nsource_url = \"postgres://u@h/db\"\nslot = \"s\"\npublication = \"pub\"\ntable = \"outbox\"\nkafka = { bootstrap_servers = \"k:9092\" }\n";
-
-    #[test]
-    fn loads_routing_and_record_options() {
-        let config = load_str(
-            &format!(
-                r#"{PIPELINE}
-                columns = {{ timestamp = "created_at" }}
-                route = {{ topic_regex = "(?P<domain>[a-z]+)", topic_template = "${{column:tenant_id}}.${{domain}}.events" }}
-                additional_placement = [
-                  {{ field = "tenant_id", placement = "header", alias = "tenant" }},
-                  {{ field = "shard", placement = "partition" }},
-                  {{ field = "region", placement = "envelope" }},
-                ]
-                value_format = "envelope"
-                null_payload = "empty"
-                on_bad_event = "dead_letter"
-                dead_letter_topic = "outbox.dlq"
-                "#
-            ),
-            &[],
-        )
-        .unwrap();
-        let p = &config.pipelines[0];
-        assert_eq!(p.columns.timestamp.as_deref(), Some("created_at"));
-        assert_eq!(p.route.topic_regex.as_deref(), Some("(?P<domain>[a-z]+)"));
-        let r = &p.record;
-        assert_eq!(r.additional_placement.len(), 3);
-        assert_eq!(r.additional_placement[0].name(), "tenant");
-        assert_eq!(
-            r.additional_placement[1].placement,
-            super::super::Placement::Partition
-        );
-        assert_eq!(r.additional_placement[2].name(), "region");
-        assert_eq!(r.value_format, super::super::ValueFormat::Envelope);
-        assert_eq!(r.null_payload, super::super::NullPayload::Empty);
-        assert_eq!(r.on_bad_event, super::super::OnBadEvent::DeadLetter);
-        assert_eq!(r.dead_letter_topic.as_deref(), Some("outbox.dlq"));
-        // Defaults: today's behaviour.
-        let plain = &load_str(PIPELINE, &[]).unwrap().pipelines[0];
-        assert_eq!(plain.record, super::super::RecordConfig::default());
-        assert_eq!(plain.columns.timestamp, None);
-        assert_eq!(plain.route.topic_regex, None);
-    }
-
-    #[test]
-    fn lists_every_routing_problem_with_its_field_path() {
-        let errors = load_str(
-            &format!(
-                r#"{PIPELINE}
-                route = {{ topic_regex = "(", topic_template = "${{x}}" }}
-                additional_placement = [
-                  {{ field = "a", placement = "partition" }},
-                  {{ field = "b", placement = "partition" }},
-                  {{ field = "c", placement = "envelope" }},
-                ]
-                on_bad_event = "dead_letter"
-                "#
-            ),
-            &[],
-        )
-        .unwrap_err();
-        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
-        for expected in [
-            "pipelines[0].route.topic_regex",
-            "pipelines[0].route.topic_template",
-            "pipelines[0].additional_placement[1].placement",
-            "pipelines[0].additional_placement[2].placement",
-            "pipelines[0].dead_letter_topic",
-        ] {
-            assert!(fields.contains(&expected), "{expected} missing in {errors}");
-        }
-        let errors = load_str(
-            &format!("{PIPELINE}\nadditional_placement = [{{ field = \"a\", placement = \"footer\" }}]\nvalue_format = \"xml\"\n"),
-            &[],
-        )
-        .unwrap_err();
-        let text = errors.to_string();
-        assert!(
-            text.contains("additional_placement") && text.contains("footer"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn polling_pipelines_need_no_slot_and_log_tailing_ones_do() {
-        let config = load_str(
-            r#"
-            [[pipelines]]
-            name = "p"
-            source_url = "postgres://u@h/db"
-            source_kind = "polling"
-            table = "outbox_events"
-            kafka = { bootstrap_servers = "k:9092" }
-            [pipelines.polling]
-            mark = "flag"
-            batch_size = 50
-            notify_channel = "outbox_relay"
-            "#,
-            &[],
-        )
-        .unwrap();
-        let p = &config.pipelines[0];
-        assert_eq!(p.source_kind, super::super::SourceKind::Polling);
-        assert_eq!(p.polling.mark, super::super::MarkMode::Flag);
-        assert_eq!(p.polling.batch_size, 50);
-        assert_eq!(p.polling.max_interval_ms, 1_000, "defaults for the rest");
-        // Log tailing is the default, and needs its slot and publication.
-        let errors = load_str(
-            "[[pipelines]]\nname = \"p\"\nsource_url = \"postgres://u@h/db\"\ntable = \"outbox\"\nkafka = { bootstrap_servers = \"k:9092\" }\n",
-            &[],
-        )
-        .unwrap_err();
-        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
-        assert!(fields.contains(&"pipelines[0].slot"), "{errors}");
-        assert!(fields.contains(&"pipelines[0].publication"), "{errors}");
-        // Polling problems name their field; unknown polling options are refused.
-        let errors = load_str(
-            &format!("{PIPELINE}source_kind = \"polling\"\npolling = {{ batch_size = 0 }}\nmessage_prefix = \"outbox\"\n"),
-            &[],
-        )
-        .unwrap_err();
-        assert!(
-            errors
-                .0
-                .iter()
-                .any(|e| e.field == "pipelines[0].polling.batch_size"),
-            "{errors}"
-        );
-        let errors =
-            load_str(&format!("{PIPELINE}polling = {{ batch_sise = 5 }}\n"), &[]).unwrap_err();
-        assert!(errors.to_string().contains("batch_sise"), "{errors}");
-    }
-
-    #[test]
-    fn loads_exactly_once_options_and_refuses_a_shared_transactional_id() {
-        let config = load_str(
-            &format!("{PIPELINE}exactly_once = true\ncheckpoint_topic = \"relay.checkpoints\"\n"),
-            &[],
-        )
-        .unwrap();
-        let p = &config.pipelines[0];
-        assert!(p.exactly_once);
-        assert_eq!(p.transactional_id(), "outbox-relay-p");
-        assert_eq!(p.checkpoint_topic(), "relay.checkpoints");
-        assert!(!load_str(PIPELINE, &[]).unwrap().pipelines[0].exactly_once);
-
-        let second = PIPELINE
-            .replace("name = \"p\"", "name = \"q\"")
-            .replace("slot = \"s\"", "slot = \"s2\"");
-        let errors = load_str(
-            &format!(
-                "{PIPELINE}exactly_once = true\ntransactional_id = \"relay\"\n{second}exactly_once = true\ntransactional_id = \"relay\"\ncheckpoint_topic = \"bad topic\"\n"
-            ),
-            &[],
-        )
-        .unwrap_err();
-        let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
-        for expected in [
-            "pipelines[1].transactional_id",
-            "pipelines[1].checkpoint_topic",
-        ] {
-            assert!(fields.contains(&expected), "{expected} missing in {errors}");
-        }
-        let errors =
-            load_str(&format!("{PIPELINE}transactional_id = \"relay\"\n"), &[]).unwrap_err();
-        assert!(
-            errors
-                .to_string()
-                .contains("pipelines[0].transactional_id: only used with exactly_once = true"),
-            "{errors}"
-        );
-    }
-
     #[test]
     fn unknown_fields_and_wrong_types_name_the_key() {
         let errors = load_str("[[pipelines]]\nname = \"a\"\nslott = \"x\"\n", &[]).unwrap_err();
         assert!(errors.to_string().contains("slott"), "{errors}");
+        // Also in every table of a pipeline: a misspelt column would silently read the default.
+        for table in ["columns", "route", "kafka", "polling"] {
+            let errors = load_str(
+                &format!("[[pipelines]]\nname = \"a\"\ntable = \"t\"\n{table} = {{ aggregatetype = \"x\" }}\n"),
+                &[],
+            )
+            .unwrap_err();
+            assert!(
+                errors.to_string().contains("aggregatetype"),
+                "{table}: {errors}"
+            );
+        }
         let errors = load_str("[[pipelines]]\nname = \"a\"\nsource_url = \"x\"\nslot = \"s\"\npublication = \"p\"\ntable = \"t\"\nmax_in_flight_events = \"many\"\n", &[]).unwrap_err();
         assert!(
             errors.to_string().contains("max_in_flight_events"),
             "{errors}"
+        );
+    }
+
+    /// A pipeline with a value other than the default in every field.
+    fn every_field_set() -> PipelineConfig {
+        use crate::config::*;
+        PipelineConfig {
+            source_url: "postgres://u@h/db".into(),
+            slot: "s".into(),
+            publication: "Pub".into(),
+            source_kind: SourceKind::Polling,
+            polling: PollingConfig {
+                batch_size: 7,
+                mark: MarkMode::Flag,
+                notify_channel: Some("c".into()),
+                ..PollingConfig::default()
+            },
+            columns: OutboxColumns {
+                id: "event_id".into(),
+                timestamp: Some("created_at".into()),
+                ..OutboxColumns::default()
+            },
+            message_prefix: Some("outbox".into()),
+            route: RouteConfig {
+                by_field: Some("tenant".into()),
+                topic_template: "t.${routedByValue}".into(),
+                topic_case: TopicCase::Lower,
+                topic_regex: Some("(.*)".into()),
+            },
+            additional_placement: vec![AdditionalPlacement {
+                field: "tenant".into(),
+                placement: Placement::Header,
+                alias: Some("t".into()),
+            }],
+            value_format: ValueFormat::Envelope,
+            null_payload: NullPayload::JsonNull,
+            on_bad_event: OnBadEvent::DeadLetter,
+            dead_letter_topic: Some("dlq".into()),
+            op_invalid_behavior: InvalidOpBehavior::Warn,
+            create_slot: false,
+            kafka: KafkaConfig {
+                bootstrap_servers: "k:9092".into(),
+                properties: vec![("linger.ms".into(), "5".into())],
+            },
+            status_interval_ms: 2,
+            max_in_flight_events: 3,
+            max_in_flight_bytes: 4,
+            shutdown_timeout_secs: 5,
+            terminate_stale_walsender_after_secs: Some(6),
+            exactly_once: true,
+            transactional_id: Some("tx".into()),
+            checkpoint_topic: Some("cp".into()),
+            ..PipelineConfig::new("p", "app.\"Outbox\"".parse().unwrap())
+        }
+    }
+
+    #[test]
+    fn a_pipeline_serializes_to_the_file_it_was_read_from() {
+        let file = |pipeline: PipelineConfig| FileConfig {
+            pipelines: vec![pipeline],
+            ..FileConfig::default()
+        };
+        for pipeline in [
+            every_field_set(),
+            PipelineConfig::new("q", "outbox".parse().unwrap()),
+        ] {
+            let toml = toml::to_string(&file(pipeline.clone())).unwrap();
+            let read: FileConfig = Figment::new()
+                .merge(Toml::string(&toml))
+                .extract()
+                .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+            assert_eq!(read.pipelines, [pipeline], "{toml}");
+        }
+        // Defaults are left out: the entry says what differs.
+        let plain =
+            toml::to_string(&file(PipelineConfig::new("q", "outbox".parse().unwrap()))).unwrap();
+        let keys: Vec<&str> = plain
+            .lines()
+            .filter_map(|l| l.split_once(" = ").map(|(key, _)| key))
+            .collect();
+        assert_eq!(
+            keys,
+            ["name", "table", "topic_template", "topic_case"],
+            "{plain}"
         );
     }
 

@@ -4,7 +4,7 @@
 //! instead of the WAL, for databases where logical replication is not available. See
 //! [`crate::polling`] for the cycle and its guarantees.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
@@ -29,7 +29,7 @@ pub const DEFAULT_PURGE_INTERVAL_SECS: u64 = 60;
 pub const DEFAULT_STATS_INTERVAL_MS: u64 = 5_000;
 
 /// Where a pipeline reads outbox events from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
     /// A logical replication slot (pgoutput): commit order, milliseconds, no table reads.
@@ -40,7 +40,7 @@ pub enum SourceKind {
 }
 
 /// How a published row is marked, and so which rows are pending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MarkMode {
     /// `status = 'PUBLISHED', published_at = now()`; pending is `status = 'PENDING'`.
@@ -55,7 +55,7 @@ pub enum MarkMode {
 }
 
 /// Options of the polling source. Column names are those of `sql/outbox_polling.sql`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PollingConfig {
     /// Rows locked and published per cycle.

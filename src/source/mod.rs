@@ -1,11 +1,13 @@
 //! The PostgreSQL side: the walsender connection, the pgoutput decoder and the outbox mapping.
 //!
+//! - [`conninfo`]: `source_url` as libpq reads it (URL, `PG*` variables, password file).
 //! - [`replication`]: connection, authentication and the CopyBoth stream (IO).
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
 //! - [`slot`]: checks of the publication and the slot over an ordinary SQL connection.
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
+pub mod conninfo;
 pub mod outbox;
 pub mod pgoutput;
 pub mod replication;

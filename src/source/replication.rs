@@ -116,10 +116,7 @@ pub fn pg_timestamp_us(time: SystemTime) -> i64 {
     i64::try_from(since_unix.as_micros()).unwrap_or(i64::MAX) - PG_EPOCH_OFFSET_SECS * 1_000_000
 }
 
-/// Quotes an SQL identifier (`"a""b"`).
-pub fn quote_ident(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
-}
+pub use crate::config::quote_ident;
 
 /// Quotes an SQL string literal (`'it''s'`).
 pub fn quote_literal(value: &str) -> String {

@@ -171,22 +171,23 @@ impl TlsSettings {
             .map_err(|e| e.to_string())?;
         let check_chain = self.mode >= SslMode::VerifyCa
             || (self.mode == SslMode::Require && self.root_cert.is_some());
-        let builder = if check_chain {
-            let roots = Arc::new(self.root_store()?);
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-                .build()
-                .map_err(|e| format!("sslrootcert: {e}"))?;
-            if self.mode == SslMode::VerifyFull {
-                builder.with_webpki_verifier(webpki)
-            } else {
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+        let chain = match check_chain {
+            true => {
+                let roots = Arc::new(self.root_store()?);
+                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                    .build()
+                    .map_err(|e| format!("sslrootcert: {e}"))?;
+                Some(webpki)
             }
-        } else {
-            builder
+            false => None,
+        };
+        let builder = match chain {
+            Some(webpki) if self.mode == SslMode::VerifyFull => {
+                builder.with_webpki_verifier(webpki)
+            }
+            chain => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_custom_certificate_verifier(Arc::new(WithoutHostName { chain, provider })),
         };
         match (&self.client_cert, &self.client_key) {
             (Some(cert), Some(key)) => {
@@ -237,11 +238,17 @@ fn add_pem(roots: &mut RootCertStore, path: &PathBuf) -> Result<(), String> {
     Ok(())
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the host name is not checked.
+/// The verifier of the modes that do not check the host name: `verify-ca` (`chain`: the
+/// chain must lead to a trusted root) and `prefer` or `require` without a root certificate
+/// (`chain` is `None`: encryption without authentication of the server, as libpq does).
+/// Handshake signatures are checked in every mode; `verify-full` uses rustls' own verifier.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct WithoutHostName {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for WithoutHostName {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -250,10 +257,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -267,51 +274,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require` without a root certificate: encryption without authentication of
-/// the server, as libpq does. Handshake signatures are still checked.
-#[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -325,12 +292,14 @@ impl ServerCertVerifier for AnyCertificate {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

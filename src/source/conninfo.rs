@@ -1,13 +1,56 @@
-//! Fills in what a connection string leaves out the way libpq does: the `PGHOST`, `PGPORT`,
-//! `PGUSER`, `PGDATABASE`, `PGPASSWORD`, `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`,
-//! `PGSSLCERT`, `PGSSLKEY` and `PGCONNECT_TIMEOUT` environment variables, then the password file
-//! (`PGPASSFILE`, default `~/.pgpass`; PostgreSQL docs, 34.16 "The Password File"), then
-//! libpq's defaults (the local socket directory, the OS user name).
+//! The source URL as libpq reads it: [`PipelineConfig::source_config`] parses `source_url`
+//! into a tokio-postgres config and the TLS settings, and [`apply`] fills in what the URL leaves
+//! out the way libpq does: the `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`,
+//! `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY` and `PGCONNECT_TIMEOUT`
+//! environment variables, then the password file (`PGPASSFILE`, default `~/.pgpass`;
+//! PostgreSQL docs, 34.16 "The Password File"), then libpq's defaults (the local socket
+//! directory, the OS user name).
+//!
+//! The method lives here, not in [`crate::config`], so that configuration stays plain data
+//! that imports nothing of the source.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::source::tls::TlsSettings;
+use crate::config::{redact_url, ConfigError, PipelineConfig};
+use crate::source::tls::{self, TlsSettings};
+
+impl PipelineConfig {
+    /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
+    /// would (`PG*` environment variables, the password file, the local socket directory;
+    /// see [`apply`]), and its TLS settings.
+    ///
+    /// Returns an error naming `source_url` (without its password) if it does not parse.
+    pub fn source_config(&self) -> Result<(tokio_postgres::Config, TlsSettings), ConfigError> {
+        let invalid = |e: &dyn fmt::Display| {
+            ConfigError::new(
+                "source_url",
+                format!("{}: {e}", redact_url(&self.source_url)),
+            )
+        };
+        let (rest, mut tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
+        let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
+        // tokio-postgres may have parsed an sslmode this parser did not see (`sslmode = require`
+        // with spaces): never go below it.
+        if !tls.mode_given && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            tls.mode = tls.mode.max(tls::SslMode::Require);
+            tls.mode_given = true;
+        }
+        apply(&mut config, &mut tls, &|name| std::env::var(name).ok()).map_err(|e| invalid(&e))?;
+        // Unix sockets never use TLS (as libpq and the replication client).
+        let all_unix = config
+            .get_hosts()
+            .iter()
+            .all(|h| matches!(h, tokio_postgres::config::Host::Unix(_)));
+        config.ssl_mode(if all_unix {
+            tokio_postgres::config::SslMode::Disable
+        } else {
+            tls.tokio_postgres_mode()
+        });
+        Ok((config, tls))
+    }
+}
 
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
