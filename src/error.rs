@@ -1,9 +1,9 @@
 //! The top-level error: one variant per layer, each knowing whether a retry may help.
 
-use crate::checkpoint::CheckpointError;
+use crate::exactly_once::{CheckpointError, TransactionError};
 use crate::config::ConfigError;
 use crate::router::RouteError;
-use crate::sink::kafka::{ProducerError, TransactionError};
+use crate::sink::kafka::ProducerError;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxError;
 use crate::source::SourceError;
@@ -28,7 +28,7 @@ pub enum Error {
     Producer(#[from] ProducerError),
     /// The polling source cannot use the outbox table or one of its rows.
     #[error(transparent)]
-    Polling(#[from] crate::polling::PollingError),
+    Polling(#[from] crate::source::polling::PollingError),
     /// Exactly-once mode: a Kafka transaction call failed.
     #[error(transparent)]
     Transaction(#[from] TransactionError),

@@ -11,12 +11,16 @@
 //!   ▼
 //! source::outbox        relation cache; Insert on the outbox table -> OutboxEvent
 //!   ▼
+//! source::logical       the above as a Source: Begin / Event / Commit / Idle items
+//!   ▼                   (or source::polling: the outbox table read with SKIP LOCKED)
+//! session               the loop: one select!, route-or-dead-letter, delivery metrics
+//!   ▼
 //! router                topic <aggregate_type>.events, key, value, headers
 //!   ▼
 //! sink::kafka           rdkafka idempotent producer; delivery reports
-//!   ▼
-//! checkpoint            AckTracker: transactions in commit order -> flush LSN
-//!   └──────────────────► back to source::replication as the flush/apply LSN
+//!   ▼                   (exactly_once: begin / commit with checkpoint / abort)
+//! ack                   AckTracker: transactions in commit order -> flush LSN
+//!   └──────────────────► Source::confirm: the flush/apply LSN to the walsender
 //! ```
 //!
 //! The flush LSN sent to PostgreSQL never passes the commit of a transaction with an event
@@ -25,31 +29,36 @@
 //!
 //! # Layout
 //! - [`config`]: typed, validated pipeline configuration.
-//! - [`source`]: replication connection, pgoutput decoder, outbox mapping, slot checks.
+//! - [`source`]: the [`source::Source`] trait and its two implementations:
+//!   [`source::logical`] (log tailing: replication connection, pgoutput decoder, outbox
+//!   mapping, slot checks) and [`source::polling`] (`source_kind = "polling"`: the outbox
+//!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available).
+//! - [`session`]: the session loop, generic over source and sink; no IO of its own.
 //! - [`router`]: events to Kafka records.
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
-//! - [`checkpoint`]: the ack tracker that yields the flush LSN.
+//! - [`exactly_once`]: the transactional capability of a sink, the checkpoint and its
+//!   read-back.
+//! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end, with reconnects.
-//! - [`polling`]: the polling source (`source_kind = "polling"`): the outbox table read with
-//!   `FOR UPDATE SKIP LOCKED` where logical replication is not available.
 //! - [`check`]: the `check` and `status` commands.
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
 
+pub mod ack;
 pub mod check;
-pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod exactly_once;
 pub mod health;
 pub mod import;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
-pub mod polling;
 pub mod probe;
 pub mod router;
+pub mod session;
 pub mod shutdown;
 pub mod sink;
 pub mod source;

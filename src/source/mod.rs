@@ -1,19 +1,85 @@
-//! The PostgreSQL side: the walsender connection, the pgoutput decoder and the outbox mapping.
+//! The PostgreSQL side: the [`Source`] trait the session loop reads from, its two
+//! implementations, and their parts.
 //!
+//! - [`logical`]: log tailing, the replication stream decoded into outbox events.
+//! - [`polling`]: the outbox table read with `FOR UPDATE SKIP LOCKED`.
 //! - [`replication`]: connection, authentication and the CopyBoth stream (IO).
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
 //! - [`slot`]: checks of the publication and the slot over an ordinary SQL connection.
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
+pub mod logical;
 pub mod outbox;
 pub mod pgoutput;
+pub mod polling;
 pub mod replication;
 pub mod slot;
 pub mod tls;
 
-use crate::checkpoint::TrackerError;
+use std::future::Future;
+
+use crate::ack::TrackerError;
+use crate::error::Error;
 use crate::lsn::Lsn;
+use outbox::OutboxEvent;
+
+/// What a [`Source`] yields, in source order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SourceItem {
+    /// A transaction starts; its events follow, then its [`SourceItem::Commit`].
+    Begin {
+        /// Where the transaction's commit record starts (pgoutput's `final_lsn`).
+        final_lsn: Lsn,
+        /// Commit time, Unix ms: the records' timestamp.
+        commit_time_ms: i64,
+    },
+    /// An event of the open transaction.
+    Event(OutboxEvent),
+    /// The open transaction ends; confirming `end_lsn` covers it.
+    Commit { end_lsn: Lsn },
+    /// Nothing the source sent before this position is an event: once nothing is in flight,
+    /// it may be confirmed (a keepalive's `wal_end`).
+    Idle(Lsn),
+}
+
+/// A position the session loop confirms to its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Confirmation {
+    /// Every event before it is acknowledged by the sink (in exactly-once mode, committed);
+    /// never decreases.
+    pub position: Lsn,
+    /// Records acknowledged since the previous confirmation, for progress reports.
+    pub delivered: u64,
+}
+
+/// Where a session's events come from: a stream of [`SourceItem`]s that takes confirmations
+/// of positions. The session loop owns no IO; a source does its own (replication protocol,
+/// keepalive replies, SQL).
+pub trait Source: Send {
+    /// The next item.
+    ///
+    /// Cancel-safe: a call dropped before it completed loses no item. Returns an error if
+    /// the connection failed or the source read something it cannot map (bad input, a
+    /// protocol violation).
+    fn next(&mut self) -> impl Future<Output = Result<SourceItem, Error>> + Send;
+
+    /// Tells the source that everything before `confirmation.position` is delivered: the
+    /// log-tailing source sends it to the walsender as its flush LSN.
+    ///
+    /// Not cancel-safe: call it from a `select!` arm's body. Returns an error if it cannot be
+    /// passed on (the connection failed).
+    fn confirm(
+        &mut self,
+        confirmation: Confirmation,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Whether the source asks for a confirmation now (the walsender requested a reply).
+    fn confirm_requested(&self) -> bool;
+
+    /// Ends the source cleanly after the last confirmation; problems are logged, not returned.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
 
 /// An error of the PostgreSQL side of a pipeline.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,8 @@
 //! databases without logical replication (no REPLICATION privilege, `wal_level` not
 //! `logical`, a read-only role on a managed service). Same [`Router`], [`KafkaSink`] and
 //! metrics as log tailing; [`crate::pipeline::run`] hands a pipeline with
-//! `source_kind = "polling"` to [`run`].
+//! `source_kind = "polling"` to [`run`]. Routing with its dead-letter fallback and the
+//! delivery metrics are the session loop's ([`crate::session`]).
 //!
 //! # One cycle
 //!
@@ -50,7 +51,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
@@ -61,16 +62,15 @@ use tokio_postgres::{AsyncMessage, Client, Row};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::checkpoint::EventToken;
-use crate::config::{
-    ConfigError, KafkaConfig, MarkMode, OnBadEvent, PipelineConfig, PollingConfig,
-};
+use crate::ack::EventToken;
+use crate::config::{ConfigError, KafkaConfig, MarkMode, PipelineConfig, PollingConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::Router;
 use crate::sink::kafka::KafkaSink;
-use crate::sink::{Delivery, DeliveryError, Sink};
+use crate::session::{now_ms, observe_delivery, route_or_dead_letter};
+use crate::sink::{Delivery, DeliveryError, SendError, Sink};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 use crate::source::replication::{quote_ident, quote_literal};
 use crate::source::{slot, SourceError};
@@ -79,6 +79,10 @@ use crate::source::{slot, SourceError};
 /// holds its row locks until every record has an outcome, so a broker outage must end in a
 /// retryable failure (and a retry later) instead of an open transaction for its duration.
 pub const DELIVERY_TIMEOUT_MS: u64 = 30_000;
+
+/// How often a record the producer's full queue refused is offered again while it has nothing
+/// in flight.
+const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
 
 /// Status values of `mark = "status"`.
 const PENDING: &str = "PENDING";
@@ -258,6 +262,7 @@ fn new_sink(config: &PipelineConfig) -> Result<KafkaSink, Error> {
         &kafka,
         &format!("outbox-relay-{}", config.name),
         config.max_in_flight_events.max(config.polling.batch_size),
+        config.max_in_flight_bytes,
         None,
     )?)
 }
@@ -651,7 +656,7 @@ impl Poller<'_> {
                         None => break,
                     }
                 }
-                match self.send(&event, created_ms, batch.len()).await {
+                match self.send(&event, created_ms, &mut batch).await {
                     Ok(()) => polled.outcome = Outcome::Sent,
                     Err(NotSent::Rejected(e)) => {
                         self.metrics.delivery_failed(&e.topic, e.retryable);
@@ -863,32 +868,32 @@ impl Poller<'_> {
         &mut self,
         event: &OutboxEvent,
         created_ms: Option<i64>,
-        index: usize,
+        batch: &mut [Polled],
     ) -> Result<(), NotSent> {
+        let index = batch.len();
         self.metrics.events_decoded.inc();
         let time_ms = created_ms.unwrap_or_else(now_ms);
         if event.aggregate_id.is_none() {
             self.metrics.events_null_key.inc();
         }
-        let record = match self.router.route(event, time_ms) {
-            Ok(record) => record,
-            Err(e) => match (
-                &self.config.record.on_bad_event,
-                &self.config.record.dead_letter_topic,
-            ) {
-                (OnBadEvent::DeadLetter, Some(topic)) => {
-                    warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
-                    self.metrics.dead_lettered(e.reason_label());
-                    Router::dead_letter(event, &e, topic, time_ms)
-                }
-                _ => return Err(NotSent::Stop(e.into())),
-            },
-        };
+        let mut record =
+            route_or_dead_letter(&self.router, self.config, self.metrics, event, time_ms)
+                .map_err(|e| NotSent::Stop(e.into()))?;
         let token = EventToken::from_index(index as u64);
-        self.sink
-            .send(record, token)
-            .await
-            .map_err(NotSent::Rejected)?;
+        // The sink's queue is full: wait for an outcome (kept for the batch), offer it again.
+        loop {
+            match self.sink.send(record, token) {
+                Ok(()) => break,
+                Err(SendError::Full(returned)) => {
+                    record = *returned;
+                    match self.sink.next_delivery().await {
+                        Some(delivery) => self.on_delivery(delivery, batch),
+                        None => tokio::time::sleep(QUEUE_FULL_RETRY).await,
+                    }
+                }
+                Err(SendError::Refused(e)) => return Err(NotSent::Rejected(e)),
+            }
+        }
         self.metrics
             .in_flight_events
             .set(self.sink.in_flight().events as i64);
@@ -908,24 +913,11 @@ impl Poller<'_> {
         else {
             return;
         };
-        match delivery.result {
-            Ok(()) => {
-                polled.outcome = Outcome::Acked;
-                self.metrics.published(&delivery.topic);
-                self.metrics
-                    .delivery_latency
-                    .observe(delivery.latency.as_secs_f64());
-                if let Some(created_ms) = delivery.timestamp_ms {
-                    self.metrics
-                        .commit_to_ack
-                        .observe((now_ms() - created_ms).max(0) as f64 / 1_000.0);
-                }
-            }
-            Err(e) => {
-                self.metrics.delivery_failed(&delivery.topic, e.retryable);
-                polled.outcome = Outcome::Failed(e);
-            }
-        }
+        observe_delivery(self.metrics, &delivery);
+        polled.outcome = match delivery.result {
+            Ok(()) => Outcome::Acked,
+            Err(e) => Outcome::Failed(e),
+        };
     }
 
     /// Refreshes the pending/failed gauges and runs the retention purge when they are due.
@@ -1010,12 +1002,6 @@ enum NotSent {
     Rejected(DeliveryError),
     /// Bad input under `on_bad_event = "halt"`: stop the pipeline after this cycle.
     Stop(Error),
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]
