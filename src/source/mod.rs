@@ -24,8 +24,10 @@ use crate::error::Error;
 use crate::lsn::Lsn;
 use outbox::OutboxEvent;
 
-/// What a [`Source`] yields, in source order.
+/// What a [`Source`] yields, in source order. (Events are the common variant: boxing them
+/// would cost an allocation each.)
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
 pub enum SourceItem {
     /// A transaction starts; its events follow, then its [`SourceItem::Commit`].
     Begin {
