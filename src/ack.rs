@@ -219,6 +219,28 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn unconfirmed_commits_count_the_queue_behind_an_unacknowledged_event_not_the_open_one() {
+        let mut t = AckTracker::new(Lsn(10));
+        t.begin().unwrap();
+        let stuck = t.track_event().unwrap();
+        assert_eq!(t.unconfirmed_commits(), 0, "the open transaction is not counted");
+        t.commit(Lsn(20)).unwrap();
+        for end in [30, 40, 50] {
+            t.begin().unwrap();
+            let token = t.track_event().unwrap();
+            t.ack(token).unwrap();
+            t.commit(Lsn(end)).unwrap();
+        }
+        assert_eq!(t.unconfirmed_commits(), 4);
+        t.begin().unwrap();
+        t.track_event().unwrap();
+        assert_eq!(t.unconfirmed_commits(), 4);
+        t.ack(stuck).unwrap();
+        assert_eq!(t.flush_lsn(), Lsn(50));
+        assert_eq!(t.unconfirmed_commits(), 0);
+    }
+
+    #[test]
     fn waits_for_every_event_of_earlier_transactions() {
         let mut t = AckTracker::new(Lsn(100));
         t.begin().unwrap();
