@@ -68,7 +68,8 @@ pub struct Session<'a, So: Source, Si: Sink> {
     position: Lsn,
     /// The position of the last confirmation sent.
     confirmed: Lsn,
-    last_confirm: Instant,
+    /// When it was sent, on tokio's clock (a simulation's clock when paused).
+    last_confirm: tokio::time::Instant,
     /// Records acknowledged since the last confirmation.
     delivered: u64,
     /// When the last null-key warning was logged, and events with a null key not yet in one.
@@ -102,7 +103,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             commit_time_ms: None,
             position: start,
             confirmed: Lsn::ZERO,
-            last_confirm: Instant::now(),
+            last_confirm: tokio::time::Instant::now(),
             delivered: 0,
             null_key_warned: (None, 0),
         }
@@ -449,7 +450,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         }
         // The confirmed position advances (it never decreases: the tracker's never does).
         self.confirmed = flush;
-        self.last_confirm = Instant::now();
+        self.last_confirm = tokio::time::Instant::now();
         self.metrics.oldest_unacked_age.set(
             self.sink
                 .oldest_in_flight()

@@ -312,3 +312,120 @@ async fn records_the_full_queue_gave_back_go_out_in_order_once_there_is_room() {
         log.confirmations
     );
 }
+
+/// What the fake transaction calls saw, and how commits end.
+#[derive(Default)]
+struct TransactionLog {
+    calls: Vec<&'static str>,
+    /// Checkpoints of the commits called.
+    checkpoints: Vec<Lsn>,
+}
+
+/// Transaction calls that succeed at once, except that commit number `fail_commit` (from 0)
+/// fails.
+struct FakeTransactions {
+    log: Arc<Mutex<TransactionLog>>,
+    fail_commit: Option<usize>,
+}
+
+fn transaction_error(operation: &'static str) -> TransactionError {
+    TransactionError {
+        operation,
+        source: rdkafka::error::KafkaError::Canceled,
+    }
+}
+
+impl crate::exactly_once::Transactions for FakeTransactions {
+    fn init(&self) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        self.log.lock().unwrap().calls.push("init");
+        Box::pin(async { Ok(()) })
+    }
+
+    fn begin(&self) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        self.log.lock().unwrap().calls.push("begin");
+        Box::pin(async { Ok(()) })
+    }
+
+    fn commit(
+        &self,
+        checkpoint: crate::exactly_once::Checkpoint,
+    ) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        let mut log = self.log.lock().unwrap();
+        log.calls.push("commit");
+        let fail = self.fail_commit == Some(log.checkpoints.len());
+        log.checkpoints.push(checkpoint.0);
+        Box::pin(async move {
+            // A commit takes time: the loop must not confirm meanwhile.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if fail {
+                Err(transaction_error("commit"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    fn abort(
+        &self,
+        _timeout: Duration,
+    ) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        self.log.lock().unwrap().calls.push("abort");
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Exactly-once: each source transaction's records go in one sink transaction committed with
+/// its end LSN as checkpoint; nothing is confirmed past a transaction before its commit
+/// completed, and a failed commit ends the session with the transaction unconfirmed.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_after_a_failed_one() {
+    let config = config();
+    let items = (0..3).flat_map(|i| transaction(i, 2)).collect();
+    let (source, log) = FakeSource::new(items);
+    let (sink, sent) = FakeSink::new(usize::MAX, 0);
+    let transactions = Arc::new(Mutex::new(TransactionLog::default()));
+    let fake = FakeTransactions {
+        log: transactions.clone(),
+        fail_commit: Some(1),
+    };
+    let metrics = Metrics::new().pipeline(&config.name);
+    let router = Router::new(&config.route, &config.columns, &config.record).unwrap();
+    let session = Session::new(
+        &config,
+        &metrics,
+        source,
+        sink,
+        router,
+        Mode::ExactlyOnce(ExactlyOnce::new(Box::new(fake), None)),
+        START,
+    );
+    let shutdown = CancellationToken::new();
+    let result = tokio::time::timeout(
+        Duration::from_secs(600),
+        session.run(&shutdown, config.status_interval()),
+    )
+    .await
+    .expect("a failed commit ends the session");
+    let error = result.expect_err("a failed commit is an error");
+    assert!(matches!(error, Error::Transaction(_)), "{error:?}");
+    let transactions = transactions.lock().unwrap();
+    // The failed transaction is aborted as the session ends.
+    assert_eq!(
+        transactions.calls,
+        ["begin", "commit", "begin", "commit", "abort"]
+    );
+    assert_eq!(transactions.checkpoints, [commit_end(0), commit_end(1)]);
+    assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e1.0", "e1.1"]);
+    let log = log.lock().unwrap();
+    assert_eq!(log.begins, 2, "no source item is read while a commit is pending");
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn <= commit_end(0)),
+        "confirmed past the transaction whose commit failed: {:?}",
+        log.confirmations
+    );
+    assert!(
+        log.confirmations.contains(&commit_end(0)),
+        "the committed transaction is confirmed: {:?}",
+        log.confirmations
+    );
+}
