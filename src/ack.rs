@@ -223,7 +223,11 @@ mod tests {
         let mut t = AckTracker::new(Lsn(10));
         t.begin().unwrap();
         let stuck = t.track_event().unwrap();
-        assert_eq!(t.unconfirmed_commits(), 0, "the open transaction is not counted");
+        assert_eq!(
+            t.unconfirmed_commits(),
+            0,
+            "the open transaction is not counted"
+        );
         t.commit(Lsn(20)).unwrap();
         for end in [30, 40, 50] {
             t.begin().unwrap();

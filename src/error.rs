@@ -1,7 +1,7 @@
 //! The top-level error: one variant per layer, each knowing whether a retry may help.
 
-use crate::exactly_once::{CheckpointError, TransactionError};
 use crate::config::ConfigError;
+use crate::exactly_once::{CheckpointError, TransactionError};
 use crate::router::RouteError;
 use crate::sink::kafka::ProducerError;
 use crate::sink::DeliveryError;

@@ -198,7 +198,6 @@ impl KafkaTransactions {
     }
 }
 
-
 impl Transactions for KafkaTransactions {
     fn init(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
         let this = self.clone();

@@ -491,7 +491,10 @@ pub(crate) fn route_or_dead_letter(
 ) -> Result<Record, RouteError> {
     match router.route(event, time_ms) {
         Ok(record) => Ok(record),
-        Err(e) => match (&config.record.on_bad_event, &config.record.dead_letter_topic) {
+        Err(e) => match (
+            &config.record.on_bad_event,
+            &config.record.dead_letter_topic,
+        ) {
             (OnBadEvent::DeadLetter, Some(topic)) => {
                 warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
                 metrics.dead_lettered(e.reason_label());

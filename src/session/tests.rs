@@ -417,7 +417,10 @@ async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_aft
     assert_eq!(transactions.checkpoints, [commit_end(0), commit_end(1)]);
     assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e1.0", "e1.1"]);
     let log = log.lock().unwrap();
-    assert_eq!(log.begins, 2, "no source item is read while a commit is pending");
+    assert_eq!(
+        log.begins, 2,
+        "no source item is read while a commit is pending"
+    );
     assert!(
         log.confirmations.iter().all(|&lsn| lsn <= commit_end(0)),
         "confirmed past the transaction whose commit failed: {:?}",

@@ -411,10 +411,17 @@ mod tests {
         // 4 GiB in flight: above librdkafka's 1 GiB default.
         let limit = 4usize << 30;
         let config = producer_config(&kafka(&[]), "c", 10_000, limit, None);
-        assert!(kbytes(&config) * 1024 >= limit + 1_000_000, "{}", kbytes(&config));
+        assert!(
+            kbytes(&config) * 1024 >= limit + 1_000_000,
+            "{}",
+            kbytes(&config)
+        );
         // An operator's lower setting is raised, a higher one kept.
         let low = producer_config(
-            &kafka(&[("queue.buffering.max.kbytes", "1024"), ("message.max.bytes", "5000000")]),
+            &kafka(&[
+                ("queue.buffering.max.kbytes", "1024"),
+                ("message.max.bytes", "5000000"),
+            ]),
             "c",
             10_000,
             64 << 20,
