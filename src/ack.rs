@@ -23,21 +23,27 @@ use std::collections::VecDeque;
 
 use crate::lsn::Lsn;
 
-/// Identifies the transaction an event belongs to; returned by [`AckTracker::track_event`] and
-/// handed back to [`AckTracker::ack`] once the broker acknowledged the event.
+/// Identifies an event and the transaction it belongs to; returned by
+/// [`AckTracker::track_event`], carried through the sink with the record, and handed back to
+/// [`AckTracker::ack`] once the broker acknowledged the event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EventToken(u64);
+pub struct EventToken {
+    /// The tracker's transaction id.
+    txn: u64,
+    /// The event's number, given by [`EventToken::with_event`] (the session loop: its
+    /// ordinal among the events of the session's source).
+    event: u64,
+}
 
 impl EventToken {
-    /// A token numbered by a source that tracks its events without an [`AckTracker`] (the
-    /// polling source: the event's position in its batch).
-    pub fn from_index(index: u64) -> Self {
-        EventToken(index)
+    /// This token for event number `event`.
+    pub fn with_event(self, event: u64) -> Self {
+        EventToken { event, ..self }
     }
 
-    /// The number given to [`EventToken::from_index`].
-    pub fn index(self) -> u64 {
-        self.0
+    /// The number given to [`EventToken::with_event`] (0 without).
+    pub fn event(self) -> u64 {
+        self.event
     }
 }
 
@@ -118,7 +124,10 @@ impl AckTracker {
             .back_mut()
             .expect("tracked open transaction is pending");
         txn.unacked += 1;
-        Ok(EventToken(txn.id))
+        Ok(EventToken {
+            txn: txn.id,
+            event: 0,
+        })
     }
 
     /// Records the Commit of the open transaction, whose end LSN is `end_lsn`.
@@ -153,7 +162,7 @@ impl AckTracker {
     pub fn ack(&mut self, token: EventToken) -> Result<(), TrackerError> {
         let front = self.pending.front().ok_or(TrackerError::UnknownToken)?.id;
         let index = token
-            .0
+            .txn
             .checked_sub(front)
             .ok_or(TrackerError::UnknownToken)?;
         let txn = usize::try_from(index)

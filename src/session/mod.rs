@@ -31,7 +31,7 @@ use crate::metrics::PipelineMetrics;
 use crate::router::{RouteError, Router};
 use crate::sink::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
 use crate::source::outbox::OutboxEvent;
-use crate::source::{Confirmation, Source, SourceError, SourceItem};
+use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 
 /// Minimum gap between confirmations sent because the flush LSN moved; the timer sends one
 /// every status interval regardless.
@@ -72,6 +72,8 @@ pub struct Session<'a, So: Source, Si: Sink> {
     last_confirm: tokio::time::Instant,
     /// Records acknowledged since the last confirmation.
     delivered: u64,
+    /// Event items the source yielded: the next one's number for [`Source::on_outcome`].
+    events: u64,
     /// When the last null-key warning was logged, and events with a null key not yet in one.
     null_key_warned: (Option<Instant>, u64),
 }
@@ -105,6 +107,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             confirmed: Lsn::ZERO,
             last_confirm: tokio::time::Instant::now(),
             delivered: 0,
+            events: 0,
             null_key_warned: (None, 0),
         }
     }
@@ -197,8 +200,10 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 }
                 // Exactly-once: the sink's commit, then the ack tracker sees the source's.
                 result = committed(&mut self.eos), if committing => self.on_committed(result)?,
-                // 3. Confirmations on a timer, also while no source item is read.
+                // 3. Confirmations on a timer, also while no source item is read, and once
+                // the flush LSN moved (at most every MIN_CONFIRM_GAP).
                 _ = status_timer.tick() => self.confirm().await?,
+                _ = sleep_until(self.last_confirm + MIN_CONFIRM_GAP), if self.tracker.flush_lsn() > self.confirmed => {}
                 // A record waits for room in the sink's queue, and no outcome will make some.
                 _ = sleep(QUEUE_FULL_RETRY), if !self.blocked.is_empty() && in_flight.events == 0 => {}
                 // 4. New source items, only while there is capacity.
@@ -256,7 +261,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                     eos.on_begin(final_lsn);
                 }
             }
-            SourceItem::Event(event) => self.publish(event).await?,
+            SourceItem::Event { event, time_ms } => self.publish(event, time_ms).await?,
             SourceItem::Commit { end_lsn } => {
                 self.position = self.position.max(end_lsn);
                 self.commit_time_ms = None;
@@ -293,7 +298,9 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 
     /// Routes an event of the open transaction and hands it to the sink, acknowledged like any
     /// other record before its transaction is confirmed.
-    async fn publish(&mut self, event: OutboxEvent) -> Result<(), Error> {
+    async fn publish(&mut self, event: OutboxEvent, time_ms: Option<i64>) -> Result<(), Error> {
+        let number = self.events;
+        self.events += 1;
         let lsn = event.lsn;
         self.position = self.position.max(lsn);
         let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
@@ -313,7 +320,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             self.config,
             self.metrics,
             &event,
-            commit_time_ms,
+            time_ms.unwrap_or(commit_time_ms),
         )?;
         if let Some(eos) = &mut self.eos {
             eos.before_send().await?;
@@ -321,7 +328,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         let token = self
             .tracker
             .track_event()
-            .map_err(|source| tracker_error(lsn, source))?;
+            .map_err(|source| tracker_error(lsn, source))?
+            .with_event(number);
         self.send(record, token).map_err(Error::Rejected)?;
         self.update_in_flight_gauges();
         Ok(())
@@ -342,8 +350,30 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 self.blocked.push_back((record, token));
                 Ok(())
             }
-            Err(SendError::Refused(e)) => self.dead_letter_refused(e, token),
+            Err(SendError::Refused(e)) => self.refused(e, token),
         }
+    }
+
+    /// A record the sink refused outright: the source's to record, or dead-lettered.
+    ///
+    /// Returns an error if neither.
+    fn refused(&mut self, error: DeliveryError, token: EventToken) -> Result<(), DeliveryError> {
+        match self.source.on_outcome(token.event(), Err(&error)) {
+            FailureHandling::Recorded => {
+                self.metrics.delivery_failed(&error.topic, error.retryable);
+                self.settle(token).map_err(|_| error)
+            }
+            FailureHandling::Session => self.dead_letter_refused(error, token),
+        }
+    }
+
+    /// Counts an event the source recorded as failed as settled in the ack tracker.
+    ///
+    /// Returns an error if the token is not in flight.
+    fn settle(&mut self, token: EventToken) -> Result<(), Error> {
+        self.tracker
+            .ack(token)
+            .map_err(|source| tracker_error(self.position, source))
     }
 
     /// Offers the records waiting for room to the sink again, in order.
@@ -355,10 +385,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                     self.blocked.push_front((record, token));
                     break;
                 }
-                Err(SendError::Refused(e)) => {
-                    self.dead_letter_refused(e, token)
-                        .map_err(Error::Rejected)?;
-                }
+                Err(SendError::Refused(e)) => self.refused(e, token).map_err(Error::Rejected)?,
             }
         }
         Ok(())
@@ -414,14 +441,16 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
     fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {
         self.update_in_flight_gauges();
         observe_delivery(self.metrics, &delivery);
+        let handling = self
+            .source
+            .on_outcome(delivery.token.event(), delivery.result.as_ref().map(|_| ()));
         match delivery.result {
             Ok(()) => {
-                self.tracker
-                    .ack(delivery.token)
-                    .map_err(|source| tracker_error(self.position, source))?;
+                self.settle(delivery.token)?;
                 self.delivered += 1;
                 Ok(())
             }
+            Err(_) if handling == FailureHandling::Recorded => self.settle(delivery.token),
             Err(e) => {
                 if e.retryable {
                     return Err(e.into());

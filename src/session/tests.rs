@@ -56,7 +56,7 @@ fn transaction(i: u64, events: u64) -> Vec<SourceItem> {
         commit_time_ms: 1_700_000_000_000,
     }];
     for n in 0..events {
-        items.push(SourceItem::Event(OutboxEvent {
+        let event = OutboxEvent {
             id: Bytes::from(format!("e{i}.{n}")),
             aggregate_type: Bytes::from_static(b"order"),
             aggregate_id: Some(Bytes::from(format!("k{i}"))),
@@ -67,7 +67,11 @@ fn transaction(i: u64, events: u64) -> Vec<SourceItem> {
             payload_kind: ValueKind::Json,
             columns: vec![],
             lsn: Lsn(base + 0x10 * (n + 1)),
-        }));
+        };
+        items.push(SourceItem::Event {
+            event,
+            time_ms: None,
+        });
     }
     items.push(SourceItem::Commit {
         end_lsn: commit_end(i),
@@ -124,6 +128,14 @@ impl Source for FakeSource {
             .confirmations
             .push(confirmation.position);
         Ok(())
+    }
+
+    fn on_outcome(
+        &mut self,
+        _event: u64,
+        _outcome: Result<(), &DeliveryError>,
+    ) -> crate::source::FailureHandling {
+        crate::source::FailureHandling::Session
     }
 
     fn confirm_requested(&self) -> bool {

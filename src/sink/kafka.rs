@@ -38,6 +38,12 @@ pub struct KafkaSink {
     in_flight: InFlight,
     /// librdkafka's `message.max.bytes`, named in size errors.
     message_max_bytes: String,
+    /// The producer's settings, for a fresh producer.
+    client: ClientConfig,
+    /// A record failed with a retryable error (it timed out): librdkafka may have reset the
+    /// partition's sequence, so the next record goes through a fresh producer once nothing is
+    /// in flight. Never set for a transactional producer (its transactions hold it).
+    renew: bool,
 }
 
 impl KafkaSink {
@@ -75,6 +81,8 @@ impl KafkaSink {
             producer: PolledProducer::new(&client).map_err(ProducerError)?,
             pending: FuturesUnordered::new(),
             in_flight: InFlight::default(),
+            client,
+            renew: false,
         })
     }
 }
@@ -160,6 +168,15 @@ impl KafkaSink {
 
 impl Sink for KafkaSink {
     fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
+        if self.renew && self.pending.is_empty() {
+            self.renew = false;
+            match PolledProducer::new(&self.client) {
+                Ok(producer) => self.producer = producer,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create a fresh producer after a timed-out record; keeping the old one")
+                }
+            }
+        }
         let size = record.size();
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
         for (key, value) in &record.headers {
@@ -207,6 +224,11 @@ impl Sink for KafkaSink {
         let (meta, outcome) = self.pending.next().await?;
         let size = meta.size;
         let delivery = self.describe_outcome(meta, outcome);
+        if delivery.result.as_ref().is_err_and(|e| e.retryable)
+            && self.client.get("transactional.id").is_none()
+        {
+            self.renew = true;
+        }
         self.in_flight.events -= 1;
         self.in_flight.bytes -= size;
         Some(delivery)

@@ -13,11 +13,12 @@ use tracing::{debug, info, warn};
 use super::outbox::{OutboxDecoder, OutboxError};
 use super::pgoutput::{self, LogicalReplicationMessage};
 use super::replication::{ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS};
-use super::{Confirmation, Source, SourceError, SourceItem};
+use super::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 use crate::config::InvalidOpBehavior;
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
+use crate::sink::DeliveryError;
 
 /// How often the catch-up progress line is logged.
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
@@ -119,7 +120,10 @@ impl LogicalSource {
             }
             LogicalReplicationMessage::Insert(insert) => {
                 match self.decoder.on_insert(&insert, lsn)? {
-                    Some(event) => Some(SourceItem::Event(event)),
+                    Some(event) => Some(SourceItem::Event {
+                        event,
+                        time_ms: None,
+                    }),
                     None => {
                         self.metrics.skipped("insert");
                         None
@@ -142,7 +146,10 @@ impl LogicalSource {
                     self.metrics.skipped("message_non_transactional");
                     None
                 } else {
-                    Some(SourceItem::Event(self.decoder.on_message(&message, lsn)?))
+                    Some(SourceItem::Event {
+                        event: self.decoder.on_message(&message, lsn)?,
+                        time_ms: None,
+                    })
                 }
             }
             other => {
@@ -222,6 +229,12 @@ impl Source for LogicalSource {
         self.progress.published += confirmation.delivered;
         self.log_progress(flush, lag);
         Ok(())
+    }
+
+    /// Outcomes are the session's: the walsender sends everything after the confirmed LSN
+    /// again after a restart.
+    fn on_outcome(&mut self, _event: u64, _outcome: Result<(), &DeliveryError>) -> FailureHandling {
+        FailureHandling::Session
     }
 
     fn confirm_requested(&self) -> bool {

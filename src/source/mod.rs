@@ -22,6 +22,7 @@ use std::future::Future;
 use crate::ack::TrackerError;
 use crate::error::Error;
 use crate::lsn::Lsn;
+use crate::sink::DeliveryError;
 use outbox::OutboxEvent;
 
 /// What a [`Source`] yields, in source order. (Events are the common variant: boxing them
@@ -37,7 +38,12 @@ pub enum SourceItem {
         commit_time_ms: i64,
     },
     /// An event of the open transaction.
-    Event(OutboxEvent),
+    Event {
+        event: OutboxEvent,
+        /// The record's time (Unix ms) when it is not the transaction's commit time (the
+        /// polling source: the row's `created_at`).
+        time_ms: Option<i64>,
+    },
     /// The open transaction ends; confirming `end_lsn` covers it.
     Commit { end_lsn: Lsn },
     /// Nothing the source sent before this position is an event: once nothing is in flight,
@@ -55,8 +61,19 @@ pub struct Confirmation {
     pub delivered: u64,
 }
 
+/// Who handles an event's failed delivery; the answer of [`Source::on_outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureHandling {
+    /// The session loop: a retryable failure ends the session (the next one publishes again
+    /// from the confirmed position), any other dead-letters or halts (`on_bad_event`).
+    Session,
+    /// The source recorded it (polling: `retry_count`, `FAILED`): the event counts as
+    /// settled and the session goes on.
+    Recorded,
+}
+
 /// Where a session's events come from: a stream of [`SourceItem`]s that takes confirmations
-/// of positions. The session loop owns no IO; a source does its own (replication protocol,
+/// of positions and learns each event's outcome. The session loop owns no IO; a source does its own (replication protocol,
 /// keepalive replies, SQL).
 pub trait Source: Send {
     /// The next item.
@@ -75,6 +92,11 @@ pub trait Source: Send {
         &mut self,
         confirmation: Confirmation,
     ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The outcome of event number `event` (its ordinal among the [`SourceItem::Event`]s this
+    /// source yielded, from 0): acknowledged, or failed (the sink refused it or could not
+    /// deliver it). Called before any confirmation that covers the event.
+    fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling;
 
     /// Whether the source asks for a confirmation now (the walsender requested a reply).
     fn confirm_requested(&self) -> bool;
