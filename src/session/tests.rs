@@ -13,6 +13,7 @@ use crate::config::{
 };
 use crate::metrics::Metrics;
 use crate::source::outbox::ValueKind;
+use crate::source::FailureHandling;
 
 fn config() -> PipelineConfig {
     PipelineConfig {
@@ -89,12 +90,16 @@ fn commit_end(i: u64) -> Lsn {
 struct SourceLog {
     begins: usize,
     confirmations: Vec<Lsn>,
+    /// Event numbers and whether they were acknowledged, in the order the outcomes came.
+    outcomes: Vec<(u64, bool)>,
 }
 
-/// Hands out scripted items, then waits forever.
+/// Hands out scripted items, then waits forever; records failed deliveries itself (as the
+/// polling source does) when `records_failures`.
 struct FakeSource {
     items: VecDeque<SourceItem>,
     log: Arc<Mutex<SourceLog>>,
+    records_failures: bool,
 }
 
 impl FakeSource {
@@ -103,6 +108,7 @@ impl FakeSource {
         let source = FakeSource {
             items: items.into(),
             log: log.clone(),
+            records_failures: false,
         };
         (source, log)
     }
@@ -130,12 +136,16 @@ impl Source for FakeSource {
         Ok(())
     }
 
-    fn on_outcome(
-        &mut self,
-        _event: u64,
-        _outcome: Result<(), &DeliveryError>,
-    ) -> crate::source::FailureHandling {
-        crate::source::FailureHandling::Session
+    fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling {
+        self.log
+            .lock()
+            .unwrap()
+            .outcomes
+            .push((event, outcome.is_ok()));
+        match self.records_failures {
+            true => FailureHandling::Recorded,
+            false => FailureHandling::Session,
+        }
     }
 
     fn confirm_requested(&self) -> bool {
@@ -146,10 +156,12 @@ impl Source for FakeSource {
 }
 
 /// Accepts records while it holds fewer than `queue_limit`, acknowledges each at once except
-/// the first `hold` ones, which never get an outcome (an unavailable partition).
+/// the first `hold` ones, which never get an outcome (an unavailable partition), and those
+/// numbered (from 0, in send order) in `fail`, which time out (a retryable failure).
 struct FakeSink {
     queue_limit: usize,
     hold: usize,
+    fail: Vec<usize>,
     ready: VecDeque<(Delivery, usize)>,
     in_flight: InFlight,
     /// Event ids in the order the sink accepted them.
@@ -162,6 +174,7 @@ impl FakeSink {
         let sink = FakeSink {
             queue_limit,
             hold,
+            fail: Vec::new(),
             ready: VecDeque::new(),
             in_flight: InFlight::default(),
             sent: sent.clone(),
@@ -181,10 +194,21 @@ impl Sink for FakeSink {
         let mut sent = self.sent.lock().unwrap();
         sent.push(record.event_id());
         if sent.len() > self.hold {
+            let result = match self.fail.contains(&(sent.len() - 1)) {
+                false => Ok(()),
+                true => Err(DeliveryError {
+                    event_id: record.event_id(),
+                    topic: record.topic.clone(),
+                    reason: "Local: Message timed out".into(),
+                    retryable: true,
+                    too_large: false,
+                    record: None,
+                }),
+            };
             let delivery = Delivery {
                 token,
                 topic: record.topic,
-                result: Ok(()),
+                result,
                 latency: Duration::ZERO,
                 timestamp_ms: None,
             };
@@ -441,6 +465,53 @@ async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_aft
     assert!(
         log.confirmations.contains(&commit_end(0)),
         "the committed transaction is confirmed: {:?}",
+        log.confirmations
+    );
+}
+
+/// A failure the source records (polling: retry_count) settles its event: the session goes
+/// on and confirms past it. A failure left to the session (log tailing) ends it unconfirmed.
+#[tokio::test(start_paused = true)]
+async fn failures_the_source_records_settle_their_events_and_the_session_goes_on() {
+    let config = config();
+    let items: Vec<SourceItem> = (0..3).flat_map(|i| transaction(i, 2)).collect();
+
+    let (mut source, log) = FakeSource::new(items.clone());
+    source.records_failures = true;
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.fail = vec![1];
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    result.unwrap();
+    assert_eq!(sent.lock().unwrap().len(), 6);
+    let log = log.lock().unwrap();
+    let mut outcomes = log.outcomes.clone();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            (0, true),
+            (1, false),
+            (2, true),
+            (3, true),
+            (4, true),
+            (5, true)
+        ]
+    );
+    assert_eq!(log.confirmations.last(), Some(&commit_end(2)));
+
+    let (source, log) = FakeSource::new(items);
+    let (mut sink, _) = FakeSink::new(usize::MAX, 0);
+    sink.fail = vec![1];
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    let error = result.expect_err("a retryable failure ends a log-tailing session");
+    assert!(
+        matches!(&error, Error::Delivery(e) if e.retryable),
+        "{error:?}"
+    );
+    let log = log.lock().unwrap();
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn == START),
+        "confirmed past the failed event: {:?}",
         log.confirmations
     );
 }
