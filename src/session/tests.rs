@@ -498,6 +498,7 @@ async fn failures_the_source_records_settle_their_events_and_the_session_goes_on
         ]
     );
     assert_eq!(log.confirmations.last(), Some(&commit_end(2)));
+    drop(log);
 
     let (source, log) = FakeSource::new(items);
     let (mut sink, _) = FakeSink::new(usize::MAX, 0);

@@ -53,7 +53,7 @@ impl KafkaSink {
     /// limits are what applies and the queue is full only when they are).
     ///
     /// With `transactional_id` the producer is transactional (exactly-once mode): records are
-    /// sent only inside a transaction ([`KafkaSink::transactions`]), and a record that times
+    /// sent only inside a transaction ([`crate::exactly_once::TransactionalSink::transactions`]), and a record that times
     /// out after `transaction.timeout.ms` (librdkafka's default for `message.timeout.ms` then)
     /// fails its transaction instead of waiting forever.
     ///
