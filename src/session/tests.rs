@@ -483,22 +483,23 @@ async fn failures_the_source_records_settle_their_events_and_the_session_goes_on
     let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
     result.unwrap();
     assert_eq!(sent.lock().unwrap().len(), 6);
-    let log = log.lock().unwrap();
-    let mut outcomes = log.outcomes.clone();
-    outcomes.sort();
-    assert_eq!(
-        outcomes,
-        [
-            (0, true),
-            (1, false),
-            (2, true),
-            (3, true),
-            (4, true),
-            (5, true)
-        ]
-    );
-    assert_eq!(log.confirmations.last(), Some(&commit_end(2)));
-    drop(log);
+    {
+        let log = log.lock().unwrap();
+        let mut outcomes = log.outcomes.clone();
+        outcomes.sort();
+        assert_eq!(
+            outcomes,
+            [
+                (0, true),
+                (1, false),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, true)
+            ]
+        );
+        assert_eq!(log.confirmations.last(), Some(&commit_end(2)));
+    }
 
     let (source, log) = FakeSource::new(items);
     let (mut sink, _) = FakeSink::new(usize::MAX, 0);
