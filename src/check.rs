@@ -87,7 +87,7 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
 /// reads back as the relay will read it.
 async fn check_checkpoint(config: &PipelineConfig) -> Finding {
     let topic = config.checkpoint_topic();
-    match crate::sink::kafka::read_checkpoint(&config.kafka, topic, &config.name).await {
+    match crate::exactly_once::read_checkpoint(&config.kafka, topic, &config.name).await {
         Ok(Some(lsn)) => finding(
             "checkpoint",
             Verdict::Ok,
@@ -374,7 +374,7 @@ async fn check_polling(
         Verdict::Ok,
         "polling: needs no REPLICATION, wal_level = logical or slot",
     ));
-    let stats = match crate::polling::check_table(client, config).await {
+    let stats = match crate::source::polling::check_table(client, config).await {
         Ok(stats) => stats,
         Err(e) => {
             out.push(finding("outbox table", Verdict::Fail, chain(&e)));

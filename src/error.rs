@@ -1,10 +1,10 @@
 //! The top-level error: one variant per layer, each classified by [`Error::recovery`] as worth
 //! a retry, a reason to stand by, or a stop.
 
-use crate::checkpoint::CheckpointError;
 use crate::config::ConfigError;
+use crate::exactly_once::{CheckpointError, TransactionError};
 use crate::router::RouteError;
-use crate::sink::kafka::{ProducerError, TransactionError};
+use crate::sink::kafka::ProducerError;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxError;
 use crate::source::SourceError;
@@ -29,7 +29,7 @@ pub enum Error {
     Producer(#[from] ProducerError),
     /// The polling source cannot use the outbox table or one of its rows.
     #[error(transparent)]
-    Polling(#[from] crate::polling::PollingError),
+    Polling(#[from] crate::source::polling::PollingError),
     /// Exactly-once mode: a Kafka transaction call failed.
     #[error(transparent)]
     Transaction(#[from] TransactionError),

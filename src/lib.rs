@@ -11,12 +11,16 @@
 //!   ▼
 //! source::outbox        relation cache; Insert on the outbox table -> OutboxEvent
 //!   ▼
+//! source::logical       the above as a Source: Begin / Event / Commit / Idle items
+//!   ▼                   (or source::polling: the outbox table read with SKIP LOCKED)
+//! session               the loop: one select!, route-or-dead-letter, delivery metrics
+//!   ▼
 //! router                topic <aggregate_type>.events, key, value, headers
 //!   ▼
 //! sink::kafka           rdkafka idempotent producer; delivery reports
-//!   ▼
-//! checkpoint            AckTracker: transactions in commit order -> flush LSN
-//!   └──────────────────► back to source::replication as the flush/apply LSN
+//!   ▼                   (exactly_once: begin / commit with checkpoint / abort)
+//! ack                   AckTracker: transactions in commit order -> flush LSN
+//!   └──────────────────► Source::confirm: the flush/apply LSN to the walsender
 //! ```
 //!
 //! The flush LSN sent to PostgreSQL never passes the commit of a transaction with an event
@@ -29,37 +33,42 @@
 //!   environment overrides and `import-debezium`'s output.
 //! - [`validation`]: every start-up check of a pipeline (its own fields, the router's options,
 //!   the source URL), run once before any command starts.
-//! - [`source`]: replication connection, `source_url` as libpq reads it, pgoutput decoder,
-//!   outbox mapping, slot checks.
-//! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
-//!   options with their field paths.
-//! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
-//! - [`checkpoint`]: the ack tracker that yields the flush LSN.
-//! - [`pipeline`]: one source database end to end (the entry point of both source kinds and
-//!   the log-tailing session).
+//! - [`source`]: the [`source::Source`] trait and its two implementations:
+//!   [`source::logical`] (log tailing: replication connection, pgoutput decoder, outbox
+//!   mapping, slot checks) and [`source::polling`] (`source_kind = "polling"`: the outbox
+//!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
+//!   [`source::conninfo`] reads `source_url` as libpq does.
+//! - [`session`]: the session loop, generic over source and sink; no IO of its own.
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
 //!   backoff reset only by progress, standby while another relay holds the slot, recovery
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
-//! - [`polling`]: the polling source (`source_kind = "polling"`): the outbox table read with
-//!   `FOR UPDATE SKIP LOCKED` where logical replication is not available.
+//! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
+//!   options with their field paths.
+//! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
+//! - [`exactly_once`]: the transactional capability of a sink, the checkpoint and its
+//!   read-back.
+//! - [`ack`]: the ack tracker that yields the flush LSN.
+//! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
+//!   sink of each session, and hands both source kinds to the supervisor.
 //! - [`check`]: the `check` and `status` commands.
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
 
+pub mod ack;
 pub mod check;
-pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod exactly_once;
 pub mod health;
 pub mod import;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;
-pub mod polling;
 pub mod probe;
 pub mod router;
+pub mod session;
 pub mod shutdown;
 pub mod sink;
 pub mod source;

@@ -59,7 +59,8 @@ pub struct SessionProgress {
 }
 
 impl SessionProgress {
-    fn new(metrics: PipelineMetrics) -> Self {
+    /// A session's report, before it set anything.
+    pub fn new(metrics: PipelineMetrics) -> Self {
         SessionProgress {
             metrics,
             streaming: AtomicBool::new(false),

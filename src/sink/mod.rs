@@ -1,8 +1,9 @@
 //! Where records go: the [`Sink`] trait and its Kafka implementation.
 //!
-//! A sink separates accepting a record ([`Sink::send`], which may wait for capacity) from its
-//! delivery outcome ([`Sink::next_delivery`]): the pipeline confirms an LSN only from
-//! outcomes, never from acceptance.
+//! A sink separates accepting a record ([`Sink::send`], which never waits: a full queue gives
+//! the record back) from its delivery outcome ([`Sink::next_delivery`]): the pipeline confirms
+//! an LSN only from outcomes, never from acceptance. The exactly-once capability of a sink is
+//! [`crate::exactly_once::TransactionalSink`].
 
 pub mod kafka;
 pub mod producer;
@@ -13,7 +14,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::checkpoint::EventToken;
+use crate::ack::EventToken;
 
 /// A record header: name and value (`None`: a null value).
 pub type Header = (Cow<'static, str>, Option<Bytes>);
@@ -73,6 +74,15 @@ pub struct DeliveryError {
     pub record: Option<Box<Record>>,
 }
 
+/// Why [`Sink::send`] did not accept a record.
+#[derive(Debug)]
+pub enum SendError {
+    /// The client's queue has no room: the record, to send again once an outcome freed some.
+    Full(Box<Record>),
+    /// The client refused the record outright (e.g. larger than its limit).
+    Refused(DeliveryError),
+}
+
 /// The outcome of one record.
 #[derive(Debug)]
 pub struct Delivery {
@@ -96,15 +106,12 @@ pub struct InFlight {
 /// A destination for records with per-record delivery outcomes.
 pub trait Sink: Send {
     /// Accepts `record` for delivery; its outcome later comes from [`Sink::next_delivery`]
-    /// with `token`. Waits while the client's own queue is full.
+    /// with `token`. Never waits, so the caller stays free to answer its source and shutdown.
     ///
-    /// Returns an error if the record is refused outright (e.g. larger than the client's
-    /// limit). Not cancel-safe.
-    fn send(
-        &mut self,
-        record: Record,
-        token: EventToken,
-    ) -> impl Future<Output = Result<(), DeliveryError>> + Send;
+    /// Returns [`SendError::Full`] with the record when the client's own queue has no room,
+    /// [`SendError::Refused`] if the record is refused outright (e.g. larger than the
+    /// client's limit).
+    fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError>;
 
     /// The next delivery outcome, in no particular order; `None` when nothing is in flight.
     ///

@@ -1,6 +1,9 @@
-//! The PostgreSQL side: the walsender connection, the pgoutput decoder and the outbox mapping.
+//! The PostgreSQL side: the [`Source`] trait the session loop reads from, its two
+//! implementations, and their parts.
 //!
 //! - [`conninfo`]: `source_url` as libpq reads it (URL, `PG*` variables, password file).
+//! - [`logical`]: log tailing, the replication stream decoded into outbox events.
+//! - [`polling`]: the outbox table read with `FOR UPDATE SKIP LOCKED`.
 //! - [`replication`]: connection, authentication and the CopyBoth stream (IO).
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
@@ -8,14 +11,101 @@
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
 pub mod conninfo;
+pub mod logical;
 pub mod outbox;
 pub mod pgoutput;
+pub mod polling;
 pub mod replication;
 pub mod slot;
 pub mod tls;
 
-use crate::checkpoint::TrackerError;
+use std::future::Future;
+
+use crate::ack::TrackerError;
+use crate::error::Error;
 use crate::lsn::Lsn;
+use crate::sink::DeliveryError;
+use outbox::OutboxEvent;
+
+/// What a [`Source`] yields, in source order. (Events are the common variant: boxing them
+/// would cost an allocation each.)
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
+pub enum SourceItem {
+    /// A transaction starts; its events follow, then its [`SourceItem::Commit`].
+    Begin {
+        /// Where the transaction's commit record starts (pgoutput's `final_lsn`).
+        final_lsn: Lsn,
+        /// Commit time, Unix ms: the records' timestamp.
+        commit_time_ms: i64,
+    },
+    /// An event of the open transaction.
+    Event {
+        event: OutboxEvent,
+        /// The record's time (Unix ms) when it is not the transaction's commit time (the
+        /// polling source: the row's `created_at`).
+        time_ms: Option<i64>,
+    },
+    /// The open transaction ends; confirming `end_lsn` covers it.
+    Commit { end_lsn: Lsn },
+    /// Nothing the source sent before this position is an event: once nothing is in flight,
+    /// it may be confirmed (a keepalive's `wal_end`).
+    Idle(Lsn),
+}
+
+/// A position the session loop confirms to its source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Confirmation {
+    /// Every event before it is acknowledged by the sink (in exactly-once mode, committed);
+    /// never decreases.
+    pub position: Lsn,
+    /// Records acknowledged since the previous confirmation, for progress reports.
+    pub delivered: u64,
+}
+
+/// Who handles an event's failed delivery; the answer of [`Source::on_outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureHandling {
+    /// The session loop: a retryable failure ends the session (the next one publishes again
+    /// from the confirmed position), any other dead-letters or halts (`on_bad_event`).
+    Session,
+    /// The source recorded it (polling: `retry_count`, `FAILED`): the event counts as
+    /// settled and the session goes on.
+    Recorded,
+}
+
+/// Where a session's events come from: a stream of [`SourceItem`]s that takes confirmations
+/// of positions and learns each event's outcome. The session loop owns no IO; a source does its own (replication protocol,
+/// keepalive replies, SQL).
+pub trait Source: Send {
+    /// The next item.
+    ///
+    /// Cancel-safe: a call dropped before it completed loses no item. Returns an error if
+    /// the connection failed or the source read something it cannot map (bad input, a
+    /// protocol violation).
+    fn next(&mut self) -> impl Future<Output = Result<SourceItem, Error>> + Send;
+
+    /// Tells the source that everything before `confirmation.position` is delivered: the
+    /// log-tailing source sends it to the walsender as its flush LSN.
+    ///
+    /// Not cancel-safe: call it from a `select!` arm's body. Returns an error if it cannot be
+    /// passed on (the connection failed).
+    fn confirm(
+        &mut self,
+        confirmation: Confirmation,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The outcome of event number `event` (its ordinal among the [`SourceItem::Event`]s this
+    /// source yielded, from 0): acknowledged, or failed (the sink refused it or could not
+    /// deliver it). Called before any confirmation that covers the event.
+    fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling;
+
+    /// Whether the source asks for a confirmation now (the walsender requested a reply).
+    fn confirm_requested(&self) -> bool;
+
+    /// Ends the source cleanly after the last confirmation; problems are logged, not returned.
+    fn close(self) -> impl Future<Output = ()> + Send;
+}
 
 /// An error of the PostgreSQL side of a pipeline.
 #[derive(Debug, thiserror::Error)]

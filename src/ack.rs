@@ -11,34 +11,39 @@
 //! delivery report, and idle keepalives; [`AckTracker::flush_lsn`] is then the end LSN of the
 //! newest transaction whose events, and every earlier transaction's events, are acknowledged.
 //!
-//! Memory is proportional to the transactions that still have unacknowledged events (bounded
-//! by the in-flight limits), not to the WAL read: a transaction without outbox events folds
-//! into the one before it.
+//! Memory is one small entry per transaction that has events and is not yet confirmed: those
+//! with unacknowledged events and the acknowledged ones queued behind them. A transaction
+//! without outbox events folds into the one before it. [`AckTracker::unconfirmed_commits`]
+//! is what the session loop bounds (README, "Bounded memory"): a record that is never
+//! acknowledged must not let the queue behind it grow with the WAL read.
 //!
-//! In exactly-once mode a second position exists: the [`Checkpoint`] committed to Kafka with
-//! each PostgreSQL transaction's records. It is ahead of the slot when the relay died between
-//! the Kafka commit and the slot's confirmation; transactions at or below it were committed to
-//! Kafka already and are passed over on restart ([`Checkpoint::covers`]).
+//! The exactly-once checkpoint, a second position, lives in [`crate::exactly_once`].
 
 use std::collections::VecDeque;
 
 use crate::lsn::Lsn;
 
-/// Identifies the transaction an event belongs to; returned by [`AckTracker::track_event`] and
-/// handed back to [`AckTracker::ack`] once the broker acknowledged the event.
+/// Identifies an event and the transaction it belongs to; returned by
+/// [`AckTracker::track_event`], carried through the sink with the record, and handed back to
+/// [`AckTracker::ack`] once the broker acknowledged the event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EventToken(u64);
+pub struct EventToken {
+    /// The tracker's transaction id.
+    txn: u64,
+    /// The event's number, given by [`EventToken::with_event`] (the session loop: its
+    /// ordinal among the events of the session's source).
+    event: u64,
+}
 
 impl EventToken {
-    /// A token numbered by a source that tracks its events without an [`AckTracker`] (the
-    /// polling source: the event's position in its batch).
-    pub fn from_index(index: u64) -> Self {
-        EventToken(index)
+    /// This token for event number `event`.
+    pub fn with_event(self, event: u64) -> Self {
+        EventToken { event, ..self }
     }
 
-    /// The number given to [`EventToken::from_index`].
-    pub fn index(self) -> u64 {
-        self.0
+    /// The number given to [`EventToken::with_event`] (0 without).
+    pub fn event(self) -> u64 {
+        self.event
     }
 }
 
@@ -53,59 +58,6 @@ pub enum TrackerError {
     CommitBackwards { end_lsn: Lsn, previous: Lsn },
     #[error("acknowledgement for an event that is not in flight")]
     UnknownToken,
-}
-
-/// The exactly-once checkpoint: the commit end LSN of the newest PostgreSQL transaction whose
-/// Kafka transaction committed. Stored as the value of a record keyed by the pipeline name, as
-/// PostgreSQL prints an LSN (`0/16B3748`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Checkpoint(pub Lsn);
-
-/// The checkpoint could not be read at session start.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error("checkpoint topic {0:?} does not exist: create it with cleanup.policy=compact (see README, exactly-once mode)")]
-    MissingTopic(String),
-    #[error("reading checkpoint topic {topic:?}")]
-    Kafka {
-        topic: String,
-        #[source]
-        source: rdkafka::error::KafkaError,
-    },
-    #[error("checkpoint topic {0:?} was not read to its end within 60 s (a transaction open for longer holds read_committed readers back)")]
-    Timeout(String),
-    #[error("checkpoint topic {topic:?} partition {partition} offset {offset}: {reason}")]
-    Value {
-        topic: String,
-        partition: i32,
-        offset: i64,
-        reason: String,
-    },
-}
-
-impl Checkpoint {
-    /// The record value: the LSN as PostgreSQL prints it (`0/16B3748`).
-    pub fn encode(&self) -> String {
-        self.0.to_string()
-    }
-
-    /// Parses a record value written by [`Checkpoint::encode`].
-    ///
-    /// Returns an error naming the value if it is not an LSN.
-    pub fn decode(value: &[u8]) -> Result<Checkpoint, String> {
-        let text = std::str::from_utf8(value)
-            .map_err(|_| format!("checkpoint value is not UTF-8: {value:?}"))?;
-        text.parse()
-            .map(Checkpoint)
-            .map_err(|e| format!("checkpoint value: {e}"))
-    }
-
-    /// Whether the transaction whose commit record starts at `final_lsn` (pgoutput's Begin) is
-    /// at or below the checkpoint, i.e. already committed to Kafka. The transaction that ends
-    /// at the checkpoint has its commit record before it; any later one starts at or after it.
-    pub fn covers(&self, final_lsn: Lsn) -> bool {
-        final_lsn < self.0
-    }
 }
 
 #[derive(Debug)]
@@ -172,7 +124,10 @@ impl AckTracker {
             .back_mut()
             .expect("tracked open transaction is pending");
         txn.unacked += 1;
-        Ok(EventToken(txn.id))
+        Ok(EventToken {
+            txn: txn.id,
+            event: 0,
+        })
     }
 
     /// Records the Commit of the open transaction, whose end LSN is `end_lsn`.
@@ -207,7 +162,7 @@ impl AckTracker {
     pub fn ack(&mut self, token: EventToken) -> Result<(), TrackerError> {
         let front = self.pending.front().ok_or(TrackerError::UnknownToken)?.id;
         let index = token
-            .0
+            .txn
             .checked_sub(front)
             .ok_or(TrackerError::UnknownToken)?;
         let txn = usize::try_from(index)
@@ -242,6 +197,13 @@ impl AckTracker {
         self.open.is_some()
     }
 
+    /// Committed transactions with events that are not yet confirmed (unacknowledged
+    /// events of their own, or of an earlier transaction): the entries this tracker holds
+    /// besides the open transaction's. Bound it to bound the tracker's memory.
+    pub fn unconfirmed_commits(&self) -> usize {
+        self.pending.len() - usize::from(self.open == Some(true))
+    }
+
     /// Whether any event is waiting for its acknowledgement.
     pub fn has_unacked(&self) -> bool {
         !self.pending.is_empty()
@@ -266,35 +228,29 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn checkpoint_values_round_trip_and_bad_ones_are_named() {
-        let c = Checkpoint(Lsn(0x16B_3748));
-        assert_eq!(c.encode(), "0/16B3748");
-        assert_eq!(Checkpoint::decode(b"0/16B3748"), Ok(c));
+    fn unconfirmed_commits_count_the_queue_behind_an_unacknowledged_event_not_the_open_one() {
+        let mut t = AckTracker::new(Lsn(10));
+        t.begin().unwrap();
+        let stuck = t.track_event().unwrap();
         assert_eq!(
-            Checkpoint::decode(b"1A/0").unwrap(),
-            Checkpoint(Lsn(0x1A << 32))
+            t.unconfirmed_commits(),
+            0,
+            "the open transaction is not counted"
         );
-        for bad in [
-            &b""[..],
-            b"16B3748",
-            b"0/16B3748 ",
-            b"\xff/0",
-            b"0/zz",
-            &[0xff, b'/', b'0'],
-        ] {
-            let e = Checkpoint::decode(bad).unwrap_err();
-            assert!(e.starts_with("checkpoint value"), "{e}");
+        t.commit(Lsn(20)).unwrap();
+        for end in [30, 40, 50] {
+            t.begin().unwrap();
+            let token = t.track_event().unwrap();
+            t.ack(token).unwrap();
+            t.commit(Lsn(end)).unwrap();
         }
-    }
-
-    #[test]
-    fn checkpoint_covers_the_transaction_ending_there_and_not_the_next() {
-        // A transaction whose commit record spans 0/100..0/138, and the next at 0/138.
-        let c = Checkpoint(Lsn(0x138));
-        assert!(c.covers(Lsn(0x100)), "the checkpointed transaction itself");
-        assert!(c.covers(Lsn(0x10)), "earlier transactions");
-        assert!(!c.covers(Lsn(0x138)), "a commit record starting at the end");
-        assert!(!c.covers(Lsn(0x200)), "later transactions");
+        assert_eq!(t.unconfirmed_commits(), 4);
+        t.begin().unwrap();
+        t.track_event().unwrap();
+        assert_eq!(t.unconfirmed_commits(), 4);
+        t.ack(stuck).unwrap();
+        assert_eq!(t.flush_lsn(), Lsn(50));
+        assert_eq!(t.unconfirmed_commits(), 0);
     }
 
     #[test]

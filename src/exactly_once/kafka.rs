@@ -1,0 +1,361 @@
+//! Exactly-once on Kafka: the transactional producer's calls ([`KafkaTransactions`]) and the
+//! checkpoint's read-back ([`read_checkpoint`]) with a `read_committed` consumer.
+//!
+//! Records sent between [`Transactions::begin`] and [`Transactions::commit`] become visible to
+//! `read_committed` consumers together with the checkpoint record that the commit adds, or not
+//! at all.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+use super::{Checkpoint, CheckpointError, TransactionalSink, Transactions};
+use crate::config::KafkaConfig;
+use crate::lsn::Lsn;
+use crate::sink::kafka::KafkaSink;
+use crate::sink::producer::{DeliveryContext, PolledProducer};
+
+impl TransactionalSink for KafkaSink {
+    fn transactions(&self, checkpoint_topic: &str, pipeline: &str) -> Box<dyn Transactions> {
+        Box::new(KafkaTransactions {
+            producer: self.producer().clone(),
+            checkpoint_topic: checkpoint_topic.to_owned(),
+            pipeline: pipeline.to_owned(),
+        })
+    }
+}
+
+/// How long one blocking transaction call (init, commit, abort) may take. librdkafka's
+/// `transaction.timeout.ms` defaults to 60 s too: a transaction the coordinator would abort
+/// anyway is given up on by then.
+const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long reading the checkpoint topic to its end may take at session start.
+const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A Kafka transaction call failed.
+#[derive(Debug, thiserror::Error)]
+#[error("kafka transaction {operation} failed")]
+pub struct TransactionError {
+    /// `init`, `begin`, `commit` or `abort`.
+    pub operation: &'static str,
+    #[source]
+    pub source: KafkaError,
+}
+
+impl TransactionError {
+    /// Whether another producer with the same `transactional.id` took over (a relay started
+    /// since): this producer can do nothing more. The standby pattern: stop the session and
+    /// retry as while the slot is in use.
+    pub fn is_fenced(&self) -> bool {
+        let code = match &self.source {
+            KafkaError::Transaction(e) => Some(e.code()),
+            other => other.rdkafka_error_code(),
+        };
+        matches!(
+            code,
+            Some(
+                RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::Fenced
+            )
+        )
+    }
+
+    /// Whether a new session (a new producer) may succeed; not for refused authorization or
+    /// an invalid transaction timeout, which need the operator.
+    pub fn is_transient(&self) -> bool {
+        !matches!(
+            self.source.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+                    | RDKafkaErrorCode::ClusterAuthorizationFailed
+                    | RDKafkaErrorCode::TopicAuthorizationFailed
+                    | RDKafkaErrorCode::InvalidTransactionTimeout
+            )
+        )
+    }
+}
+
+/// The transaction calls of a transactional [`KafkaSink`] (created with a `transactional_id`),
+/// with checkpoint records keyed by the pipeline name in the checkpoint topic.
+///
+/// librdkafka's transaction calls block: each runs on tokio's blocking pool (on a clone of the
+/// producer), never on the runtime's threads. Not cancel-safe in the sense that a dropped
+/// call still completes in the background.
+#[derive(Clone)]
+pub struct KafkaTransactions {
+    producer: PolledProducer,
+    checkpoint_topic: String,
+    pipeline: String,
+}
+
+impl KafkaTransactions {
+    /// Registers the `transactional.id` with the transaction coordinator: fences any earlier
+    /// producer with this id (a relay that lost its slot but still runs) and aborts its open
+    /// transaction, so a `read_committed` read afterwards sees everything it committed.
+    ///
+    /// Returns an error if the coordinator cannot be reached within 60 s or refuses the id.
+    async fn init_call(&self) -> Result<(), TransactionError> {
+        self.call("init", |p| p.init_transactions(TRANSACTION_CALL_TIMEOUT))
+            .await
+    }
+
+    /// Starts a Kafka transaction; the records sent until [`Transactions::commit`] or
+    /// [`Transactions::abort`] belong to it.
+    async fn begin_call(&self) -> Result<(), TransactionError> {
+        self.call("begin", |p| p.begin_transaction()).await
+    }
+
+    /// Adds the checkpoint record (key = pipeline name, value = `end_lsn` as PostgreSQL prints
+    /// it), waits for its acknowledgement and commits the transaction. Call it once every
+    /// other record of the transaction was acknowledged: librdkafka's commit then has nothing
+    /// left to flush (rdkafka's flush loop would otherwise sleep in 100 ms steps), and fails the
+    /// commit if a record of the transaction failed (an abortable error).
+    ///
+    /// A commit that fails with a retriable error is tried again (without a second checkpoint).
+    ///
+    /// Returns an error if the transaction could not be committed within 60 s; then it is open
+    /// or aborted, never committed without the checkpoint. The returned future owns what it
+    /// needs, so it may be kept across `select!` iterations.
+    fn commit_call(
+        &self,
+        end_lsn: Lsn,
+    ) -> impl Future<Output = Result<(), TransactionError>> + Send + 'static {
+        let producer = self.producer.clone();
+        let topic = self.checkpoint_topic.clone();
+        let key = self.pipeline.clone();
+        let value = Checkpoint(end_lsn).encode();
+        let commit = self.call("commit", |p| {
+            // A retriable error (coordinator moving or loading, request timed out) leaves the
+            // transaction open: commit again, as librdkafka's documentation says, until the
+            // deadline.
+            let deadline = std::time::Instant::now() + TRANSACTION_CALL_TIMEOUT;
+            // The checkpoint's report reached us before librdkafka stopped counting the
+            // record (rdkafka completes the future, then frees the report): commit's own
+            // flush would then poll for a whole 100 ms. A flush without a timeout only looks.
+            while p.flush(Duration::ZERO).is_err() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            loop {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                match p.commit_transaction(left) {
+                    Err(KafkaError::Transaction(e)) if e.is_retriable() && !left.is_zero() => {
+                        tracing::debug!(error = %e, "kafka commit failed with a retriable error; committing again");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    result => return result,
+                }
+            }
+        });
+        async move {
+            let failed = |source| TransactionError {
+                operation: "commit",
+                source,
+            };
+            let (record, delivery) = PolledProducer::record(&topic);
+            producer
+                .send(record.key(key.as_bytes()).payload(value.as_bytes()))
+                .map_err(|(e, _)| failed(e))?;
+            match delivery.await {
+                Ok(Ok(())) => {}
+                Ok(Err((e, _))) => return Err(failed(e)),
+                Err(_canceled) => return Err(failed(KafkaError::Canceled)),
+            }
+            commit.await
+        }
+    }
+
+    /// Aborts the open transaction: its records are never shown to `read_committed`
+    /// consumers.
+    ///
+    /// Returns an error if the producer is fenced or the coordinator does not answer in time.
+    async fn abort_call(&self, timeout: Duration) -> Result<(), TransactionError> {
+        self.call("abort", move |p| p.abort_transaction(timeout))
+            .await
+    }
+
+    /// Runs `f` on the blocking pool with a clone of the producer; the future owns what it
+    /// needs, so it may be kept across `select!` iterations.
+    fn call<T: Send + 'static>(
+        &self,
+        operation: &'static str,
+        f: impl FnOnce(&BaseProducer<DeliveryContext>) -> Result<T, KafkaError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, TransactionError>> + Send + 'static {
+        let producer = self.producer.clone();
+        async move {
+            match tokio::task::spawn_blocking(move || f(producer.inner())).await {
+                Ok(result) => result.map_err(|source| TransactionError { operation, source }),
+                Err(join) => std::panic::resume_unwind(join.into_panic()),
+            }
+        }
+    }
+}
+
+impl Transactions for KafkaTransactions {
+    fn init(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
+        let this = self.clone();
+        async move { this.init_call().await }.boxed()
+    }
+
+    fn begin(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
+        let this = self.clone();
+        async move { this.begin_call().await }.boxed()
+    }
+
+    fn commit(&self, checkpoint: Checkpoint) -> BoxFuture<'static, Result<(), TransactionError>> {
+        self.commit_call(checkpoint.0).boxed()
+    }
+
+    fn abort(&self, timeout: Duration) -> BoxFuture<'static, Result<(), TransactionError>> {
+        let this = self.clone();
+        async move { this.abort_call(timeout).await }.boxed()
+    }
+}
+
+/// Client context of the checkpoint reader: the end of a partition is how it knows it is
+/// done, not an error to log (rdkafka's default context logs it as one).
+struct CheckpointReader;
+
+impl rdkafka::ClientContext for CheckpointReader {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF) {
+            tracing::error!(error = %error, reason, "librdkafka error while reading the checkpoint topic");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
+
+/// Reads the exactly-once checkpoint of `pipeline` from `topic`: assigns every partition from
+/// the beginning with a `read_committed` consumer, reads each to its end (the last stable
+/// offset: records of open transactions wait, those of aborted ones are never seen) and
+/// returns the last value under the key `pipeline` (the highest of the partitions' last
+/// values, should the key be in several after partitions were added). Blocking work runs on
+/// tokio's blocking pool.
+///
+/// Returns `Ok(None)` when the topic has no checkpoint for this pipeline (or its last value
+/// is a tombstone), and an error if the topic does not exist, a value is not an LSN, or the
+/// end is not reached within 60 s.
+pub async fn read_checkpoint(
+    config: &KafkaConfig,
+    topic: &str,
+    pipeline: &str,
+) -> Result<Option<Lsn>, CheckpointError> {
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    for (key, value) in &config.properties {
+        client.set(key, value);
+    }
+    client
+        .set("group.id", format!("outbox-relay-checkpoint-{pipeline}"))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("allow.auto.create.topics", "false");
+    let (topic, pipeline) = (topic.to_owned(), pipeline.to_owned());
+    let read = move || -> Result<Option<Lsn>, CheckpointError> {
+        let kafka = |source| CheckpointError::Kafka {
+            topic: topic.clone(),
+            source,
+        };
+        let consumer: BaseConsumer<CheckpointReader> = client
+            .create_with_context(CheckpointReader)
+            .map_err(kafka)?;
+        let deadline = std::time::Instant::now() + CHECKPOINT_READ_TIMEOUT;
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), CHECKPOINT_READ_TIMEOUT)
+            .map_err(kafka)?;
+        let partitions = match metadata.topics().iter().find(|t| t.name() == topic) {
+            Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len(),
+            _ => return Err(CheckpointError::MissingTopic(topic.clone())),
+        };
+        let mut assignment = TopicPartitionList::new();
+        for partition in 0..partitions {
+            let partition = i32::try_from(partition).expect("partition count fits i32");
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Beginning)
+                .map_err(kafka)?;
+        }
+        consumer.assign(&assignment).map_err(kafka)?;
+        let mut at_end = vec![false; partitions];
+        // The last value of each partition (records of one partition are in order); a key
+        // lives in one partition unless partitions were added to the topic, and checkpoints
+        // only grow, so the highest of them is the checkpoint.
+        let mut last = vec![None; partitions];
+        while at_end.contains(&false) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(CheckpointError::Timeout(topic.clone()));
+            }
+            match consumer.poll(left.min(Duration::from_millis(500))) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(partition))) => {
+                    if let Some(end) = usize::try_from(partition)
+                        .ok()
+                        .and_then(|p| at_end.get_mut(p))
+                    {
+                        *end = true;
+                    }
+                }
+                Some(Err(e)) => return Err(kafka(e)),
+                Some(Ok(message)) if message.key() == Some(pipeline.as_bytes()) => {
+                    let Some(slot) = usize::try_from(message.partition())
+                        .ok()
+                        .and_then(|p| last.get_mut(p))
+                    else {
+                        continue;
+                    };
+                    *slot = match message.payload() {
+                        None => None,
+                        Some(value) => Some(Checkpoint::decode(value).map_err(|reason| {
+                            CheckpointError::Value {
+                                topic: topic.clone(),
+                                partition: message.partition(),
+                                offset: message.offset(),
+                                reason,
+                            }
+                        })?),
+                    };
+                }
+                // Another pipeline's checkpoint.
+                Some(Ok(_)) => {}
+            }
+        }
+        Ok(last.into_iter().flatten().map(|c: Checkpoint| c.0).max())
+    };
+    match tokio::task::spawn_blocking(read).await {
+        Ok(result) => result,
+        Err(join) => std::panic::resume_unwind(join.into_panic()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transaction_errors_are_classified() {
+        let error = |operation, code| TransactionError {
+            operation,
+            source: KafkaError::MessageProduction(code),
+        };
+        let fenced = error("commit", RDKafkaErrorCode::ProducerFenced);
+        assert!(fenced.is_fenced() && fenced.is_transient());
+        assert!(error("begin", RDKafkaErrorCode::InvalidProducerEpoch).is_fenced());
+        let loading = error("commit", RDKafkaErrorCode::CoordinatorLoadInProgress);
+        assert!(!loading.is_fenced() && loading.is_transient());
+        let refused = error("init", RDKafkaErrorCode::TransactionalIdAuthorizationFailed);
+        assert!(!refused.is_fenced() && !refused.is_transient());
+        assert!(crate::error::chain(&fenced).starts_with(
+            "kafka transaction commit failed: Message production error: ProducerFenced"
+        ));
+    }
+}

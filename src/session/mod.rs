@@ -1,0 +1,575 @@
+//! The session loop: source -> router -> sink -> ack tracker, generic over [`Source`] and
+//! [`Sink`], with exactly-once as a [`Mode`] the caller chooses from a transactional sink.
+//!
+//! The invariant it keeps: the position confirmed to the source never passes an event the sink
+//! has not acknowledged (in exactly-once mode, committed), and never decreases. Positions come
+//! only from [`AckTracker::flush_lsn`]; the tracker sees a commit only once the sink
+//! transaction (if any) committed.
+//!
+//! Memory stays bounded: no source item is read while the sink holds `max_in_flight_events`
+//! records or `max_in_flight_bytes` bytes without an outcome, while a record waits for room in
+//! the sink's queue, or while `max_in_flight_events` committed transactions wait behind an
+//! unacknowledged event in the ack tracker ([`AckTracker::unconfirmed_commits`]). Shutdown and
+//! confirmations stay live in all of these states.
+//!
+//! The loop owns no IO: the caller builds the source and the sink and hands them over, so a
+//! test drives it with fakes.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::time::{interval, sleep, sleep_until, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::ack::{AckTracker, EventToken, TrackerError};
+use crate::config::{OnBadEvent, PipelineConfig};
+use crate::error::{chain, Error, Recovery};
+use crate::exactly_once::{ExactlyOnce, TransactionError};
+use crate::lsn::Lsn;
+use crate::metrics::PipelineMetrics;
+use crate::router::{RouteError, Router};
+use crate::sink::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
+use crate::supervisor::SessionProgress;
+use crate::source::outbox::OutboxEvent;
+use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
+
+/// Minimum gap between confirmations sent because the flush LSN moved; the timer sends one
+/// every status interval regardless.
+const MIN_CONFIRM_GAP: Duration = Duration::from_millis(10);
+/// Least time between two warnings about events with a null key.
+const NULL_KEY_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+/// How often a record the sink's queue had no room for is offered again while the sink has
+/// nothing in flight whose outcome would free room.
+const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
+
+/// The delivery guarantee of a session.
+pub enum Mode {
+    /// Records are confirmed once acknowledged; a restart may publish them again.
+    AtLeastOnce,
+    /// Each source transaction's records are committed in one sink transaction with a
+    /// checkpoint; built from a [`crate::exactly_once::TransactionalSink`].
+    ExactlyOnce(ExactlyOnce),
+}
+
+/// One session: a source, a sink, the router between them and the ack tracker behind them.
+pub struct Session<'a, So: Source, Si: Sink> {
+    config: &'a PipelineConfig,
+    metrics: &'a PipelineMetrics,
+    source: So,
+    sink: Si,
+    router: Router,
+    tracker: AckTracker,
+    eos: Option<ExactlyOnce>,
+    /// Records the sink's queue had no room for, in send order, with their tokens.
+    blocked: VecDeque<(Box<Record>, EventToken)>,
+    /// Commit time of the open transaction (Unix ms), from its Begin.
+    commit_time_ms: Option<i64>,
+    /// The last position the source reported, for error context.
+    position: Lsn,
+    /// The position of the last confirmation sent.
+    confirmed: Lsn,
+    /// When it was sent, on tokio's clock (a simulation's clock when paused).
+    last_confirm: tokio::time::Instant,
+    /// Records acknowledged since the last confirmation.
+    delivered: u64,
+    /// Event items the source yielded: the next one's number for [`Source::on_outcome`].
+    events: u64,
+    /// Where the session started, and whom to tell when the confirmed position passes it
+    /// (the supervisor resets its backoff only after such progress).
+    start: Lsn,
+    progress: &'a SessionProgress,
+    /// When the last null-key warning was logged, and events with a null key not yet in one.
+    null_key_warned: (Option<Instant>, u64),
+}
+
+impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
+    /// A session starting at `start` (the source's confirmed position: the flush LSN never
+    /// goes below it).
+    pub fn new(
+        config: &'a PipelineConfig,
+        metrics: &'a PipelineMetrics,
+        source: So,
+        sink: Si,
+        router: Router,
+        mode: Mode,
+        start: Lsn,
+        progress: &'a SessionProgress,
+    ) -> Self {
+        Session {
+            config,
+            metrics,
+            source,
+            sink,
+            router,
+            tracker: AckTracker::new(start),
+            eos: match mode {
+                Mode::AtLeastOnce => None,
+                Mode::ExactlyOnce(eos) => Some(eos),
+            },
+            blocked: VecDeque::new(),
+            commit_time_ms: None,
+            position: start,
+            confirmed: Lsn::ZERO,
+            last_confirm: tokio::time::Instant::now(),
+            delivered: 0,
+            events: 0,
+            start,
+            progress,
+            null_key_warned: (None, 0),
+        }
+    }
+
+    /// Streams until `shutdown` (then drains and returns `Ok`) or an error, confirming at
+    /// least every `status_interval`. On a permanent error found before its event was sent
+    /// (bad input, a record the sink refuses), what was sent before it is still delivered and
+    /// confirmed (up to the shutdown timeout), so a restart after the fix publishes as little
+    /// again as possible; the failing event's transaction stays unconfirmed. After a failed
+    /// delivery nothing more is awaited: later records of the same key may be queued behind
+    /// it, and dropping the sink purges them.
+    pub async fn run(
+        mut self,
+        shutdown: &CancellationToken,
+        status_interval: Duration,
+    ) -> Result<(), Error> {
+        let result = self.stream(shutdown, status_interval).await;
+        if let Some(eos) = &mut self.eos {
+            let fenced = matches!(&result, Err(Error::Transaction(e)) if e.is_fenced());
+            if let Some(end_lsn) = eos.end(fenced, self.metrics).await {
+                // Cannot fail: the transaction was open in the tracker.
+                let _ = self.tracker.commit(end_lsn);
+            }
+        }
+        if let Err(e) = &result {
+            if e.recovery() != Recovery::Stop || matches!(e, Error::Delivery(_)) {
+                return result;
+            }
+            self.drain_in_flight(self.config.shutdown_timeout()).await;
+        }
+        if let Err(e) = self.confirm().await {
+            warn!(pipeline = %self.config.name, error = %chain(&e), "could not send the final confirmation");
+            return result.and(Err(e));
+        }
+        let flush = self.tracker.flush_lsn();
+        self.source.close().await;
+        info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
+        result
+    }
+
+    async fn stream(
+        &mut self,
+        shutdown: &CancellationToken,
+        status_interval: Duration,
+    ) -> Result<(), Error> {
+        let mut status_timer = interval(status_interval);
+        status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
+
+        loop {
+            let in_flight = self.sink.in_flight();
+            // Exactly-once: once every record of the committed source transaction is
+            // acknowledged, commit its sink transaction (with the checkpoint record).
+            let committing = match &mut self.eos {
+                Some(eos) => {
+                    eos.start_commit(in_flight.events == 0 && self.blocked.is_empty());
+                    eos.commit_pending()
+                }
+                None => false,
+            };
+            // While draining, finish the open transaction (so its events are confirmed and
+            // not published again after restart) but start no new one.
+            let draining = drain_deadline.is_some();
+            let read = self.has_capacity(in_flight)
+                && (!draining || self.tracker.in_transaction())
+                && !committing;
+            if draining && !self.tracker.in_transaction() && in_flight.events == 0 {
+                break;
+            }
+
+            tokio::select! {
+                biased;
+                // 1. Shutdown: stop taking new transactions, drain what is in flight.
+                _ = shutdown.cancelled(), if !draining => {
+                    info!(pipeline = %self.config.name, in_flight = in_flight.events, "draining before shutdown");
+                    drain_deadline = Some(tokio::time::Instant::now() + self.config.shutdown_timeout());
+                }
+                _ = sleep_until(drain_deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
+                    warn!(
+                        pipeline = %self.config.name,
+                        in_flight = in_flight.events,
+                        in_transaction = self.tracker.in_transaction(),
+                        "shutdown timeout reached; events after the confirmed LSN will be published again on restart"
+                    );
+                    break;
+                }
+                // 2. Delivery outcomes: free capacity, move the flush LSN.
+                Some(delivery) = self.sink.next_delivery(), if in_flight.events > 0 => {
+                    self.on_delivery(delivery)?;
+                }
+                // Exactly-once: the sink's commit, then the ack tracker sees the source's.
+                result = committed(&mut self.eos), if committing => self.on_committed(result)?,
+                // 3. Confirmations on a timer, also while no source item is read, and once
+                // the flush LSN moved (at most every MIN_CONFIRM_GAP).
+                _ = status_timer.tick() => self.confirm().await?,
+                _ = sleep_until(self.last_confirm + MIN_CONFIRM_GAP), if self.tracker.flush_lsn() > self.confirmed => {}
+                // A record waits for room in the sink's queue, and no outcome will make some.
+                _ = sleep(QUEUE_FULL_RETRY), if !self.blocked.is_empty() && in_flight.events == 0 => {}
+                // 4. New source items, only while there is capacity.
+                item = self.source.next(), if read => self.on_item(item?).await?,
+            }
+
+            self.send_blocked()?;
+            if (self.tracker.flush_lsn() > self.confirmed
+                && self.last_confirm.elapsed() >= MIN_CONFIRM_GAP)
+                || self.source.confirm_requested()
+            {
+                self.confirm().await?;
+            }
+        }
+
+        Ok(())
+    }
+
+    /// Whether another source item may be read: the in-flight limits, the ack tracker's queue
+    /// of committed transactions (bounded by `max_in_flight_events` too: one entry each) and
+    /// the sink's queue.
+    fn has_capacity(&self, in_flight: InFlight) -> bool {
+        in_flight.events < self.config.max_in_flight_events
+            && in_flight.bytes < self.config.max_in_flight_bytes
+            && self.tracker.unconfirmed_commits() < self.config.max_in_flight_events
+            && self.blocked.is_empty()
+    }
+
+    /// Waits up to `timeout` for the outcomes of records in flight, acknowledging them.
+    async fn drain_in_flight(&mut self, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.sink.in_flight().events > 0 {
+            let Ok(Some(delivery)) =
+                tokio::time::timeout_at(deadline, self.sink.next_delivery()).await
+            else {
+                break;
+            };
+            if self.on_delivery(delivery).is_err() {
+                break;
+            }
+        }
+    }
+
+    async fn on_item(&mut self, item: SourceItem) -> Result<(), Error> {
+        match item {
+            SourceItem::Begin {
+                final_lsn,
+                commit_time_ms,
+            } => {
+                self.tracker
+                    .begin()
+                    .map_err(|source| tracker_error(final_lsn, source))?;
+                self.commit_time_ms = Some(commit_time_ms);
+                if let Some(eos) = &mut self.eos {
+                    eos.on_begin(final_lsn);
+                }
+            }
+            SourceItem::Event { event, time_ms } => self.publish(event, time_ms).await?,
+            SourceItem::Commit { end_lsn } => {
+                self.position = self.position.max(end_lsn);
+                self.commit_time_ms = None;
+                self.metrics.transactions.inc();
+                let now = match &mut self.eos {
+                    Some(eos) => eos.on_commit(end_lsn)?,
+                    None => true,
+                };
+                // Otherwise the tracker sees the commit once the sink committed.
+                if now {
+                    self.tracker
+                        .commit(end_lsn)
+                        .map_err(|source| tracker_error(end_lsn, source))?;
+                }
+            }
+            SourceItem::Idle(position) => {
+                self.position = self.position.max(position);
+                self.tracker.idle(position);
+            }
+        }
+        Ok(())
+    }
+
+    /// Exactly-once: the sink transaction of the source transaction ending at the returned
+    /// LSN committed (or failed: the session ends, and the next one aborts what is open).
+    fn on_committed(&mut self, result: Result<Lsn, TransactionError>) -> Result<(), Error> {
+        let end_lsn = result?;
+        self.metrics.kafka_transaction("committed");
+        self.tracker
+            .commit(end_lsn)
+            .map_err(|source| tracker_error(end_lsn, source))?;
+        Ok(())
+    }
+
+    /// Routes an event of the open transaction and hands it to the sink, acknowledged like any
+    /// other record before its transaction is confirmed.
+    async fn publish(&mut self, event: OutboxEvent, time_ms: Option<i64>) -> Result<(), Error> {
+        let number = self.events;
+        self.events += 1;
+        let lsn = event.lsn;
+        self.position = self.position.max(lsn);
+        let commit_time_ms = self.commit_time_ms.ok_or_else(|| {
+            SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction"))
+        })?;
+        self.metrics.events_decoded.inc();
+        if self.eos.as_ref().is_some_and(ExactlyOnce::skipping) {
+            // Committed to the sink with its transaction before the last crash.
+            self.metrics.skipped("checkpointed");
+            return Ok(());
+        }
+        if event.aggregate_id.is_none() {
+            self.null_key(&event);
+        }
+        let record = route_or_dead_letter(
+            &self.router,
+            self.config,
+            self.metrics,
+            &event,
+            time_ms.unwrap_or(commit_time_ms),
+        )?;
+        if let Some(eos) = &mut self.eos {
+            eos.before_send().await?;
+        }
+        let token = self
+            .tracker
+            .track_event()
+            .map_err(|source| tracker_error(lsn, source))?
+            .with_event(number);
+        self.send(record, token).map_err(Error::Rejected)?;
+        self.update_in_flight_gauges();
+        Ok(())
+    }
+
+    /// Hands `record` to the sink, or queues it behind the records waiting for room.
+    ///
+    /// Returns an error if the sink refused it and it is not to be dead-lettered.
+    fn send(&mut self, record: Record, token: EventToken) -> Result<(), DeliveryError> {
+        if !self.blocked.is_empty() {
+            self.blocked.push_back((Box::new(record), token));
+            return Ok(());
+        }
+        match self.sink.send(record, token) {
+            Ok(()) => Ok(()),
+            Err(SendError::Full(record)) => {
+                debug!(pipeline = %self.config.name, "sink queue full; the record waits for room");
+                self.blocked.push_back((record, token));
+                Ok(())
+            }
+            Err(SendError::Refused(e)) => self.refused(e, token),
+        }
+    }
+
+    /// A record the sink refused outright: the source's to record, or dead-lettered.
+    ///
+    /// Returns an error if neither.
+    fn refused(&mut self, error: DeliveryError, token: EventToken) -> Result<(), DeliveryError> {
+        match self.source.on_outcome(token.event(), Err(&error)) {
+            FailureHandling::Recorded => {
+                self.metrics.delivery_failed(&error.topic, error.retryable);
+                self.settle(token).map_err(|_| error)
+            }
+            FailureHandling::Session => self.dead_letter_refused(error, token),
+        }
+    }
+
+    /// Counts an event the source recorded as failed as settled in the ack tracker.
+    ///
+    /// Returns an error if the token is not in flight.
+    fn settle(&mut self, token: EventToken) -> Result<(), Error> {
+        self.tracker
+            .ack(token)
+            .map_err(|source| tracker_error(self.position, source))
+    }
+
+    /// Offers the records waiting for room to the sink again, in order.
+    fn send_blocked(&mut self) -> Result<(), Error> {
+        while let Some((record, token)) = self.blocked.pop_front() {
+            match self.sink.send(*record, token) {
+                Ok(()) => {}
+                Err(SendError::Full(record)) => {
+                    self.blocked.push_front((record, token));
+                    break;
+                }
+                Err(SendError::Refused(e)) => self.refused(e, token).map_err(Error::Rejected)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A record the sink refused: with `on_bad_event = "dead_letter"` and an error retrying
+    /// cannot fix, its copy goes to the dead-letter topic under the same token (so its
+    /// transaction is confirmed once the copy is acknowledged). Records of the same key sent
+    /// after the refused one may be published before the copy: dead-lettering trades that
+    /// for flow.
+    ///
+    /// Returns `error` when it is not to be dead-lettered, or the copy's own refusal.
+    fn dead_letter_refused(
+        &mut self,
+        mut error: DeliveryError,
+        token: EventToken,
+    ) -> Result<(), DeliveryError> {
+        let dead_letter_topic = match (
+            &self.config.on_bad_event,
+            &self.config.dead_letter_topic,
+        ) {
+            (OnBadEvent::DeadLetter, Some(topic)) if !error.retryable && error.topic != *topic => {
+                topic.clone()
+            }
+            _ => return Err(error),
+        };
+        let Some(record) = error.record.take() else {
+            return Err(error);
+        };
+        warn!(pipeline = %self.config.name, event_id = %error.event_id, topic = %error.topic, dead_letter_topic = %dead_letter_topic, reason = %error.reason, "Kafka refused the record; sending it to the dead-letter topic");
+        self.metrics.dead_lettered(if error.too_large {
+            "too_large"
+        } else {
+            "refused"
+        });
+        let copy = Router::dead_letter_refused(*record, &error, &dead_letter_topic);
+        self.send(copy, token)
+    }
+
+    /// Counts an event with a NULL aggregate id (published with a null key) and warns at
+    /// most every [`NULL_KEY_WARNING_INTERVAL`].
+    fn null_key(&mut self, event: &OutboxEvent) {
+        self.metrics.events_null_key.inc();
+        let (last, unwarned) = &mut self.null_key_warned;
+        *unwarned += 1;
+        if last.is_none_or(|at| at.elapsed() >= NULL_KEY_WARNING_INTERVAL) {
+            warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), events = *unwarned, "events with a NULL aggregate id published with a null key (no per-aggregate order); counted in outbox_relay_events_null_key_total");
+            *last = Some(Instant::now());
+            *unwarned = 0;
+        }
+    }
+
+    fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {
+        self.update_in_flight_gauges();
+        observe_delivery(self.metrics, &delivery);
+        let handling = self
+            .source
+            .on_outcome(delivery.token.event(), delivery.result.as_ref().map(|_| ()));
+        match delivery.result {
+            Ok(()) => {
+                self.settle(delivery.token)?;
+                self.delivered += 1;
+                Ok(())
+            }
+            Err(_) if handling == FailureHandling::Recorded => self.settle(delivery.token),
+            Err(e) => {
+                if e.retryable {
+                    return Err(e.into());
+                }
+                // Halting: a Delivery error, so nothing queued behind it is awaited.
+                self.dead_letter_refused(e, delivery.token)
+                    .map_err(Error::Delivery)?;
+                self.update_in_flight_gauges();
+                Ok(())
+            }
+        }
+    }
+
+    /// Confirms the tracker's flush LSN to the source.
+    async fn confirm(&mut self) -> Result<(), Error> {
+        let flush = self.tracker.flush_lsn();
+        let delivered = std::mem::take(&mut self.delivered);
+        self.source
+            .confirm(Confirmation {
+                position: flush,
+                delivered,
+            })
+            .await?;
+        if flush != self.confirmed {
+            debug!(pipeline = %self.config.name, flush_lsn = %flush, "confirmed");
+        }
+        // The confirmed position advances (it never decreases: the tracker's never does).
+        self.confirmed = flush;
+        if flush > self.start {
+            self.progress.advanced();
+        }
+        self.last_confirm = tokio::time::Instant::now();
+        self.metrics.oldest_unacked_age.set(
+            self.sink
+                .oldest_in_flight()
+                .map_or(0.0, |sent| sent.elapsed().as_secs_f64()),
+        );
+        Ok(())
+    }
+
+    fn update_in_flight_gauges(&self) {
+        let in_flight = self.sink.in_flight();
+        self.metrics.in_flight_events.set(in_flight.events as i64);
+        self.metrics.in_flight_bytes.set(in_flight.bytes as i64);
+    }
+}
+
+/// Waits for the sink commit in progress; never completes if there is none. Cancel-safe.
+async fn committed(eos: &mut Option<ExactlyOnce>) -> Result<Lsn, TransactionError> {
+    match eos {
+        Some(eos) => eos.committed().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn tracker_error(lsn: Lsn, source: TrackerError) -> Error {
+    SourceError::Tracker { lsn, source }.into()
+}
+
+/// Routes `event` (its time `time_ms`, Unix ms); an event that cannot be routed goes to the
+/// dead-letter topic when `on_bad_event = "dead_letter"` (logged and counted).
+///
+/// Returns the routing error otherwise: the pipeline stops.
+pub(crate) fn route_or_dead_letter(
+    router: &Router,
+    config: &PipelineConfig,
+    metrics: &PipelineMetrics,
+    event: &OutboxEvent,
+    time_ms: i64,
+) -> Result<Record, RouteError> {
+    match router.route(event, time_ms) {
+        Ok(record) => Ok(record),
+        Err(e) => match (
+            &config.on_bad_event,
+            &config.dead_letter_topic,
+        ) {
+            (OnBadEvent::DeadLetter, Some(topic)) => {
+                warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
+                metrics.dead_lettered(e.reason_label());
+                Ok(Router::dead_letter(event, &e, topic, time_ms))
+            }
+            _ => Err(e),
+        },
+    }
+}
+
+/// Counts a delivery outcome in the metrics: published records by topic with their latency
+/// (acceptance to outcome) and commit-to-ack time, failures by topic and retryability.
+pub(crate) fn observe_delivery(metrics: &PipelineMetrics, delivery: &Delivery) {
+    match &delivery.result {
+        Ok(()) => {
+            metrics.published(&delivery.topic);
+            metrics
+                .delivery_latency
+                .observe(delivery.latency.as_secs_f64());
+            if let Some(commit_ms) = delivery.timestamp_ms {
+                metrics
+                    .commit_to_ack
+                    .observe((now_ms() - commit_ms).max(0) as f64 / 1_000.0);
+            }
+        }
+        Err(e) => metrics.delivery_failed(&delivery.topic, e.retryable),
+    }
+}
+
+/// The wall clock, Unix ms.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests;

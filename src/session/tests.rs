@@ -1,0 +1,498 @@
+//! The session loop driven by a fake source and a fake sink, on tokio's paused clock (time
+//! moves only when every task waits, so no test depends on the machine's speed).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::*;
+use crate::metrics::Metrics;
+use crate::source::outbox::ValueKind;
+use crate::source::FailureHandling;
+
+fn config() -> PipelineConfig {
+    PipelineConfig {
+        max_in_flight_events: 10,
+        max_in_flight_bytes: 1 << 20,
+        shutdown_timeout_secs: 2,
+        ..PipelineConfig::test_pipeline()
+    }
+}
+
+/// Where the test starts: the slot's confirmed LSN.
+const START: Lsn = Lsn(0x100);
+
+/// Transaction `i` with `events` events: its Begin, events and Commit items, at LSNs above
+/// [`START`] that grow with `i`. Event ids are `e<i>.<n>`.
+fn transaction(i: u64, events: u64) -> Vec<SourceItem> {
+    let base = START.0 + 0x1000 * (i + 1);
+    let mut items = vec![SourceItem::Begin {
+        final_lsn: Lsn(base + 0x800),
+        commit_time_ms: 1_700_000_000_000,
+    }];
+    for n in 0..events {
+        let event = OutboxEvent {
+            id: Bytes::from(format!("e{i}.{n}")),
+            aggregate_type: Bytes::from_static(b"order"),
+            aggregate_id: Some(Bytes::from(format!("k{i}"))),
+            event_type: Some(Bytes::from_static(b"created")),
+            payload: Some(Bytes::from_static(b"{}")),
+            headers: None,
+            routed_by: None,
+            payload_kind: ValueKind::Json,
+            columns: vec![],
+            lsn: Lsn(base + 0x10 * (n + 1)),
+        };
+        items.push(SourceItem::Event {
+            event,
+            time_ms: None,
+        });
+    }
+    items.push(SourceItem::Commit {
+        end_lsn: commit_end(i),
+    });
+    items
+}
+
+/// The end LSN of [`transaction`] `i`.
+fn commit_end(i: u64) -> Lsn {
+    Lsn(START.0 + 0x1000 * (i + 1) + 0x900)
+}
+
+/// What the fake source saw.
+#[derive(Default)]
+struct SourceLog {
+    begins: usize,
+    confirmations: Vec<Lsn>,
+    /// Event numbers and whether they were acknowledged, in the order the outcomes came.
+    outcomes: Vec<(u64, bool)>,
+}
+
+/// Hands out scripted items, then waits forever; records failed deliveries itself (as the
+/// polling source does) when `records_failures`.
+struct FakeSource {
+    items: VecDeque<SourceItem>,
+    log: Arc<Mutex<SourceLog>>,
+    records_failures: bool,
+}
+
+impl FakeSource {
+    fn new(items: Vec<SourceItem>) -> (Self, Arc<Mutex<SourceLog>>) {
+        let log = Arc::new(Mutex::new(SourceLog::default()));
+        let source = FakeSource {
+            items: items.into(),
+            log: log.clone(),
+            records_failures: false,
+        };
+        (source, log)
+    }
+}
+
+impl Source for FakeSource {
+    async fn next(&mut self) -> Result<SourceItem, Error> {
+        match self.items.pop_front() {
+            Some(item) => {
+                if matches!(item, SourceItem::Begin { .. }) {
+                    self.log.lock().unwrap().begins += 1;
+                }
+                Ok(item)
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn confirm(&mut self, confirmation: Confirmation) -> Result<(), Error> {
+        self.log
+            .lock()
+            .unwrap()
+            .confirmations
+            .push(confirmation.position);
+        Ok(())
+    }
+
+    fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling {
+        self.log
+            .lock()
+            .unwrap()
+            .outcomes
+            .push((event, outcome.is_ok()));
+        match self.records_failures {
+            true => FailureHandling::Recorded,
+            false => FailureHandling::Session,
+        }
+    }
+
+    fn confirm_requested(&self) -> bool {
+        false
+    }
+
+    async fn close(self) {}
+}
+
+/// Accepts records while it holds fewer than `queue_limit`, acknowledges each at once except
+/// the first `hold` ones, which never get an outcome (an unavailable partition), and those
+/// numbered (from 0, in send order) in `fail`, which time out (a retryable failure).
+struct FakeSink {
+    queue_limit: usize,
+    hold: usize,
+    fail: Vec<usize>,
+    ready: VecDeque<(Delivery, usize)>,
+    in_flight: InFlight,
+    /// Event ids in the order the sink accepted them.
+    sent: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeSink {
+    fn new(queue_limit: usize, hold: usize) -> (Self, Arc<Mutex<Vec<String>>>) {
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let sink = FakeSink {
+            queue_limit,
+            hold,
+            fail: Vec::new(),
+            ready: VecDeque::new(),
+            in_flight: InFlight::default(),
+            sent: sent.clone(),
+        };
+        (sink, sent)
+    }
+}
+
+impl Sink for FakeSink {
+    fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
+        if self.in_flight.events >= self.queue_limit {
+            return Err(SendError::Full(Box::new(record)));
+        }
+        let size = record.size();
+        self.in_flight.events += 1;
+        self.in_flight.bytes += size;
+        let mut sent = self.sent.lock().unwrap();
+        sent.push(record.event_id());
+        if sent.len() > self.hold {
+            let result = match self.fail.contains(&(sent.len() - 1)) {
+                false => Ok(()),
+                true => Err(DeliveryError {
+                    event_id: record.event_id(),
+                    topic: record.topic.clone(),
+                    reason: "Local: Message timed out".into(),
+                    retryable: true,
+                    too_large: false,
+                    record: None,
+                }),
+            };
+            let delivery = Delivery {
+                token,
+                topic: record.topic,
+                result,
+                latency: Duration::ZERO,
+                timestamp_ms: None,
+            };
+            self.ready.push_back((delivery, size));
+        }
+        Ok(())
+    }
+
+    async fn next_delivery(&mut self) -> Option<Delivery> {
+        match self.ready.pop_front() {
+            Some((delivery, size)) => {
+                self.in_flight.events -= 1;
+                self.in_flight.bytes -= size;
+                Some(delivery)
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    fn in_flight(&self) -> InFlight {
+        self.in_flight
+    }
+
+    fn oldest_in_flight(&self) -> Option<Instant> {
+        None
+    }
+}
+
+/// Runs a session over `source` and `sink` and cancels it after `run_for` (virtual time);
+/// returns its result and how long it ran.
+async fn run_session(
+    config: &PipelineConfig,
+    source: FakeSource,
+    sink: FakeSink,
+    run_for: Duration,
+) -> (Result<(), Error>, Duration) {
+    let metrics = Metrics::new().pipeline(&config.name);
+    let progress = SessionProgress::new(metrics.clone());
+    let router = Router::new(&config).unwrap();
+    let shutdown = CancellationToken::new();
+    let cancel = shutdown.clone();
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(run_for).await;
+        cancel.cancel();
+    });
+    let started = tokio::time::Instant::now();
+    let session = Session::new(
+        config,
+        &metrics,
+        source,
+        sink,
+        router,
+        Mode::AtLeastOnce,
+        START,
+        &progress,
+    );
+    let result = tokio::time::timeout(
+        run_for + Duration::from_secs(600),
+        session.run(&shutdown, config.status_interval()),
+    )
+    .await
+    .expect("the session ends after shutdown");
+    timer.abort();
+    (result, started.elapsed())
+}
+
+/// Issue 16, defect 3: reading was gated only on the sink's in-flight count, so behind one
+/// record that is never acknowledged every later (acknowledged) transaction stayed queued in
+/// the ack tracker, as many as the source had.
+#[tokio::test(start_paused = true)]
+async fn one_unacknowledged_record_does_not_let_the_ack_tracker_grow_with_the_source() {
+    let config = config();
+    let items = (0..10_000).flat_map(|i| transaction(i, 1)).collect();
+    let (source, log) = FakeSource::new(items);
+    let (sink, sent) = FakeSink::new(usize::MAX, 1);
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    result.unwrap();
+    let log = log.lock().unwrap();
+    assert!(
+        log.begins <= config.max_in_flight_events + 1,
+        "{} transactions read behind one unacknowledged record with max_in_flight_events = {}",
+        log.begins,
+        config.max_in_flight_events
+    );
+    assert_eq!(sent.lock().unwrap().len(), log.begins);
+    assert!(!log.confirmations.is_empty(), "confirmations go on");
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn == START),
+        "confirmed past the unacknowledged record: {:?}",
+        log.confirmations
+    );
+}
+
+/// Issue 16, defect 5: with the sink's queue full, `send` waited inside the select arm: no
+/// confirmations (the walsender times out) and no shutdown until an outcome came.
+#[tokio::test(start_paused = true)]
+async fn a_full_sink_queue_keeps_confirmations_and_shutdown_alive() {
+    let config = config();
+    let (source, log) = FakeSource::new(transaction(0, 5));
+    // Two records fit and never get an outcome (the broker is away); the third finds the
+    // queue full.
+    let (sink, sent) = FakeSink::new(2, usize::MAX);
+    let run_for = Duration::from_secs(10);
+    let (result, ran) = run_session(&config, source, sink, run_for).await;
+    result.unwrap();
+    assert!(
+        ran <= run_for + config.shutdown_timeout() + Duration::from_secs(1),
+        "shutdown took {ran:?}"
+    );
+    let log = log.lock().unwrap();
+    assert!(
+        log.confirmations.len() >= 10,
+        "one confirmation per status interval while the queue is full: {:?}",
+        log.confirmations
+    );
+    assert!(log.confirmations.iter().all(|&lsn| lsn == START));
+    assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1"]);
+}
+
+/// A record the full queue gave back is sent again once outcomes made room, in order, and
+/// its transaction is confirmed after it is acknowledged.
+#[tokio::test(start_paused = true)]
+async fn records_the_full_queue_gave_back_go_out_in_order_once_there_is_room() {
+    let config = config();
+    let items = (0..3).flat_map(|i| transaction(i, 4)).collect();
+    let (source, log) = FakeSource::new(items);
+    let (sink, sent) = FakeSink::new(2, 0);
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    result.unwrap();
+    let expected: Vec<String> = (0..3)
+        .flat_map(|i| (0..4).map(move |n| format!("e{i}.{n}")))
+        .collect();
+    assert_eq!(*sent.lock().unwrap(), expected);
+    let log = log.lock().unwrap();
+    assert_eq!(log.confirmations.last(), Some(&commit_end(2)));
+    assert!(
+        log.confirmations.windows(2).all(|w| w[0] <= w[1]),
+        "confirmations went backwards: {:?}",
+        log.confirmations
+    );
+}
+
+/// What the fake transaction calls saw, and how commits end.
+#[derive(Default)]
+struct TransactionLog {
+    calls: Vec<&'static str>,
+    /// Checkpoints of the commits called.
+    checkpoints: Vec<Lsn>,
+}
+
+/// Transaction calls that succeed at once, except that commit number `fail_commit` (from 0)
+/// fails.
+struct FakeTransactions {
+    log: Arc<Mutex<TransactionLog>>,
+    fail_commit: Option<usize>,
+}
+
+fn transaction_error(operation: &'static str) -> TransactionError {
+    TransactionError {
+        operation,
+        source: rdkafka::error::KafkaError::Canceled,
+    }
+}
+
+impl crate::exactly_once::Transactions for FakeTransactions {
+    fn init(&self) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        self.log.lock().unwrap().calls.push("init");
+        Box::pin(async { Ok(()) })
+    }
+
+    fn begin(&self) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        self.log.lock().unwrap().calls.push("begin");
+        Box::pin(async { Ok(()) })
+    }
+
+    fn commit(
+        &self,
+        checkpoint: crate::exactly_once::Checkpoint,
+    ) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        let mut log = self.log.lock().unwrap();
+        log.calls.push("commit");
+        let fail = self.fail_commit == Some(log.checkpoints.len());
+        log.checkpoints.push(checkpoint.0);
+        Box::pin(async move {
+            // A commit takes time: the loop must not confirm meanwhile.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if fail {
+                Err(transaction_error("commit"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    fn abort(
+        &self,
+        _timeout: Duration,
+    ) -> futures::future::BoxFuture<'static, Result<(), TransactionError>> {
+        self.log.lock().unwrap().calls.push("abort");
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Exactly-once: each source transaction's records go in one sink transaction committed with
+/// its end LSN as checkpoint; nothing is confirmed past a transaction before its commit
+/// completed, and a failed commit ends the session with the transaction unconfirmed.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_after_a_failed_one() {
+    let config = config();
+    let items = (0..3).flat_map(|i| transaction(i, 2)).collect();
+    let (source, log) = FakeSource::new(items);
+    let (sink, sent) = FakeSink::new(usize::MAX, 0);
+    let transactions = Arc::new(Mutex::new(TransactionLog::default()));
+    let fake = FakeTransactions {
+        log: transactions.clone(),
+        fail_commit: Some(1),
+    };
+    let metrics = Metrics::new().pipeline(&config.name);
+    let progress = SessionProgress::new(metrics.clone());
+    let router = Router::new(&config).unwrap();
+    let session = Session::new(
+        &config,
+        &metrics,
+        source,
+        sink,
+        router,
+        Mode::ExactlyOnce(ExactlyOnce::new(Box::new(fake), None)),
+        START,
+        &progress,
+    );
+    let shutdown = CancellationToken::new();
+    let result = tokio::time::timeout(
+        Duration::from_secs(600),
+        session.run(&shutdown, config.status_interval()),
+    )
+    .await
+    .expect("a failed commit ends the session");
+    let error = result.expect_err("a failed commit is an error");
+    assert!(matches!(error, Error::Transaction(_)), "{error:?}");
+    let transactions = transactions.lock().unwrap();
+    // The failed transaction is aborted as the session ends.
+    assert_eq!(
+        transactions.calls,
+        ["begin", "commit", "begin", "commit", "abort"]
+    );
+    assert_eq!(transactions.checkpoints, [commit_end(0), commit_end(1)]);
+    assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e1.0", "e1.1"]);
+    let log = log.lock().unwrap();
+    assert_eq!(
+        log.begins, 2,
+        "no source item is read while a commit is pending"
+    );
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn <= commit_end(0)),
+        "confirmed past the transaction whose commit failed: {:?}",
+        log.confirmations
+    );
+    assert!(
+        log.confirmations.contains(&commit_end(0)),
+        "the committed transaction is confirmed: {:?}",
+        log.confirmations
+    );
+}
+
+/// A failure the source records (polling: retry_count) settles its event: the session goes
+/// on and confirms past it. A failure left to the session (log tailing) ends it unconfirmed.
+#[tokio::test(start_paused = true)]
+async fn failures_the_source_records_settle_their_events_and_the_session_goes_on() {
+    let config = config();
+    let items: Vec<SourceItem> = (0..3).flat_map(|i| transaction(i, 2)).collect();
+
+    let (mut source, log) = FakeSource::new(items.clone());
+    source.records_failures = true;
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.fail = vec![1];
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    result.unwrap();
+    assert_eq!(sent.lock().unwrap().len(), 6);
+    {
+        let log = log.lock().unwrap();
+        let mut outcomes = log.outcomes.clone();
+        outcomes.sort();
+        assert_eq!(
+            outcomes,
+            [
+                (0, true),
+                (1, false),
+                (2, true),
+                (3, true),
+                (4, true),
+                (5, true)
+            ]
+        );
+        assert_eq!(log.confirmations.last(), Some(&commit_end(2)));
+    }
+
+    let (source, log) = FakeSource::new(items);
+    let (mut sink, _) = FakeSink::new(usize::MAX, 0);
+    sink.fail = vec![1];
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    let error = result.expect_err("a retryable failure ends a log-tailing session");
+    assert!(
+        matches!(&error, Error::Delivery(e) if e.retryable),
+        "{error:?}"
+    );
+    let log = log.lock().unwrap();
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn == START),
+        "confirmed past the failed event: {:?}",
+        log.confirmations
+    );
+}

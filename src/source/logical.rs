@@ -1,0 +1,258 @@
+//! Log tailing: the replication stream, decoded (pgoutput) and mapped to outbox events, as a
+//! [`Source`].
+//!
+//! Positions are LSNs. A confirmation is a standby status update with write = flush = apply =
+//! the confirmed LSN: the walsender never sends what it covers again, so the session loop
+//! confirms only what the sink acknowledged. Keepalive replies are this source's affair: a
+//! keepalive that asks for one makes [`Source::confirm_requested`] true.
+
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::outbox::{OutboxDecoder, OutboxError};
+use super::pgoutput::{self, LogicalReplicationMessage};
+use super::replication::{ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS};
+use super::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
+use crate::config::InvalidOpBehavior;
+use crate::error::{chain, Error};
+use crate::lsn::Lsn;
+use crate::metrics::PipelineMetrics;
+use crate::sink::DeliveryError;
+
+/// How often the catch-up progress line is logged.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+/// Lag that counts as catching up: 16 MiB of WAL.
+const PROGRESS_MIN_LAG_BYTES: u64 = 16 << 20;
+/// How long to wait for the walsender to acknowledge the end of streaming.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The replication stream of one slot as a [`Source`].
+pub struct LogicalSource {
+    metrics: PipelineMetrics,
+    stream: ReplicationStream,
+    decoder: OutboxDecoder,
+    op_invalid_behavior: InvalidOpBehavior,
+    /// The server's end of WAL, as last reported in XLogData or a keepalive.
+    server_wal_end: Lsn,
+    /// A keepalive asked for a reply that was not sent yet.
+    reply_requested: bool,
+    /// For the catch-up progress line: when it was last logged, with the counts then.
+    progress: Progress,
+}
+
+impl LogicalSource {
+    /// A source over `stream`, started at the slot's `confirmed_flush_lsn`; `decoder` maps
+    /// the outbox table's inserts and messages.
+    pub fn new(
+        stream: ReplicationStream,
+        decoder: OutboxDecoder,
+        op_invalid_behavior: InvalidOpBehavior,
+        metrics: PipelineMetrics,
+        confirmed_flush_lsn: Lsn,
+    ) -> Self {
+        LogicalSource {
+            metrics,
+            stream,
+            decoder,
+            op_invalid_behavior,
+            server_wal_end: confirmed_flush_lsn,
+            reply_requested: false,
+            progress: Progress {
+                at: Instant::now(),
+                published: 0,
+                flush: confirmed_flush_lsn,
+            },
+        }
+    }
+
+    /// The item of one replication message; `None` for messages that yield none (relations,
+    /// types, changes of other tables).
+    fn on_message(&mut self, message: ReplicationMessage) -> Result<Option<SourceItem>, Error> {
+        match message {
+            ReplicationMessage::XLogData {
+                wal_start,
+                wal_end,
+                data,
+                ..
+            } => {
+                self.server_wal_end = self.server_wal_end.max(wal_end);
+                let message = pgoutput::decode(data).map_err(|source| SourceError::Decode {
+                    lsn: wal_start,
+                    source,
+                })?;
+                self.on_pgoutput(message, wal_start)
+            }
+            ReplicationMessage::PrimaryKeepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                self.server_wal_end = self.server_wal_end.max(wal_end);
+                self.reply_requested |= reply_requested;
+                Ok(Some(SourceItem::Idle(wal_end)))
+            }
+        }
+    }
+
+    fn on_pgoutput(
+        &mut self,
+        message: LogicalReplicationMessage,
+        lsn: Lsn,
+    ) -> Result<Option<SourceItem>, Error> {
+        let name = self.metrics.name();
+        Ok(match message {
+            LogicalReplicationMessage::Begin(begin) => Some(SourceItem::Begin {
+                final_lsn: begin.final_lsn,
+                commit_time_ms: begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000,
+            }),
+            LogicalReplicationMessage::Commit(commit) => Some(SourceItem::Commit {
+                end_lsn: commit.end_lsn,
+            }),
+            LogicalReplicationMessage::Type(ty) => {
+                self.decoder.on_type(&ty);
+                None
+            }
+            LogicalReplicationMessage::Relation(relation) => {
+                debug!(pipeline = %name, rel_id = relation.rel_id, table = %format_args!("{}.{}", relation.namespace, relation.name), "relation");
+                self.decoder.on_relation(&relation);
+                None
+            }
+            LogicalReplicationMessage::Insert(insert) => {
+                match self.decoder.on_insert(&insert, lsn)? {
+                    Some(event) => Some(SourceItem::Event {
+                        event,
+                        time_ms: None,
+                    }),
+                    None => {
+                        self.metrics.skipped("insert");
+                        None
+                    }
+                }
+            }
+            LogicalReplicationMessage::Update(update) if self.decoder.is_outbox(update.rel_id) => {
+                self.invalid_op("update", lsn)?
+            }
+            LogicalReplicationMessage::Delete(delete) if self.decoder.is_outbox(delete.rel_id) => {
+                self.invalid_op("delete", lsn)?
+            }
+            LogicalReplicationMessage::Message(message) => {
+                if !self.decoder.is_outbox_message(&message) {
+                    self.metrics.skipped("message");
+                    None
+                } else if !message.transactional {
+                    // Emitted whether or not its transaction commits: not an outbox event.
+                    warn!(pipeline = %name, %lsn, prefix = %message.prefix, "non-transactional logical message with the outbox prefix passed over; emit outbox messages with pg_logical_emit_message(true, ...)");
+                    self.metrics.skipped("message_non_transactional");
+                    None
+                } else {
+                    Some(SourceItem::Event {
+                        event: self.decoder.on_message(&message, lsn)?,
+                        time_ms: None,
+                    })
+                }
+            }
+            other => {
+                self.metrics.skipped(other.kind());
+                None
+            }
+        })
+    }
+
+    /// An UPDATE or DELETE of an outbox row, handled as `op_invalid_behavior` says.
+    fn invalid_op(&self, op: &'static str, lsn: Lsn) -> Result<Option<SourceItem>, Error> {
+        match self.op_invalid_behavior {
+            InvalidOpBehavior::Ignore => {}
+            InvalidOpBehavior::Warn => {
+                warn!(pipeline = %self.metrics.name(), %lsn, op, "outbox row changed after its insert; passed over")
+            }
+            InvalidOpBehavior::Error => return Err(OutboxError::InvalidOp { op, lsn }.into()),
+        }
+        self.metrics.skipped(op);
+        Ok(None)
+    }
+
+    /// While catching up on a backlog (more than [`PROGRESS_MIN_LAG_BYTES`] behind), logs every
+    /// [`PROGRESS_INTERVAL`] how fast it goes and when it should be done.
+    fn log_progress(&mut self, flush: Lsn, lag: u64) {
+        let elapsed = self.progress.at.elapsed();
+        if elapsed < PROGRESS_INTERVAL {
+            return;
+        }
+        let published = self.progress.published;
+        if lag > PROGRESS_MIN_LAG_BYTES {
+            let secs = elapsed.as_secs_f64();
+            let bytes_per_sec = flush.0.saturating_sub(self.progress.flush.0) as f64 / secs;
+            let eta = (bytes_per_sec > 0.0).then(|| format!("{:.0}s", lag as f64 / bytes_per_sec));
+            info!(
+                pipeline = %self.metrics.name(),
+                events_per_sec = (published as f64 / secs).round(),
+                lag_bytes = lag,
+                eta = eta.as_deref().unwrap_or("unknown"),
+                "catching up"
+            );
+        }
+        self.progress = Progress {
+            at: Instant::now(),
+            published: 0,
+            flush,
+        };
+    }
+}
+
+impl Source for LogicalSource {
+    /// Cancel-safe: [`ReplicationStream::recv`] is, and what follows it does not wait.
+    async fn next(&mut self) -> Result<SourceItem, Error> {
+        loop {
+            let message = self.stream.recv().await?.ok_or(SourceError::Closed)?;
+            if let Some(item) = self.on_message(message)? {
+                return Ok(item);
+            }
+        }
+    }
+
+    /// Sends write = flush = apply = the confirmed position. Reporting a write position
+    /// beyond flush would stop the walsender's unsolicited keepalives (it sends them while
+    /// both are behind what it has read), and with them idle progress.
+    async fn confirm(&mut self, confirmation: Confirmation) -> Result<(), Error> {
+        let flush = confirmation.position;
+        self.stream.send_status(flush, flush).await?;
+        self.reply_requested = false;
+        self.metrics.status_updates.inc();
+        self.metrics
+            .confirmed_flush_lsn
+            .set(i64::try_from(flush.0).unwrap_or(i64::MAX));
+        let lag = self.server_wal_end.0.saturating_sub(flush.0);
+        self.metrics
+            .lag_bytes
+            .set(i64::try_from(lag).unwrap_or(i64::MAX));
+        self.progress.published += confirmation.delivered;
+        self.log_progress(flush, lag);
+        Ok(())
+    }
+
+    /// Outcomes are the session's: the walsender sends everything after the confirmed LSN
+    /// again after a restart.
+    fn on_outcome(&mut self, _event: u64, _outcome: Result<(), &DeliveryError>) -> FailureHandling {
+        FailureHandling::Session
+    }
+
+    fn confirm_requested(&self) -> bool {
+        self.reply_requested
+    }
+
+    async fn close(self) {
+        let name = self.metrics.name().to_owned();
+        if let Err(e) = self.stream.stop(STOP_TIMEOUT).await {
+            warn!(pipeline = %name, error = %chain(&e), "walsender did not end the stream cleanly");
+        }
+    }
+}
+
+/// Snapshot for the catch-up progress line.
+struct Progress {
+    at: Instant,
+    /// Records acknowledged since `at`.
+    published: u64,
+    flush: Lsn,
+}

@@ -1,0 +1,474 @@
+//! The polling cycle as a [`Source`]: one batch of rows is one transaction of source items.
+//!
+//! Positions are cycle numbers (an [`Lsn`] only by type): cycle `n` yields `Begin` at `n`, the
+//! eligible rows as events, then `Commit` at `n`, and holds its SQL transaction (and with it
+//! the row locks) open until the session confirms position `n`, i.e. every event of the batch
+//! has an outcome. [`Source::on_outcome`] tells the source each row's outcome: the
+//! confirmation marks the acknowledged rows, records the failures and commits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::Notify;
+use tokio_postgres::{Client, Row};
+use tracing::{debug, error, warn};
+
+use super::statements::{Statements, COL_CTID};
+use super::{Cycle, Driver, Pace, FAILED};
+use crate::config::{MarkMode, PipelineConfig, PollingConfig};
+use crate::error::{chain, Error};
+use crate::lsn::Lsn;
+use crate::metrics::PipelineMetrics;
+use crate::session::now_ms;
+use crate::sink::DeliveryError;
+use crate::source::outbox::OutboxEvent;
+use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
+
+/// One selected row, and what became of it in this cycle.
+struct Polled {
+    ctid: String,
+    event_id: String,
+    /// Aggregate type and id; `None` for a NULL aggregate id (no order).
+    key: Option<(Bytes, Bytes)>,
+    /// The event until it is yielded.
+    event: Option<OutboxEvent>,
+    created_ms: Option<i64>,
+    /// Blocking rows of its aggregate before it (in the table, not only the batch).
+    older: i64,
+    outcome: Outcome,
+}
+
+#[derive(Debug)]
+enum Outcome {
+    /// Not published in this cycle: an earlier blocking row of its aggregate is not in the
+    /// batch, or an earlier one of the batch failed.
+    Held,
+    /// Yielded; no outcome yet.
+    Sent,
+    Acked,
+    Failed(DeliveryError),
+}
+
+/// The cycle in progress: its SQL transaction is open.
+struct Batch {
+    position: Lsn,
+    rows: Vec<Polled>,
+    /// The next row to yield or hold.
+    next: usize,
+    begun: bool,
+    ended: bool,
+    /// Rows of each aggregate considered so far.
+    in_batch: HashMap<(Bytes, Bytes), i64>,
+    /// Aggregates with a failed event in this batch: their later events are held.
+    failed_keys: Vec<(Bytes, Bytes)>,
+    /// Event numbers (of [`Source::on_outcome`]) and their rows, in order.
+    numbers: Vec<(u64, usize)>,
+}
+
+/// Rows fetched by a cycle's first statements.
+type Fetch = BoxFuture<'static, Result<Vec<Row>, Error>>;
+
+/// The outbox table of one pipeline as a [`Source`].
+pub struct PollingSource {
+    config: PipelineConfig,
+    metrics: PipelineMetrics,
+    client: Arc<Client>,
+    _driver: Driver,
+    sql: Arc<Statements>,
+    /// Woken by LISTEN notifications.
+    notified: Arc<Notify>,
+    pace: Pace,
+    next_poll: tokio::time::Instant,
+    next_stats: Instant,
+    next_purge: Instant,
+    /// The cycle's first statements in progress (kept across cancelled [`Source::next`]s).
+    fetching: Option<Fetch>,
+    batch: Option<Batch>,
+    /// Event items yielded: the next one's number.
+    events: u64,
+    cycles: u64,
+}
+
+impl PollingSource {
+    /// A source over `client` (its connection driven by `driver`, notifications waking
+    /// `notified`) with the pipeline's statements.
+    pub(super) fn new(
+        config: &PipelineConfig,
+        metrics: PipelineMetrics,
+        client: Client,
+        driver: Driver,
+        notified: Arc<Notify>,
+        sql: Statements,
+    ) -> Self {
+        PollingSource {
+            config: config.clone(),
+            metrics,
+            client: Arc::new(client),
+            _driver: driver,
+            sql: Arc::new(sql),
+            notified,
+            pace: Pace::default(),
+            next_poll: tokio::time::Instant::now(),
+            next_stats: Instant::now(),
+            next_purge: Instant::now(),
+            fetching: None,
+            batch: None,
+            events: 0,
+            cycles: 0,
+        }
+    }
+
+    /// The statements that start a cycle: the maintenance that is due (gauges, retention
+    /// purge), BEGIN and the SELECT; an empty batch is committed at once.
+    fn fetch(&mut self) -> Fetch {
+        let now = Instant::now();
+        let p = &self.config.polling;
+        let stats = now >= self.next_stats;
+        if stats {
+            self.next_stats = now + Duration::from_millis(p.stats_interval_ms);
+        }
+        let purge = match (p.purge_published_after_secs, now >= self.next_purge) {
+            (Some(age), true) => {
+                self.next_purge = now + Duration::from_secs(p.purge_interval_secs);
+                Some((
+                    age as f64,
+                    i64::try_from(p.purge_batch_size).unwrap_or(i64::MAX),
+                ))
+            }
+            _ => None,
+        };
+        let batch_size = i64::try_from(p.batch_size).unwrap_or(i64::MAX);
+        let (client, sql, metrics) = (self.client.clone(), self.sql.clone(), self.metrics.clone());
+        let name = self.config.name.clone();
+        async move {
+            let sql_error = |e| Error::from(SourceError::Sql(e));
+            if stats {
+                let row = client.query_one(&sql.stats, &[]).await.map_err(sql_error)?;
+                let m = &metrics.polling;
+                m.pending_rows.set(row.get(0));
+                m.oldest_pending_age.set(row.get(1));
+                m.failed_rows.set(row.get(2));
+            }
+            if let (Some(statement), Some((age, batch))) = (&sql.purge, purge) {
+                loop {
+                    let deleted = client
+                        .execute(statement, &[&age, &batch])
+                        .await
+                        .map_err(sql_error)?;
+                    metrics.polling.rows_purged.inc_by(deleted);
+                    if deleted > 0 {
+                        debug!(pipeline = %name, rows = deleted, "purged published rows");
+                    }
+                    if deleted < batch as u64 {
+                        break;
+                    }
+                }
+            }
+            // BEGIN and COMMIT by hand (the client is shared); an error before COMMIT ends the
+            // session, and with the connection the transaction.
+            client.batch_execute("BEGIN").await.map_err(sql_error)?;
+            let rows = client
+                .query(&sql.select, &[&batch_size])
+                .await
+                .map_err(sql_error)?;
+            metrics.polling.polls.inc();
+            if rows.is_empty() {
+                client.batch_execute("COMMIT").await.map_err(sql_error)?;
+            }
+            Ok(rows)
+        }
+        .boxed()
+    }
+
+    /// The batch of `rows`, or `None` when there are none.
+    fn batch(&mut self, rows: Vec<Row>) -> Result<Option<Batch>, Error> {
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut polled = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (event, created_ms, older) = self.sql.event(&self.config, row)?;
+            polled.push(Polled {
+                ctid: row.get::<_, String>(COL_CTID),
+                event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                key: event
+                    .aggregate_id
+                    .clone()
+                    .map(|id| (event.aggregate_type.clone(), id)),
+                event: Some(event),
+                created_ms,
+                older,
+                outcome: Outcome::Held,
+            });
+        }
+        self.cycles += 1;
+        Ok(Some(Batch {
+            position: Lsn(self.cycles),
+            rows: polled,
+            next: 0,
+            begun: false,
+            ended: false,
+            in_batch: HashMap::new(),
+            failed_keys: Vec::new(),
+            numbers: Vec::new(),
+        }))
+    }
+
+    /// Ends the cycle: marks the acknowledged rows, records the failures, commits. A row
+    /// still without an outcome (the session ends before it came) stays pending, and so do
+    /// the later rows of its aggregate.
+    ///
+    /// Returns an error if a statement fails, or, after the commit, the delivery error that
+    /// stops the pipeline (`mark` other than `status` and an error retrying cannot fix).
+    async fn finish(&mut self) -> Result<(), Error> {
+        let Some(batch) = self.batch.take() else {
+            return Ok(());
+        };
+        let p = &self.config.polling;
+        let name = &self.config.name;
+        // An event acknowledged after an earlier one of its aggregate failed stays pending.
+        let mut failed_keys: Vec<&(Bytes, Bytes)> = Vec::new();
+        let (mut published, mut retry, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut halt: Option<DeliveryError> = None;
+        let mut retry_later = false;
+        for polled in &batch.rows {
+            match &polled.outcome {
+                Outcome::Acked => match &polled.key {
+                    Some(key) if failed_keys.contains(&key) => {
+                        warn!(pipeline = %name, event_id = %polled.event_id, "event acknowledged after an earlier event of its aggregate failed; it stays pending and is published again after that one");
+                    }
+                    _ => published.push(polled.ctid.clone()),
+                },
+                Outcome::Failed(e) => {
+                    if let Some(key) = &polled.key {
+                        if failure_blocks(p, e) {
+                            failed_keys.push(key);
+                        }
+                    }
+                    match (p.mark, e.retryable) {
+                        (MarkMode::Status, true) => retry.push(polled.ctid.clone()),
+                        (MarkMode::Status, false) => {
+                            error!(pipeline = %name, event_id = %polled.event_id, error = %e, "event marked FAILED: publishing it again cannot succeed");
+                            failed.push(polled.ctid.clone());
+                        }
+                        (_, true) => {
+                            warn!(pipeline = %name, event_id = %polled.event_id, error = %e, "delivery failed; the event stays pending");
+                            retry_later = true;
+                        }
+                        (_, false) => {
+                            halt.get_or_insert_with(|| DeliveryError {
+                                event_id: e.event_id.clone(),
+                                topic: e.topic.clone(),
+                                reason: e.reason.clone(),
+                                retryable: false,
+                                too_large: e.too_large,
+                                record: None,
+                            });
+                        }
+                    }
+                }
+                Outcome::Sent => {
+                    if let Some(key) = &polled.key {
+                        failed_keys.push(key);
+                    }
+                }
+                Outcome::Held => {}
+            }
+        }
+        let sql_error = |e| Error::from(SourceError::Sql(e));
+        if !published.is_empty() {
+            let n = self
+                .client
+                .execute(&self.sql.mark_published, &[&published])
+                .await
+                .map_err(sql_error)?;
+            debug!(pipeline = %name, rows = n, "marked published");
+        }
+        if let (Some(sql), false) = (&self.sql.mark_retry, retry.is_empty()) {
+            let rows = self
+                .client
+                .query(
+                    sql,
+                    &[
+                        &retry,
+                        &(p.retry_min_ms as f64),
+                        &(p.retry_max_ms as f64),
+                        &i32::try_from(p.max_attempts).unwrap_or(i32::MAX),
+                    ],
+                )
+                .await
+                .map_err(sql_error)?;
+            for row in rows {
+                let (event_id, status, attempts): (String, String, i64) =
+                    (row.get(0), row.get(1), row.get(2));
+                let reason = batch
+                    .rows
+                    .iter()
+                    .find(|b| b.event_id == event_id)
+                    .and_then(|b| match &b.outcome {
+                        Outcome::Failed(e) => Some(e.reason.as_str()),
+                        _ => None,
+                    })
+                    .unwrap_or("");
+                if status == FAILED {
+                    error!(pipeline = %name, %event_id, attempts, error = %reason, "event marked FAILED after its last attempt");
+                    self.metrics.polling.failed(self.metrics.name(), true);
+                } else {
+                    warn!(pipeline = %name, %event_id, attempts, error = %reason, "delivery failed; retrying later");
+                }
+            }
+        }
+        if let (Some(sql), false) = (&self.sql.mark_failed, failed.is_empty()) {
+            let rows = self
+                .client
+                .query(sql, &[&failed])
+                .await
+                .map_err(sql_error)?;
+            for _ in rows {
+                self.metrics.polling.failed(self.metrics.name(), false);
+            }
+        }
+        self.client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(sql_error)?;
+        let cycle = Cycle {
+            fetched: batch.rows.len(),
+            published: published.len(),
+            retry_later,
+        };
+        let delay = self.pace.next(p, &cycle);
+        self.next_poll = tokio::time::Instant::now() + delay;
+        match halt {
+            Some(e) => Err(Error::Delivery(e)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Source for PollingSource {
+    /// Cancel-safe: the cycle's statements are kept in the source while they run, the wait
+    /// before a cycle is a deadline, and the rest does not wait.
+    async fn next(&mut self) -> Result<SourceItem, Error> {
+        loop {
+            if let Some(batch) = &mut self.batch {
+                if !batch.begun {
+                    batch.begun = true;
+                    return Ok(SourceItem::Begin {
+                        final_lsn: batch.position,
+                        commit_time_ms: now_ms(),
+                    });
+                }
+                // Send the eligible rows in order; hold the rest.
+                while batch.next < batch.rows.len() {
+                    let i = batch.next;
+                    batch.next += 1;
+                    let polled = &mut batch.rows[i];
+                    let eligible = match &polled.key {
+                        None => true,
+                        Some(key) => {
+                            let before = batch.in_batch.entry(key.clone()).or_insert(0);
+                            let eligible =
+                                polled.older == *before && !batch.failed_keys.contains(key);
+                            *before += 1;
+                            eligible
+                        }
+                    };
+                    if eligible {
+                        polled.outcome = Outcome::Sent;
+                        batch.numbers.push((self.events, i));
+                        self.events += 1;
+                        let event = polled.event.take().expect("each row is yielded once");
+                        return Ok(SourceItem::Event {
+                            event,
+                            time_ms: Some(polled.created_ms.unwrap_or_else(now_ms)),
+                        });
+                    }
+                }
+                if !batch.ended {
+                    batch.ended = true;
+                    return Ok(SourceItem::Commit {
+                        end_lsn: batch.position,
+                    });
+                }
+                // Every outcome, then the confirmation that ends the cycle.
+                return std::future::pending().await;
+            }
+            if self.fetching.is_none() {
+                tokio::select! {
+                    biased;
+                    _ = self.notified.notified() => self.pace.idle_streak = 0,
+                    _ = tokio::time::sleep_until(self.next_poll) => {}
+                }
+                self.fetching = Some(self.fetch());
+            }
+            let rows = self.fetching.as_mut().expect("fetching").await;
+            self.fetching = None;
+            self.batch = self.batch(rows?)?;
+            if self.batch.is_none() {
+                let delay = self.pace.next(&self.config.polling, &Cycle::default());
+                self.next_poll = tokio::time::Instant::now() + delay;
+            }
+        }
+    }
+
+    async fn confirm(&mut self, confirmation: Confirmation) -> Result<(), Error> {
+        match &self.batch {
+            Some(batch) if batch.ended && confirmation.position >= batch.position => {
+                self.finish().await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Every outcome is the source's to record: a failed row is retried, marked FAILED or
+    /// stops the pipeline after the cycle (`mark`), the session goes on.
+    fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling {
+        let blocks = outcome.is_err_and(|e| failure_blocks(&self.config.polling, e));
+        let Some(batch) = &mut self.batch else {
+            return FailureHandling::Recorded;
+        };
+        let Ok(at) = batch.numbers.binary_search_by_key(&event, |(n, _)| *n) else {
+            return FailureHandling::Recorded;
+        };
+        let polled = &mut batch.rows[batch.numbers[at].1];
+        polled.outcome = match outcome {
+            Ok(()) => Outcome::Acked,
+            Err(e) => {
+                if let (Some(key), true) = (&polled.key, blocks) {
+                    batch.failed_keys.push(key.clone());
+                }
+                Outcome::Failed(DeliveryError {
+                    event_id: e.event_id.clone(),
+                    topic: e.topic.clone(),
+                    reason: e.reason.clone(),
+                    retryable: e.retryable,
+                    too_large: e.too_large,
+                    record: None,
+                })
+            }
+        };
+        FailureHandling::Recorded
+    }
+
+    fn confirm_requested(&self) -> bool {
+        false
+    }
+
+    /// Ends a cycle still open with the outcomes known: acknowledged rows are marked, rows
+    /// without an outcome stay pending.
+    async fn close(mut self) {
+        if let Err(e) = self.finish().await {
+            error!(pipeline = %self.config.name, error = %chain(&e), "could not end the polling cycle; its rows stay pending");
+        }
+    }
+}
+
+/// Whether later events of the aggregate must wait behind this failed one.
+fn failure_blocks(p: &PollingConfig, e: &DeliveryError) -> bool {
+    e.retryable || p.mark != MarkMode::Status || p.failed_blocks_aggregate
+}

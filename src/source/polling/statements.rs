@@ -1,0 +1,324 @@
+//! The SQL of a polling pipeline, built once from the configuration and the table's columns,
+//! and the mapping of a selected row to an [`OutboxEvent`].
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use tokio_postgres::{Client, Row};
+
+use super::{PollingError, FAILED, PENDING, PUBLISHED};
+use crate::config::{MarkMode, PipelineConfig};
+use crate::error::Error;
+use crate::lsn::Lsn;
+use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
+use crate::source::replication::{quote_ident, quote_literal};
+use crate::source::SourceError;
+
+/// The SQL of one pipeline, built once from the configuration and the table's columns.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// `$1`: the batch size (int8).
+    pub(super) select: String,
+    /// `$1`: ctids (text[]).
+    pub(super) mark_published: String,
+    /// `$1`: ctids, `$2`: retry_min_ms, `$3`: retry_max_ms (float8), `$4`: max_attempts
+    /// (int4). Returns id, status, retry_count. `None` unless `mark = "status"`.
+    pub(super) mark_retry: Option<String>,
+    /// `$1`: ctids. Returns id. `None` unless `mark = "status"`.
+    pub(super) mark_failed: Option<String>,
+    /// Pending rows, age of the oldest (s), failed rows.
+    pub(super) stats: String,
+    /// `$1`: age (float8 s), `$2`: batch (int8). `None` without a purge.
+    pub(super) purge: Option<String>,
+    payload_kind: ValueKind,
+    extra_kinds: Vec<ValueKind>,
+}
+
+/// Positions in the SELECT's row.
+pub(super) const COL_CTID: usize = 0;
+pub(super) const COL_ID: usize = 1;
+pub(super) const COL_AGGREGATE_TYPE: usize = 2;
+pub(super) const COL_AGGREGATE_ID: usize = 3;
+pub(super) const COL_EVENT_TYPE: usize = 4;
+pub(super) const COL_PAYLOAD: usize = 5;
+pub(super) const COL_HEADERS: usize = 6;
+pub(super) const COL_ROUTED_BY: usize = 7;
+pub(super) const COL_CREATED_MS: usize = 8;
+pub(super) const COL_OLDER: usize = 9;
+pub(super) const COL_EXTRA: usize = 10;
+
+impl Statements {
+    /// Reads the table's columns and builds the statements.
+    ///
+    /// Returns an error naming the table or the column if one the configuration needs is
+    /// not there.
+    pub(crate) async fn prepare(
+        client: &Client,
+        config: &PipelineConfig,
+        extra: &[String],
+    ) -> Result<Statements, Error> {
+        let table = format!(
+            "{}.{}",
+            quote_ident(&config.table.schema),
+            quote_ident(&config.table.name)
+        );
+        let rows = client
+            .query(
+                "SELECT a.attname::text, coalesce(bt.typname, t.typname)::text,
+                        coalesce(bt.typnamespace, t.typnamespace) = 'pg_catalog'::regnamespace
+                 FROM pg_catalog.pg_attribute a
+                 JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+                 LEFT JOIN pg_catalog.pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
+                 WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                &[&table],
+            )
+            .await
+            .map_err(SourceError::Sql)?;
+        if rows.is_empty() {
+            return Err(PollingError::MissingTable {
+                table: config.table.to_string(),
+            }
+            .into());
+        }
+        let columns: HashMap<String, ValueKind> = rows
+            .iter()
+            .map(|r| {
+                let builtin: bool = r.get(2);
+                let kind = if builtin {
+                    ValueKind::of_name(r.get(1))
+                } else {
+                    ValueKind::Text
+                };
+                (r.get::<_, String>(0), kind)
+            })
+            .collect();
+        let need = |field: &str, column: &str| -> Result<(String, ValueKind), Error> {
+            match columns.get(column) {
+                Some(kind) => Ok((quote_ident(column), *kind)),
+                None => Err(PollingError::MissingColumn {
+                    table: config.table.to_string(),
+                    column: column.to_owned(),
+                    field: field.to_owned(),
+                }
+                .into()),
+            }
+        };
+        let c = &config.columns;
+        let p = &config.polling;
+        let (id, _) = need("columns.id", &c.id)?;
+        let (aggregate_type, _) = need("columns.aggregate_type", &c.aggregate_type)?;
+        let (aggregate_id, _) = need("columns.aggregate_id", &c.aggregate_id)?;
+        let (event_type, _) = need("columns.event_type", &c.event_type)?;
+        let (payload, payload_kind) = need("columns.payload", &c.payload)?;
+        let (created_at, _) = need("polling.created_at_column", &p.created_at_column)?;
+        let headers = match columns.contains_key(&c.headers) {
+            true => format!("o.{}::text", quote_ident(&c.headers)),
+            false => "NULL::text".to_owned(),
+        };
+        let routed_by = match config.route.by_field.as_deref() {
+            Some(column) if column != c.aggregate_type => {
+                format!("o.{}::text", need("route.by_field", column)?.0)
+            }
+            _ => "NULL::text".to_owned(),
+        };
+        let mut extra_select = String::new();
+        let mut extra_kinds = Vec::new();
+        for column in extra {
+            let (quoted, kind) = need("routing and record options", column)?;
+            extra_select.push_str(&format!(", o.{quoted}::text"));
+            extra_kinds.push(kind);
+        }
+
+        // The pending condition on the table under `alias` (`o.` or nothing).
+        let pending_on = |alias: &str| -> Result<String, Error> {
+            Ok(match p.mark {
+                MarkMode::Status => format!(
+                    "{alias}{} = {}",
+                    need("polling.status_column", &p.status_column)?.0,
+                    lit(PENDING)
+                ),
+                MarkMode::Flag => format!(
+                    "NOT {alias}{}",
+                    need("polling.published_column", &p.published_column)?.0
+                ),
+                MarkMode::Delete => "true".to_owned(),
+            })
+        };
+        let (pending, stats_pending) = (pending_on("o.")?, pending_on("")?);
+        let (blocking, due) = match p.mark {
+            MarkMode::Status => {
+                let (status, _) = need("polling.status_column", &p.status_column)?;
+                need("polling.published_at_column", &p.published_at_column)?;
+                need("polling.retry_count_column", &p.retry_count_column)?;
+                let (next_retry_at, _) =
+                    need("polling.next_retry_at_column", &p.next_retry_at_column)?;
+                let blocking = if p.failed_blocks_aggregate {
+                    format!("p.{status} IN ({}, {})", lit(PENDING), lit(FAILED))
+                } else {
+                    format!("p.{status} = {}", lit(PENDING))
+                };
+                (
+                    blocking,
+                    format!(" AND (o.{next_retry_at} IS NULL OR o.{next_retry_at} <= now())"),
+                )
+            }
+            MarkMode::Flag => (pending_on("p.")?, String::new()),
+            MarkMode::Delete => ("true".to_owned(), String::new()),
+        };
+        // The count stops at the batch size: a row with more blocking predecessors cannot
+        // have them all in its batch anyway.
+        let select = format!(
+            "SELECT o.ctid::text, o.{id}::text, o.{aggregate_type}::text, o.{aggregate_id}::text,
+                    o.{event_type}::text, o.{payload}::text, {headers}, {routed_by},
+                    (extract(epoch FROM o.{created_at}) * 1000)::int8,
+                    (SELECT count(*) FROM (SELECT 1 FROM {table} p
+                        WHERE p.{aggregate_id} = o.{aggregate_id}
+                          AND p.{aggregate_type} = o.{aggregate_type} AND {blocking}
+                          AND (p.{created_at}, p.{id}) < (o.{created_at}, o.{id})
+                        LIMIT $1) older)::int8
+                    {extra_select}
+             FROM {table} o
+             WHERE {pending}{due}
+             ORDER BY o.{created_at}, o.{id}
+             LIMIT $1
+             FOR UPDATE OF o SKIP LOCKED"
+        );
+        let ctids = "ctid = ANY($1::text[]::tid[])";
+        let q = |column: &str| quote_ident(column);
+        let mark_published = match p.mark {
+            MarkMode::Status => format!(
+                "UPDATE {table} SET {} = {}, {} = clock_timestamp() WHERE {ctids}",
+                q(&p.status_column),
+                lit(PUBLISHED),
+                q(&p.published_at_column)
+            ),
+            MarkMode::Flag => format!(
+                "UPDATE {table} SET {} = true WHERE {ctids}",
+                q(&p.published_column)
+            ),
+            MarkMode::Delete => format!("DELETE FROM {table} WHERE {ctids}"),
+        };
+        let (mark_retry, mark_failed) = match p.mark {
+            MarkMode::Status => {
+                let (status, retries, next) = (
+                    q(&p.status_column),
+                    q(&p.retry_count_column),
+                    q(&p.next_retry_at_column),
+                );
+                (
+                    Some(format!(
+                        "UPDATE {table} SET {retries} = {retries} + 1,
+                            {next} = now() + least($2::float8 * power(2::float8, least({retries}, 40)), $3::float8) * interval '1 millisecond',
+                            {status} = CASE WHEN {retries} + 1 >= $4::int4 THEN {failed} ELSE {status} END
+                         WHERE {ctids}
+                         RETURNING {id}::text, {status}::text, {retries}::int8",
+                        failed = lit(FAILED),
+                    )),
+                    Some(format!(
+                        "UPDATE {table} SET {retries} = {retries} + 1, {status} = {failed}
+                         WHERE {ctids} RETURNING {id}::text",
+                        failed = lit(FAILED),
+                    )),
+                )
+            }
+            _ => (None, None),
+        };
+        let stats = match p.mark {
+            MarkMode::Status => format!(
+                "SELECT count(*) FILTER (WHERE {stats_pending}),
+                        coalesce(extract(epoch FROM now() - min({created_at}) FILTER (WHERE {stats_pending})), 0)::float8,
+                        count(*) FILTER (WHERE {status} = {failed})
+                 FROM {table} WHERE {status} IN ({pending_lit}, {failed})",
+                status = q(&p.status_column),
+                failed = lit(FAILED),
+                pending_lit = lit(PENDING),
+            ),
+            _ => format!(
+                "SELECT count(*), coalesce(extract(epoch FROM now() - min({created_at})), 0)::float8, 0::int8
+                 FROM {table} WHERE {stats_pending}"
+            ),
+        };
+        let purge = match (p.purge_published_after_secs, p.mark) {
+            (Some(_), MarkMode::Status) => Some(format!(
+                "{} = {} AND {} < now() - $1::float8 * interval '1 second'",
+                q(&p.status_column),
+                lit(PUBLISHED),
+                q(&p.published_at_column)
+            )),
+            (Some(_), MarkMode::Flag) => Some(format!(
+                "{} AND {created_at} < now() - $1::float8 * interval '1 second'",
+                q(&p.published_column)
+            )),
+            _ => None,
+        }
+        .map(|published| {
+            format!(
+                "DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+                    SELECT ctid FROM {table} WHERE {published} LIMIT $2 FOR UPDATE SKIP LOCKED))"
+            )
+        });
+        Ok(Statements {
+            select,
+            mark_published,
+            mark_retry,
+            mark_failed,
+            stats,
+            purge,
+            payload_kind,
+            extra_kinds,
+        })
+    }
+
+    /// The event of a selected row, its created_at (Unix ms) and how many blocking rows of
+    /// its aggregate come before it.
+    ///
+    /// Returns an error naming the event if its id or aggregate type is NULL.
+    pub(super) fn event(
+        &self,
+        config: &PipelineConfig,
+        row: &Row,
+    ) -> Result<(OutboxEvent, Option<i64>, i64), Error> {
+        let text = |i: usize| {
+            row.get::<_, Option<&str>>(i)
+                .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+        };
+        let c = &config.columns;
+        let id = text(COL_ID).ok_or_else(|| PollingError::Null {
+            event_id: format!("at ctid {}", row.get::<_, &str>(COL_CTID)),
+            column: c.id.clone(),
+        })?;
+        let aggregate_type = text(COL_AGGREGATE_TYPE).ok_or_else(|| PollingError::Null {
+            event_id: String::from_utf8_lossy(&id).into_owned(),
+            column: c.aggregate_type.clone(),
+        })?;
+        let event = OutboxEvent {
+            id,
+            aggregate_type,
+            aggregate_id: text(COL_AGGREGATE_ID),
+            event_type: text(COL_EVENT_TYPE),
+            payload: text(COL_PAYLOAD),
+            headers: text(COL_HEADERS),
+            routed_by: text(COL_ROUTED_BY),
+            payload_kind: self.payload_kind,
+            columns: self
+                .extra_kinds
+                .iter()
+                .enumerate()
+                .map(|(i, kind)| ColumnValue {
+                    text: text(COL_EXTRA + i),
+                    kind: *kind,
+                })
+                .collect(),
+            lsn: Lsn::ZERO,
+        };
+        Ok((
+            event,
+            row.get::<_, Option<i64>>(COL_CREATED_MS),
+            row.get::<_, i64>(COL_OLDER),
+        ))
+    }
+}
+
+fn lit(value: &str) -> String {
+    quote_literal(value)
+}
