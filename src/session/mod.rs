@@ -30,9 +30,9 @@ use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::{RouteError, Router};
 use crate::sink::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
-use crate::supervisor::SessionProgress;
 use crate::source::outbox::OutboxEvent;
 use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
+use crate::supervisor::SessionProgress;
 
 /// Minimum gap between confirmations sent because the flush LSN moved; the timer sends one
 /// every status interval regardless.
@@ -411,10 +411,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         mut error: DeliveryError,
         token: EventToken,
     ) -> Result<(), DeliveryError> {
-        let dead_letter_topic = match (
-            &self.config.on_bad_event,
-            &self.config.dead_letter_topic,
-        ) {
+        let dead_letter_topic = match (&self.config.on_bad_event, &self.config.dead_letter_topic) {
             (OnBadEvent::DeadLetter, Some(topic)) if !error.retryable && error.topic != *topic => {
                 topic.clone()
             }
@@ -531,10 +528,7 @@ pub(crate) fn route_or_dead_letter(
 ) -> Result<Record, RouteError> {
     match router.route(event, time_ms) {
         Ok(record) => Ok(record),
-        Err(e) => match (
-            &config.on_bad_event,
-            &config.dead_letter_topic,
-        ) {
+        Err(e) => match (&config.on_bad_event, &config.dead_letter_topic) {
             (OnBadEvent::DeadLetter, Some(topic)) => {
                 warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
                 metrics.dead_lettered(e.reason_label());
