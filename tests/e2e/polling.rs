@@ -1,14 +1,10 @@
-//! End to end for the polling source (`source_kind = "polling"`): a real PostgreSQL 15
-//! cluster and a real Kafka-protocol broker (tansu), the relay binary in between, configured
-//! from a file. Each test has its own database (with `sql/outbox_polling.sql`) and topics.
-
-mod support;
-
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use support::{consume, kafka, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb};
+use crate::support::{
+    self, consume, kafka, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb,
+};
 
 /// One outbox row as written, with what PostgreSQL printed for it.
 #[derive(Debug, Clone)]
