@@ -1,9 +1,9 @@
 use std::time::Duration;
 
-use crate::support::{self, consume, kafka, parse_lsn, pg, unique_name, wait_for, Auth, Relay};
-use crate::{
-    assert_delivered, http_get, insert, insert_lsn, metric_value, write_events, Setup, Written,
+use crate::support::{
+    self, consume, http_get, kafka, metric_value, parse_lsn, pg, unique_name, wait_for, Auth, Relay,
 };
+use crate::{assert_delivered, insert, insert_lsn, write_events, Setup, Written};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_lsn_waits_for_an_unreachable_broker() {

@@ -342,32 +342,3 @@ async fn insert_lsn(client: &tokio_postgres::Client) -> u64 {
         .get(0);
     parse_lsn(&lsn)
 }
-
-/// The value of the series `series` (name and labels as rendered) in a Prometheus text page.
-///
-/// Panics if the page has no such series.
-fn metric_value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
-}
-
-/// A plain HTTP/1.1 GET; returns the status code and body.
-async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let status = response.split_whitespace().nth(1)?.parse().ok()?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Some((status, body))
-}

@@ -1,10 +1,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::{self, consume, kafka, pg, unique_name, wait_for, Auth, Relay};
-use crate::{
-    assert_delivered, http_get, metric_value, run_with_config, write_events, Setup, Written,
+use crate::support::{
+    self, consume, http_get, kafka, metric_value, pg, unique_name, wait_for, Auth, Relay,
 };
+use crate::{assert_delivered, run_with_config, write_events, Setup, Written};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself() {

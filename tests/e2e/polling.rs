@@ -3,7 +3,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::{
-    self, consume, kafka, pg, unique_name, wait_for, Auth, Consumed, Relay, TestDb,
+    self, consume, http_get, kafka, metric_sum, pg, unique_name, wait_for, Auth, Consumed, Relay,
+    TestDb,
 };
 
 /// One outbox row as written, with what PostgreSQL printed for it.
@@ -279,34 +280,6 @@ fn assert_delivered(written: &[Written], consumed: &[Consumed], max_copies: usiz
     consumed.len() - copies.len()
 }
 
-/// A plain HTTP/1.1 GET of `/metrics`; returns the body.
-async fn metrics(addr: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-    stream
-        .write_all(
-            format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
-}
-
-/// The value of the metric line starting with `name` (labels included), if present.
-/// The sum of every series of metric `name` (e.g. one per topic); `None` if it has none.
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with([' ', '{']))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .reduce(|a, b| a + b)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_two_pollers_publish_ten_thousand_events_once_in_key_order() {
     let setup = Setup::new("poll_two", &["Order", "customer", "PAYMENT"], 3).await;
@@ -354,10 +327,13 @@ async fn polling_two_pollers_publish_ten_thousand_events_once_in_key_order() {
     // Both pollers took part: the order check did not serialise everything onto one.
     let mut per_poller = Vec::new();
     for addr in &listen {
-        let text = metrics(addr).await.expect("metrics endpoint answers");
-        let published = metric(&text, "outbox_relay_events_published_total").unwrap_or(0.0);
+        let text = http_get(addr, "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .expect("metrics endpoint answers");
+        let published = metric_sum(&text, "outbox_relay_events_published_total").unwrap_or(0.0);
         assert!(
-            metric(&text, "outbox_relay_pending_rows").is_some(),
+            metric_sum(&text, "outbox_relay_pending_rows").is_some(),
             "{text}"
         );
         per_poller.push(published);
@@ -517,13 +493,13 @@ async fn polling_poison_event_is_failed_at_once_its_aggregate_waits_and_others_f
         "the gauges and the purge",
         Duration::from_secs(30),
         || async {
-            let text = metrics(&listen).await?;
-            let ok = metric(&text, "outbox_relay_failed_rows") == Some(1.0)
-                && metric(&text, "outbox_relay_pending_rows") == Some(1.0)
-                && metric(&text, "outbox_relay_oldest_pending_age_seconds")
+            let text = http_get(&listen, "/metrics").await.map(|(_, body)| body)?;
+            let ok = metric_sum(&text, "outbox_relay_failed_rows") == Some(1.0)
+                && metric_sum(&text, "outbox_relay_pending_rows") == Some(1.0)
+                && metric_sum(&text, "outbox_relay_oldest_pending_age_seconds")
                     .is_some_and(|s| s > 0.0)
-                && metric(&text, "outbox_relay_events_failed_total") == Some(1.0)
-                && metric(&text, "outbox_relay_rows_purged_total").is_some_and(|n| n >= 41.0);
+                && metric_sum(&text, "outbox_relay_events_failed_total") == Some(1.0)
+                && metric_sum(&text, "outbox_relay_rows_purged_total").is_some_and(|n| n >= 41.0);
             ok.then_some(())
         },
     )

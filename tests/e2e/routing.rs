@@ -1,7 +1,7 @@
 use std::time::Duration;
 
-use crate::support::{self, consume, kafka, Auth, Consumed, Relay};
-use crate::{assert_delivered, header, http_get, insert, insert_lsn, run_with_config, Setup};
+use crate::support::{self, consume, http_get, kafka, Auth, Consumed, Relay};
+use crate::{assert_delivered, header, insert, insert_lsn, run_with_config, Setup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_by_another_column_with_a_topic_template_and_lower_case() {
