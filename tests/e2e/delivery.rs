@@ -432,8 +432,44 @@ async fn idle_outbox_lets_the_slot_follow_other_wal() {
             .unwrap();
     }
     let end_of_noise = setup.db.current_wal_insert_lsn().await;
-    // Keepalives report WAL far past the event, but Kafka has not acknowledged it.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The walsender has read past the noise (its keepalives report WAL far past the event)
+    // and the relay has sent a status update since; Kafka has not acknowledged the event.
+    let read_past_noise: String = wait_for(
+        "the walsender to read past the WAL outside the publication",
+        Duration::from_secs(120),
+        || async {
+            let row = setup
+                .db
+                .client
+                .query_opt(
+                    "SELECT now()::text FROM pg_stat_replication r JOIN pg_replication_slots s ON r.pid = s.active_pid
+                     WHERE s.slot_name = $1 AND r.sent_lsn >= $2::text::pg_lsn",
+                    &[&setup.slot, &support::pg::format_lsn(end_of_noise)],
+                )
+                .await
+                .unwrap();
+            row.map(|r| r.get(0))
+        },
+    )
+    .await;
+    wait_for(
+        "a status update from the relay after the walsender read past the noise",
+        Duration::from_secs(60),
+        || async {
+            let row = setup
+                .db
+                .client
+                .query_opt(
+                    "SELECT 1 FROM pg_stat_replication r JOIN pg_replication_slots s ON r.pid = s.active_pid
+                     WHERE s.slot_name = $1 AND r.reply_time > $2::text::timestamptz",
+                    &[&setup.slot, &read_past_noise],
+                )
+                .await
+                .unwrap();
+            row.map(|_| ())
+        },
+    )
+    .await;
     let confirmed = setup.confirmed_flush().await;
     assert!(
         confirmed <= before_commit[0],

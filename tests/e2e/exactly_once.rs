@@ -1,7 +1,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::support::{self, parse_lsn, pg, wait_for, Auth, Relay};
+use crate::support::{self, parse_lsn, pg, wait_for, within, Auth, Relay};
 use crate::{assert_delivered, header, write_events, Setup};
 
 const CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
@@ -133,8 +133,9 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     let mut check_args = args.clone();
     check_args[0] = "check".into();
     let mut check = Relay::spawn(&check_args);
-    check.wait(Duration::from_secs(60));
+    let status = check.wait(Duration::from_secs(60));
     let out = check.log();
+    assert!(status.success(), "check exited with {status}:\n{out}");
     assert!(
         out.lines().any(|l| l.starts_with("  ok    checkpoint")
             && l.ends_with(&format!(
@@ -219,7 +220,13 @@ async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
             .wait_for_log("exactly-once mode", Duration::from_secs(60))
             .await;
     }
-    let (written, before_commit) = writer.await.unwrap();
+    let (written, before_commit) = within(
+        "the writer's 2,000 events",
+        Duration::from_secs(120),
+        writer,
+    )
+    .await
+    .unwrap();
     setup
         .wait_confirmed_past(
             *before_commit.last().unwrap(),

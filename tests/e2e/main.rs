@@ -36,7 +36,10 @@ mod takeover;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use support::{consume, kafka, parse_lsn, pg, unique_name, wait_for, Auth, Consumed, TestDb};
+use support::{
+    consume, kafka, parse_lsn, pg, unique_name, wait_for, within, Auth, Consumed, TestDb,
+    QUERY_DEADLINE,
+};
 
 /// One outbox row as written, with what PostgreSQL printed for it.
 #[derive(Debug, Clone)]
@@ -72,7 +75,13 @@ async fn write_events(
     let mut written = Vec::with_capacity(txns * per_txn);
     let mut before_commit = Vec::with_capacity(txns);
     for t in 0..txns {
-        client.batch_execute("BEGIN").await.unwrap();
+        within(
+            "BEGIN of a writer's transaction",
+            QUERY_DEADLINE,
+            client.batch_execute("BEGIN"),
+        )
+        .await
+        .unwrap();
         for e in 0..per_txn {
             let n = offset + t * per_txn + e;
             let aggregate_type = types[n % types.len()].clone();
@@ -82,14 +91,17 @@ async fn write_events(
                 (n / types.len()) % keys
             );
             let event_type = format!("Event{}", n % 7);
-            let row = client
-                .query_one(
+            let row = within(
+                &format!("INSERT of event {n}"),
+                QUERY_DEADLINE,
+                client.query_one(
                     "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
                      VALUES ($1, $2, $3, $4::text::jsonb) RETURNING id::text, payload::text",
                     &[&aggregate_type, &aggregate_id, &event_type, &payload(n)],
-                )
-                .await
-                .unwrap();
+                ),
+            )
+            .await
+            .unwrap();
             written.push(Written {
                 id: row.get(0),
                 aggregate_type,
@@ -98,13 +110,14 @@ async fn write_events(
                 payload: row.get(1),
             });
         }
-        let lsn: String = client
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .await
-            .unwrap()
-            .get(0);
-        before_commit.push(parse_lsn(&lsn));
-        client.batch_execute("COMMIT").await.unwrap();
+        before_commit.push(insert_lsn(client).await);
+        within(
+            "COMMIT of a writer's transaction",
+            QUERY_DEADLINE,
+            client.batch_execute("COMMIT"),
+        )
+        .await
+        .unwrap();
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
@@ -317,14 +330,17 @@ async fn insert(
     aggregate_id: &str,
     payload: &str,
 ) -> Written {
-    let row = client
-        .query_one(
+    let row = within(
+        "INSERT of an outbox row",
+        QUERY_DEADLINE,
+        client.query_one(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
              VALUES ($1, $2, 'Test', $3::text::jsonb) RETURNING id::text, payload::text",
             &[&aggregate_type, &aggregate_id, &payload],
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     Written {
         id: row.get(0),
         aggregate_type: aggregate_type.to_owned(),
@@ -334,11 +350,15 @@ async fn insert(
     }
 }
 
+/// `pg_current_wal_insert_lsn()` as seen by `client` (inside its transaction, if any).
 async fn insert_lsn(client: &tokio_postgres::Client) -> u64 {
-    let lsn: String = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let lsn: String = within(
+        "pg_current_wal_insert_lsn()",
+        QUERY_DEADLINE,
+        client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]),
+    )
+    .await
+    .unwrap()
+    .get(0);
     parse_lsn(&lsn)
 }

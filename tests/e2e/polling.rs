@@ -3,8 +3,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::support::{
-    self, consume, http_get, kafka, metric_sum, pg, unique_name, wait_for, Auth, Consumed, Relay,
-    TestDb,
+    self, consume, http_get, kafka, metric_sum, pg, unique_name, wait_for, within, Auth, Consumed,
+    Relay, TestDb, QUERY_DEADLINE,
 };
 
 /// One outbox row as written, with what PostgreSQL printed for it.
@@ -166,14 +166,17 @@ async fn insert(
     aggregate_id: &str,
     payload: &str,
 ) -> Written {
-    let row = client
-        .query_one(
+    let row = within(
+        "INSERT of an outbox row",
+        QUERY_DEADLINE,
+        client.query_one(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
              VALUES ($1, $2, 'Happened', $3::text::jsonb) RETURNING id::text, payload::text",
             &[&aggregate_type, &aggregate_id, &payload],
-        )
-        .await
-        .unwrap();
+        ),
+    )
+    .await
+    .unwrap();
     Written {
         id: row.get(0),
         aggregate_type: aggregate_type.to_owned(),
@@ -192,14 +195,26 @@ async fn write_events(
 ) -> Vec<Written> {
     let mut written = Vec::with_capacity(txns * per_txn);
     for t in 0..txns {
-        client.batch_execute("BEGIN").await.unwrap();
+        within(
+            "BEGIN of a writer's transaction",
+            QUERY_DEADLINE,
+            client.batch_execute("BEGIN"),
+        )
+        .await
+        .unwrap();
         for e in 0..per_txn {
             let n = t * per_txn + e;
             let aggregate_type = &types[n % types.len()];
             let aggregate_id = format!("k{}", (n / types.len()) % keys);
             written.push(insert(client, aggregate_type, &aggregate_id, &payload(n)).await);
         }
-        client.batch_execute("COMMIT").await.unwrap();
+        within(
+            "COMMIT of a writer's transaction",
+            QUERY_DEADLINE,
+            client.batch_execute("COMMIT"),
+        )
+        .await
+        .unwrap();
     }
     written
 }

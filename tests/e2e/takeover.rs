@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::support::{kafka, pg, unique_name, Auth, Relay};
+use crate::support::{kafka, pg, unique_name, wait_for, Auth, Relay};
 use crate::Setup;
 
 /// A test database where the server never times a walsender out (`wal_sender_timeout = 0`), so
@@ -19,9 +19,15 @@ async fn takeover_setup(prefix: &str) -> Setup {
     setup
 }
 
+/// The grace period [`with_takeover`] gives.
+const TAKEOVER_GRACE: Duration = Duration::from_secs(5);
+
 /// `args` with `--terminate-stale-walsender-after-secs 5`.
 fn with_takeover(mut args: Vec<String>) -> Vec<String> {
-    args.extend(["--terminate-stale-walsender-after-secs".into(), "5".into()]);
+    args.extend([
+        "--terminate-stale-walsender-after-secs".into(),
+        TAKEOVER_GRACE.as_secs().to_string(),
+    ]);
     args
 }
 
@@ -103,7 +109,26 @@ async fn a_live_relay_holding_the_slot_is_never_terminated() {
     standby
         .wait_for_log("is active for PID", Duration::from_secs(30))
         .await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // Watch the standby retry for twice the grace period, and at least 4 times: long enough
+    // that a stale holder would have been terminated.
+    let first_refusal = std::time::Instant::now();
+    wait_for(
+        "the standby to retry the slot 4 times over 10 s",
+        Duration::from_secs(120),
+        || async {
+            let log = standby.log();
+            assert!(
+                !log.contains("terminated the walsender")
+                    && !log.contains("cannot terminate")
+                    && !log.contains("streaming"),
+                "the standby fought the live relay:\n{log}"
+            );
+            (log.matches("is active for PID").count() >= 4
+                && first_refusal.elapsed() >= 2 * TAKEOVER_GRACE)
+                .then_some(())
+        },
+    )
+    .await;
 
     assert!(active.is_running(), "{}", active.log());
     assert_eq!(
@@ -117,10 +142,6 @@ async fn a_live_relay_holding_the_slot_is_never_terminated() {
             && !log.contains("cannot terminate")
             && !log.contains("streaming"),
         "the standby fought the live relay:\n{log}"
-    );
-    assert!(
-        log.matches("is active for PID").count() >= 4,
-        "the standby stopped retrying:\n{log}"
     );
     // The live relay still publishes.
     let id = setup
@@ -158,7 +179,34 @@ async fn stale_walsender_takeover_needs_pg_read_all_stats_and_the_right_to_signa
     taker
         .wait_for_log("GRANT pg_read_all_stats", Duration::from_secs(30))
         .await;
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    // Once the holder has been silent for longer than the grace period, the taker looks again.
+    wait_for(
+        "the stopped holder's reply_time to be older than the grace period",
+        Duration::from_secs(60),
+        || async {
+            let stale_secs: Option<f64> = setup
+                .db
+                .client
+                .query_opt(
+                    "SELECT extract(epoch FROM now() - coalesce(reply_time, backend_start))::float8 FROM pg_stat_replication WHERE pid = $1",
+                    &[&stale_pid],
+                )
+                .await
+                .unwrap()
+                .map(|r| r.get(0));
+            (stale_secs? > TAKEOVER_GRACE.as_secs_f64()).then_some(())
+        },
+    )
+    .await;
+    let attempts = taker.log().matches("GRANT pg_read_all_stats").count();
+    wait_for(
+        "the taker to try again while the holder is stale",
+        Duration::from_secs(60),
+        || async {
+            (taker.log().matches("GRANT pg_read_all_stats").count() > attempts).then_some(())
+        },
+    )
+    .await;
     assert_eq!(setup.db.slot_active_pid(&setup.slot).await, Some(stale_pid));
 
     // It sees the holder is stale but may not signal another role's backend.

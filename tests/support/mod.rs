@@ -25,7 +25,7 @@ mod run;
 
 pub use http::{http_get, metric_sum, metric_value};
 pub use kafka::{consume, consume_with, kafka, Broker, Consumed};
-pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD};
+pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD, QUERY_DEADLINE};
 pub use relay::Relay;
 pub use run::free_port;
 

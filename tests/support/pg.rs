@@ -13,8 +13,9 @@ use tokio_postgres::{Client, NoTls};
 /// Password of the roles `relay_md5`, `relay_scram` and `relay_password`.
 pub const PASSWORD: &str = "s3cret!";
 
-/// Deadline for one SQL round trip of a harness helper.
-const QUERY_DEADLINE: Duration = Duration::from_secs(30);
+/// Deadline for one SQL round trip of a harness helper or a test's writer: they touch a few
+/// rows, so one that takes longer is stuck (a lock, a dead server), not slow.
+pub const QUERY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How a TCP connection to the test cluster authenticates (see the cluster's pg_hba.conf).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
