@@ -2,7 +2,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::{
-    self, consume, http_get, kafka, metric_value, pg, unique_name, wait_for, Auth, Relay,
+    self, consume, http_get, kafka, metric_value, pg, run_within, unique_name, wait_for, Auth,
+    Relay,
 };
 use crate::{assert_delivered, run_with_config, write_events, Setup, Written};
 
@@ -356,16 +357,10 @@ async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is(
 
 /// Runs `outbox-relay probe --url URL` and returns its exit code and output.
 fn probe(url: &str) -> (Option<i32>, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["probe", "--url", url])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
+    let mut probe = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    probe.args(["probe", "--url", url]);
+    let out = run_within(probe, Duration::from_secs(30));
+    (out.status.code(), format!("{}{}", out.stdout, out.stderr))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -403,12 +398,18 @@ fn inbox_consumer_example() -> std::path::PathBuf {
     let relay = Path::new(env!("CARGO_BIN_EXE_outbox-relay"));
     let path = relay.parent().unwrap().join("examples/inbox_consumer");
     if !path.exists() {
-        let status = std::process::Command::new(env!("CARGO"))
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
             .args(["build", "--example", "inbox_consumer"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .unwrap();
-        assert!(status.success(), "cargo build --example inbox_consumer");
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        // Compiling on a busy 2-core machine: minutes, not hours.
+        let out = run_within(build, Duration::from_secs(900));
+        assert!(
+            out.status.success(),
+            "cargo build --example inbox_consumer: {}\n{}",
+            out.status,
+            out.stderr
+        );
     }
     path
 }
@@ -477,20 +478,19 @@ async fn inbox_consumer_example_applies_a_redelivered_event_once() {
     .map(|s| s.to_string())
     .collect();
     let run = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(example)
-            .args(args)
-            .output()
-            .unwrap()
+        let mut consumer = std::process::Command::new(example);
+        consumer.args(args);
+        run_within(consumer, Duration::from_secs(90))
     });
-    let out = support::within("the inbox consumer", Duration::from_secs(90), run)
+    let out = support::within("the inbox consumer", Duration::from_secs(120), run)
         .await
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stdout = out.stdout.clone();
     assert!(
         out.status.success(),
         "{}\n{stdout}\n{}",
         out.status,
-        String::from_utf8_lossy(&out.stderr)
+        out.stderr
     );
     // One partition: the relay's two records, then the copy.
     let lines: Vec<&str> = stdout.lines().collect();
@@ -601,14 +601,10 @@ async fn an_imported_debezium_connector_takes_over_its_slot_and_keeps_its_topics
         .to_string(),
     )
     .unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["import-debezium".as_ref(), connector.as_os_str()])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8(output.stdout).unwrap(),
-        String::from_utf8(output.stderr).unwrap(),
-    );
+    let mut import = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    import.args(["import-debezium".as_ref(), connector.as_os_str()]);
+    let output = run_within(import, Duration::from_secs(60));
+    let (stdout, stderr) = (output.stdout, output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(
         !stdout.contains("not-printed") && !stderr.contains("not-printed"),

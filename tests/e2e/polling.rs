@@ -367,6 +367,23 @@ async fn polling_broker_outage_keeps_rows_pending_with_backed_off_retries_then_d
     let setup = Setup::new("poll_outage", &["Order", "Invoice"], 2).await;
     let port = support::free_port();
     let bootstrap = format!("127.0.0.1:{port}");
+    // Each retry as the server saw it: when it was marked and when it was next due.
+    setup
+        .db
+        .client
+        .batch_execute(
+            "CREATE TABLE retry_history (id uuid, retry_count int, marked_at timestamptz, next_retry_at timestamptz);
+             CREATE FUNCTION record_retry() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.retry_count IS DISTINCT FROM OLD.retry_count THEN
+                 INSERT INTO retry_history VALUES (NEW.id, NEW.retry_count, now(), NEW.next_retry_at);
+               END IF;
+               RETURN NULL;
+             END $$;
+             CREATE TRIGGER record_retry AFTER UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION record_retry();",
+        )
+        .await
+        .unwrap();
     let relay = Relay::spawn(&setup.relay_args(
         "poller",
         &bootstrap,
@@ -377,30 +394,65 @@ async fn polling_broker_outage_keeps_rows_pending_with_backed_off_retries_then_d
     let written = write_events(&setup.db.client, 10, 4, &setup.types, 3).await;
 
     // Attempts: at 0 s (fails at ~1 s), then after 0.5 s, 1 s, 2 s, 2 s ... each taking 1 s
-    // to time out. Without backoff (polls every 5-100 ms) there would be far more.
+    // to time out. Without backoff (polls every 5-100 ms) a row would be retried before it is
+    // due, or be due at once.
     let outage = std::time::Instant::now();
     wait_for(
-        "rows to be retried twice",
-        Duration::from_secs(30),
+        "rows to be retried four times",
+        Duration::from_secs(90),
         || async {
             let n: i32 = setup
                 .db
                 .query_one_value("SELECT min(retry_count) FROM outbox")
                 .await;
-            (n >= 2).then_some(())
+            (n >= 4).then_some(())
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let secs = outage.elapsed().as_secs_f64();
     let max_retries: i32 = setup
         .db
         .query_one_value("SELECT max(retry_count) FROM outbox")
         .await;
-    eprintln!("{max_retries} attempts in {secs:.1} s of outage");
-    assert!(
-        f64::from(max_retries) <= secs / 1.5 + 1.0,
-        "{max_retries} attempts in {secs:.1} s: retries do not back off"
+    eprintln!(
+        "{max_retries} attempts in {:.1} s of outage",
+        outage.elapsed().as_secs_f64()
+    );
+    // Per row and retry: the delay until the next attempt is within [retry_min_ms,
+    // retry_max_ms] and never shrinks, and no attempt came before the row was due.
+    let backoff = setup
+        .db
+        .client
+        .query_one(
+            "WITH h AS (
+               SELECT id, retry_count, marked_at, next_retry_at,
+                      extract(epoch FROM next_retry_at - marked_at) * 1000 AS delay_ms,
+                      lag(next_retry_at) OVER w AS previous_due,
+                      lag(extract(epoch FROM next_retry_at - marked_at) * 1000) OVER w AS previous_delay_ms
+               FROM retry_history WINDOW w AS (PARTITION BY id ORDER BY retry_count))
+             SELECT count(*),
+                    count(*) FILTER (WHERE delay_ms IS NULL OR delay_ms < 499 OR delay_ms > 2001),
+                    count(*) FILTER (WHERE marked_at < previous_due),
+                    count(*) FILTER (WHERE delay_ms < previous_delay_ms - 1),
+                    coalesce(string_agg(format('%s #%s marked %s due %s', id, retry_count, marked_at, next_retry_at), '; ')
+                      FILTER (WHERE delay_ms IS NULL OR delay_ms < 499 OR delay_ms > 2001
+                              OR marked_at < previous_due OR delay_ms < previous_delay_ms - 1), '')
+             FROM h",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (retries, out_of_range, early, shrinking, offenders): (i64, i64, i64, i64, String) = (
+        backoff.get(0),
+        backoff.get(1),
+        backoff.get(2),
+        backoff.get(3),
+        backoff.get(4),
+    );
+    assert!(retries >= 40 * 4, "{retries} retries recorded for 40 rows");
+    assert_eq!(
+        (out_of_range, early, shrinking),
+        (0, 0, 0),
+        "retries do not back off (delays out of [500, 2000] ms, attempts before due, shrinking delays): {offenders}"
     );
     let statuses = setup.statuses().await;
     assert_eq!(
@@ -897,7 +949,9 @@ async fn polling_sigterm_mid_stream_then_restart_publishes_each_event_once() {
     );
     assert!(!writer.is_finished(), "stopped mid-stream");
     let relay = Relay::spawn(&args);
-    let written = writer.await.unwrap();
+    let written = within("the writer's 400 events", Duration::from_secs(120), writer)
+        .await
+        .unwrap();
     let consumed = setup
         .consume_all(
             written.len(),

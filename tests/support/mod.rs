@@ -27,7 +27,7 @@ pub use http::{http_get, metric_sum, metric_value};
 pub use kafka::{consume, consume_with, kafka, Broker, Consumed};
 pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD, QUERY_DEADLINE};
 pub use relay::Relay;
-pub use run::free_port;
+pub use run::{free_port, run_within, CmdOutput};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
