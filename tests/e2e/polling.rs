@@ -6,15 +6,7 @@ use crate::support::{
     self, consume, http_get, kafka, metric_sum, pg, unique_name, wait_for, within, Auth, Consumed,
     Relay, TestDb, QUERY_DEADLINE,
 };
-
-/// One outbox row as written, with what PostgreSQL printed for it.
-#[derive(Debug, Clone)]
-struct Written {
-    id: String,
-    aggregate_type: String,
-    aggregate_id: String,
-    payload: String,
-}
+use crate::{insert, Written};
 
 /// A test's database (polling schema), topics, and config files for its relays.
 struct Setup {
@@ -156,33 +148,9 @@ shutdown_timeout_secs = 5
     }
 }
 
+/// A payload with many digits, unicode and escapes (plainer than the log-tailing suite's).
 fn payload(n: usize) -> String {
     format!(r#"{{"n": {n}, "amount": 1234567890.12345678901234567890, "s": "é😀 \"q\" {n}"}}"#)
-}
-
-async fn insert(
-    client: &tokio_postgres::Client,
-    aggregate_type: &str,
-    aggregate_id: &str,
-    payload: &str,
-) -> Written {
-    let row = within(
-        "INSERT of an outbox row",
-        QUERY_DEADLINE,
-        client.query_one(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-             VALUES ($1, $2, 'Happened', $3::text::jsonb) RETURNING id::text, payload::text",
-            &[&aggregate_type, &aggregate_id, &payload],
-        ),
-    )
-    .await
-    .unwrap();
-    Written {
-        id: row.get(0),
-        aggregate_type: aggregate_type.to_owned(),
-        aggregate_id: aggregate_id.to_owned(),
-        payload: row.get(1),
-    }
 }
 
 /// `txns` transactions of `per_txn` events, cycling through `types` and `keys` ids per type.
@@ -762,6 +730,7 @@ async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missi
                 id: row.get(0),
                 aggregate_type: t.clone(),
                 aggregate_id: format!("k{n}"),
+                event_type: "E".into(),
                 payload: row.get(1),
             });
         }
