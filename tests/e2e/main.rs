@@ -5,8 +5,10 @@
 //! The tests are grouped by theme, one module each:
 //! - `delivery`: what arrives and in which order (exact bytes, headers, commit order, rolled
 //!   back work, big transactions in bounded memory, logical messages, idle WAL);
-//! - `failures`: broker outages, SIGTERM and `kill -9`, server restarts, invalidated slots,
-//!   events the broker refuses: nothing lost, nothing confirmed too early;
+//! - `failures`: broker outages, SIGTERM and `kill -9`, events the broker refuses: nothing
+//!   lost, nothing confirmed too early;
+//! - `server_failures`: PostgreSQL's side: fast and immediate restarts, a short
+//!   `wal_sender_timeout`, an invalidated slot;
 //! - `routing`: topic templates, routing options, the dead-letter topic;
 //! - `tables`: outbox table shapes: mapped and quoted names, updates and deletes, ALTER TABLE;
 //! - `connection`: authentication, TLS, libpq's environment, reconnects, hostile defaults,
@@ -30,6 +32,7 @@ mod failures;
 mod operations;
 mod polling;
 mod routing;
+mod server_failures;
 mod tables;
 mod takeover;
 
