@@ -3,7 +3,7 @@ use std::time::Duration;
 use crate::support::{
     self, consume, http_get, kafka, metric_value, pg, wait_for, within, Auth, Relay,
 };
-use crate::{assert_delivered, insert, insert_lsn, write_events, Setup, Written};
+use crate::{assert_delivered, insert, write_events, Setup, Written};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_lsn_waits_for_an_unreachable_broker() {
@@ -207,13 +207,19 @@ async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_a
     ]);
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
+    // Where the oversized event's transaction commits. (The insert LSN before COMMIT is only a
+    // lower bound: other databases' WAL can come between it and the commit record, and the
+    // relay may rightly confirm such WAL before it decodes the transaction.)
+    let witness = format!("{}_witness", setup.slot);
+    setup.db.create_witness_slot(&witness).await;
 
     let client = &setup.db.client;
     let big_payload = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5_000));
     client.batch_execute("BEGIN").await.unwrap();
     let big = insert(client, &t, "k1", &big_payload).await;
-    let before_big_commit = insert_lsn(client).await;
     client.batch_execute("COMMIT").await.unwrap();
+    let big_commit_end = setup.db.commit_end_lsn(&witness, &big.id).await;
+    setup.db.drop_slot(&witness).await;
     let after_same_key = insert(client, &t, "k1", r#"{"n": 2}"#).await;
     let other_key = insert(client, &t, "k2", r#"{"n": 3}"#).await;
 
@@ -228,8 +234,8 @@ async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_a
     }
     let confirmed = setup.confirmed_flush().await;
     assert!(
-        confirmed <= before_big_commit,
-        "confirmed_flush_lsn {confirmed:X} passed the oversized event"
+        confirmed < big_commit_end,
+        "confirmed_flush_lsn {confirmed:X} reached the oversized event's commit (ends at {big_commit_end:X})"
     );
 
     let relay = Relay::spawn(&base_args);
@@ -243,6 +249,14 @@ async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_a
     )
     .await;
     assert_delivered(&[big, after_same_key, other_key], &consumed, true);
+    // Once delivered, the relay confirms exactly that commit: the witness named the right LSN.
+    setup
+        .wait_confirmed_past(
+            big_commit_end - 1,
+            "confirmed_flush_lsn to reach the oversized event's commit once it is delivered",
+            Duration::from_secs(30),
+        )
+        .await;
     drop(relay);
 }
 
