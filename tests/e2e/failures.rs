@@ -16,16 +16,17 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
+    let witness = setup.witness().await;
     let writing_began = std::time::Instant::now();
     let (written, before_commit) =
         write_events(&setup.db.client, 20, 5, &setup.types, 4, 0, Duration::ZERO).await;
-    let first_commit = before_commit[0];
+    let first_commit = setup.commit_end_of(&witness, &written[0].id).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         let confirmed = setup.confirmed_flush().await;
         assert!(
-            confirmed <= first_commit,
-            "confirmed_flush_lsn {confirmed:X} passed an unacknowledged commit at {first_commit:X}"
+            confirmed < first_commit,
+            "confirmed_flush_lsn {confirmed:X} reached an unacknowledged commit (ends at {first_commit:X})"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -163,8 +164,9 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     setup.wait_streaming().await;
     let (good, _) = write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
     let bad_types = vec!["no spaces allowed".to_string()];
-    let (bad, before_commit) =
-        write_events(&setup.db.client, 1, 1, &bad_types, 1, 1, Duration::ZERO).await;
+    let witness = setup.witness().await;
+    let (bad, _) = write_events(&setup.db.client, 1, 1, &bad_types, 1, 1, Duration::ZERO).await;
+    let bad_commit_end = setup.commit_end_of(&witness, &bad[0].id).await;
 
     let status = relay.wait(Duration::from_secs(30));
     assert!(
@@ -189,8 +191,8 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     assert_delivered(&good, &consumed, true);
     let confirmed = setup.confirmed_flush().await;
     assert!(
-        confirmed <= before_commit[0],
-        "confirmed_flush_lsn {confirmed:X} passed the bad event's commit"
+        confirmed < bad_commit_end,
+        "confirmed_flush_lsn {confirmed:X} reached the bad event's commit (ends at {bad_commit_end:X})"
     );
 }
 
@@ -207,19 +209,14 @@ async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_a
     ]);
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
-    // Where the oversized event's transaction commits. (The insert LSN before COMMIT is only a
-    // lower bound: other databases' WAL can come between it and the commit record, and the
-    // relay may rightly confirm such WAL before it decodes the transaction.)
-    let witness = format!("{}_witness", setup.slot);
-    setup.db.create_witness_slot(&witness).await;
+    let witness = setup.witness().await;
 
     let client = &setup.db.client;
     let big_payload = format!(r#"{{"blob": "{}"}}"#, "x".repeat(5_000));
     client.batch_execute("BEGIN").await.unwrap();
     let big = insert(client, &t, "k1", &big_payload).await;
     client.batch_execute("COMMIT").await.unwrap();
-    let big_commit_end = setup.db.commit_end_lsn(&witness, &big.id).await;
-    setup.db.drop_slot(&witness).await;
+    let big_commit_end = setup.commit_end_of(&witness, &big.id).await;
     let after_same_key = insert(client, &t, "k1", r#"{"n": 2}"#).await;
     let other_key = insert(client, &t, "k2", r#"{"n": 3}"#).await;
 
@@ -409,16 +406,17 @@ async fn broker_outage_longer_than_the_message_timeout_loses_nothing() {
 
     broker.pause(true);
     // Ten single-event transactions for three keys while the broker hangs.
+    let witness = setup.witness().await;
     let (during, before_commit) =
         write_events(&setup.db.client, 10, 1, &setup.types, 3, 1, Duration::ZERO).await;
+    let first_commit = setup.commit_end_of(&witness, &during[0].id).await;
     written.extend(during);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while std::time::Instant::now() < deadline {
         let confirmed = setup.confirmed_flush().await;
         assert!(
-            confirmed <= before_commit[0],
-            "confirmed_flush_lsn {confirmed:X} passed an unacknowledged commit at {:X}",
-            before_commit[0]
+            confirmed < first_commit,
+            "confirmed_flush_lsn {confirmed:X} reached an unacknowledged commit (ends at {first_commit:X})"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

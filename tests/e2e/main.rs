@@ -284,6 +284,24 @@ impl Setup {
         .collect()
     }
 
+    /// Creates a witness slot for the transactions written next (see
+    /// [`TestDb::create_witness_slot`]); returns its name for [`Setup::commit_end_of`].
+    async fn witness(&self) -> String {
+        let witness = format!("{}_witness", self.slot);
+        self.db.create_witness_slot(&witness).await;
+        witness
+    }
+
+    /// The end LSN of the commit of the transaction that wrote event `id` (what the relay
+    /// confirms once it delivered it), read from `witness`, which is then dropped. The insert
+    /// LSN before COMMIT is only a lower bound of it: other databases' WAL may come between,
+    /// and the relay may rightly confirm that WAL before it decodes the transaction.
+    async fn commit_end_of(&self, witness: &str, id: &str) -> u64 {
+        let lsn = self.db.commit_end_lsn(witness, id).await;
+        self.db.drop_slot(witness).await;
+        lsn
+    }
+
     fn topics(&self) -> Vec<String> {
         self.types.iter().map(|t| format!("{t}.events")).collect()
     }
