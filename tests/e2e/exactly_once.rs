@@ -351,7 +351,9 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
         RDKafkaApiKey::EndTxn,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS; 12],
     );
-    let (more, before) = write_events(c, 1, 3, &types, 1, 3, Duration::ZERO).await;
+    let witness = setup.witness().await;
+    let (more, _) = write_events(c, 1, 3, &types, 1, 3, Duration::ZERO).await;
+    let pending_commit = setup.commit_end_of(&witness, &more[0].id).await;
     written.extend(more);
     support::consume_with(
         &bootstrap,
@@ -364,9 +366,8 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
     .await;
     let confirmed = setup.confirmed_flush().await;
     assert!(
-        confirmed < before[0],
-        "slot confirmed at {confirmed:X}, past a transaction whose Kafka commit is pending ({:X})",
-        before[0]
+        confirmed < pending_commit,
+        "slot confirmed at {confirmed:X}, the end of a transaction whose Kafka commit is pending ({pending_commit:X})"
     );
     setup
         .wait_confirmed_past(

@@ -167,6 +167,7 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
     args.extend(["--op-invalid-behavior", "error"].map(String::from));
     let mut strict = Relay::spawn(&args);
     setup.wait_streaming().await;
+    let witness = setup.witness().await;
     c.batch_execute("BEGIN").await.unwrap();
     let d = insert(c, &t, "k", r#"{"e": "d"}"#).await;
     c.execute(
@@ -175,8 +176,8 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
     )
     .await
     .unwrap();
-    let before_commit = insert_lsn(c).await;
     c.batch_execute("COMMIT").await.unwrap();
+    let commit_end = setup.commit_end_of(&witness, &d.id).await;
     assert!(
         !strict.wait(Duration::from_secs(30)).success(),
         "op_invalid_behavior = error must stop the relay"
@@ -187,8 +188,8 @@ async fn updates_and_deletes_of_outbox_rows_are_passed_over_or_halt_as_configure
         strict.log()
     );
     assert!(
-        setup.confirmed_flush().await <= before_commit,
-        "confirmed past the transaction with the update"
+        setup.confirmed_flush().await < commit_end,
+        "confirmed the transaction with the update"
     );
 }
 
@@ -447,10 +448,11 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     c.batch_execute("ALTER TABLE outbox RENAME COLUMN event_type TO kind")
         .await
         .unwrap();
+    let witness = setup.witness().await;
     c.batch_execute("BEGIN").await.unwrap();
     let renamed = insert_with(c, "kind", &t, "Renamed", r#"'{"n": 9}'"#).await;
-    let before_commit = insert_lsn(c).await;
     c.batch_execute("COMMIT").await.unwrap();
+    let renamed_commit_end = setup.commit_end_of(&witness, &renamed.id).await;
     let status = relay.wait(Duration::from_secs(30));
     assert!(!status.success(), "the relay went on without event_type");
     let log = relay.log();
@@ -465,8 +467,8 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     }
     let confirmed = setup.confirmed_flush().await;
     assert!(
-        confirmed <= before_commit,
-        "confirmed_flush_lsn {confirmed:X} passed the row the relay could not map"
+        confirmed < renamed_commit_end,
+        "confirmed_flush_lsn {confirmed:X} reached the commit of the row the relay could not map (ends at {renamed_commit_end:X})"
     );
     let mut check_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     check_args[0] = "check".into();
@@ -505,9 +507,11 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
 
     // The outbox renamed under the running relay: its inserts stop it, they are not passed
     // over; a restart refuses the missing table.
-    c.batch_execute("ALTER TABLE outbox RENAME TO outbox_moved; BEGIN")
+    c.batch_execute("ALTER TABLE outbox RENAME TO outbox_moved")
         .await
         .unwrap();
+    let witness = setup.witness().await;
+    c.batch_execute("BEGIN").await.unwrap();
     let moved: String = c
         .query_one(
             "INSERT INTO outbox_moved (aggregate_type, aggregate_id, kind, payload) VALUES ($1, 'k-1', 'Moved', '{}') RETURNING id::text",
@@ -516,8 +520,8 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         .await
         .unwrap()
         .get(0);
-    let before_commit = insert_lsn(c).await;
     c.batch_execute("COMMIT").await.unwrap();
+    let moved_commit_end = setup.commit_end_of(&witness, &moved).await;
     assert!(
         !relay.wait(Duration::from_secs(30)).success(),
         "the relay passed over an insert into the renamed outbox ({moved})"
@@ -531,8 +535,8 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     );
     let confirmed = setup.confirmed_flush().await;
     assert!(
-        confirmed <= before_commit,
-        "confirmed_flush_lsn {confirmed:X} passed the insert into the renamed outbox"
+        confirmed < moved_commit_end,
+        "confirmed_flush_lsn {confirmed:X} reached the commit of the insert into the renamed outbox (ends at {moved_commit_end:X})"
     );
     let mut restarted = Relay::spawn(&args);
     assert!(!restarted.wait(Duration::from_secs(30)).success());
