@@ -78,13 +78,7 @@ async fn write_events(
     let mut written = Vec::with_capacity(txns * per_txn);
     let mut before_commit = Vec::with_capacity(txns);
     for t in 0..txns {
-        within(
-            "BEGIN of a writer's transaction",
-            QUERY_DEADLINE,
-            client.batch_execute("BEGIN"),
-        )
-        .await
-        .unwrap();
+        writer_statement(client, "BEGIN").await;
         for e in 0..per_txn {
             let n = offset + t * per_txn + e;
             let aggregate_type = types[n % types.len()].clone();
@@ -114,18 +108,19 @@ async fn write_events(
             });
         }
         before_commit.push(insert_lsn(client).await);
-        within(
-            "COMMIT of a writer's transaction",
-            QUERY_DEADLINE,
-            client.batch_execute("COMMIT"),
-        )
-        .await
-        .unwrap();
+        writer_statement(client, "COMMIT").await;
         if !pause.is_zero() {
             tokio::time::sleep(pause).await;
         }
     }
     (written, before_commit)
+}
+
+/// Runs `statement` (e.g. BEGIN or COMMIT) for a writer, with the harness's statement deadline.
+async fn writer_statement(client: &tokio_postgres::Client, statement: &str) {
+    within(statement, QUERY_DEADLINE, client.batch_execute(statement))
+        .await
+        .unwrap_or_else(|e| panic!("{statement}: {e}"));
 }
 
 fn header<'a>(record: &'a Consumed, name: &str) -> Option<&'a [u8]> {

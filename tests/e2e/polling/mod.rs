@@ -12,10 +12,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::support::{
-    consume, kafka, pg, unique_name, within, Auth, Consumed, TestDb, QUERY_DEADLINE,
-};
-use crate::{insert, Written};
+use crate::support::{consume, kafka, pg, unique_name, Auth, Consumed, TestDb};
+use crate::{insert, writer_statement, Written};
 
 /// A test's database (polling schema), topics, and config files for its relays.
 struct Setup {
@@ -172,26 +170,14 @@ async fn write_events(
 ) -> Vec<Written> {
     let mut written = Vec::with_capacity(txns * per_txn);
     for t in 0..txns {
-        within(
-            "BEGIN of a writer's transaction",
-            QUERY_DEADLINE,
-            client.batch_execute("BEGIN"),
-        )
-        .await
-        .unwrap();
+        writer_statement(client, "BEGIN").await;
         for e in 0..per_txn {
             let n = t * per_txn + e;
             let aggregate_type = &types[n % types.len()];
             let aggregate_id = format!("k{}", (n / types.len()) % keys);
             written.push(insert(client, aggregate_type, &aggregate_id, &payload(n)).await);
         }
-        within(
-            "COMMIT of a writer's transaction",
-            QUERY_DEADLINE,
-            client.batch_execute("COMMIT"),
-        )
-        .await
-        .unwrap();
+        writer_statement(client, "COMMIT").await;
     }
     written
 }
