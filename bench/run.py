@@ -48,6 +48,12 @@ Scenarios:
    - confirmed_flush_lsn), again 20 s later. The contenders run side by side in one window
    (CPU seconds of one process and one slot's position do not depend on the others' order).
 
+6. exactly-once cost (outbox-relay only, always on librdkafka's mock cluster, the one broker
+   here with Kafka transactions): --eos-txns transactions of --eos-rows rows from a backlog,
+   with and without --exactly-once; events/s and ms per transaction from the first published
+   event until the confirmed flush LSN reaches the end of the backlog, and the start-up before.
+   `--kafka-property linger.ms=0` measures it without librdkafka's 5 ms batching delay.
+
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
 import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
@@ -204,6 +210,19 @@ shared_buffers = 512MB
 TOPICS = ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events")
 
 
+def start_mock_broker(work, topics):
+    """Starts bench/mock_broker.rs with `topics` (NAME or NAME:PARTITIONS); returns the process
+    (it serves until its stdin closes) and its bootstrap address."""
+    proc = subprocess.Popen([str(MOCK_BROKER), *topics], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=open(work / "mock-broker.log", "a"), text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    bootstrap = proc.stdout.readline().strip() if ready else ""
+    if not bootstrap:
+        stop_process(proc)
+        raise SystemExit(f"the mock broker did not start: see {work / 'mock-broker.log'}")
+    return proc, bootstrap
+
+
 class Broker:
     """tansu with memory storage (or, with --broker mock, bench/mock_broker.rs: librdkafka's
     mock cluster). tansu keeps every record in memory and slows down as they pile
@@ -222,13 +241,7 @@ class Broker:
             stop_process(self.proc)
         if Broker.kind == "mock":
             # Topics are made at start (3 partitions each, as tansu's); it serves until stdin closes.
-            self.proc = subprocess.Popen([str(MOCK_BROKER), *TOPICS], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=open(self.work / "mock-broker.log", "a"),
-                                         text=True)
-            ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-            self.bootstrap = self.proc.stdout.readline().strip() if ready else ""
-            if not self.bootstrap:
-                raise SystemExit(f"the mock broker did not start: see {self.work / 'mock-broker.log'}")
+            self.proc, self.bootstrap = start_mock_broker(self.work, TOPICS)
             self.port = int(self.bootstrap.rsplit(":", 1)[1])
             return
         self.port = free_port()
@@ -269,11 +282,15 @@ class Relay:
             stdout=open(work / f"relay-{slot}.log", "w"), stderr=subprocess.STDOUT,
             env={**os.environ, "RUST_LOG": "warn"})
 
-    def published(self):
+    def metrics_text(self):
+        """The relay's /metrics page ("" while it does not answer)."""
         try:
-            text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=1).read().decode()
+            return urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=1).read().decode()
         except OSError:
-            return 0
+            return ""
+
+    def published(self):
+        text = self.metrics_text()
         for line in text.splitlines():
             if line.startswith("outbox_relay_events_published_total"):
                 return int(float(line.rsplit(" ", 1)[1]))
@@ -836,6 +853,68 @@ SETUP_SQL = [
 ]
 
 
+def parse_lsn(text):
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds):
+    """Scenario 6, what exactly-once costs: per round and mode (at-least-once and exactly-once,
+    in alternating order), a fresh mock cluster (bench/mock_broker.rs: librdkafka's mock
+    cluster, the one broker here with Kafka transactions) with Order.events and the checkpoint
+    topic, a new slot, `txns` transactions of `per_txn` rows written while nothing reads, then
+    the relay from its start until its confirmed flush LSN (outbox_relay_confirmed_flush_lsn_bytes)
+    reaches the end of that WAL. Start-up is until the first event is published (exactly-once's
+    includes reading the checkpoint); the rate is over the rest."""
+    modes = {"at-least-once": [], "exactly-once": ["--exactly-once"]}
+    runs = {m: [] for m in modes}
+    events = txns * per_txn
+    for r in range(rounds):
+        for mode in (list(modes) if r % 2 == 0 else list(reversed(modes))):
+            proc, bootstrap = start_mock_broker(work, ["Order.events:3", "outbox-relay.checkpoints:3"])
+            relay = None
+            try:
+                slot = f"eoscost_{r}_{mode.replace('-', '_')}"
+                cluster.sql("TRUNCATE outbox")
+                cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+                cluster.sql(f"CALL fill_big({txns}, {per_txn}, 'outbox')")
+                endpos = parse_lsn(cluster.sql("SELECT pg_current_wal_lsn()"))
+                start = time.time()
+                relay = Relay(work, cluster, argparse.Namespace(bootstrap=bootstrap), slot, modes[mode])
+                first_event = None
+                while True:
+                    text = relay.metrics_text()
+                    if first_event is None and re.search(r"^outbox_relay_events_published_total\S* [1-9]", text, re.M):
+                        first_event = time.time()
+                    confirmed = re.search(r"^outbox_relay_confirmed_flush_lsn_bytes\S* (\d+)", text, re.M)
+                    if confirmed and int(confirmed.group(1)) >= endpos:
+                        break
+                    if relay.proc.poll() is not None:
+                        raise SystemExit(f"relay ({mode}) exited with {relay.proc.returncode}: see {work}/relay-{slot}.log")
+                    if time.time() - start > 900:
+                        raise SystemExit(f"relay ({mode}) did not confirm {events:,} events within 900 s")
+                    time.sleep(0.01)
+                end = time.time()
+                first_event = first_event or end
+                run = {"startup_seconds": first_event - start, "drain_seconds": end - first_event,
+                       "events_per_second": events / max(end - first_event, 1e-9),
+                       "ms_per_transaction": (end - first_event) * 1000 / txns,
+                       "cpu_seconds": cpu_seconds(relay.proc.pid)}
+                runs[mode].append(run)
+                log(f"  round {r + 1}, {mode}: {run['events_per_second']:,.0f} events/s, "
+                    f"{run['ms_per_transaction']:.1f} ms per transaction, start-up {run['startup_seconds']:.1f} s")
+            finally:
+                if relay:
+                    relay.stop()
+                stop_process(proc)
+            cluster.drop_slot(slot)
+    return {"transactions": txns, "rows_per_transaction": per_txn,
+            "modes": {m: {"events_per_second": median([x["events_per_second"] for x in rs]),
+                          "ms_per_transaction": median([x["ms_per_transaction"] for x in rs]),
+                          "startup_seconds": median([x["startup_seconds"] for x in rs]),
+                          "runs": rs} for m, rs in runs.items()}}
+
+
 def fmt_eps(v, partial=False):
     return "-" if v is None else f"{v:,.0f} ev/s" + (" (partial)" if partial else "")
 
@@ -896,13 +975,20 @@ def print_table(results, args):
         wal = next(iter(i["contenders"].values()))["wal_written_mib"]
         print(f"| 5. idle {i['seconds']} s, {wal:.0f} MiB of other WAL | "
               + " | ".join(cells) + " | - |")
+    if "exactly_once_cost" in results:
+        e = results["exactly_once_cost"]
+        cells = [f"{m}: {x['events_per_second']:,.0f} ev/s, {x['ms_per_transaction']:.1f} ms/txn"
+                 for m, x in e["modes"].items()]
+        ratio = e["modes"]["exactly-once"]["events_per_second"] / e["modes"]["at-least-once"]["events_per_second"]
+        print(f"\n6. exactly-once cost, backlog of {e['transactions']} txns x {e['rows_per_transaction']} rows on the mock "
+              f"cluster: {'; '.join(cells)} (exactly-once / at-least-once: {ratio:.2f})")
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
           f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; broker: {results.get('broker', BROKERS['tansu'])}; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
-SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle")
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost")
 
 
 def main():
@@ -915,6 +1001,8 @@ def main():
     ap.add_argument("--big", type=int, default=1_000_000)
     ap.add_argument("--idle-secs", type=int, default=60)
     ap.add_argument("--idle-wal-mb", type=int, default=500)
+    ap.add_argument("--eos-txns", type=int, default=300, help="scenario 6: transactions in the backlog")
+    ap.add_argument("--eos-rows", type=int, default=10, help="scenario 6: rows per transaction")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
@@ -996,6 +1084,12 @@ def main():
             log(f"scenario 5: {args.idle_secs} s without outbox writes, {args.idle_wal_mb} MB of other WAL")
             results["idle"] = idle_scenario(cluster, broker, peers, work, args.idle_secs, args.idle_wal_mb,
                                             args.rounds)
+            save()
+        if run("eoscost"):
+            log(f"scenario 6: exactly-once against at-least-once, {args.eos_txns} txns x {args.eos_rows} rows "
+                "on the mock cluster")
+            results["exactly_once_cost"] = exactly_once_cost_scenario(cluster, work, args.eos_txns, args.eos_rows,
+                                                                      args.rounds)
             save()
     finally:
         if broker:

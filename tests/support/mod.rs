@@ -17,15 +17,17 @@
 //! directory with data and logs after exit; its path is printed at start-up).
 #![allow(dead_code, unused_imports)]
 
+pub mod http;
 pub mod kafka;
 pub mod pg;
 pub mod relay;
 mod run;
 
+pub use http::{http_get, metric_sum, metric_value};
 pub use kafka::{consume, consume_with, kafka, Broker, Consumed};
-pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD};
+pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD, QUERY_DEADLINE};
 pub use relay::Relay;
-pub use run::free_port;
+pub use run::{free_port, run_within, CmdOutput};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};

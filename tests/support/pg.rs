@@ -13,8 +13,9 @@ use tokio_postgres::{Client, NoTls};
 /// Password of the roles `relay_md5`, `relay_scram` and `relay_password`.
 pub const PASSWORD: &str = "s3cret!";
 
-/// Deadline for one SQL round trip of a harness helper.
-const QUERY_DEADLINE: Duration = Duration::from_secs(30);
+/// Deadline for one SQL round trip of a harness helper or a test's writer: they touch a few
+/// rows, so one that takes longer is stuck (a lock, a dead server), not slow.
+pub const QUERY_DEADLINE: Duration = Duration::from_secs(30);
 
 /// How a TCP connection to the test cluster authenticates (see the cluster's pg_hba.conf).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -583,6 +584,45 @@ impl TestDb {
         .await
         .unwrap_or_else(|e| panic!("creating replication slot {slot}: {e}"));
         row.get(0)
+    }
+
+    /// Creates a `test_decoding` slot `slot` that witnesses where later transactions commit
+    /// (see [`TestDb::commit_end_lsn`]). Drop it when done: it retains WAL for the cluster.
+    pub async fn create_witness_slot(&self, slot: &str) {
+        within(
+            &format!("creating witness slot {slot}"),
+            QUERY_DEADLINE,
+            self.client.execute(
+                "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
+                &[&slot],
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating witness slot {slot}: {e}"));
+    }
+
+    /// The end LSN of the commit record of the transaction, committed after witness slot
+    /// `slot` was created, whose decoded changes contain `needle` (e.g. an event id): the LSN a
+    /// relay confirms once it has delivered that transaction. Reads the slot without consuming;
+    /// waits (up to 30 s) for the commit to be flushed, as decoding stops at the flushed WAL.
+    ///
+    /// Panics if no committed transaction has such a change by then.
+    pub async fn commit_end_lsn(&self, slot: &str, needle: &str) -> u64 {
+        let what = format!("witness slot {slot} to see the commit of a change containing {needle}");
+        super::wait_for(&what, Duration::from_secs(30), || async {
+            let row = self
+                .client
+                .query_opt(
+                    "WITH c AS (SELECT lsn, xid, data FROM pg_logical_slot_peek_changes($1, NULL, NULL))
+                     SELECT lsn::text FROM c
+                     WHERE data LIKE 'COMMIT%' AND xid = (SELECT xid FROM c WHERE strpos(data, $2) > 0 LIMIT 1)",
+                    &[&slot, &needle],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("reading witness slot {slot}: {e}"));
+            row.map(|r| parse_lsn(&r.get::<_, String>(0)))
+        })
+        .await
     }
 
     /// Drops replication slot `slot` if it exists (waits up to 30 s for it to become inactive).

@@ -285,7 +285,7 @@ pub(crate) fn pg_command(prog: &str) -> Command {
 }
 
 /// Output of a finished command.
-pub(crate) struct CmdOutput {
+pub struct CmdOutput {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
@@ -328,6 +328,12 @@ pub(crate) fn run_cmd_status(mut cmd: Command, deadline: Duration) -> Result<Cmd
         stdout: read(out),
         stderr: read(err),
     })
+}
+
+/// Runs `cmd` as [`run_cmd_status`] does and returns its output whatever its exit status.
+/// Panics if it cannot be started or is still running after `deadline` (it is then killed).
+pub fn run_within(cmd: Command, deadline: Duration) -> CmdOutput {
+    run_cmd_status(cmd, deadline).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Like [`run_cmd_status`], but panics (with the output) unless the command succeeds.

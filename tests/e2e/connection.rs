@@ -1,0 +1,386 @@
+use std::time::Duration;
+
+use crate::support::{self, consume, kafka, pg, unique_name, wait_for, Auth, Relay};
+use crate::{assert_delivered, write_events, Setup};
+
+/// The relay's own parsing of a source URL (TLS parameters included).
+fn source_config(
+    url: &str,
+) -> (
+    tokio_postgres::Config,
+    outbox_relay::source::tls::TlsSettings,
+) {
+    let (rest, tls) = outbox_relay::source::tls::split_url(url).unwrap();
+    (rest.parse().unwrap(), tls)
+}
+
+#[tokio::test]
+async fn replication_connection_authenticates_with_every_method() {
+    use outbox_relay::source::replication::ReplicationClient;
+    let db = pg().create_database(&unique_name("auth")).await;
+    for auth in [Auth::Trust, Auth::Password, Auth::Md5, Auth::Scram] {
+        let (config, tls) = source_config(&db.url(auth));
+        let mut client = ReplicationClient::connect(&config, &tls)
+            .await
+            .unwrap_or_else(|e| panic!("{auth:?}: {}", outbox_relay::error::chain(&e)));
+        let identity = client.identify_system().await.unwrap();
+        assert_eq!(
+            identity.dbname.as_deref(),
+            Some(db.name.as_str()),
+            "{auth:?}"
+        );
+        assert!(identity.xlogpos.0 > 0);
+    }
+    for auth in [Auth::Password, Auth::Md5, Auth::Scram] {
+        let url = db.url(auth);
+        let (config, tls) = source_config(&url.replace(support::PASSWORD, "wrong"));
+        let error = ReplicationClient::connect(&config, &tls)
+            .await
+            .err()
+            .expect("wrong password accepted");
+        assert!(
+            matches!(&error, outbox_relay::source::SourceError::Server { code, .. } if code == "28P01"),
+            "{auth:?}: {error}"
+        );
+        assert!(
+            !error.is_transient(),
+            "{auth:?}: a wrong password is not worth retrying"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
+    let setup = Setup::new("terminate", &["Order", "Refund"], 2).await;
+    let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Scram));
+    setup.wait_streaming().await;
+    let first_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+
+    let (mut written, _) =
+        write_events(&setup.db.client, 30, 3, &setup.types, 5, 0, Duration::ZERO).await;
+    assert!(
+        setup.db.terminate_slot_backend(&setup.slot).await,
+        "no walsender to terminate"
+    );
+    let (more, before_commit) =
+        write_events(&setup.db.client, 30, 3, &setup.types, 5, 90, Duration::ZERO).await;
+    written.extend(more);
+
+    relay
+        .wait_for_log("reconnecting", Duration::from_secs(30))
+        .await;
+    wait_for(
+        "the relay to stream again from a new walsender",
+        Duration::from_secs(60),
+        || async {
+            setup
+                .db
+                .slot_active_pid(&setup.slot)
+                .await
+                .filter(|pid| *pid != first_pid)
+        },
+    )
+    .await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+        )
+        .await;
+    assert_delivered(&written, &consumed, false);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit after the reconnect",
+            Duration::from_secs(30),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_one_slot_one_streams_and_the_other_takes_over() {
+    let setup = Setup::new("standby", &["Order"], 2).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Md5);
+    let mut active = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let mut standby = Relay::spawn(&args);
+    standby
+        .wait_for_log("is active for PID", Duration::from_secs(30))
+        .await;
+
+    let (mut written, _) =
+        write_events(&setup.db.client, 10, 2, &setup.types, 3, 0, Duration::ZERO).await;
+    setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert!(
+        !standby.log().contains("streaming"),
+        "the standby streamed while the slot was held:\n{}",
+        standby.log()
+    );
+
+    active.kill();
+    let (more, before_commit) =
+        write_events(&setup.db.client, 10, 2, &setup.types, 3, 20, Duration::ZERO).await;
+    written.extend(more);
+    standby
+        .wait_for_log("streaming", Duration::from_secs(60))
+        .await;
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(90),
+        )
+        .await;
+    assert_delivered(&written, &consumed, false);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "the standby to confirm past the last commit",
+            Duration::from_secs(30),
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
+    use outbox_relay::source::replication::ReplicationClient;
+    use outbox_relay::source::SourceError;
+    let setup = Setup::new("tls", &["Order"], 1).await;
+    let ca = pg().ca_cert();
+    // relay_tls may only connect over TLS (pg_hba: hostnossl reject).
+    let url = |host: &str, mode: &str| {
+        format!(
+            "postgres://relay_tls:{}@{host}:{}/{}?sslmode={mode}&sslrootcert={}",
+            support::PASSWORD,
+            pg().port(),
+            setup.db.name,
+            ca.display()
+        )
+    };
+
+    for (host, mode) in [
+        ("localhost", "verify-full"),
+        ("127.0.0.1", "verify-ca"),
+        ("127.0.0.1", "require"),
+    ] {
+        let (config, tls) = source_config(&url(host, mode));
+        let mut client = ReplicationClient::connect(&config, &tls)
+            .await
+            .unwrap_or_else(|e| panic!("{host} {mode}: {}", outbox_relay::error::chain(&e)));
+        client.identify_system().await.unwrap();
+    }
+    // The server certificate names only localhost.
+    let (config, tls) = source_config(&url("127.0.0.1", "verify-full"));
+    let error = ReplicationClient::connect(&config, &tls)
+        .await
+        .err()
+        .expect("verify-full accepted a wrong host name");
+    assert!(
+        matches!(&error, SourceError::Tls(text) if text.contains("127.0.0.1")),
+        "{error}"
+    );
+    assert!(!error.is_transient());
+    // Without TLS the server refuses relay_tls: the connections above really used TLS.
+    let (config, tls) = source_config(&url("localhost", "disable"));
+    let error = ReplicationClient::connect(&config, &tls)
+        .await
+        .err()
+        .expect("plain connection accepted");
+    assert!(
+        matches!(&error, SourceError::Server { code, .. } if code == "28000"),
+        "{error}"
+    );
+
+    // SCRAM over TLS binds the channel (SCRAM-SHA-256-PLUS), so channel_binding=require
+    // connects; without TLS there is nothing to bind and require is refused before the
+    // password is sent.
+    let (config, tls) = source_config(&format!(
+        "{}&channel_binding=require",
+        url("localhost", "verify-full")
+    ));
+    ReplicationClient::connect(&config, &tls)
+        .await
+        .unwrap_or_else(|e| panic!("channel binding: {}", outbox_relay::error::chain(&e)));
+    let (config, tls) = source_config(&format!(
+        "{}?sslmode=disable&channel_binding=require",
+        setup.db.url(Auth::Scram)
+    ));
+    let error = ReplicationClient::connect(&config, &tls)
+        .await
+        .err()
+        .expect("channel_binding=require accepted a session without TLS");
+    assert!(
+        matches!(&error, SourceError::Auth(text) if text.contains("channel_binding")),
+        "{error}"
+    );
+    // hostaddr gives the address; the host name is only for TLS verification.
+    let (config, tls) = source_config(&format!(
+        "postgres://relay_tls:{}@localhost.invalid:{}/{}?hostaddr=127.0.0.1&sslmode=verify-ca&sslrootcert={}",
+        support::PASSWORD,
+        pg().port(),
+        setup.db.name,
+        ca.display()
+    ));
+    ReplicationClient::connect(&config, &tls)
+        .await
+        .unwrap_or_else(|e| panic!("hostaddr: {}", outbox_relay::error::chain(&e)));
+    // hostaddr alone, as libpq allows.
+    let (config, tls) = source_config(&format!(
+        "hostaddr=127.0.0.1 port={} dbname={} user=relay_tls password={} sslmode=require",
+        pg().port(),
+        setup.db.name,
+        support::PASSWORD,
+    ));
+    ReplicationClient::connect(&config, &tls)
+        .await
+        .unwrap_or_else(|e| panic!("hostaddr alone: {}", outbox_relay::error::chain(&e)));
+
+    // The relay stops on a certificate that does not verify instead of retrying forever.
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = url("127.0.0.1", "verify-full");
+    let mut refused = Relay::spawn(&args);
+    let status = refused.wait(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "the relay accepted a certificate for another host"
+    );
+    assert!(
+        refused.log().to_lowercase().contains("certificate"),
+        "{}",
+        refused.log()
+    );
+
+    // The relay end to end over TLS (replication and SQL connections).
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = url("localhost", "verify-full");
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    assert!(
+        !relay.log().contains(support::PASSWORD),
+        "the password was logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libpq_environment_and_password_file_are_honoured() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new("pgenv", &["Order"], 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let passfile = dir.path().join("pgpass");
+    std::fs::write(
+        &passfile,
+        format!(
+            "127.0.0.1:{}:{}:relay_scram:{}\n",
+            pg().port(),
+            setup.db.name,
+            support::PASSWORD
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = format!("dbname={}", setup.db.name);
+    let port = pg().port().to_string();
+    let passfile = passfile.display().to_string();
+    let relay = Relay::spawn_with_env(
+        &args,
+        &[
+            ("PGHOST", "127.0.0.1"),
+            ("PGPORT", &port),
+            ("PGUSER", "relay_scram"),
+            ("PGPASSFILE", &passfile),
+            ("PGSSLMODE", "disable"),
+        ],
+    );
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let topics = setup.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    assert!(
+        !relay.log().contains(support::PASSWORD),
+        "the password was logged"
+    );
+}
+
+/// Role and database defaults cannot break the relay's sessions: a 1 ms statement_timeout, a
+/// 1 s idle_session_timeout, a search_path without pg_catalog's friends and another DateStyle
+/// and TimeZone on the database. The relay streams, stays connected while idle and publishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_database_defaults_do_not_break_the_sessions() {
+    let setup = Setup::new("defaults", &["Order"], 1).await;
+    let db = setup.db.name.clone();
+    for setting in [
+        "statement_timeout = '1ms'",
+        "lock_timeout = '1ms'",
+        "idle_session_timeout = '1s'",
+        "idle_in_transaction_session_timeout = '1s'",
+        "search_path = nowhere",
+        "DateStyle = 'SQL, DMY'",
+        "TimeZone = 'America/Bogota'",
+    ] {
+        setup
+            .db
+            .client
+            .batch_execute(&format!("ALTER DATABASE {db} SET {setting}"))
+            .await
+            .unwrap();
+    }
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+    let (mut written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    // Idle well past idle_session_timeout.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (more, before_commit) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 4, Duration::ZERO).await;
+    written.extend(more);
+    let topics = setup.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn to pass the last commit",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(
+        setup.db.slot_active_pid(&setup.slot).await,
+        Some(pid),
+        "the relay reconnected:\n{}",
+        relay.log()
+    );
+    assert!(!relay.log().contains("reconnecting"), "{}", relay.log());
+}

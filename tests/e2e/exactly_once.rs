@@ -1,0 +1,415 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::support::{self, parse_lsn, pg, wait_for, within, Auth, Relay};
+use crate::{assert_delivered, header, write_events, Setup};
+
+const CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
+
+/// A mock Kafka cluster with the checkpoint topic (3 partitions) and `<type>.events` topics.
+fn mock_cluster(
+    types: &[String],
+    partitions: i32,
+) -> rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
+    let mock = rdkafka::mocking::MockCluster::new(1).expect("creating a librdkafka mock cluster");
+    mock.create_topic(CHECKPOINT_TOPIC, 3, 1).unwrap();
+    for t in types {
+        mock.create_topic(&format!("{t}.events"), partitions, 1)
+            .unwrap();
+    }
+    mock
+}
+
+/// The checkpoint LSNs of `pipeline` in the order the relay committed them (one key lives in
+/// one partition, and consumed records are in offset order per partition).
+async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u64> {
+    let records = support::consume_with(
+        bootstrap,
+        &[CHECKPOINT_TOPIC],
+        expected,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    records
+        .iter()
+        .filter(|r| r.key.as_deref() == Some(pipeline.as_bytes()))
+        .map(|r| parse_lsn(&r.value_str().expect("checkpoint value")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() {
+    let setup = Setup::new("eos_skip", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let mock = mock_cluster(&types, 2);
+    let bootstrap = mock.bootstrap_servers();
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    let c = &setup.db.client;
+
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (mut expected, before) = write_events(c, 2, 3, &types, 2, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(
+            before[1],
+            "the first two transactions",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        relay.log().contains("checkpoint_lsn=none"),
+        "a first start finds no checkpoint"
+    );
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+
+    // While the relay is down: transactions A and B, a checkpoint at B's end (as if their
+    // Kafka transactions committed and the relay died before confirming the slot), then C.
+    let (skipped, _) = write_events(c, 2, 3, &types, 2, 6, Duration::ZERO).await;
+    let checkpoint = setup.db.current_wal_insert_lsn().await;
+    let (last, before_last) = write_events(c, 1, 3, &types, 2, 12, Duration::ZERO).await;
+    expected.extend(last);
+    // With the relay's partitioner, so that the key stays in one partition.
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
+                .key(&setup.slot)
+                .payload(&support::pg::format_lsn(checkpoint)),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("writing the checkpoint");
+
+    let relay = Relay::spawn(&args);
+    setup
+        .wait_confirmed_past(
+            before_last[0],
+            "confirmed_flush_lsn past transaction C",
+            Duration::from_secs(60),
+        )
+        .await;
+    let consumed = support::consume_with(
+        &bootstrap,
+        &[&format!("{}.events", types[0])],
+        expected.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    for s in &skipped {
+        assert!(
+            !consumed
+                .iter()
+                .any(|r| header(r, "id") == Some(s.id.as_bytes())),
+            "event {} of a transaction at or below the checkpoint was published again",
+            s.id
+        );
+    }
+    assert_delivered(&expected, &consumed, true);
+    assert!(
+        relay.log().contains(&format!(
+            "checkpoint_lsn={}",
+            support::pg::format_lsn(checkpoint)
+        )),
+        "the start line names the checkpoint found:\n{}",
+        relay.log()
+    );
+    // The first relay's two checkpoints, the test's, then C's.
+    let lsns = checkpoints(&bootstrap, &setup.slot, 4).await;
+    assert_eq!(lsns.len(), 4, "{lsns:?}");
+    assert_eq!(lsns[2], checkpoint);
+    assert!(lsns[3] > before_last[0] && lsns[3] > checkpoint, "{lsns:?}");
+
+    // `check` reads the checkpoint as the relay does, and names a missing checkpoint topic.
+    let mut check_args = args.clone();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    let status = check.wait(Duration::from_secs(60));
+    let out = check.log();
+    assert!(status.success(), "check exited with {status}:\n{out}");
+    assert!(
+        out.lines().any(|l| l.starts_with("  ok    checkpoint")
+            && l.ends_with(&format!(
+                "{CHECKPOINT_TOPIC}: last checkpoint {} (the topic must have cleanup.policy=compact)",
+                support::pg::format_lsn(lsns[3])
+            ))),
+        "{out}"
+    );
+    check_args.extend(["--checkpoint-topic".into(), "no.such.topic".into()]);
+    let mut check = Relay::spawn(&check_args);
+    assert!(!check.wait(Duration::from_secs(60)).success());
+    let out = check.log();
+    assert!(
+        out.contains("checkpoint topic \"no.such.topic\" does not exist: create it with cleanup.policy=compact"),
+        "{out}"
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
+    let setup = Setup::new("eos_kill9", &[], 1).await;
+    let types: Vec<String> = ["Order", "Payment"]
+        .iter()
+        .map(|t| format!("{t}_{}", setup.db.name))
+        .collect();
+    let mock = mock_cluster(&types, 3);
+    let bootstrap = mock.bootstrap_servers();
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    let mut rng = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    eprintln!("exactly-once kill -9 test seed {rng}");
+    let mut random = move |below: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % below
+    };
+
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    // 200 transactions of 10 events (5 keys per type), written while the relay is killed.
+    let writer_db = pg().connect(&setup.db.name, Auth::Trust).await;
+    let writer_types = types.clone();
+    let writer = tokio::spawn(async move {
+        write_events(
+            &writer_db,
+            200,
+            10,
+            &writer_types,
+            5,
+            0,
+            Duration::from_millis(10),
+        )
+        .await
+    });
+    let mut logs = Vec::new();
+    let kills = 4;
+    for round in 0..kills {
+        tokio::time::sleep(Duration::from_millis(200 + random(600))).await;
+        relay.kill();
+        logs.push(relay.log());
+        wait_for(
+            &format!("the slot to be released after kill -9 number {round}"),
+            Duration::from_secs(30),
+            || async {
+                setup
+                    .db
+                    .slot_active_pid(&setup.slot)
+                    .await
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+        relay = Relay::spawn(&args);
+        relay
+            .wait_for_log("exactly-once mode", Duration::from_secs(60))
+            .await;
+    }
+    let (written, before_commit) = within(
+        "the writer's 2,000 events",
+        Duration::from_secs(120),
+        writer,
+    )
+    .await
+    .unwrap();
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "confirmed_flush_lsn past the last commit",
+            Duration::from_secs(120),
+        )
+        .await;
+    logs.push(relay.log());
+
+    // Each PostgreSQL transaction was committed to Kafka once: one checkpoint each, in commit
+    // order, between its COMMIT's start and the next transaction's.
+    let lsns = checkpoints(&bootstrap, &setup.slot, before_commit.len()).await;
+    assert!(
+        lsns.windows(2).all(|w| w[0] < w[1]),
+        "checkpoints not strictly increasing (a transaction committed twice): {lsns:?}"
+    );
+    assert_eq!(
+        lsns.len(),
+        before_commit.len(),
+        "one checkpoint per transaction"
+    );
+    for (i, (lsn, before)) in lsns.iter().zip(&before_commit).enumerate() {
+        let next = before_commit.get(i + 1).copied().unwrap_or(u64::MAX);
+        assert!(
+            *before < *lsn && *lsn <= next,
+            "checkpoint {i} ({lsn:X}) is not transaction {i}'s end ({before:X}..{next:X})"
+        );
+    }
+
+    let topics: Vec<String> = types.iter().map(|t| format!("{t}.events")).collect();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let consumed = support::consume_with(
+        &bootstrap,
+        &topics,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    assert_delivered(&written, &consumed, false);
+    // Duplicates only from the one Kafka transaction each kill left open (aborted; on a broker
+    // with transactions invisible to this consumer).
+    let txn_of: HashMap<&str, usize> = written
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.id.as_str(), i / 10))
+        .collect();
+    let mut copies: HashMap<&str, usize> = HashMap::new();
+    for r in &consumed {
+        *copies
+            .entry(std::str::from_utf8(header(r, "id").unwrap()).unwrap())
+            .or_default() += 1;
+    }
+    let mut duplicated_txns: Vec<usize> = copies
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| txn_of[id])
+        .collect();
+    duplicated_txns.sort_unstable();
+    duplicated_txns.dedup();
+    assert!(
+        duplicated_txns.len() <= kills,
+        "events of {} transactions published twice after {kills} kills: {duplicated_txns:?}",
+        duplicated_txns.len()
+    );
+    let uncommitted = support::consume_with(
+        &bootstrap,
+        &topics,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+        &[("isolation.level", "read_uncommitted")],
+    )
+    .await;
+    let passed_over = logs
+        .iter()
+        .filter(|l| l.contains("checkpoint_lsn=") && !l.contains("checkpoint_lsn=none"))
+        .count();
+    eprintln!(
+        "{} events; read_committed saw {} records, read_uncommitted {}; transactions with \
+         duplicates (aborted on a real broker): {duplicated_txns:?}; restarts that found a \
+         checkpoint: {passed_over} of {}",
+        written.len(),
+        consumed.len(),
+        uncommitted.len(),
+        logs.len()
+    );
+    assert!(
+        logs.last().unwrap().contains("checkpoint_lsn=")
+            && !logs.last().unwrap().contains("checkpoint_lsn=none"),
+        "the last restart found a checkpoint"
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_aborted() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let setup = Setup::new("eos_commit", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let topic = format!("{}.events", types[0]);
+    let mock = mock_cluster(&types, 1);
+    let bootstrap = mock.bootstrap_servers();
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    let c = &setup.db.client;
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("exactly-once mode", Duration::from_secs(60))
+        .await;
+    let (mut written, before) = write_events(c, 1, 3, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+
+    // The coordinator answers the next commits "loading" for a while (librdkafka retries
+    // twice per commit call, the relay calls again): the records are in the log, the slot
+    // must stay before the transaction until the commit went through.
+    mock.request_errors(
+        RDKafkaApiKey::EndTxn,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS; 12],
+    );
+    let witness = setup.witness().await;
+    let (more, _) = write_events(c, 1, 3, &types, 1, 3, Duration::ZERO).await;
+    let pending_commit = setup.commit_end_of(&witness, &more[0].id).await;
+    written.extend(more);
+    support::consume_with(
+        &bootstrap,
+        &[&topic],
+        6,
+        Duration::ZERO,
+        Duration::from_secs(30),
+        &[("isolation.level", "read_uncommitted")],
+    )
+    .await;
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed < pending_commit,
+        "slot confirmed at {confirmed:X}, the end of a transaction whose Kafka commit is pending ({pending_commit:X})"
+    );
+    setup
+        .wait_confirmed_past(
+            before[0],
+            "the slot to pass the transaction once its commit went through",
+            Duration::from_secs(60),
+        )
+        .await;
+    let lsns = checkpoints(&bootstrap, &setup.slot, 2).await;
+    assert_eq!(
+        lsns.len(),
+        2,
+        "one checkpoint per transaction, also when the commit was retried: {lsns:?}"
+    );
+
+    // A commit that fails for good (unknown producer id: abortable): the relay aborts the
+    // Kafka transaction and starts a new session from the slot.
+    mock.request_errors(
+        RDKafkaApiKey::EndTxn,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID],
+    );
+    let (more, before) = write_events(c, 1, 3, &types, 1, 6, Duration::ZERO).await;
+    written.extend(more);
+    relay
+        .wait_for_log("open kafka transaction aborted", Duration::from_secs(60))
+        .await;
+    setup
+        .wait_confirmed_past(
+            before[0],
+            "the slot to pass the transaction after the abort and a new session",
+            Duration::from_secs(60),
+        )
+        .await;
+    let consumed = support::consume_with(
+        &bootstrap,
+        &[&topic],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    assert_delivered(&written, &consumed, false);
+    drop(relay);
+}

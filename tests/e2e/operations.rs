@@ -1,0 +1,648 @@
+use std::path::Path;
+use std::time::Duration;
+
+use crate::support::{
+    self, consume, http_get, kafka, metric_value, pg, run_within, unique_name, wait_for, Auth,
+    Relay,
+};
+use crate::{assert_delivered, run_with_config, write_events, Setup, Written};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself() {
+    let setups = [
+        Setup::new("multi_a", &["Order"], 1).await,
+        Setup::new("multi_b", &["Order"], 1).await,
+        Setup::new("multi_c", &["Order"], 1).await,
+    ];
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut toml = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n",
+        kafka().bootstrap()
+    );
+    let mut env = Vec::new();
+    for (i, s) in setups.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[pipelines]]\nname = \"db{i}\"\nsource_url = \"${{DB{i}_URL}}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n",
+            s.slot
+        ));
+        env.push((format!("DB{i}_URL"), s.db.url(Auth::Scram)));
+    }
+    let (_dir, args) = run_with_config(&toml);
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let relay = Relay::spawn_with_env(&args, &env_refs);
+
+    wait_for(
+        "/readyz to report all three pipelines streaming",
+        Duration::from_secs(60),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(status, _)| *status == 200)
+        },
+    )
+    .await;
+    let mut written = Vec::new();
+    for s in &setups {
+        written.push(
+            write_events(&s.db.client, 3, 2, &s.types, 2, 0, Duration::ZERO)
+                .await
+                .0,
+        );
+    }
+    for (s, w) in setups.iter().zip(&written) {
+        let topics = s.topics();
+        let consumed = consume(
+            &kafka().bootstrap(),
+            &[topics[0].as_str()],
+            w.len(),
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_delivered(w, &consumed, false);
+    }
+
+    // Database b goes away: its pipeline reconnects while a and c keep flowing.
+    let b = &setups[1];
+    let admin = pg().connect("postgres", Auth::Trust).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+            b.db.name
+        ))
+        .await
+        .unwrap();
+    assert!(b.db.terminate_slot_backend(&b.slot).await);
+    let (status, body) = wait_for(
+        "/readyz to report db1 reconnecting",
+        Duration::from_secs(30),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(_, body)| body.contains("reconnecting"))
+        },
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    let readiness: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        readiness["pipelines"]["db0"]["state"], "streaming",
+        "{body}"
+    );
+    assert_eq!(
+        readiness["pipelines"]["db1"]["state"], "reconnecting",
+        "{body}"
+    );
+    assert_eq!(
+        readiness["pipelines"]["db2"]["state"], "streaming",
+        "{body}"
+    );
+    for i in [0, 2] {
+        let s = &setups[i];
+        let more = write_events(&s.db.client, 3, 2, &s.types, 2, 100, Duration::ZERO)
+            .await
+            .0;
+        written[i].extend(more);
+        let topics = s.topics();
+        let consumed = consume(
+            &kafka().bootstrap(),
+            &[topics[0].as_str()],
+            written[i].len(),
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_delivered(&written[i], &consumed, false);
+    }
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    assert!(
+        text.contains("outbox_relay_pipeline_streaming{pipeline=\"db1\"} 0"),
+        "{text}"
+    );
+    let published_db0: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("outbox_relay_events_published_total{pipeline=\"db0\",topic="))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(published_db0, 12.0, "{text}");
+    assert!(
+        text.contains("outbox_relay_events_decoded_total{pipeline=\"db0\"} 12"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\"} 12"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\"} 12"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox_relay_replication_lag_bytes{pipeline=\"db0\"}"),
+        "{text}"
+    );
+    // Everything was acknowledged, and the slots (read every 10 s) keep their WAL within
+    // max_wal_size. The status update after the last ack may not be out yet: wait for it.
+    let limited: String = admin
+        .query_one("SHOW max_slot_wal_keep_size", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for db in ["db0", "db2"] {
+        let text = wait_for(
+            "the slot metrics of the streaming pipelines",
+            Duration::from_secs(15),
+            || async {
+                let (_, text) = http_get(&metrics, "/metrics").await?;
+                let age = format!(
+                    "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{db}\"}} 0\n"
+                );
+                let reserved = format!(
+                    "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"reserved\"}} 1\n"
+                );
+                (text.contains(&age) && text.contains(&reserved)).then_some(text)
+            },
+        )
+        .await;
+        for status in ["extended", "unreserved", "lost"] {
+            let line = format!(
+                "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"{status}\"}} 0\n"
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        let safe = format!("outbox_relay_slot_safe_wal_size_bytes{{pipeline=\"{db}\"}}");
+        if limited == "-1" {
+            assert!(!text.contains(&safe), "no WAL limit, yet {safe} in\n{text}");
+        } else {
+            assert!(metric_value(&text, &safe) > 0.0, "{text}");
+        }
+    }
+
+    // b comes back and catches up.
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            b.db.name
+        ))
+        .await
+        .unwrap();
+    let more = write_events(&b.db.client, 3, 2, &b.types, 2, 100, Duration::ZERO)
+        .await
+        .0;
+    written[1].extend(more);
+    let topics = b.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written[1].len(),
+        Duration::ZERO,
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_delivered(&written[1], &consumed, false);
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay() {
+    let setup = Setup::new("setupcmd", &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute("DROP PUBLICATION outbox_pub")
+        .await
+        .unwrap();
+    let mut run_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let mut setup_args = run_args.clone();
+    setup_args[0] = "setup".into();
+
+    let mut print = setup_args.clone();
+    print.push("--print-sql".into());
+    let mut printer = Relay::spawn(&print);
+    assert!(
+        printer.wait(Duration::from_secs(30)).success(),
+        "{}",
+        printer.log()
+    );
+    assert!(
+        printer
+            .log()
+            .contains("CREATE PUBLICATION \"outbox_pub\" FOR TABLE \"public\".\"outbox\""),
+        "{}",
+        printer.log()
+    );
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),
+        "--print-sql created the slot"
+    );
+
+    let mut creator = Relay::spawn(&setup_args);
+    assert!(
+        creator.wait(Duration::from_secs(60)).success(),
+        "{}",
+        creator.log()
+    );
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_some(),
+        "setup did not create the slot"
+    );
+
+    // Events committed between setup and the first start are published: the slot holds them.
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    run_args.push("--no-create-slot".into());
+    let mut relay = Relay::spawn(&run_args);
+    let topics = setup.topics();
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+
+    setup.db.drop_slot(&setup.slot).await;
+    let mut relay = Relay::spawn(&run_args);
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "the relay ran without its slot");
+    assert!(relay.log().contains("does not exist"), "{}", relay.log());
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),
+        "the slot was re-created"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is() {
+    let setup = Setup::new("check", &["Order"], 1).await;
+    let args = |command: &str| {
+        let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Scram);
+        args[0] = command.into();
+        args
+    };
+    let mut check = Relay::spawn(&args("check"));
+    assert!(
+        check.wait(Duration::from_secs(60)).success(),
+        "{}",
+        check.log()
+    );
+    for needle in [
+        "ok    wal_level",
+        "ok    role",
+        "ok    publication",
+        "WARN  slot",
+        "ok    kafka",
+    ] {
+        assert!(
+            check.log().contains(needle),
+            "{needle:?} missing:\n{}",
+            check.log()
+        );
+    }
+
+    setup
+        .db
+        .client
+        .batch_execute("ALTER PUBLICATION outbox_pub DROP TABLE outbox")
+        .await
+        .unwrap();
+    let mut check = Relay::spawn(&args("check"));
+    assert!(
+        !check.wait(Duration::from_secs(60)).success(),
+        "check passed without the table in the publication"
+    );
+    assert!(check.log().contains("FAIL  publication"), "{}", check.log());
+    setup
+        .db
+        .client
+        .batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE outbox")
+        .await
+        .unwrap();
+
+    let mut status = Relay::spawn(&args("status"));
+    assert!(
+        !status.wait(Duration::from_secs(30)).success(),
+        "status succeeded without a slot"
+    );
+    assert!(
+        status.log().contains("slot does not exist"),
+        "{}",
+        status.log()
+    );
+    let relay = Relay::spawn(&args("run"));
+    setup.wait_streaming().await;
+    let mut status = Relay::spawn(&args("status"));
+    assert!(
+        status.wait(Duration::from_secs(30)).success(),
+        "{}",
+        status.log()
+    );
+    let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
+    let line = status
+        .log()
+        .lines()
+        .find(|l| l.contains(&setup.slot))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        line.contains(&pid.to_string()) && line.contains("reserved"),
+        "status line {line:?}"
+    );
+    drop(relay);
+}
+
+/// Runs `outbox-relay probe --url URL` and returns its exit code and output.
+fn probe(url: &str) -> (Option<i32>, String) {
+    let mut probe = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    probe.args(["probe", "--url", url]);
+    let out = run_within(probe, Duration::from_secs(30));
+    (out.status.code(), format!("{}{}", out.stdout, out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_command_exits_0_when_ready_and_1_otherwise() {
+    let setup = Setup::new("probe", &["Order"], 1).await;
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    // Nothing listens yet.
+    let (code, text) = probe(&format!("http://{metrics}/readyz"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("cannot reach"), "{text}");
+
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--metrics-listen".to_string(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    wait_for("/readyz to answer 200", Duration::from_secs(30), || async {
+        http_get(&metrics, "/readyz")
+            .await
+            .filter(|(status, _)| *status == 200)
+    })
+    .await;
+    let (code, text) = probe(&format!("http://{metrics}/readyz"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("200"), "{text}");
+    let (code, text) = probe(&format!("http://{metrics}/healthz"));
+    assert_eq!(code, Some(0), "{text}");
+    let (code, text) = probe(&format!("http://{metrics}/no-such-page"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("404"), "{text}");
+    drop(relay);
+}
+
+/// `target/<profile>/examples/inbox_consumer`, built first if `cargo test --test e2e` did not.
+fn inbox_consumer_example() -> std::path::PathBuf {
+    let relay = Path::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let path = relay.parent().unwrap().join("examples/inbox_consumer");
+    if !path.exists() {
+        let mut build = std::process::Command::new(env!("CARGO"));
+        build
+            .args(["build", "--example", "inbox_consumer"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        // Compiling on a busy 2-core machine: minutes, not hours.
+        let out = run_within(build, Duration::from_secs(900));
+        assert!(
+            out.status.success(),
+            "cargo build --example inbox_consumer: {}\n{}",
+            out.status,
+            out.stderr
+        );
+    }
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_consumer_example_applies_a_redelivered_event_once() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+
+    let setup = Setup::new("inbox", &["Order"], 1).await;
+    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    setup.wait_streaming().await;
+    let first = setup
+        .db
+        .insert_event(&setup.types[0], "o-1", "OrderPlaced", Some("{}"), None)
+        .await;
+    let second = setup
+        .db
+        .insert_event(&setup.types[0], "o-2", "OrderPlaced", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(2, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    drop(relay);
+    // The first event again, as after a relay crash before its LSN was confirmed.
+    let original = consumed
+        .iter()
+        .find(|r| r.header_str("id").as_deref() == Some(first.as_str()))
+        .unwrap();
+    let mut headers = OwnedHeaders::new();
+    for (key, value) in &original.headers {
+        headers = headers.insert(Header {
+            key,
+            value: value.as_deref(),
+        });
+    }
+    let topic = &setup.topics()[0];
+    support::kafka::producer(&kafka().bootstrap())
+        .send(
+            FutureRecord::to(topic)
+                .key(original.key.as_deref().unwrap())
+                .payload(original.value.as_deref().unwrap())
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+
+    let consumer_db = pg().create_database(&unique_name("inbox_consumer")).await;
+    let example = inbox_consumer_example();
+    let args: Vec<String> = [
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
+        "--topics",
+        topic,
+        "--group-id",
+        &unique_name("inbox_group"),
+        "--database-url",
+        &consumer_db.url(Auth::Trust),
+        "--max-records",
+        "3",
+        "--idle-timeout-secs",
+        "60",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::task::spawn_blocking(move || {
+        let mut consumer = std::process::Command::new(example);
+        consumer.args(args);
+        run_within(consumer, Duration::from_secs(90))
+    });
+    let out = support::within("the inbox consumer", Duration::from_secs(120), run)
+        .await
+        .unwrap();
+    let stdout = out.stdout.clone();
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        out.stderr
+    );
+    // One partition: the relay's two records, then the copy.
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(
+        lines[0].starts_with("applied ") && lines[0].ends_with(&first),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("applied ") && lines[1].ends_with(&second),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].starts_with("duplicate ") && lines[2].ends_with(&first),
+        "{stdout}"
+    );
+
+    let mut inbox: Vec<String> = consumer_db
+        .client
+        .query("SELECT event_id FROM inbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    inbox.sort();
+    let mut expected = vec![first.clone(), second.clone()];
+    expected.sort();
+    assert_eq!(inbox, expected, "one inbox row per event");
+    let counts: Vec<(String, i64)> = consumer_db
+        .client
+        .query(
+            "SELECT aggregate_id, events FROM aggregate_event_counts ORDER BY aggregate_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        counts,
+        [("o-1".to_string(), 1), ("o-2".to_string(), 1)],
+        "the handler ran once per event"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_debezium_connector_takes_over_its_slot_and_keeps_its_topics() {
+    let setup = Setup::new("dbzimport", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    let sql = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("sql")
+            .join("outbox_debezium.sql"),
+    )
+    .unwrap();
+    c.batch_execute(&sql).await.unwrap();
+    // The slot Debezium left behind (pgoutput), with an event it had not confirmed.
+    setup.db.create_slot(&setup.slot).await;
+    let insert = |event_type: &'static str| {
+        let t = t.clone();
+        async move {
+            let row = c
+                .query_one(
+                    "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+                     VALUES (gen_random_uuid(), $1, 'k', $2, '{\"n\": 1.50}') RETURNING id::text, payload::text",
+                    &[&t, &event_type],
+                )
+                .await
+                .unwrap();
+            Written {
+                id: row.get(0),
+                aggregate_type: t,
+                aggregate_id: "k".into(),
+                event_type: event_type.into(),
+                payload: row.get(1),
+            }
+        }
+    };
+    let mut written = vec![insert("BeforeTakeover").await];
+
+    let dir = tempfile::tempdir().unwrap();
+    let connector = dir.path().join("orders-connector.json");
+    std::fs::write(
+        &connector,
+        serde_json::json!({
+            "name": "orders-connector",
+            "config": {
+                "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                "tasks.max": "1",
+                "database.hostname": "127.0.0.1",
+                "database.port": setup.db.port(),
+                "database.user": "postgres",
+                "database.password": "not-printed",
+                "database.dbname": setup.db.name,
+                "topic.prefix": "orders",
+                "plugin.name": "pgoutput",
+                "slot.name": setup.slot,
+                "publication.name": "outboxevent_pub",
+                "table.include.list": "public.outboxevent",
+                "transforms": "outbox",
+                "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+                "transforms.outbox.route.topic.replacement": "${routedByValue}.events"
+            }
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut import = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    import.args(["import-debezium".as_ref(), connector.as_os_str()]);
+    let output = run_within(import, Duration::from_secs(60));
+    let (stdout, stderr) = (output.stdout, output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        !stdout.contains("not-printed") && !stderr.contains("not-printed"),
+        "the password was printed"
+    );
+    for line in [
+        "database.password: not copied: set ORDERS_CONNECTOR_DB_PASSWORD",
+        "topic.prefix: not needed",
+        "tasks.max: ",
+    ] {
+        assert!(
+            stderr.contains(line),
+            "{line:?} missing in stderr:\n{stderr}"
+        );
+    }
+    let config = dir.path().join("relay.toml");
+    std::fs::write(&config, &stdout).unwrap();
+    let bootstrap = kafka().bootstrap();
+    let relay = Relay::spawn_with_env(
+        &[
+            "run".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+        &[
+            ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+            ("ORDERS_CONNECTOR_DB_PASSWORD", "unused-with-trust"),
+        ],
+    );
+    setup.wait_streaming().await;
+    written.push(insert("AfterTakeover").await);
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_delivered(&written, &consumed, true);
+    drop(relay);
+}

@@ -1,0 +1,412 @@
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::{assert_delivered, id_of, payload, write_events, Setup};
+use crate::insert;
+use crate::support::{self, consume, http_get, kafka, metric_sum, pg, wait_for, Auth, Relay};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_broker_outage_keeps_rows_pending_with_backed_off_retries_then_delivers() {
+    let setup = Setup::new("poll_outage", &["Order", "Invoice"], 2).await;
+    let port = support::free_port();
+    let bootstrap = format!("127.0.0.1:{port}");
+    // Each retry as the server saw it: when it was marked and when it was next due.
+    setup
+        .db
+        .client
+        .batch_execute(
+            "CREATE TABLE retry_history (id uuid, retry_count int, marked_at timestamptz, next_retry_at timestamptz);
+             -- Qualified: the relay runs with a search_path of its own.
+             CREATE FUNCTION record_retry() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.retry_count IS DISTINCT FROM OLD.retry_count THEN
+                 INSERT INTO public.retry_history VALUES (NEW.id, NEW.retry_count, now(), NEW.next_retry_at);
+               END IF;
+               RETURN NULL;
+             END $$;
+             CREATE TRIGGER record_retry AFTER UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION record_retry();",
+        )
+        .await
+        .unwrap();
+    let relay = Relay::spawn(&setup.relay_args(
+        "poller",
+        &bootstrap,
+        "retry_min_ms = 500\nretry_max_ms = 2000\nmax_attempts = 1000\nmin_interval_ms = 5\nmax_interval_ms = 100",
+        "\"message.timeout.ms\" = \"1000\"",
+        None,
+    ));
+    let written = write_events(&setup.db.client, 10, 4, &setup.types, 3).await;
+
+    // Attempts: at 0 s (fails at ~1 s), then after 0.5 s, 1 s, 2 s, 2 s ... each taking 1 s
+    // to time out. Without backoff (polls every 5-100 ms) a row would be retried before it is
+    // due, or be due at once.
+    let outage = std::time::Instant::now();
+    wait_for(
+        "rows to be retried four times",
+        Duration::from_secs(90),
+        || async {
+            let n: i32 = setup
+                .db
+                .query_one_value("SELECT min(retry_count) FROM outbox")
+                .await;
+            (n >= 4).then_some(())
+        },
+    )
+    .await;
+    let max_retries: i32 = setup
+        .db
+        .query_one_value("SELECT max(retry_count) FROM outbox")
+        .await;
+    eprintln!(
+        "{max_retries} attempts in {:.1} s of outage",
+        outage.elapsed().as_secs_f64()
+    );
+    // Per row and retry: the delay until the next attempt is within [retry_min_ms,
+    // retry_max_ms] and never shrinks, and no attempt came before the row was due.
+    let backoff = setup
+        .db
+        .client
+        .query_one(
+            "WITH h AS (
+               SELECT id, retry_count, marked_at, next_retry_at,
+                      extract(epoch FROM next_retry_at - marked_at) * 1000 AS delay_ms,
+                      lag(next_retry_at) OVER w AS previous_due,
+                      lag(extract(epoch FROM next_retry_at - marked_at) * 1000) OVER w AS previous_delay_ms
+               FROM retry_history WINDOW w AS (PARTITION BY id ORDER BY retry_count))
+             SELECT count(*),
+                    count(*) FILTER (WHERE delay_ms IS NULL OR delay_ms < 499 OR delay_ms > 2001),
+                    count(*) FILTER (WHERE marked_at < previous_due),
+                    count(*) FILTER (WHERE delay_ms < previous_delay_ms - 1),
+                    coalesce(string_agg(format('%s #%s marked %s due %s', id, retry_count, marked_at, next_retry_at), '; ')
+                      FILTER (WHERE delay_ms IS NULL OR delay_ms < 499 OR delay_ms > 2001
+                              OR marked_at < previous_due OR delay_ms < previous_delay_ms - 1), '')
+             FROM h",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (retries, out_of_range, early, shrinking, offenders): (i64, i64, i64, i64, String) = (
+        backoff.get(0),
+        backoff.get(1),
+        backoff.get(2),
+        backoff.get(3),
+        backoff.get(4),
+    );
+    assert!(retries >= 40 * 4, "{retries} retries recorded for 40 rows");
+    assert_eq!(
+        (out_of_range, early, shrinking),
+        (0, 0, 0),
+        "retries do not back off (delays out of [500, 2000] ms, attempts before due, shrinking delays): {offenders}"
+    );
+    let statuses = setup.statuses().await;
+    assert_eq!(
+        statuses.get("PENDING"),
+        Some(&40),
+        "every row stays pending: {statuses:?}"
+    );
+    let future: i64 = setup
+        .db
+        .query_one_value("SELECT count(*) FROM outbox WHERE next_retry_at IS NOT NULL")
+        .await;
+    assert_eq!(future, 40, "every row has a next_retry_at");
+
+    let broker = support::Broker::start_on(port);
+    for topic in setup.topics() {
+        broker.create_topic(&topic, 2);
+    }
+    let topics = setup.topics();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let consumed = consume(
+        &bootstrap,
+        &topics,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_eq!(
+        assert_delivered(&written, &consumed, 1),
+        0,
+        "nothing was delivered twice"
+    );
+    wait_for(
+        "every row to be marked PUBLISHED",
+        Duration::from_secs(30),
+        || async { (setup.statuses().await.get("PUBLISHED") == Some(&40)).then_some(()) },
+    )
+    .await;
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_poison_event_is_failed_at_once_its_aggregate_waits_and_others_flow() {
+    let setup = Setup::new("poll_poison", &["Order", "Invoice"], 2).await;
+    let (order, invoice) = (setup.types[0].clone(), setup.types[1].clone());
+    let listen = format!("127.0.0.1:{}", support::free_port());
+    let mut relay = Relay::spawn(&setup.relay_args(
+        "poller",
+        &kafka().bootstrap(),
+        "max_attempts = 3\nstats_interval_ms = 100\npurge_published_after_secs = 1\npurge_interval_secs = 1",
+        "\"message.max.bytes\" = \"10000\"",
+        Some(&listen),
+    ));
+    let client = &setup.db.client;
+    let before = insert(client, &order, "k1", r#"{"n": 0}"#).await;
+    let poison = insert(
+        client,
+        &order,
+        "k1",
+        &format!(r#"{{"blob": "{}"}}"#, "x".repeat(20_000)),
+    )
+    .await;
+    let behind = insert(client, &order, "k1", r#"{"n": 2}"#).await;
+    let mut flowing = vec![before.clone()];
+    for n in 0..20 {
+        flowing.push(insert(client, &invoice, &format!("k{}", n % 4), &payload(n)).await);
+        flowing.push(insert(client, &order, "k2", &payload(n)).await);
+    }
+
+    let consumed = setup
+        .consume_all(
+            flowing.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(assert_delivered(&flowing, &consumed, 1), 0);
+    assert!(
+        consumed
+            .iter()
+            .all(|r| id_of(r) != behind.id && id_of(r) != poison.id),
+        "neither the poison event nor the event behind it was published"
+    );
+    wait_for(
+        "the poison event to be FAILED",
+        Duration::from_secs(30),
+        || async { (setup.status_of(&poison.id).await.0 == "FAILED").then_some(()) },
+    )
+    .await;
+    // Not retryable: FAILED at the first attempt, not after max_attempts.
+    assert_eq!(setup.status_of(&poison.id).await, ("FAILED".to_string(), 1));
+    assert_eq!(
+        setup.status_of(&behind.id).await,
+        ("PENDING".to_string(), 0),
+        "the next event of k1 waits behind the failed one"
+    );
+    let log = relay.log();
+    assert!(
+        log.lines().any(|l| l.contains(&poison.id)
+            && l.contains("FAILED")
+            && l.contains("message.max.bytes = 10000")),
+        "the log names the failed event and the reason:\n{log}"
+    );
+    wait_for(
+        "the gauges and the purge",
+        Duration::from_secs(30),
+        || async {
+            let text = http_get(&listen, "/metrics").await.map(|(_, body)| body)?;
+            let ok = metric_sum(&text, "outbox_relay_failed_rows") == Some(1.0)
+                && metric_sum(&text, "outbox_relay_pending_rows") == Some(1.0)
+                && metric_sum(&text, "outbox_relay_oldest_pending_age_seconds")
+                    .is_some_and(|s| s > 0.0)
+                && metric_sum(&text, "outbox_relay_events_failed_total") == Some(1.0)
+                && metric_sum(&text, "outbox_relay_rows_purged_total").is_some_and(|n| n >= 41.0);
+            ok.then_some(())
+        },
+    )
+    .await;
+    let statuses = setup.statuses().await;
+    assert_eq!(
+        statuses,
+        HashMap::from([("FAILED".to_string(), 1), ("PENDING".to_string(), 1)]),
+        "published rows purged; the failed and the waiting one kept"
+    );
+
+    // The operator removes the poison event: its aggregate moves on.
+    client
+        .execute(
+            "DELETE FROM outbox WHERE id = $1::text::uuid",
+            &[&poison.id],
+        )
+        .await
+        .unwrap();
+    let consumed = setup
+        .consume_all(
+            flowing.len() + 1,
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(consumed.iter().any(|r| id_of(r) == behind.id));
+    assert!(
+        relay.is_running(),
+        "a FAILED event does not stop the pipeline"
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_retryable_failures_end_failed_after_max_attempts() {
+    let setup = Setup::new("poll_attempts", &["Order"], 1).await;
+    let bootstrap = format!("127.0.0.1:{}", support::free_port());
+    let relay = Relay::spawn(&setup.relay_args(
+        "poller",
+        &bootstrap,
+        "max_attempts = 2\nretry_min_ms = 200\nretry_max_ms = 200",
+        "\"message.timeout.ms\" = \"500\"",
+        None,
+    ));
+    let first = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    let second = insert(&setup.db.client, &setup.types[0], "k2", r#"{"n": 2}"#).await;
+    for w in [&first, &second] {
+        wait_for(
+            "the event to be FAILED",
+            Duration::from_secs(30),
+            || async { (setup.status_of(&w.id).await.0 == "FAILED").then_some(()) },
+        )
+        .await;
+        assert_eq!(setup.status_of(&w.id).await, ("FAILED".to_string(), 2));
+    }
+    let log = relay.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&first.id) && l.contains("FAILED after its last attempt")),
+        "{log}"
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_kill_9_between_publish_and_mark_duplicates_only_that_batch() {
+    let setup = Setup::new("poll_kill", &["Order"], 3).await;
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    // Marking waits while the test holds advisory lock 7: the pollers publish their batch,
+    // then block before their UPDATE can commit.
+    client
+        .batch_execute(
+            "CREATE FUNCTION hold_marks() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_advisory_lock_shared(7); PERFORM pg_advisory_unlock_shared(7); RETURN NULL; END $$;
+             CREATE TRIGGER hold_marks BEFORE UPDATE ON outbox FOR EACH STATEMENT EXECUTE FUNCTION hold_marks();",
+        )
+        .await
+        .unwrap();
+    let holder = pg().connect(&setup.db.name, Auth::Trust).await;
+    holder
+        .batch_execute("SELECT pg_advisory_lock(7)")
+        .await
+        .unwrap();
+    let mut written = Vec::new();
+    for n in 0..300 {
+        written.push(insert(client, &t, &format!("k{}", n % 10), &payload(n)).await);
+    }
+
+    let polling = "batch_size = 50";
+    let mut relays: Vec<Relay> = ["poller_a", "poller_b"]
+        .iter()
+        .map(|name| Relay::spawn(&setup.relay_args(name, &kafka().bootstrap(), polling, "", None)))
+        .collect();
+    // The poller that got the first batch published it and now waits to mark it (the other
+    // one finds every aggregate's next event behind that batch).
+    let waiting: String = wait_for("a poller to publish a batch and wait to mark it", Duration::from_secs(60), || async {
+        client
+            .query_opt(
+                "SELECT application_name FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'poller_%' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .map(|r| r.get(0))
+    })
+    .await;
+    // What the blocked poller(s) published: normally the first 50 rows, all from the poller
+    // that locked them (the other one finds every aggregate's next row behind them).
+    let before_kill: std::collections::HashSet<String> = consume(
+        &kafka().bootstrap(),
+        &[&format!("{t}.events")],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+    .await
+    .iter()
+    .map(id_of)
+    .collect();
+    let mut killed = relays.remove(if waiting == "poller_a" { 0 } else { 1 });
+    killed.kill();
+    holder
+        .batch_execute("SELECT pg_advisory_unlock(7)")
+        .await
+        .unwrap();
+
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(3),
+            Duration::from_secs(120),
+        )
+        .await;
+    let duplicates = assert_delivered(&written, &consumed, 2);
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    for record in &consumed {
+        *copies.entry(id_of(record)).or_default() += 1;
+    }
+    let duplicated: Vec<&String> = copies
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    eprintln!(
+        "{waiting} killed; {} records published before the kill, {duplicates} duplicates",
+        before_kill.len()
+    );
+    assert!(
+        (1..=50).contains(&duplicates),
+        "the killed poller's batch (at most 50 events) is published again: {duplicates} duplicates"
+    );
+    assert!(
+        duplicated.iter().all(|id| before_kill.contains(*id)),
+        "only events published before the kill and never marked are published again"
+    );
+    wait_for(
+        "every row to be marked PUBLISHED",
+        Duration::from_secs(30),
+        || async { (setup.statuses().await.get("PUBLISHED") == Some(&300)).then_some(()) },
+    )
+    .await;
+    drop(relays);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_bad_input_halts_naming_the_event_after_marking_what_went_before() {
+    let setup = Setup::new("poll_bad", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    let good = insert(client, &t, "k1", r#"{"n": 1}"#).await;
+    let bad = insert(client, "not a topic", "k2", r#"{"n": 2}"#).await;
+    let after = insert(client, &t, "k3", r#"{"n": 3}"#).await;
+    let mut relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+    let status = relay.wait(Duration::from_secs(30));
+    assert!(!status.success(), "bad input stops the pipeline");
+    let log = relay.log();
+    assert!(
+        log.contains(&bad.id) && log.contains("not a topic"),
+        "the error names the event:\n{log}"
+    );
+    assert_eq!(
+        setup.status_of(&good.id).await.0,
+        "PUBLISHED",
+        "what was acknowledged before is marked"
+    );
+    assert_eq!(
+        setup.status_of(&bad.id).await.0,
+        "PENDING",
+        "the bad event is not skipped"
+    );
+    assert_eq!(setup.status_of(&after.id).await.0, "PENDING");
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(30))
+        .await;
+    assert_eq!(consumed.len(), 1);
+    assert_eq!(id_of(&consumed[0]), good.id);
+}
