@@ -132,9 +132,12 @@ for entry in "${PG_MATRIX[@]}"; do
   "$python" -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
   bin="$(find "$tmp/wheel" -path '*/pginstall/bin/postgres' -print -quit)"
   [ -n "$bin" ] || { say "postgresql-$major: no pginstall/bin/postgres in $requirement"; exit 1; }
+  # The whole wheel: its programs find their libraries by relative paths (pginstall/lib, or
+  # <package>.libs beside the package); bin links to pginstall/bin.
   "${SUDO[@]}" rm -rf "$dir"
   "${SUDO[@]}" mkdir -p "$PG_MATRIX_ROOT"
-  "${SUDO[@]}" cp -a "$(dirname "$(dirname "$bin")")" "$dir"
+  "${SUDO[@]}" cp -a "$tmp/wheel" "$dir"
+  "${SUDO[@]}" ln -s "$(dirname "${bin#"$tmp/wheel/"}")" "$dir/bin"
   # zipfile keeps no modes: the programs need their execute bits back.
   "${SUDO[@]}" chmod -R a+rX "$PG_MATRIX_ROOT"
   "${SUDO[@]}" chmod a+x "$dir"/bin/*
