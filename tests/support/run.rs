@@ -126,20 +126,27 @@ extern "C" fn at_exit() {
     });
 }
 
-/// `pg_ctl stop -m immediate` (bounded: pg_ctl's own -t, and our deadline).
+/// Stops a cluster as `pg_ctl stop -m immediate` does, whatever its major version: SIGQUIT to
+/// the postmaster named in `postmaster.pid`, then waits up to 20 s for the file to go.
 pub(crate) fn pg_stop_immediate(data: &Path) {
-    if !data.join("postmaster.pid").exists() {
+    let pid_file = data.join("postmaster.pid");
+    let Some(pid) = fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|text| text.lines().next()?.trim().parse::<i32>().ok())
+    else {
         return;
+    };
+    unsafe {
+        libc::kill(pid, libc::SIGQUIT);
     }
-    let mut cmd = pg_command("pg_ctl");
-    cmd.arg("stop")
-        .arg("-D")
-        .arg(data)
-        .args(["-m", "immediate", "-w", "-t", "20"]);
-    if let Some(parent) = data.parent() {
-        cmd.current_dir(parent);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while pid_file.exists() && std::time::Instant::now() < deadline {
+        // The postmaster may be gone already (a stale file): then nothing removes it.
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = run_cmd_status(cmd, Duration::from_secs(30));
 }
 
 /// Removes run directories of earlier runs whose owner process is gone, stopping what they
@@ -199,9 +206,9 @@ fn clean_stale_runs(base: &Path) {
                 }
             }
         }
-        let data = dir.join("pg").join("data");
-        if data.join("postmaster.pid").exists() {
-            pg_stop_immediate(&data);
+        // Every cluster of that run: the shared one (pg/), private ones, other majors.
+        for cluster in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            pg_stop_immediate(&cluster.path().join("data"));
         }
         let _ = fs::remove_dir_all(&dir);
     }
@@ -258,12 +265,18 @@ pub(crate) fn pg_bindir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
 }
 
-/// A command for PostgreSQL binary `prog`, run as `postgres` when we are root.
+/// A command for PostgreSQL 15's binary `prog` ([`pg_bindir`]), run as `postgres` when we
+/// are root.
 pub(crate) fn pg_command(prog: &str) -> Command {
-    let path = pg_bindir().join(prog);
+    pg_command_in(&pg_bindir(), prog)
+}
+
+/// A command for the PostgreSQL binary `prog` in `bindir`, run as `postgres` when we are root.
+pub(crate) fn pg_command_in(bindir: &Path, prog: &str) -> Command {
+    let path = bindir.join(prog);
     assert!(
         path.exists(),
-        "{} not found: install PostgreSQL 15 (tests/setup-deps.sh) or set PG_BINDIR",
+        "{} not found: install PostgreSQL 15-18 with tests/setup-deps.sh (or set PG_BINDIR for 15)",
         path.display()
     );
     let mut cmd = Command::new(path);
