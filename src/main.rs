@@ -103,6 +103,7 @@ struct RunArgs {
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
+        "failover", "standby_url",
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
@@ -162,6 +163,15 @@ struct RunArgs {
     /// pipeline, whatever the file says).
     #[arg(long, env = "OUTBOX_RELAY_NO_CREATE_SLOT")]
     no_create_slot: bool,
+    /// Create the slot as a failover slot (PostgreSQL 17+), which a standby with
+    /// sync_replication_slots = on keeps in sync; `setup` also turns it on for an existing
+    /// slot no walsender holds.
+    #[arg(long, env = "OUTBOX_RELAY_FAILOVER")]
+    failover: bool,
+    /// libpq URL of the physical standby that should keep the failover slot in sync; `check`
+    /// and `status` read its settings and its copy of the slot.
+    #[arg(long, env = "OUTBOX_RELAY_STANDBY_URL", hide_env_values = true)]
+    standby_url: Option<String>,
     /// Standby status update interval, ms.
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
     status_interval_ms: u64,
@@ -218,6 +228,8 @@ impl RunArgs {
             },
             op_invalid_behavior: self.op_invalid_behavior,
             create_slot: !self.no_create_slot,
+            failover: self.failover,
+            standby_url: self.standby_url.map(Into::into),
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),
                 properties: self.kafka_properties,
@@ -342,12 +354,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     );
                     continue;
                 }
-                let lsn = outbox_relay::source::slot::setup(config)
+                let outcome = outbox_relay::source::slot::setup(config)
                     .await
                     .with_context(|| format!("pipeline {}", config.name))?;
+                for done in &outcome.done {
+                    println!("pipeline {}: {done}", config.name);
+                }
                 println!(
-                    "pipeline {}: publication {} includes {}; slot {} confirmed at {lsn}",
-                    config.name, config.publication, config.table, config.slot
+                    "pipeline {}: publication {} includes {}; slot {} confirmed at {}",
+                    config.name,
+                    config.publication,
+                    config.table,
+                    config.slot,
+                    outcome.confirmed_flush_lsn
                 );
             }
             Ok(())

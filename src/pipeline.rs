@@ -275,12 +275,14 @@ async fn run_session(
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let (pg, tls) = config.source_config()?;
+    slot::check_failover(&client, &config.slot, config.failover).await?;
     let state = slot::prepare(
         &client,
         &config.slot,
         &config.publication,
         &config.table,
         create_slot,
+        config.failover,
     )
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
