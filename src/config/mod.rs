@@ -572,8 +572,15 @@ impl PipelineConfig {
                 }
             }
         }
-        if self.standby_url.as_ref().is_some_and(|url| url.trim().is_empty()) {
-            problems.push(ConfigError::new("standby_url", "must not be empty when set"));
+        if self
+            .standby_url
+            .as_ref()
+            .is_some_and(|url| url.trim().is_empty())
+        {
+            problems.push(ConfigError::new(
+                "standby_url",
+                "must not be empty when set",
+            ));
         }
         // Unlike `table`, the publication is a name as PostgreSQL stores it.
         if self.publication.starts_with('"') && self.publication.ends_with('"') {

@@ -128,7 +128,11 @@ pub async fn create_slot(
 /// not, since that needs the slot free).
 ///
 /// Returns an error naming the server's version and host, or if a query fails.
-pub async fn check_failover(client: &Client, slot: &str, failover: bool) -> Result<(), SourceError> {
+pub async fn check_failover(
+    client: &Client,
+    slot: &str,
+    failover: bool,
+) -> Result<(), SourceError> {
     if !failover {
         return Ok(());
     }

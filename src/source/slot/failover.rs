@@ -82,7 +82,10 @@ pub fn create_slot_sql(server: &Server, failover: bool) -> Result<&'static str, 
 /// The replication command that turns FAILOVER on for an existing slot (PostgreSQL docs
 /// 55.4, `ALTER_REPLICATION_SLOT`); it fails while a walsender holds the slot.
 pub fn alter_failover_command(slot: &str) -> String {
-    format!("ALTER_REPLICATION_SLOT {} (FAILOVER true)", quote_ident(slot))
+    format!(
+        "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
+        quote_ident(slot)
+    )
 }
 
 /// Reads whether `slot` is a failover slot: `None` if there is no such slot, `Some(false)`
@@ -179,7 +182,10 @@ impl fmt::Display for StandbySlot {
                 write!(f, "slot {name:?} is not a physical slot")
             }
             Some(StandbySlotProblem::Inactive) => {
-                write!(f, "physical slot {name:?} is inactive (no standby streams from it)")
+                write!(
+                    f,
+                    "physical slot {name:?} is inactive (no standby streams from it)"
+                )
             }
             Some(StandbySlotProblem::Invalidated) => {
                 write!(f, "physical slot {name:?} is invalidated")
@@ -324,7 +330,12 @@ mod tests {
             .unwrap()
             .ends_with("pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"));
         let error = create_slot_sql(&pg16, true).unwrap_err();
-        for part in ["failover", "PostgreSQL 17", "PostgreSQL 16.2", "127.0.0.1:5432"] {
+        for part in [
+            "failover",
+            "PostgreSQL 17",
+            "PostgreSQL 16.2",
+            "127.0.0.1:5432",
+        ] {
             assert!(error.contains(part), "{part:?} missing in {error}");
         }
         assert_eq!(
@@ -336,14 +347,23 @@ mod tests {
     #[test]
     fn invalidation_names_its_reason_by_version() {
         assert_eq!(Invalidation::of_lost(None, None).reason, "wal_removed");
-        assert_eq!(Invalidation::of_lost(None, Some(false)).reason, "wal_removed");
+        assert_eq!(
+            Invalidation::of_lost(None, Some(false)).reason,
+            "wal_removed"
+        );
         assert_eq!(Invalidation::of_lost(None, Some(true)).reason, "conflict");
         assert_eq!(
             Invalidation::of_lost(Some("idle_timeout"), Some(true)).reason,
             "idle_timeout"
         );
-        let rows = invalidated_error("s", &Invalidation::of_lost(Some("rows_removed"), Some(true)));
-        assert!(rows.contains("rows_removed") && rows.contains("hot_standby_feedback"), "{rows}");
+        let rows = invalidated_error(
+            "s",
+            &Invalidation::of_lost(Some("rows_removed"), Some(true)),
+        );
+        assert!(
+            rows.contains("rows_removed") && rows.contains("hot_standby_feedback"),
+            "{rows}"
+        );
         assert!(!rows.contains("max_slot_wal_keep_size"), "{rows}");
         let wal = invalidated_error("s", &Invalidation::of_lost(Some("wal_removed"), None));
         assert!(wal.contains("max_slot_wal_keep_size"), "{wal}");
@@ -388,14 +408,23 @@ mod tests {
         use StandbySlotProblem::*;
         assert_eq!(
             problems,
-            vec![None, Some(Missing), Some(NotPhysical), Some(Inactive), Some(Invalidated)]
+            vec![
+                None,
+                Some(Missing),
+                Some(NotPhysical),
+                Some(Inactive),
+                Some(Invalidated)
+            ]
         );
         let slots = StandbySlots {
             setting: Some("ok, gone".into()),
             slots: judged[..2].to_vec(),
         };
         let message = slots.stall_message().unwrap();
-        for part in ["synchronized_standby_slots = 'ok, gone'", "\"gone\" does not exist"] {
+        for part in [
+            "synchronized_standby_slots = 'ok, gone'",
+            "\"gone\" does not exist",
+        ] {
             assert!(message.contains(part), "{part:?} missing in {message}");
         }
         assert!(!message.contains("\"ok\""), "{message}");
