@@ -55,7 +55,9 @@ enum Command {
     },
     /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
     /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
-    /// publication, the slot, and that the Kafka brokers answer (for a polling pipeline: the
+    /// publication, the slot, whether it is a failover slot, synchronized_standby_slots, the
+    /// idle slot timeout (PostgreSQL 18), with --standby-url the standby's slot
+    /// synchronization settings and its copy of the slot, and that the Kafka brokers answer (for a polling pipeline: the
     /// outbox table's columns, SELECT and UPDATE or DELETE, pending and FAILED rows, the NOTIFY
     /// trigger). Exits 1 if anything fails.
     ///
@@ -63,7 +65,9 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Check(RunArgs),
     /// Shows, per pipeline, the slot's holder pid, confirmed flush LSN, lag in bytes behind
-    /// the server's WAL, wal_status and safe_wal_size.
+    /// the server's WAL, wal_status and safe_wal_size, whether it is a failover slot, with
+    /// --standby-url its copy on the standby (synced, temporary, local, invalidated, missing),
+    /// and why it was invalidated.
     ///
     ///   outbox-relay status --config relay.toml
     #[command(verbatim_doc_comment)]
@@ -395,8 +399,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Status(args) => {
             let (pipelines, _) = pipelines(args, false)?;
             println!(
-                "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}",
-                "PIPELINE", "SLOT", "PID", "CONFIRMED", "LAG_BYTES", "WAL", "SAFE_WAL_SIZE"
+                "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14} {:>8} {:>11}  INVALIDATION",
+                "PIPELINE",
+                "SLOT",
+                "PID",
+                "CONFIRMED",
+                "LAG_BYTES",
+                "WAL",
+                "SAFE_WAL_SIZE",
+                "FAILOVER",
+                "STANDBY"
             );
             let mut failed = false;
             for config in &pipelines {
@@ -410,7 +422,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 let text = |v: Option<String>| v.unwrap_or_else(|| "-".into());
                 match outbox_relay::check::status(config).await {
                     Ok(Some(s)) => println!(
-                        "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}",
+                        "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14} {:>8} {:>11}  {}",
                         config.name,
                         config.slot,
                         text(s.active_pid.map(|p| p.to_string())),
@@ -418,6 +430,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         text(s.lag_bytes.map(|b| b.to_string())),
                         text(s.wal_status),
                         text(s.safe_wal_size.map(|b| b.to_string())),
+                        if s.failover { "yes" } else { "no" },
+                        text(s.standby),
+                        text(s.invalidation.map(|i| i.to_string())),
                     ),
                     Ok(None) => {
                         failed = true;
