@@ -19,6 +19,8 @@
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
+//! - `failover_slots`: PostgreSQL 17's failover slots: `setup --failover`, `check` of a
+//!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
 //! - `polling`: the polling source (`source_kind = "polling"`).
 //!
 //! This file holds the fixtures the log-tailing modules share: a test's [`Setup`], writing
@@ -30,6 +32,7 @@ mod support;
 mod connection;
 mod delivery;
 mod exactly_once;
+mod failover_slots;
 mod failures;
 mod operations;
 mod polling;
@@ -247,8 +250,18 @@ impl Setup {
     }
 
     async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
+        Self::new_on(pg(), prefix, types, partitions).await
+    }
+
+    /// Like [`Setup::new`], with the database on `cluster` (another major, a private one).
+    async fn new_on(
+        cluster: &support::PgCluster,
+        prefix: &str,
+        types: &[&str],
+        partitions: i32,
+    ) -> Setup {
         let name = unique_name(prefix);
-        let db = pg().create_database(&name).await;
+        let db = cluster.create_database(&name).await;
         // Aggregate types unique to this test keep topics apart; case is preserved in topics.
         let types: Vec<String> = types.iter().map(|t| format!("{t}_{name}")).collect();
         for t in &types {

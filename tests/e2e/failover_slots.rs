@@ -1,0 +1,181 @@
+//! PostgreSQL 17's failover slots: `setup --failover` creates one, `check` and `status` judge
+//! it and the standby that keeps it, and a `synchronized_standby_slots` entry whose physical
+//! slot is missing stalls it visibly (log and metric) until the setting is mended.
+
+use std::time::Duration;
+
+use crate::support::{
+    self, http_get, kafka, metric_sum, metric_value, wait_for, Auth, PgCluster, Relay,
+};
+use crate::{assert_delivered, write_events, Setup};
+
+/// Runs the relay binary with `args` to its end (at most a minute); returns whether it
+/// succeeded and its output.
+fn run_command(args: &[String]) -> (bool, String) {
+    let mut command = Relay::spawn(args);
+    let status = command.wait(Duration::from_secs(60));
+    (status.success(), command.log())
+}
+
+/// `args` (a `run ...` command line) as the command `name` (`setup`, `check`, `status`).
+fn as_command(args: &[String], name: &str) -> Vec<String> {
+    let mut args = args.to_vec();
+    args[0] = name.into();
+    args
+}
+
+/// Whether `slot` is a failover slot, as the primary of `setup` says.
+async fn is_failover(setup: &Setup) -> bool {
+    setup
+        .db
+        .query_one_value::<bool>(&format!(
+            "SELECT failover FROM pg_replication_slots WHERE slot_name = '{}'",
+            setup.slot
+        ))
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_synchronized_standby_slot_stalls_the_failover_slot_visibly_until_mended() {
+    // A cluster of its own: synchronized_standby_slots holds back every failover slot.
+    let cluster = PgCluster::start_private_major("fslots_stall", 17);
+    let setup = Setup::new_on(&cluster, "fstall", &["Order"], 1).await;
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.push("--failover".into());
+
+    let (ok, log) = run_command(&as_command(&args, "setup"));
+    assert!(ok, "setup --failover failed:\n{log}");
+    assert!(
+        log.contains("created failover slot"),
+        "setup did not say it created a failover slot:\n{log}"
+    );
+    assert!(
+        is_failover(&setup).await,
+        "setup --failover created a slot without FAILOVER"
+    );
+
+    args.extend([
+        "--no-create-slot".into(),
+        "--metrics-listen".into(),
+        metrics.clone(),
+    ]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (mut written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+
+    // A physical slot named in synchronized_standby_slots, then dropped: the setting now names
+    // a slot that does not exist (the check hook refuses a missing name up front).
+    cluster.psql(
+        "postgres",
+        "SELECT pg_create_physical_replication_slot('fslots_gone')",
+    );
+    cluster.psql(
+        "postgres",
+        "ALTER SYSTEM SET synchronized_standby_slots = 'fslots_gone'",
+    );
+    cluster.psql("postgres", "SELECT pg_reload_conf()");
+    cluster.psql("postgres", "SELECT pg_drop_replication_slot('fslots_gone')");
+    let (stalled, before_commit) = write_events(
+        &setup.db.client,
+        2,
+        2,
+        &setup.types,
+        2,
+        written.len(),
+        Duration::ZERO,
+    )
+    .await;
+
+    relay
+        .wait_for_log("failover slot stalled", Duration::from_secs(60))
+        .await;
+    let log = relay.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("failover slot stalled"))
+        .unwrap_or_default();
+    for part in [
+        "synchronized_standby_slots = 'fslots_gone'",
+        "\"fslots_gone\" does not exist",
+    ] {
+        assert!(
+            warning.contains(part),
+            "{part:?} missing in the warning {warning:?}"
+        );
+    }
+    let stalled_series = format!(
+        "outbox_relay_standby_slots_stalled{{pipeline=\"{}\"}}",
+        setup.slot
+    );
+    wait_for(
+        "the stall gauge to be 1",
+        Duration::from_secs(30),
+        || async {
+            let (_, text) = http_get(&metrics, "/metrics").await?;
+            (metric_value(&text, &stalled_series) == 1.0).then_some(())
+        },
+    )
+    .await;
+    // Held back by the walsender: nothing of the new transactions is published or confirmed.
+    let (_, text) = http_get(&metrics, "/metrics")
+        .await
+        .expect("metrics answer");
+    assert_eq!(
+        metric_sum(&text, "outbox_relay_events_published_total"),
+        Some(written.len() as f64),
+        "events arrived through a stalled failover slot"
+    );
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed <= before_commit[0],
+        "the slot was confirmed at {confirmed:X}, past the first stalled commit (after {:X})",
+        before_commit[0]
+    );
+
+    let (ok, log) = run_command(&as_command(&args[..args.len() - 3], "check"));
+    assert!(!ok, "check passed with a stalled failover slot:\n{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("standby_slots"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("FAIL") && line.contains("fslots_gone") && line.contains("does not exist"),
+        "check's standby_slots line: {line:?}\n{log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("ok")
+            && l.contains("failover slot")
+            && l.contains("is a failover slot")),
+        "check does not show the failover slot:\n{log}"
+    );
+
+    cluster.psql("postgres", "ALTER SYSTEM RESET synchronized_standby_slots");
+    cluster.psql("postgres", "SELECT pg_reload_conf()");
+    written.extend(stalled);
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+    wait_for(
+        "the stall gauge to be 0 again",
+        Duration::from_secs(30),
+        || async {
+            let (_, text) = http_get(&metrics, "/metrics").await?;
+            (metric_value(&text, &stalled_series) == 0.0).then_some(())
+        },
+    )
+    .await;
+    relay
+        .wait_for_log(
+            "no longer holds the failover slot back",
+            Duration::from_secs(30),
+        )
+        .await;
+    drop(relay);
+}
