@@ -179,3 +179,110 @@ async fn a_missing_synchronized_standby_slot_stalls_the_failover_slot_visibly_un
         .await;
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_status_follow_a_standby_until_it_keeps_the_failover_slot() {
+    let primary = PgCluster::start_private_major("fslots_primary", 17);
+    primary.psql(
+        "postgres",
+        "SELECT pg_create_physical_replication_slot('fslots_standby')",
+    );
+    let setup = Setup::new_on(&primary, "fsync", &["Order"], 1).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.push("--failover".into());
+    let (ok, log) = run_command(&as_command(&args, "setup"));
+    assert!(ok, "setup --failover failed:\n{log}");
+
+    // Without hot_standby_feedback the standby does not synchronize slots.
+    let standby = PgCluster::start_standby_of(
+        &primary,
+        "fslots_standby",
+        &[
+            ("primary_slot_name", "'fslots_standby'"),
+            ("sync_replication_slots", "on"),
+            ("hot_standby_feedback", "off"),
+        ],
+    );
+    let standby_host = format!("127.0.0.1:{}", standby.port());
+    args.extend([
+        "--standby-url".into(),
+        format!("postgres://postgres@{standby_host}/{}", setup.db.name),
+    ]);
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(
+        !ok,
+        "check passed with hot_standby_feedback off on the standby:\n{log}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("standby feedback"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("  FAIL")
+            && line.contains("hot_standby_feedback")
+            && line.contains(&standby_host),
+        "check's standby feedback line: {line:?}\n{log}"
+    );
+    for check in ["standby sync", "standby primary slot", "standby conninfo"] {
+        assert!(
+            log.lines()
+                .any(|l| l.starts_with("  ok") && l.contains(check)),
+            "{check} is not ok:\n{log}"
+        );
+    }
+
+    standby.psql("postgres", "ALTER SYSTEM SET hot_standby_feedback = on");
+    standby.psql("postgres", "SELECT pg_reload_conf()");
+    // The standby's copy stays temporary until the primary's slot moves past where the copy
+    // began: the relay must confirm something.
+    let mut run_args = as_command(&args[..args.len() - 2], "run");
+    run_args.push("--no-create-slot".into());
+    let relay = Relay::spawn(&run_args);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 3, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+    let log = wait_for(
+        "check to see the slot synced on the standby",
+        Duration::from_secs(120),
+        || async {
+            // A running-transactions record lets the standby's slot sync catch up sooner.
+            primary.psql("postgres", "SELECT pg_log_standby_snapshot()");
+            let (ok, log) = run_command(&as_command(&args, "check"));
+            let synced = ok
+                && log
+                    .lines()
+                    .any(|l| l.starts_with("  ok") && l.contains("standby slot copy"));
+            if !synced {
+                let problems: Vec<&str> = log.lines().filter(|l| !l.starts_with("  ok")).collect();
+                eprintln!("check, not yet synced: {problems:#?}");
+            }
+            synced.then_some(log)
+        },
+    )
+    .await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("standby slot copy"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("synced") && line.contains(&standby_host),
+        "check's standby slot copy line: {line:?}\n{log}"
+    );
+
+    drop(relay);
+    let (ok, log) = run_command(&as_command(&args, "status"));
+    assert!(ok, "status failed:\n{log}");
+    let row = log
+        .lines()
+        .find(|l| l.contains(&setup.slot))
+        .unwrap_or_default();
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert!(
+        columns.contains(&"yes") && columns.contains(&"synced"),
+        "status row {row:?} does not show a failover slot synced on the standby\n{log}"
+    );
+}

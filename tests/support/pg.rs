@@ -777,3 +777,76 @@ impl TestDb {
         row.get(0)
     }
 }
+
+impl PgCluster {
+    /// Starts a physical standby of `primary` (same major) in a data directory of its own,
+    /// `run_dir/<name>`: `pg_basebackup -R` from the primary's 127.0.0.1 port, then in
+    /// postgresql.auto.conf its own port and socket directory, a `primary_conninfo` that names
+    /// `dbname=postgres` (slot synchronization needs one), and `settings` after them (so they
+    /// win; values as in postgresql.conf, e.g. `("primary_slot_name", "'standby1'")`), then
+    /// `pg_ctl start`. A physical slot it names must exist on the primary first. Stopped at
+    /// process exit like every cluster. Panics if any step fails.
+    pub fn start_standby_of(primary: &PgCluster, name: &str, settings: &[(&str, &str)]) -> PgCluster {
+        let dir = run_dir().join(name);
+        fs::create_dir_all(&dir).expect("creating the standby's dir");
+        run::set_mode(&dir, 0o700);
+        chown_for_pg(&dir);
+        let data = dir.join("data");
+        let log = dir.join("postgresql.log");
+        let port = super::free_port();
+        // TCP: pg_hba.conf admits replication connections from 127.0.0.1 only.
+        let primary_conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            primary.port
+        );
+        let mut basebackup = primary.command("pg_basebackup");
+        basebackup
+            .current_dir(&dir)
+            .arg("-D")
+            .arg(&data)
+            .args(["-R", "-X", "stream", "-c", "fast", "-d", &primary_conninfo]);
+        run_cmd(basebackup, Duration::from_secs(120));
+        run::set_mode(&data, 0o700);
+        if primary.ca_cert().exists() {
+            fs::copy(primary.ca_cert(), dir.join("ca.crt")).expect("copying the CA certificate");
+        }
+        let mut conf = format!(
+            "\n# --- outbox-relay test harness: standby ---\nport = {port}\nunix_socket_directories = '{}'\nprimary_conninfo = '{primary_conninfo}'\n",
+            dir.display()
+        );
+        for (k, v) in settings {
+            let _ = writeln!(conf, "{k} = {v}");
+        }
+        append(&data.join("postgresql.auto.conf"), &conf);
+        let mut start = primary.command("pg_ctl");
+        start
+            .current_dir(&dir)
+            .arg("start")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60"]);
+        run::register_pg(&data);
+        let started = run::run_cmd_status(start, Duration::from_secs(90));
+        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
+        match started {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!("pg_ctl start of the standby failed ({}): {}{}\n--- {}:\n{}", o.status, o.stdout, o.stderr, log.display(), log_tail()),
+            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
+        }
+        if !wait_tcp(port, Duration::from_secs(30), || false) {
+            panic!("the standby started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}", log.display(), log_tail());
+        }
+        eprintln!("[support] standby {name} of 127.0.0.1:{} on 127.0.0.1:{port} (data {})", primary.port, data.display());
+        PgCluster {
+            major: primary.major,
+            bindir: primary.bindir.clone(),
+            tls: primary.tls,
+            port,
+            dir,
+            data,
+            log,
+        }
+    }
+}
