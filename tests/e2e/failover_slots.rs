@@ -286,3 +286,94 @@ async fn check_and_status_follow_a_standby_until_it_keeps_the_failover_slot() {
         "status row {row:?} does not show a failover slot synced on the standby\n{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_turns_failover_on_for_a_free_slot_only() {
+    let setup = Setup::new_on(support::pg::pg_major(17), "fturn", &["Order"], 1).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let (ok, log) = run_command(&as_command(&args, "setup"));
+    assert!(ok, "setup failed:\n{log}");
+    assert!(
+        !is_failover(&setup).await,
+        "setup without --failover made a failover slot"
+    );
+
+    args.push("--no-create-slot".into());
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let pid = setup
+        .db
+        .slot_active_pid(&setup.slot)
+        .await
+        .expect("the relay holds the slot");
+    let mut failover_setup = as_command(&args, "setup");
+    failover_setup.push("--failover".into());
+    let (ok, log) = run_command(&failover_setup);
+    assert!(
+        !ok,
+        "setup --failover succeeded while a walsender held the slot:\n{log}"
+    );
+    assert!(
+        log.contains("not a failover slot") && log.contains(&format!("pid {pid}")),
+        "setup's error does not name the walsender holding the slot:\n{log}"
+    );
+    assert!(!is_failover(&setup).await);
+
+    drop(relay);
+    wait_for("the slot to be free", Duration::from_secs(30), || async {
+        setup
+            .db
+            .slot_active_pid(&setup.slot)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let (ok, log) = run_command(&failover_setup);
+    assert!(ok, "setup --failover failed on a free slot:\n{log}");
+    assert!(
+        log.contains("turned FAILOVER on for slot"),
+        "setup did not say what it did:\n{log}"
+    );
+    assert!(
+        is_failover(&setup).await,
+        "setup --failover left the slot without FAILOVER"
+    );
+    let (ok, log) = run_command(&failover_setup);
+    assert!(
+        ok && !log.contains("turned FAILOVER on"),
+        "a second setup changed something:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_on_postgresql_16_is_an_error_naming_the_version() {
+    let setup = Setup::new_on(support::pg::pg_major(16), "fold", &["Order"], 1).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.push("--failover".into());
+    for command in ["setup", "run"] {
+        let (ok, log) = run_command(&as_command(&args, command));
+        assert!(
+            !ok,
+            "{command} --failover succeeded on PostgreSQL 16:\n{log}"
+        );
+        assert!(
+            log.contains("failover = true")
+                && log.contains("PostgreSQL 17")
+                && log.contains("runs PostgreSQL 16"),
+            "{command}'s error does not name the option and the version:\n{log}"
+        );
+    }
+    assert_eq!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await,
+        None,
+        "a slot was created without the FAILOVER asked for"
+    );
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(!ok, "check passed failover = true on PostgreSQL 16:\n{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("FAIL") && l.contains("failover slot") && l.contains("16")),
+        "check does not fail the failover slot on PostgreSQL 16:\n{log}"
+    );
+}
