@@ -434,8 +434,8 @@ pub async fn check(config: &PipelineConfig, client: &Client, out: &mut Vec<Findi
         }
     };
     let physical = match &standby.primary_slot_name {
-        Some(name) => match physical_slot(client, name).await {
-            Ok(row) => row,
+        Some(name) => match failover::slot_rows(client, std::slice::from_ref(name)).await {
+            Ok(rows) => rows.into_iter().next(),
             Err(e) => {
                 out.push(finding(
                     "standby primary slot",
@@ -448,23 +448,6 @@ pub async fn check(config: &PipelineConfig, client: &Client, out: &mut Vec<Findi
         None => None,
     };
     out.extend(standby_findings(config, &standby, physical.as_ref()));
-}
-
-/// The slot `name` on the server of `client`, as [`standby_findings`] judges it.
-async fn physical_slot(client: &Client, name: &str) -> Result<Option<SlotRow>, SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT slot_name::text, slot_type = 'physical', active, wal_status IS NOT DISTINCT FROM 'lost'
-             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
-            &[&name],
-        )
-        .await?;
-    Ok(row.map(|row| SlotRow {
-        name: row.get(0),
-        physical: row.get(1),
-        active: row.get(2),
-        lost: row.get(3),
-    }))
 }
 
 /// The pipeline with `standby_url` as its source URL, to connect to the standby as to the

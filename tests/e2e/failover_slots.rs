@@ -24,6 +24,20 @@ fn as_command(args: &[String], name: &str) -> Vec<String> {
     args
 }
 
+/// Waits (up to 30 s) until the relay serving metrics on `metrics` shows `value` for the
+/// gauge `series`.
+async fn wait_gauge(metrics: &str, series: &str, value: f64) {
+    wait_for(
+        &format!("{series} to be {value}"),
+        Duration::from_secs(30),
+        || async {
+            let (_, text) = http_get(metrics, "/metrics").await?;
+            (metric_value(&text, series) == value).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Whether `slot` is a failover slot, as the primary of `setup` says.
 async fn is_failover(setup: &Setup) -> bool {
     setup
@@ -113,15 +127,7 @@ async fn a_missing_synchronized_standby_slot_stalls_the_failover_slot_visibly_un
         "outbox_relay_standby_slots_stalled{{pipeline=\"{}\"}}",
         setup.slot
     );
-    wait_for(
-        "the stall gauge to be 1",
-        Duration::from_secs(30),
-        || async {
-            let (_, text) = http_get(&metrics, "/metrics").await?;
-            (metric_value(&text, &stalled_series) == 1.0).then_some(())
-        },
-    )
-    .await;
+    wait_gauge(&metrics, &stalled_series, 1.0).await;
     // Held back by the walsender: nothing of the new transactions is published or confirmed.
     let (_, text) = http_get(&metrics, "/metrics")
         .await
@@ -162,15 +168,7 @@ async fn a_missing_synchronized_standby_slot_stalls_the_failover_slot_visibly_un
         .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
         .await;
     assert_delivered(&written, &consumed, false);
-    wait_for(
-        "the stall gauge to be 0 again",
-        Duration::from_secs(30),
-        || async {
-            let (_, text) = http_get(&metrics, "/metrics").await?;
-            (metric_value(&text, &stalled_series) == 0.0).then_some(())
-        },
-    )
-    .await;
+    wait_gauge(&metrics, &stalled_series, 0.0).await;
     relay
         .wait_for_log(
             "no longer holds the failover slot back",

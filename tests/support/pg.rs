@@ -314,38 +314,7 @@ host replication all 127.0.0.1/32 trust
         );
         fs::write(data.join("pg_hba.conf"), hba).expect("writing pg_hba.conf");
 
-        let mut start = pg_command_in(&bindir, "pg_ctl");
-        start
-            .current_dir(&dir)
-            .arg("start")
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60"]);
-        // Registered before starting, so a failed start is cleaned up too.
-        run::register_pg(&data);
-        let started = run::run_cmd_status(start, Duration::from_secs(90));
-        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
-        match started {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!(
-                "pg_ctl start failed ({}): {}{}\n--- {}:\n{}",
-                o.status,
-                o.stdout,
-                o.stderr,
-                log.display(),
-                log_tail()
-            ),
-            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
-        }
-        if !wait_tcp(port, Duration::from_secs(30), || false) {
-            panic!(
-                "PostgreSQL started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}",
-                log.display(),
-                log_tail()
-            );
-        }
+        start_server(&bindir, &dir, &data, &log, port);
         let cluster = PgCluster {
             major,
             bindir,
@@ -510,6 +479,44 @@ host replication all 127.0.0.1/32 trust
             client,
             port: self.port,
         }
+    }
+}
+
+/// Starts the server of data directory `data` (`pg_ctl start -w`, log to `log`, from `dir`)
+/// and waits until it accepts TCP connections on `port`. The data directory is registered
+/// first, so a failed start is cleaned up too. Panics with the log's tail if it does not start.
+fn start_server(bindir: &Path, dir: &Path, data: &Path, log: &Path, port: u16) {
+    let mut start = pg_command_in(bindir, "pg_ctl");
+    start
+        .current_dir(dir)
+        .arg("start")
+        .arg("-D")
+        .arg(data)
+        .arg("-l")
+        .arg(log)
+        .args(["-w", "-t", "60"]);
+    // Registered before starting, so a failed start is cleaned up too.
+    run::register_pg(data);
+    let started = run::run_cmd_status(start, Duration::from_secs(90));
+    let log_tail = || super::tail_lines(&fs::read_to_string(log).unwrap_or_default(), 50);
+    match started {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!(
+            "pg_ctl start failed ({}): {}{}\n--- {}:\n{}",
+            o.status,
+            o.stdout,
+            o.stderr,
+            log.display(),
+            log_tail()
+        ),
+        Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
+    }
+    if !wait_tcp(port, Duration::from_secs(30), || false) {
+        panic!(
+            "PostgreSQL started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}",
+            log.display(),
+            log_tail()
+        );
     }
 }
 
@@ -786,7 +793,11 @@ impl PgCluster {
     /// win; values as in postgresql.conf, e.g. `("primary_slot_name", "'standby1'")`), then
     /// `pg_ctl start`. A physical slot it names must exist on the primary first. Stopped at
     /// process exit like every cluster. Panics if any step fails.
-    pub fn start_standby_of(primary: &PgCluster, name: &str, settings: &[(&str, &str)]) -> PgCluster {
+    pub fn start_standby_of(
+        primary: &PgCluster,
+        name: &str,
+        settings: &[(&str, &str)],
+    ) -> PgCluster {
         let dir = run_dir().join(name);
         fs::create_dir_all(&dir).expect("creating the standby's dir");
         run::set_mode(&dir, 0o700);
@@ -800,11 +811,15 @@ impl PgCluster {
             primary.port
         );
         let mut basebackup = primary.command("pg_basebackup");
-        basebackup
-            .current_dir(&dir)
-            .arg("-D")
-            .arg(&data)
-            .args(["-R", "-X", "stream", "-c", "fast", "-d", &primary_conninfo]);
+        basebackup.current_dir(&dir).arg("-D").arg(&data).args([
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "-d",
+            &primary_conninfo,
+        ]);
         run_cmd(basebackup, Duration::from_secs(120));
         run::set_mode(&data, 0o700);
         if primary.ca_cert().exists() {
@@ -818,27 +833,12 @@ impl PgCluster {
             let _ = writeln!(conf, "{k} = {v}");
         }
         append(&data.join("postgresql.auto.conf"), &conf);
-        let mut start = primary.command("pg_ctl");
-        start
-            .current_dir(&dir)
-            .arg("start")
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60"]);
-        run::register_pg(&data);
-        let started = run::run_cmd_status(start, Duration::from_secs(90));
-        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
-        match started {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!("pg_ctl start of the standby failed ({}): {}{}\n--- {}:\n{}", o.status, o.stdout, o.stderr, log.display(), log_tail()),
-            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
-        }
-        if !wait_tcp(port, Duration::from_secs(30), || false) {
-            panic!("the standby started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}", log.display(), log_tail());
-        }
-        eprintln!("[support] standby {name} of 127.0.0.1:{} on 127.0.0.1:{port} (data {})", primary.port, data.display());
+        start_server(&primary.bindir, &dir, &data, &log, port);
+        eprintln!(
+            "[support] standby {name} of 127.0.0.1:{} on 127.0.0.1:{port} (data {})",
+            primary.port,
+            data.display()
+        );
         PgCluster {
             major: primary.major,
             bindir: primary.bindir.clone(),

@@ -268,6 +268,31 @@ impl StandbySlots {
     }
 }
 
+/// The slots among `names` that exist on the server of `client`.
+///
+/// Returns an error if the query fails.
+pub async fn slot_rows(client: &Client, names: &[String]) -> Result<Vec<SlotRow>, SourceError> {
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query(
+            "SELECT slot_name::text, slot_type = 'physical', active, wal_status IS NOT DISTINCT FROM 'lost'
+             FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY($1)",
+            &[&names],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| SlotRow {
+            name: row.get(0),
+            physical: row.get(1),
+            active: row.get(2),
+            lost: row.get(3),
+        })
+        .collect())
+}
+
 /// Reads `synchronized_standby_slots` and the slots it names.
 ///
 /// Returns an error if the queries fail.
@@ -280,26 +305,7 @@ pub async fn standby_slots(client: &Client) -> Result<StandbySlots, SourceError>
         .await?
         .get(0);
     let names = parse_standby_slot_names(setting.as_deref().unwrap_or_default());
-    let rows = if names.is_empty() {
-        Vec::new()
-    } else {
-        client
-            .query(
-                "SELECT slot_name::text, slot_type = 'physical', active, wal_status IS NOT DISTINCT FROM 'lost'
-                 FROM pg_catalog.pg_replication_slots WHERE slot_name = ANY($1)",
-                &[&names],
-            )
-            .await?
-    };
-    let rows: Vec<SlotRow> = rows
-        .iter()
-        .map(|row| SlotRow {
-            name: row.get(0),
-            physical: row.get(1),
-            active: row.get(2),
-            lost: row.get(3),
-        })
-        .collect();
+    let rows = slot_rows(client, &names).await?;
     Ok(StandbySlots {
         slots: judge_standby_slots(&names, &rows),
         setting,
