@@ -375,3 +375,65 @@ async fn failover_on_postgresql_16_is_an_error_naming_the_version() {
         "check does not fail the failover slot on PostgreSQL 16:\n{log}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_creates_its_slot_with_failover() {
+    let setup = Setup::new_on(support::pg::pg_major(17), "fcreate", &["Order"], 1).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.push("--failover".into());
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    assert!(
+        is_failover(&setup).await,
+        "the relay created its slot without FAILOVER"
+    );
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_of_an_idle_slot_timeout_shorter_than_a_takeover() {
+    // A cluster of its own: the timeout would invalidate other tests' idle slots.
+    let cluster = PgCluster::start_private_major("fslots_idle", 18);
+    let setup = Setup::new_on(&cluster, "fidle", &["Order"], 1).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let idle_line = |log: &str| {
+        log.lines()
+            .find(|l| l.contains("idle slot timeout"))
+            .unwrap_or_else(|| panic!("no idle slot timeout finding:\n{log}"))
+            .to_owned()
+    };
+    let (_, log) = run_command(&as_command(&args, "check"));
+    let line = idle_line(&log);
+    assert!(line.starts_with("  ok") && line.contains("off"), "{line}");
+
+    cluster.psql(
+        "postgres",
+        "ALTER SYSTEM SET idle_replication_slot_timeout = '1min'",
+    );
+    cluster.psql("postgres", "SELECT pg_reload_conf()");
+    let (_, log) = run_command(&as_command(&args, "check"));
+    let line = idle_line(&log);
+    // The default wal_sender_timeout (60 s) and the 30 s backoff: 90 s.
+    assert!(
+        line.starts_with("  WARN") && line.contains("= 60 s") && line.contains("90 s"),
+        "{line}"
+    );
+
+    cluster.psql(
+        "postgres",
+        "ALTER SYSTEM SET idle_replication_slot_timeout = '1h'",
+    );
+    cluster.psql("postgres", "SELECT pg_reload_conf()");
+    let (_, log) = run_command(&as_command(&args, "check"));
+    let line = idle_line(&log);
+    assert!(
+        line.starts_with("  ok") && line.contains("3600 s"),
+        "{line}"
+    );
+}
