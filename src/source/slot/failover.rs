@@ -351,6 +351,25 @@ mod tests {
     }
 
     #[test]
+    fn setup_sql_creates_a_failover_slot_when_asked() {
+        let mut config = crate::config::PipelineConfig::test_pipeline();
+        let plain = crate::source::slot::setup_sql(&config);
+        assert!(
+            plain.contains("pg_create_logical_replication_slot('outbox_relay', 'pgoutput');"),
+            "{plain}"
+        );
+        assert!(!plain.contains("FAILOVER"), "{plain}");
+        config.failover = true;
+        let failover = crate::source::slot::setup_sql(&config);
+        for part in [
+            "pg_create_logical_replication_slot('outbox_relay', 'pgoutput', false, false, true);",
+            "ALTER_REPLICATION_SLOT \"outbox_relay\" (FAILOVER true);",
+        ] {
+            assert!(failover.contains(part), "{part:?} missing in {failover}");
+        }
+    }
+
+    #[test]
     fn invalidation_names_its_reason_by_version() {
         assert_eq!(Invalidation::of_lost(None, None).reason, "wal_removed");
         assert_eq!(
