@@ -38,7 +38,9 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Creates what each pipeline needs in its database: the publication (FOR TABLE the
-    /// outbox, publish = 'insert') when missing, and the logical replication slot. Run it once
+    /// outbox, publish = 'insert') when missing, and the logical replication slot (with
+    /// --failover a failover slot, PostgreSQL 17+; FAILOVER is also turned on for an existing
+    /// slot no walsender holds), and says what it did. Run it once
     /// before the first start, then run the relay with --no-create-slot (or create_slot =
     /// false), so a slot that disappears later stops the relay instead of silently starting
     /// after the events it missed.
