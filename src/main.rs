@@ -40,10 +40,10 @@ enum Command {
     /// Creates what each pipeline needs in its database: the publication (FOR TABLE the
     /// outbox, publish = 'insert') when missing, and the logical replication slot (with
     /// --failover a failover slot, PostgreSQL 17+; FAILOVER is also turned on for an existing
-    /// slot no walsender holds), and says what it did. Run it once
-    /// before the first start, then run the relay with --no-create-slot (or create_slot =
-    /// false), so a slot that disappears later stops the relay instead of silently starting
-    /// after the events it missed.
+    /// slot no walsender holds), and says what it did. Run it once before the first start,
+    /// then run the relay with --no-create-slot (or create_slot = false), so a slot that
+    /// disappears later stops the relay instead of silently starting after the events it
+    /// missed.
     ///
     ///   outbox-relay setup --config relay.toml
     ///   outbox-relay setup --source-url ... --bootstrap-servers ... --print-sql
