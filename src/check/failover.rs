@@ -77,7 +77,7 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
             finding(
                 "failover slot",
                 Verdict::Ok,
-                format!("PostgreSQL {} has no failover slots: a database failover loses slot {slot} (the relay then stops instead of skipping events)", primary.server.version),
+                format!("PostgreSQL {} has no failover slots: a database failover loses slot {slot} (with create_slot = false the relay then stops instead of starting after the events it missed)", primary.server.version),
             )
         });
     } else {
