@@ -51,7 +51,12 @@ async fn replication_connection_authenticates_with_every_method() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
-    let setup = Setup::new("terminate", &["Order", "Refund"], 2).await;
+    reconnects_after_the_walsender_is_terminated_and_loses_nothing_on(pg()).await;
+}
+
+/// A walsender terminated on `cluster` mid-stream: the relay reconnects and loses nothing.
+pub(crate) async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing_on(cluster: &support::PgCluster) {
+    let setup = Setup::new_on(cluster, "terminate", &["Order", "Refund"], 2).await;
     let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Scram));
     setup.wait_streaming().await;
     let first_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
