@@ -55,7 +55,9 @@ async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
 }
 
 /// A walsender terminated on `cluster` mid-stream: the relay reconnects and loses nothing.
-pub(crate) async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing_on(cluster: &support::PgCluster) {
+pub(crate) async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing_on(
+    cluster: &support::PgCluster,
+) {
     let setup = Setup::new_on(cluster, "terminate", &["Order", "Refund"], 2).await;
     let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Scram));
     setup.wait_streaming().await;

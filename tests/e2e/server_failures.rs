@@ -51,8 +51,7 @@ pub(crate) async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_
     major: u32,
 ) {
     // A cluster of its own: this test restarts it.
-    let cluster =
-        support::PgCluster::start_private_major(&unique_name("restartable"), major);
+    let cluster = support::PgCluster::start_private_major(&unique_name("restartable"), major);
     let name = unique_name("srvrestart");
     let db = cluster.create_database(&name).await;
     let types = vec![format!("Order_{name}")];

@@ -98,13 +98,21 @@ pub fn pg() -> &'static PgCluster {
 /// The test run's cluster of PostgreSQL `major` (one of [`MAJORS`]), started on the first
 /// call like [`pg()`]'s. Panics if it cannot be started (and so does every later call).
 pub fn pg_major(major: u32) -> &'static PgCluster {
-    static PG: [OnceLock<Result<PgCluster, String>>; 4] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static PG: [OnceLock<Result<PgCluster, String>>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
     let index = MAJORS
         .iter()
         .position(|m| *m == major)
         .unwrap_or_else(|| panic!("PostgreSQL {major} is not one of the test majors {MAJORS:?}"));
-    let subdir = if major == 15 { "pg".to_owned() } else { format!("pg{major}") };
+    let subdir = if major == 15 {
+        "pg".to_owned()
+    } else {
+        format!("pg{major}")
+    };
     let r = PG[index].get_or_init(|| {
         std::panic::catch_unwind(|| PgCluster::start_in(&subdir, major)).map_err(|e| {
             e.downcast_ref::<String>()
