@@ -112,7 +112,7 @@ pub trait Source: Send {
 /// An error of the PostgreSQL side of a pipeline.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    #[error("i/o error on the replication connection")]
+    #[error("i/o error on the connection to PostgreSQL")]
     Io(#[from] std::io::Error),
     #[error("server error {code}: {message}")]
     Server { code: String, message: String },

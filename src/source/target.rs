@@ -332,36 +332,15 @@ pub async fn select<K: Connector>(
     let mut last_error = None;
     for &pass in target.passes() {
         for endpoint in endpoints {
-            let mut candidate = match connector.connect(endpoint.clone()).await {
-                Ok(candidate) => candidate,
-                Err(error) if !error.is_transient() => return Err(error),
-                Err(error) => {
-                    passed_over.push((
-                        endpoint.to_string(),
-                        format!("failed: {}", crate::error::chain(&error)),
-                    ));
+            match try_host(connector, endpoint, pass).await {
+                Ok(connection) => return Ok(connection),
+                Err(PassedOver::Failed(error)) if !error.is_transient() => return Err(error),
+                Err(PassedOver::Failed(error)) => {
+                    let why = format!("failed: {}", crate::error::chain(&error));
+                    passed_over.push((endpoint.to_string(), why));
                     last_error = Some(error);
-                    continue;
                 }
-            };
-            let mut state = candidate.reported();
-            if let Some(question) = pass.question(&state) {
-                match candidate.ask(question.sql()).await {
-                    Ok(text) => state.answer(question, &text),
-                    Err(error) if !error.is_transient() => return Err(error),
-                    Err(error) => {
-                        passed_over.push((
-                            endpoint.to_string(),
-                            format!("failed: {}", crate::error::chain(&error)),
-                        ));
-                        last_error = Some(error);
-                        continue;
-                    }
-                }
-            }
-            match pass.check(&state) {
-                Ok(()) => return Ok(candidate),
-                Err(why) => passed_over.push((endpoint.to_string(), why)),
+                Err(PassedOver::Unfit(why)) => passed_over.push((endpoint.to_string(), why)),
             }
         }
     }
@@ -369,6 +348,34 @@ pub async fn select<K: Connector>(
         Some(error) if passed_over.len() == 1 => Err(error),
         _ => Err(SourceError::NoHostFits(NoHostFits { passed_over })),
     }
+}
+
+/// Why [`try_host`] did not keep a host.
+enum PassedOver {
+    Failed(SourceError),
+    Unfit(String),
+}
+
+/// Connects to `endpoint` and keeps the connection if the server fits `pass`.
+async fn try_host<K: Connector>(
+    connector: &K,
+    endpoint: &Endpoint,
+    pass: TargetSessionAttrs,
+) -> Result<K::Connection, PassedOver> {
+    let mut candidate = connector
+        .connect(endpoint.clone())
+        .await
+        .map_err(PassedOver::Failed)?;
+    let mut state = candidate.reported();
+    if let Some(question) = pass.question(&state) {
+        let text = candidate
+            .ask(question.sql())
+            .await
+            .map_err(PassedOver::Failed)?;
+        state.answer(question, &text);
+    }
+    pass.check(&state).map_err(PassedOver::Unfit)?;
+    Ok(candidate)
 }
 
 /// The IO half of an SQL connection opened by [`connect_sql`]: poll it (or spawn it) for the
