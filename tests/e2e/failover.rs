@@ -238,9 +238,9 @@ async fn relay_survives_a_failover_with_the_standby_listed_last() {
     relay_survives_a_failover(false).await;
 }
 
-/// With the standby listed first, `target_session_attrs=primary` takes the primary; without
-/// it (`any`, the default) the relay takes the standby, where the (not synced) slot does not
-/// exist, and stops.
+/// With the standby listed first, `target_session_attrs=primary` (here from
+/// `PGTARGETSESSIONATTRS`) takes the primary; without it (`any`, the default) the relay takes
+/// the standby, where the (not synced) slot does not exist, and stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_session_attrs_primary_passes_over_a_standby_listed_first() {
     let pair = Pair::start("standby_first").await;
@@ -257,7 +257,11 @@ async fn target_session_attrs_primary_passes_over_a_standby_listed_first() {
         "the default (any) connects to the first host, the standby:\n{log}"
     );
 
-    let mut relay = Relay::spawn(&pair.relay_args(true, Some("primary")));
+    // From the environment this time (the failover tests set it in the URL).
+    let mut relay = Relay::spawn_with_env(
+        &pair.relay_args(true, None),
+        &[("PGTARGETSESSIONATTRS", "primary")],
+    );
     setup.wait_streaming().await;
     let (written, before_commit): (Vec<Written>, Vec<u64>) =
         write_events(&setup.db.client, 5, 2, &setup.types, 3, 0, Duration::ZERO).await;
