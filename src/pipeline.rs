@@ -274,7 +274,7 @@ async fn run_session(
     holder_watch: &mut HolderWatch,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
-    let (pg, tls) = config.source_config()?;
+    let conninfo = config.source_config()?;
     let state = slot::prepare(
         &client,
         &config.slot,
@@ -285,7 +285,7 @@ async fn run_session(
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
 
-    let mut replication = ReplicationClient::connect(&pg, &tls).await?;
+    let mut replication = ReplicationClient::connect(&conninfo).await?;
     let identity = replication.identify_system().await?;
     let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)

@@ -282,17 +282,15 @@ SET DateStyle = 'ISO, MDY';
 SET IntervalStyle = 'postgres';
 SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout';";
 
-/// An ordinary SQL connection to a pipeline's database, with the same URL, environment and
-/// TLS settings as its replication connection and the session settings the relay relies on
-/// (see [`SESSION_SETTINGS`]). The connection task ends when the returned guard is dropped.
+/// An ordinary SQL connection to a pipeline's database, with the same URL, environment, TLS
+/// settings and choice of host (`target_session_attrs`) as its replication connection and the
+/// session settings the relay relies on (see [`SESSION_SETTINGS`]). The connection task ends
+/// when the returned guard is dropped.
 ///
-/// Returns an error if the URL is invalid, TLS cannot be set up or the server refuses.
+/// Returns an error if the URL is invalid, TLS cannot be set up, no host fits or the server
+/// refuses.
 pub async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection), crate::Error> {
-    let (pg, tls) = config.source_config()?;
-    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(
-        tls.client_config().map_err(SourceError::Tls)?,
-    );
-    let (client, connection) = pg.connect(connector).await.map_err(SourceError::Sql)?;
+    let (client, connection) = super::target::connect_sql(&config.source_config()?).await?;
     let connection = SqlConnection(tokio::spawn(async move {
         let _ = connection.await;
     }));

@@ -16,6 +16,8 @@
 //! - `connection`: authentication, TLS, libpq's environment, reconnects, hostile defaults,
 //!   two relays on one slot;
 //! - `takeover`: ending a stale walsender that holds the slot;
+//! - `failover`: a PostgreSQL 17 primary and standby, a failover slot, the primary crashed and
+//!   the standby promoted; `target_session_attrs` on a multi-host URL;
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
@@ -32,6 +34,7 @@ mod support;
 mod connection;
 mod delivery;
 mod exactly_once;
+mod failover;
 mod failures;
 mod operations;
 mod polling;

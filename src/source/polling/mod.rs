@@ -176,11 +176,8 @@ impl Drop for Driver {
 
 /// An SQL connection like [`slot::connect`]'s whose notifications (LISTEN) wake `Notify`.
 async fn connect(config: &PipelineConfig) -> Result<(Client, Driver, Arc<Notify>), Error> {
-    let (pg, tls) = config.source_config()?;
-    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(
-        tls.client_config().map_err(SourceError::Tls)?,
-    );
-    let (client, mut connection) = pg.connect(connector).await.map_err(SourceError::Sql)?;
+    let (client, mut connection) =
+        crate::source::target::connect_sql(&config.source_config()?).await?;
     let notify = Arc::new(Notify::new());
     let wake = notify.clone();
     let driver = Driver(tokio::spawn(async move {
