@@ -25,6 +25,7 @@ use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
+use crate::shutdown::AbortOnDrop;
 use crate::sink::kafka::KafkaSink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
@@ -256,13 +257,6 @@ impl HolderWatch {
 }
 
 /// Aborts a spawned task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// One session: check the slot, connect, stream until shutdown or an error.
 async fn run_session(
