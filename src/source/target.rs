@@ -288,6 +288,9 @@ pub struct NoHostFits {
     /// `(host, reason)`, e.g. `("127.0.0.1:5433", "is a standby (in_hot_standby=on),
     /// target_session_attrs=primary")` or `("127.0.0.1:5432", "failed: connection refused")`.
     pub passed_over: Vec<(String, String)>,
+    /// Some host was reached but did not fit (a standby where a primary is wanted): a
+    /// failover under way rather than a database that is down.
+    pub unfit: bool,
 }
 
 /// A connection that has started up, as [`select`] judges it.
@@ -329,6 +332,7 @@ pub async fn select<K: Connector>(
         return Err(SourceError::Config("source url names no host".into()));
     }
     let mut passed_over = Vec::new();
+    let mut unfit = false;
     let mut last_error = None;
     for &pass in target.passes() {
         for endpoint in endpoints {
@@ -340,13 +344,16 @@ pub async fn select<K: Connector>(
                     passed_over.push((endpoint.to_string(), why));
                     last_error = Some(error);
                 }
-                Err(PassedOver::Unfit(why)) => passed_over.push((endpoint.to_string(), why)),
+                Err(PassedOver::Unfit(why)) => {
+                    unfit = true;
+                    passed_over.push((endpoint.to_string(), why));
+                }
             }
         }
     }
     match last_error {
         Some(error) if passed_over.len() == 1 => Err(error),
-        _ => Err(SourceError::NoHostFits(NoHostFits { passed_over })),
+        _ => Err(SourceError::NoHostFits(NoHostFits { passed_over, unfit })),
     }
 }
 
