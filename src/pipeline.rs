@@ -25,6 +25,7 @@ use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
+use crate::shutdown::AbortOnDrop;
 use crate::sink::kafka::KafkaSink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
@@ -296,13 +297,6 @@ impl HolderWatch {
 }
 
 /// Aborts a spawned task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// One session: check the slot, connect, stream until shutdown or an error.
 async fn run_session(
@@ -314,7 +308,7 @@ async fn run_session(
     holder_watch: &mut HolderWatch,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
-    let (pg, tls) = config.source_config()?;
+    let conninfo = config.source_config()?;
     slot::check_failover(&client, &config.slot, config.failover).await?;
     let state = slot::prepare(
         &client,
@@ -327,7 +321,7 @@ async fn run_session(
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
 
-    let mut replication = ReplicationClient::connect(&pg, &tls).await?;
+    let mut replication = ReplicationClient::connect(&conninfo).await?;
     let identity = replication.identify_system().await?;
     let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)

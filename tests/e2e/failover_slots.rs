@@ -181,26 +181,25 @@ async fn a_missing_synchronized_standby_slot_stalls_the_failover_slot_visibly_un
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_status_follow_a_standby_until_it_keeps_the_failover_slot() {
     let primary = PgCluster::start_private_major("fslots_primary", 17);
-    primary.psql(
-        "postgres",
-        "SELECT pg_create_physical_replication_slot('fslots_standby')",
-    );
     let setup = Setup::new_on(&primary, "fsync", &["Order"], 1).await;
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args.push("--failover".into());
     let (ok, log) = run_command(&as_command(&args, "setup"));
     assert!(ok, "setup --failover failed:\n{log}");
 
-    // Without hot_standby_feedback the standby does not synchronize slots.
-    let standby = PgCluster::start_standby_of(
-        &primary,
-        "fslots_standby",
-        &[
-            ("primary_slot_name", "'fslots_standby'"),
-            ("sync_replication_slots", "on"),
-            ("hot_standby_feedback", "off"),
-        ],
-    );
+    // A standby streaming from physical slot fslots_standby, with sync_replication_slots, but
+    // hot_standby_feedback turned off (slot synchronization needs it).
+    let standby = primary.start_standby_of("fslots_standby", "fslots_standby");
+    standby.psql("postgres", "ALTER SYSTEM SET hot_standby_feedback = off");
+    standby.psql("postgres", "SELECT pg_reload_conf()");
+    wait_for(
+        "hot_standby_feedback to be off on the standby",
+        Duration::from_secs(30),
+        || async {
+            (standby.psql("postgres", "SHOW hot_standby_feedback").trim() == "off").then_some(())
+        },
+    )
+    .await;
     let standby_host = format!("127.0.0.1:{}", standby.port());
     args.extend([
         "--standby-url".into(),

@@ -1,5 +1,5 @@
-//! End to end: a real PostgreSQL 15 cluster in, a real Kafka-protocol broker (tansu) out,
-//! the relay binary in between. One cluster and one broker per run of this binary
+//! End to end: a real PostgreSQL cluster in (15; 16, 17 and 18 in `versions`), a real
+//! Kafka-protocol broker (tansu) out, the relay binary in between. One cluster and one broker per run of this binary
 //! (tests/support); each test has its own database, slot, publication and topics.
 //!
 //! The tests are grouped by theme, one module each:
@@ -16,11 +16,15 @@
 //! - `connection`: authentication, TLS, libpq's environment, reconnects, hostile defaults,
 //!   two relays on one slot;
 //! - `takeover`: ending a stale walsender that holds the slot;
+//! - `failover`: a PostgreSQL 17 primary and standby, a failover slot, the primary crashed and
+//!   the standby promoted; `target_session_attrs` on a multi-host URL;
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
 //! - `failover_slots`: PostgreSQL 17's failover slots: `setup --failover`, `check` of a
 //!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
+//! - `versions`: the main job, walsender termination, restarts and a large transaction on
+//!   PostgreSQL 16, 17 and 18;
 //! - `polling`: the polling source (`source_kind = "polling"`).
 //!
 //! This file holds the fixtures the log-tailing modules share: a test's [`Setup`], writing
@@ -32,6 +36,7 @@ mod support;
 mod connection;
 mod delivery;
 mod exactly_once;
+mod failover;
 mod failover_slots;
 mod failures;
 mod operations;
@@ -41,6 +46,7 @@ mod server_failures;
 mod supervision;
 mod tables;
 mod takeover;
+mod versions;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -250,10 +256,10 @@ impl Setup {
     }
 
     async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
-        Self::new_on(pg(), prefix, types, partitions).await
+        Setup::new_on(pg(), prefix, types, partitions).await
     }
 
-    /// Like [`Setup::new`], with the database on `cluster` (another major, a private one).
+    /// Like [`Setup::new`], with the database on `cluster` (another major's, a private one).
     async fn new_on(
         cluster: &support::PgCluster,
         prefix: &str,
