@@ -296,8 +296,6 @@ impl HolderWatch {
     }
 }
 
-/// Aborts a spawned task when dropped.
-
 /// One session: check the slot, connect, stream until shutdown or an error.
 async fn run_session(
     config: &PipelineConfig,
