@@ -8,6 +8,8 @@
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
 //! - [`slot`]: checks of the publication and the slot over an ordinary SQL connection.
+//! - [`slot_record`]: the record of the slots the relay streamed from, so a lost slot is
+//!   never re-created silently.
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
 pub mod conninfo;
@@ -17,6 +19,7 @@ pub mod pgoutput;
 pub mod polling;
 pub mod replication;
 pub mod slot;
+pub mod slot_record;
 pub mod tls;
 
 use std::future::Future;
