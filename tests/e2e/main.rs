@@ -16,6 +16,8 @@
 //! - `connection`: authentication, TLS, libpq's environment, reconnects, hostile defaults,
 //!   two relays on one slot;
 //! - `takeover`: ending a stale walsender that holds the slot;
+//! - `slot_loss`: a dropped slot is never re-created silently across restarts (the slot
+//!   record), `setup --accept-slot-loss`;
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
@@ -35,6 +37,7 @@ mod operations;
 mod polling;
 mod routing;
 mod server_failures;
+mod slot_loss;
 mod supervision;
 mod tables;
 mod takeover;
