@@ -31,8 +31,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 /// Compacted topic for exactly-once checkpoints: one per Kafka cluster, keyed by pipeline name,
 /// so several relays can share it.
 pub const DEFAULT_CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
-/// Creating a missing slot at start is what a first run needs; `setup` plus
-/// `create_slot = false` is the safer production choice (README, Operations).
+/// Creating a missing slot at start is what a first run needs; once the relay streamed from a
+/// slot, the slot record ([`DEFAULT_SLOT_RECORD`]) keeps a lost one from being created again.
 pub const DEFAULT_CREATE_SLOT: bool = true;
 /// Remembering each slot the relay streamed from is what keeps a lost slot from being
 /// re-created silently on the next start (README, "A slot is never silently replaced").
@@ -838,5 +838,39 @@ mod tests {
             "postgres://u@h/db?sslmode=require&password=***"
         );
         assert!(!format!("{:?}", config()).contains(":pw@"));
+    }
+
+    #[test]
+    fn the_slot_record_is_on_by_default_and_its_schema_must_be_named() {
+        let defaults = config();
+        assert!(defaults.slot_record);
+        assert_eq!(defaults.slot_record_schema, "outbox_relay");
+        assert!(defaults.problems().is_empty());
+        let unnamed = PipelineConfig {
+            slot_record_schema: String::new(),
+            ..config()
+        };
+        assert_eq!(
+            unnamed.problems(),
+            vec![ConfigError::new(
+                "slot_record_schema",
+                "must not be empty (or set slot_record = false)"
+            )]
+        );
+        let off = PipelineConfig {
+            slot_record: false,
+            ..unnamed
+        };
+        assert!(off.problems().is_empty());
+        let parsed: PipelineConfig = toml::from_str(
+            "name = \"a\"\ntable = \"public.outbox\"\nslot_record = false\nslot_record_schema = \"relay_state\"\n",
+        )
+        .unwrap();
+        assert!(!parsed.slot_record);
+        assert_eq!(parsed.slot_record_schema, "relay_state");
+        // Defaults are not written out (import-debezium's output stays short).
+        let written =
+            toml::to_string(&PipelineConfig::new("a", "public.outbox".parse().unwrap())).unwrap();
+        assert!(!written.contains("slot_record"), "{written}");
     }
 }
