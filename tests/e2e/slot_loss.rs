@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::pg::format_lsn;
 use crate::support::{kafka, parse_lsn, wait_for, Auth, Relay};
-use crate::{assert_delivered, write_events, Setup};
+use crate::{assert_delivered, write_events, Setup, Written};
 
 /// How long a relay may take to stop on an error at start.
 const START_FAILURE_DEADLINE: Duration = Duration::from_secs(60);
@@ -69,6 +69,38 @@ fn args(setup: &Setup, auth: Auth, command: &str, extra: &[&str]) -> Vec<String>
     args
 }
 
+/// Waits until every event of `written` arrived, and nothing else, as [`assert_delivered`]
+/// checks (`written`: every event written to the test's topics).
+async fn assert_arrived(setup: &Setup, written: &[Written]) {
+    let consumed = setup
+        .consume_all(
+            written.len(),
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_delivered(written, &consumed, false);
+}
+
+/// Stops `relay` with SIGTERM and asserts that it exits cleanly.
+fn stop(mut relay: Relay) {
+    relay.sigterm();
+    assert!(
+        relay.wait(Duration::from_secs(40)).success(),
+        "{}",
+        relay.log()
+    );
+}
+
+/// Runs the relay with `args` and asserts that it stops with an error; returns its log.
+fn refused(args: &[String]) -> String {
+    let mut relay = Relay::spawn(args);
+    let status = relay.wait(START_FAILURE_DEADLINE);
+    let log = relay.log();
+    assert!(!status.success(), "{args:?} did not stop: {log}");
+    log
+}
+
 async fn slot_exists(setup: &Setup) -> bool {
     setup.db.confirmed_flush_lsn(&setup.slot).await.is_some()
 }
@@ -79,7 +111,7 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
     let setup = Setup::new("slotloss", &["Order"], 1).await;
     // The least-privileged role, with the default create_slot = true.
     let run = args(&setup, Auth::Scram, "run", &[]);
-    let mut relay = Relay::spawn(&run);
+    let relay = Relay::spawn(&run);
     setup.wait_streaming().await;
     assert!(
         record(&setup).await.is_some(),
@@ -105,14 +137,7 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
         assert_record_within_slot(&setup, &format!("while streaming, round {round}")).await;
         tokio::time::sleep(Duration::from_millis(1_500)).await;
     }
-    let consumed = setup
-        .consume_all(
-            written.len(),
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        )
-        .await;
-    assert_delivered(&written, &consumed, false);
+    assert_arrived(&setup, &written).await;
     wait_for(
         "the slot record to pass the last delivered transaction",
         Duration::from_secs(60),
@@ -122,12 +147,7 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
         },
     )
     .await;
-    relay.sigterm();
-    assert!(
-        relay.wait(Duration::from_secs(40)).success(),
-        "{}",
-        relay.log()
-    );
+    stop(relay);
     let recorded = assert_record_within_slot(&setup, "after the relay stopped").await;
     let (_, confirmed_at, pipeline, system_identifier, timeline, _) = record(&setup).await.unwrap();
     assert_eq!(pipeline, setup.slot, "the record names the pipeline");
@@ -140,17 +160,16 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
     // Committed while there is no slot: what a re-created slot would never publish.
     write_events(&setup.db.client, 1, 1, &setup.types, 1, 100, Duration::ZERO).await;
 
-    let mut restarted = Relay::spawn(&run);
-    let status = restarted.wait(START_FAILURE_DEADLINE);
-    let log = restarted.log();
-    assert!(!status.success(), "the relay ran without its slot: {log}");
-    let recorded_text = format_lsn(recorded);
+    let log = refused(&run);
     for needle in [
         format!(
             "replication slot \"{}\" does not exist, but pipeline",
             setup.slot
         ),
-        format!("last confirmed LSN {recorded_text} at {confirmed_at}"),
+        format!(
+            "last confirmed LSN {} at {confirmed_at}",
+            format_lsn(recorded)
+        ),
         "outbox-relay setup --accept-slot-loss".to_owned(),
     ] {
         assert!(log.contains(&needle), "{needle:?} not in {log}");
@@ -158,14 +177,8 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
     assert!(!slot_exists(&setup).await, "the relay re-created the slot");
 
     // `setup` without the acknowledgement refuses too.
-    let mut plain_setup = Relay::spawn(&args(&setup, Auth::Scram, "setup", &[]));
-    let status = plain_setup.wait(START_FAILURE_DEADLINE);
-    assert!(!status.success(), "{}", plain_setup.log());
-    assert!(
-        plain_setup.log().contains("--accept-slot-loss"),
-        "{}",
-        plain_setup.log()
-    );
+    let log = refused(&args(&setup, Auth::Scram, "setup", &[]));
+    assert!(log.contains("--accept-slot-loss"), "{log}");
     assert!(!slot_exists(&setup).await, "setup re-created the slot");
 
     let mut accept = Relay::spawn(&args(&setup, Auth::Scram, "setup", &["--accept-slot-loss"]));
@@ -180,31 +193,18 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
     );
     assert!(record(&setup).await.is_none(), "the record was not cleared");
 
-    let mut relay = Relay::spawn(&run);
+    let relay = Relay::spawn(&run);
     setup.wait_streaming().await;
     let (after, _) =
         write_events(&setup.db.client, 1, 2, &setup.types, 1, 200, Duration::ZERO).await;
-    let consumed = setup
-        .consume_all(
-            written.len() + after.len(),
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        )
-        .await;
-    let ids: Vec<String> = consumed.iter().filter_map(|r| r.header_str("id")).collect();
-    for w in &after {
-        assert!(
-            ids.contains(&w.id),
-            "event {} after the new slot never arrived",
-            w.id
-        );
-    }
+    // The topic holds the first events too; the one committed without a slot is not there.
+    written.extend(after);
+    assert_arrived(&setup, &written).await;
     assert!(
         record(&setup).await.is_some(),
         "the new slot is not recorded"
     );
-    relay.sigterm();
-    assert!(relay.wait(Duration::from_secs(40)).success());
+    stop(relay);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,10 +219,7 @@ async fn a_first_start_creates_the_record_table_and_the_slot_and_a_record_of_ano
         .unwrap();
 
     // A role without CREATE on the database: a clear error, no slot.
-    let mut denied = Relay::spawn(&args(&setup, Auth::Scram, "run", &[]));
-    let status = denied.wait(START_FAILURE_DEADLINE);
-    let log = denied.log();
-    assert!(!status.success(), "{log}");
+    let log = refused(&args(&setup, Auth::Scram, "run", &[]));
     for needle in [
         "cannot create the slot record \"outbox_relay\".\"streamed_slots\"",
         "GRANT CREATE ON DATABASE",
@@ -235,25 +232,13 @@ async fn a_first_start_creates_the_record_table_and_the_slot_and_a_record_of_ano
 
     // A role that may create it: the relay creates the table and, on a first start, the slot.
     let run = args(&setup, Auth::Trust, "run", &[]);
-    let mut relay = Relay::spawn(&run);
+    let relay = Relay::spawn(&run);
     setup.wait_streaming().await;
     assert!(slot_exists(&setup).await);
     let (written, _) =
         write_events(&setup.db.client, 1, 2, &setup.types, 1, 0, Duration::ZERO).await;
-    let consumed = setup
-        .consume_all(
-            written.len(),
-            Duration::from_secs(1),
-            Duration::from_secs(60),
-        )
-        .await;
-    assert_delivered(&written, &consumed, false);
-    relay.sigterm();
-    assert!(
-        relay.wait(Duration::from_secs(40)).success(),
-        "{}",
-        relay.log()
-    );
+    assert_arrived(&setup, &written).await;
+    stop(relay);
     let (_, _, _, system_identifier, _, _) = record(&setup).await.expect("no record");
 
     // The record says another system (a database restored elsewhere): reported, not trusted.
@@ -267,10 +252,7 @@ async fn a_first_start_creates_the_record_table_and_the_slot_and_a_record_of_ano
         .await
         .unwrap();
     setup.db.drop_slot(&setup.slot).await;
-    let mut restarted = Relay::spawn(&run);
-    let status = restarted.wait(START_FAILURE_DEADLINE);
-    let log = restarted.log();
-    assert!(!status.success(), "{log}");
+    let log = refused(&run);
     assert!(
         log.contains(&format!(
             "another database system (this server's system identifier is {system_identifier})"
@@ -280,8 +262,7 @@ async fn a_first_start_creates_the_record_table_and_the_slot_and_a_record_of_ano
     assert!(!slot_exists(&setup).await, "the relay re-created the slot");
 
     // Turned off, the record does not stop it (the operator chose so).
-    let mut unrecorded = Relay::spawn(&args(&setup, Auth::Trust, "run", &["--no-slot-record"]));
+    let unrecorded = Relay::spawn(&args(&setup, Auth::Trust, "run", &["--no-slot-record"]));
     setup.wait_streaming().await;
-    unrecorded.sigterm();
-    assert!(unrecorded.wait(Duration::from_secs(40)).success());
+    stop(unrecorded);
 }
