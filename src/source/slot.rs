@@ -312,7 +312,8 @@ impl Drop for SqlConnection {
     }
 }
 
-/// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
+/// The SQL `outbox-relay setup` runs for `config`: the slot record table (unless
+/// `slot_record` is off), the publication (when missing) and the slot.
 pub fn setup_sql(config: &PipelineConfig) -> String {
     let record = match config.slot_record {
         true => {
