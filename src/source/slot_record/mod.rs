@@ -15,25 +15,21 @@
 //! streaming starts, then at most one update per [`UPDATE_INTERVAL`], only after events were
 //! delivered ([`Recorder`]), never on the per-event path.
 
-use std::time::Duration;
-
-use tokio::sync::watch;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::replication::{quote_ident, SystemIdentity};
-use super::slot::SqlConnection;
 use super::SourceError;
 use crate::config::PipelineConfig;
 use crate::lsn::Lsn;
 
+mod recorder;
+
+pub use recorder::{Recorder, RecorderTask, UPDATE_INTERVAL};
+
 /// The record table's name inside `slot_record_schema`.
 pub const TABLE: &str = "streamed_slots";
-
-/// How often, at most, the record's confirmed LSN is updated: often enough that a lost slot's
-/// message names a recent position, rare enough to be no load (one small UPDATE).
-pub const UPDATE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// One row of the record table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -416,107 +412,6 @@ pub async fn setup(
     Ok(forgotten)
 }
 
-/// The log-tailing source's side of the record's updates: [`Recorder::delivered`] hands the
-/// latest confirmed LSN to the task of [`Recorder::spawn`] without waiting.
-pub struct Recorder {
-    confirmed: watch::Sender<Lsn>,
-}
-
-/// The task that writes the record's updates; aborted when dropped.
-pub struct RecorderTask(tokio::task::JoinHandle<()>);
-
-impl Drop for RecorderTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl RecorderTask {
-    /// Waits up to `timeout` for the task's last write, which it makes once the [`Recorder`]
-    /// is dropped.
-    pub async fn finish(mut self, timeout: Duration) {
-        let _ = tokio::time::timeout(timeout, &mut self.0).await;
-    }
-}
-
-impl Recorder {
-    /// Starts the task that records, at most every [`UPDATE_INTERVAL`], the confirmed LSNs
-    /// passed to [`Recorder::delivered`] ([`update`]) over `client` (made again with
-    /// [`super::slot::connect`] after an error), and once more when the recorder is dropped.
-    /// A failed write is logged and retried with the next LSN: the row already says the relay
-    /// streamed from the slot, only its LSN is older.
-    pub fn spawn(
-        config: &PipelineConfig,
-        client: Client,
-        connection: SqlConnection,
-        confirmed: Lsn,
-    ) -> (Recorder, RecorderTask) {
-        let (tx, rx) = watch::channel(confirmed);
-        let task = tokio::spawn(record_updates(
-            config.clone(),
-            (client, connection),
-            rx,
-            confirmed,
-        ));
-        (Recorder { confirmed: tx }, RecorderTask(task))
-    }
-
-    /// Notes that the source confirmed `lsn` to the slot after delivering events (an idle
-    /// position alone does not call this: recording it would be WAL the relay then confirms,
-    /// a write every interval on an idle database). Never waits.
-    pub fn delivered(&self, lsn: Lsn) {
-        self.confirmed.send_if_modified(|current| {
-            let moved = lsn > *current;
-            if moved {
-                *current = lsn;
-            }
-            moved
-        });
-    }
-}
-
-async fn record_updates(
-    config: PipelineConfig,
-    connection: (Client, SqlConnection),
-    mut rx: watch::Receiver<Lsn>,
-    mut written: Lsn,
-) {
-    let mut connection = Some(connection);
-    loop {
-        // Wait for a new LSN; then, unless the recorder is gone, let the interval pass.
-        let mut open = rx.changed().await.is_ok();
-        if open {
-            open = tokio::time::timeout(UPDATE_INTERVAL, async {
-                while rx.changed().await.is_ok() {}
-            })
-            .await
-            .is_err();
-        }
-        let lsn = *rx.borrow_and_update();
-        if lsn > written {
-            if connection.is_none() {
-                connection = super::slot::connect(&config).await.ok();
-            }
-            if let Some((client, _)) = &connection {
-                let schema = &config.slot_record_schema;
-                match update(client, schema, &config.slot, lsn).await {
-                    Ok(recorded) => {
-                        debug!(pipeline = %config.name, %lsn, recorded = ?recorded.map(|l| l.to_string()), "slot record updated");
-                        written = lsn;
-                    }
-                    Err(e) => {
-                        warn!(pipeline = %config.name, error = %crate::error::chain(&e), "cannot update the slot record's confirmed LSN; retrying with the next one");
-                        connection = None;
-                    }
-                }
-            }
-        }
-        if !open {
-            return;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,7 +522,7 @@ mod tests {
 
     #[test]
     fn the_ddl_is_that_of_sql_slot_record_sql() {
-        let file = include_str!("../../sql/slot_record.sql");
+        let file = include_str!("../../../sql/slot_record.sql");
         let statements: Vec<String> = file
             .lines()
             .filter(|line| !line.trim_start().starts_with("--"))
@@ -656,18 +551,5 @@ mod tests {
             "\"Relay \"\"State\"\"\".\"streamed_slots\""
         );
         assert!(ddl("a b")[0].ends_with("\"a b\""));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_recorder_passes_on_only_forward_moves() {
-        let (tx, mut rx) = watch::channel(Lsn(100));
-        let recorder = Recorder { confirmed: tx };
-        recorder.delivered(Lsn(50));
-        assert!(!rx.has_changed().unwrap(), "an older LSN was passed on");
-        recorder.delivered(Lsn(200));
-        assert!(rx.has_changed().unwrap());
-        assert_eq!(*rx.borrow_and_update(), Lsn(200));
-        drop(recorder);
-        assert!(rx.changed().await.is_err());
     }
 }
