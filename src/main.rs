@@ -429,8 +429,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     ),
                     Ok(None) => {
                         failed = true;
+                        let lost = match outbox_relay::source::slot_record::recorded(config).await
+                        {
+                            Some(r) => format!(
+                                " but the relay streamed from it (last confirmed LSN {} at {}): reconcile the events after it, then setup --accept-slot-loss",
+                                r.confirmed_lsn, r.confirmed_at
+                            ),
+                            None => String::new(),
+                        };
                         println!(
-                            "{:<16} {:<24} slot does not exist",
+                            "{:<16} {:<24} slot does not exist{lost}",
                             config.name, config.slot
                         )
                     }

@@ -175,6 +175,15 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
         assert!(log.contains(&needle), "{needle:?} not in {log}");
     }
     assert!(!slot_exists(&setup).await, "the relay re-created the slot");
+    // `status` says so too.
+    let log = refused(&args(&setup, Auth::Scram, "status", &[]));
+    assert!(
+        log.contains(&format!(
+            "slot does not exist but the relay streamed from it (last confirmed LSN {}",
+            format_lsn(recorded)
+        )),
+        "{log}"
+    );
 
     // `setup` without the acknowledgement refuses too.
     let log = refused(&args(&setup, Auth::Scram, "setup", &[]));

@@ -239,6 +239,19 @@ pub async fn read(
     }))
 }
 
+/// The record of `config`'s slot, for `status`; `None` if there is none, the record is off,
+/// or it cannot be read (the other columns of `status` say why).
+pub async fn recorded(config: &PipelineConfig) -> Option<SlotRecord> {
+    if !config.slot_record {
+        return None;
+    }
+    let (client, _connection) = super::slot::connect(config).await.ok()?;
+    read(&client, &config.slot_record_schema, &config.slot)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// The record's view of a start, from [`check`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
