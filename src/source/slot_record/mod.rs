@@ -132,24 +132,28 @@ pub fn table(schema: &str) -> String {
     format!("{}.{}", quote_ident(schema), quote_ident(TABLE))
 }
 
-/// The statements that create the record table in `schema` (those of `sql/slot_record.sql`
-/// for the default schema).
+/// `sql/slot_record.sql`: the DDL the relay runs is the one the operator reads.
+const DDL: &str = include_str!("../../../sql/slot_record.sql");
+/// The schema `sql/slot_record.sql` names, replaced by the configured one.
+const DDL_SCHEMA: &str = "outbox_relay";
+
+/// The statements of `sql/slot_record.sql` for `schema`: `CREATE SCHEMA` and `CREATE TABLE`.
 pub fn ddl(schema: &str) -> [String; 2] {
-    [
-        format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(schema)),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {} (
-  slot_name         text        PRIMARY KEY,
-  pipeline          text        NOT NULL,
-  system_identifier text        NOT NULL,
-  timeline          bigint      NOT NULL,
-  confirmed_lsn     pg_lsn      NOT NULL,
-  confirmed_at      timestamptz NOT NULL,
-  first_streamed_at timestamptz NOT NULL
-)",
-            table(schema)
-        ),
-    ]
+    let statements: Vec<String> = DDL
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .split(';')
+        .map(str::trim)
+        .filter(|statement| !statement.is_empty())
+        .map(|statement| statement.replace(DDL_SCHEMA, &quote_ident(schema)))
+        .collect();
+    match <[String; 2]>::try_from(statements) {
+        Ok(statements) => statements,
+        // The file is compiled in; the_ddl_is_that_of_sql_slot_record_sql checks its shape.
+        Err(statements) => unreachable!("sql/slot_record.sql: {} statements", statements.len()),
+    }
 }
 
 /// What the relay's role lacks, and the ways out, for an error on the record table.
@@ -534,27 +538,21 @@ mod tests {
     }
 
     #[test]
-    fn the_ddl_is_that_of_sql_slot_record_sql() {
-        let file = include_str!("../../../sql/slot_record.sql");
-        let statements: Vec<String> = file
-            .lines()
-            .filter(|line| !line.trim_start().starts_with("--"))
-            .collect::<Vec<_>>()
-            .join("\n")
-            .split(';')
-            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
-            .filter(|s| !s.is_empty())
-            .collect();
-        let ddl: Vec<String> = ddl("outbox_relay")
-            .iter()
-            .map(|s| {
-                s.split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" ")
-                    .replace('"', "")
-            })
-            .collect();
-        assert_eq!(statements, ddl);
+    fn the_ddl_is_that_of_sql_slot_record_sql_in_the_schema_named() {
+        let [schema, table] = ddl("Relay State");
+        assert_eq!(schema, "CREATE SCHEMA IF NOT EXISTS \"Relay State\"");
+        assert!(
+            table.starts_with("CREATE TABLE IF NOT EXISTS \"Relay State\".streamed_slots ("),
+            "{table}"
+        );
+        for column in [
+            "slot_name         text        PRIMARY KEY",
+            "confirmed_lsn     pg_lsn      NOT NULL",
+            "first_streamed_at timestamptz NOT NULL",
+        ] {
+            assert!(table.contains(column), "{column:?} not in {table}");
+        }
+        assert!(!table.contains("outbox_relay"), "{table}");
     }
 
     #[test]
