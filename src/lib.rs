@@ -35,7 +35,8 @@
 //!   the source URL), run once before any command starts.
 //! - [`source`]: the [`source::Source`] trait and its two implementations:
 //!   [`source::logical`] (log tailing: replication connection, pgoutput decoder, outbox
-//!   mapping, slot checks) and [`source::polling`] (`source_kind = "polling"`: the outbox
+//!   mapping, slot checks, [`source::slot_record`]: the record that keeps a lost slot from
+//!   being re-created silently) and [`source::polling`] (`source_kind = "polling"`: the outbox
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does, and [`source::target`] picks the
 //!   host of a multi-host URL by `target_session_attrs`, for both connections.

@@ -31,11 +31,15 @@ use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::source::replication::ReplicationClient;
 use crate::source::slot;
+use crate::source::slot_record::{self, Recorder};
+use crate::source::SourceError;
 use crate::supervisor::{self, SessionProgress};
 
 /// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
 /// retention changes over minutes, and the query is cheap.
 const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a session's end waits for the slot record's last update: one small UPDATE.
+const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
 ///
 /// Both source kinds run under [`supervisor::supervise`]: transient errors restart the
@@ -269,6 +273,21 @@ async fn run_session(
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let conninfo = config.source_config()?;
+    let mut replication = ReplicationClient::connect(&conninfo).await?;
+    let identity = replication.identify_system().await?;
+    // The slot record decides before the slot is created: a slot the relay streamed from
+    // and that is gone now is never created again without `setup --accept-slot-loss`.
+    let record = match config.slot_record {
+        true => Some(slot_record::check(&client, config, &identity).await?),
+        false => None,
+    };
+    if let Some(slot_record::Checked {
+        verdict: slot_record::Verdict::Lost(loss),
+        ..
+    }) = &record
+    {
+        return Err(SourceError::Config(loss.to_string()).into());
+    }
     let state = slot::prepare(
         &client,
         &config.slot,
@@ -278,9 +297,6 @@ async fn run_session(
     )
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
-
-    let mut replication = ReplicationClient::connect(&conninfo).await?;
-    let identity = replication.identify_system().await?;
     let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
         .await
@@ -301,8 +317,32 @@ async fn run_session(
     // have confirmed more since `prepare`, and PostgreSQL 15 would let an older flush LSN move
     // the slot backwards.
     let confirmed_flush_lsn = slot::confirmed_flush_lsn(&client, &config.slot).await?;
-    drop(client);
-    drop(connection);
+    let recorder = match record {
+        Some(checked) if !checked.standby => {
+            slot_record::streaming(
+                &client,
+                config,
+                &identity,
+                checked.record.as_ref(),
+                confirmed_flush_lsn,
+            )
+            .await?;
+            Some(Recorder::spawn(
+                config,
+                client,
+                connection,
+                confirmed_flush_lsn,
+            ))
+        }
+        standby => {
+            if standby.is_some() {
+                warn!(pipeline = %config.name, slot = %config.slot, "this server is a standby: the slot record is read, not written (write it on the primary or set slot_record = false)");
+            }
+            drop(client);
+            drop(connection);
+            None
+        }
+    };
     let transactional_id = config.exactly_once.then(|| config.transactional_id());
     let sink = KafkaSink::new(
         &config.kafka,
@@ -358,17 +398,22 @@ async fn run_session(
     .with_route_by(config.route.by_field.clone())
     .with_columns(router.columns().to_vec())
     .with_oid(outbox_oid);
-    let source = LogicalSource::new(
+    let mut source = LogicalSource::new(
         stream,
         decoder,
         config.op_invalid_behavior,
         metrics.clone(),
         confirmed_flush_lsn,
     );
+    let mut recorder_task = None;
+    if let Some((recorder, task)) = recorder {
+        source = source.with_recorder(recorder);
+        recorder_task = Some(task);
+    }
     metrics
         .confirmed_flush_lsn
         .set(i64::try_from(confirmed_flush_lsn.0).unwrap_or(i64::MAX));
-    Session::new(
+    let result = Session::new(
         config,
         metrics,
         source,
@@ -379,5 +424,10 @@ async fn run_session(
         progress,
     )
     .run(shutdown, status_interval)
-    .await
+    .await;
+    // The source is gone with its recorder: the record's last update, bounded.
+    if let Some(task) = recorder_task {
+        task.finish(RECORD_FINISH_TIMEOUT).await;
+    }
+    result
 }

@@ -86,7 +86,7 @@ pub async fn prepare(
                 Ok(row) => warn!(
                     slot,
                     lsn = row.get::<_, &str>(0),
-                    "created replication slot: events committed before this LSN are not published; in production create the slot once with `outbox-relay setup` and run with --no-create-slot, so a dropped slot stops the relay instead of skipping events"
+                    "created replication slot: events committed before this LSN are not published; once the relay streamed from it, the slot record keeps a lost slot from being created again (slot_record)"
                 ),
                 // Another replica created it first.
                 Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {}
@@ -262,7 +262,7 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     let wal_status: Option<String> = row.get(4);
     if wal_status.as_deref() == Some("lost") {
         return Err(SourceError::Config(format!(
-            "replication slot {slot:?} is invalidated (wal_status = 'lost'): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while the relay was behind may never be published; reconcile those events from the outbox table, then drop the slot (SELECT pg_drop_replication_slot('{slot}')) and start the relay again to create a new one"
+            "replication slot {slot:?} is invalidated (wal_status = 'lost'): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while the relay was behind may never be published; reconcile those events from the outbox table, then drop the slot (SELECT pg_drop_replication_slot('{slot}')) and create a new one with `outbox-relay setup --accept-slot-loss`"
         )));
     }
     let lsn: Option<String> = row.get(3);
@@ -329,9 +329,17 @@ pub async fn connect_notified(
 /// Owns the task driving a tokio-postgres connection; aborts it when dropped.
 pub type SqlConnection = AbortOnDrop;
 
-/// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
+/// The SQL `outbox-relay setup` runs for `config`: the slot record table (unless
+/// `slot_record` is off), the publication (when missing) and the slot.
 pub fn setup_sql(config: &PipelineConfig) -> String {
-    format!(
+    let record = match config.slot_record {
+        true => {
+            let [schema, table] = super::slot_record::ddl(&config.slot_record_schema);
+            format!("-- the slot record (sql/slot_record.sql):\n{schema};\n{table};\n")
+        }
+        false => String::new(),
+    };
+    record + &format!(
         "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
         quote_ident(&config.publication),
         config.table.quoted(),
@@ -339,12 +347,15 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
     )
 }
 
-/// Creates the publication of `config` if it does not exist and the slot if it does not
-/// exist; returns the slot's `confirmed_flush_lsn`.
+/// Creates the publication of `config` if it does not exist, the slot record table (see
+/// [`super::slot_record::setup`]) and the slot if it does not exist; returns the slot's
+/// `confirmed_flush_lsn`. A slot the record says the relay streamed from is created again
+/// only with `accept_slot_loss`, which clears its record.
 ///
-/// Returns an error if the database is unreachable, the role may not create them, or an
-/// existing publication or slot does not fit (see [`prepare`]).
-pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
+/// Returns an error if the database is unreachable, the role may not create them, an
+/// existing publication or slot does not fit (see [`prepare`]), or the slot was lost and
+/// `accept_slot_loss` is not set.
+pub async fn setup(config: &PipelineConfig, accept_slot_loss: bool) -> Result<Lsn, crate::Error> {
     let (client, _connection) = connect(config).await?;
     let exists = client
         .query_opt(
@@ -365,6 +376,7 @@ pub async fn setup(config: &PipelineConfig) -> Result<Lsn, crate::Error> {
             .await
             .map_err(SourceError::Sql)?;
     }
+    super::slot_record::setup(&client, config, accept_slot_loss).await?;
     if read_slot(&client, &config.slot).await?.is_none() {
         client
             .query_one(
