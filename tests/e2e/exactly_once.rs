@@ -35,8 +35,19 @@ async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u6
     records
         .iter()
         .filter(|r| r.key.as_deref() == Some(pipeline.as_bytes()))
-        .map(|r| parse_lsn(&r.value_str().expect("checkpoint value")))
+        .map(|r| checkpoint_lsn(&r.value_str().expect("checkpoint value")))
         .collect()
+}
+
+/// The LSN of a checkpoint record's value: JSON with `"lsn"` (format version 1), or the old
+/// bare LSN.
+fn checkpoint_lsn(value: &str) -> u64 {
+    if !value.starts_with('{') {
+        return parse_lsn(value);
+    }
+    let json: serde_json::Value = serde_json::from_str(value).expect("checkpoint JSON");
+    assert_eq!(json["version"], 1, "{value}");
+    parse_lsn(json["lsn"].as_str().expect("checkpoint lsn"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -412,4 +423,258 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
     .await;
     assert_delivered(&written, &consumed, false);
     drop(relay);
+}
+
+/// `run --exactly-once` arguments for a relay on `db` (a database of any cluster) with slot
+/// `slot`, under pipeline name `pipeline`.
+fn eos_args(db: &support::TestDb, slot: &str, pipeline: &str, bootstrap: &str) -> Vec<String> {
+    [
+        "run",
+        "--source-url",
+        &db.url(Auth::Trust),
+        "--slot",
+        slot,
+        "--publication",
+        "outbox_pub",
+        "--table",
+        "public.outbox",
+        "--bootstrap-servers",
+        bootstrap,
+        "--pipeline-name",
+        pipeline,
+        "--exactly-once",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Issue 16, defect 2: a checkpoint is only good for the WAL history it was written in. The
+/// pipeline's checkpoint comes from the shared cluster; then the same pipeline name is pointed
+/// at a fresh cluster, whose events have LSNs below that checkpoint. The relay must refuse
+/// (naming what to do) and confirm nothing, instead of passing the events over as committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_refuses_a_checkpoint_of_another_cluster_and_confirms_nothing() {
+    let fresh = support::PgCluster::start_private(&support::unique_name("eosorigin"));
+    let fresh_name = support::unique_name("eos_fresh");
+    let fresh_db = fresh.create_database(&fresh_name).await;
+    let fresh_lsn = fresh_db.current_wal_insert_lsn().await;
+
+    let setup = Setup::new("eos_origin", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let mock = mock_cluster(&types, 1);
+    let bootstrap = mock.bootstrap_servers();
+    let c = &setup.db.client;
+    // The shared cluster's WAL well past the fresh one's (16 MB per segment switch).
+    while setup.db.current_wal_insert_lsn().await < fresh_lsn + (32 << 20) {
+        within(
+            "a WAL segment switch",
+            support::QUERY_DEADLINE,
+            c.batch_execute(
+                "SELECT pg_logical_emit_message(false, 'eos_origin', 'x'); SELECT pg_switch_wal()",
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let args = eos_args(&setup.db, &setup.slot, &setup.slot, &bootstrap);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (_, before) = write_events(c, 1, 2, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(
+            before[0],
+            "the checkpointed transaction",
+            Duration::from_secs(60),
+        )
+        .await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let checkpoint = checkpoints(&bootstrap, &setup.slot, 1).await[0];
+
+    // The fresh cluster: its slot, then events below the checkpoint, then the relay under the
+    // same pipeline name.
+    let fresh_slot = format!("{fresh_name}_slot");
+    let slot_lsn = parse_lsn(&fresh_db.create_slot(&fresh_slot).await);
+    let fresh_types = vec![format!("Order_{fresh_name}")];
+    mock.create_topic(&format!("{}.events", fresh_types[0]), 1, 1)
+        .unwrap();
+    let (_, fresh_commits) =
+        write_events(&fresh_db.client, 3, 2, &fresh_types, 1, 0, Duration::ZERO).await;
+    let last_fresh = *fresh_commits.last().unwrap();
+    assert!(
+        last_fresh < checkpoint,
+        "the fresh cluster's events ({last_fresh:X}) must be below the checkpoint ({checkpoint:X})"
+    );
+    let mut relay = Relay::spawn(&eos_args(&fresh_db, &fresh_slot, &setup.slot, &bootstrap));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let confirmed = fresh_db
+            .confirmed_flush_lsn_u64(&fresh_slot)
+            .await
+            .unwrap_or(0);
+        assert!(
+            confirmed <= last_fresh,
+            "the relay confirmed the fresh cluster's slot at {confirmed:X}, past its events \
+             (last commit after {last_fresh:X}), which it passed over by another cluster's \
+             checkpoint {checkpoint:X}:\n{}",
+            relay.log()
+        );
+        if let Some(status) = relay.try_status() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after 60 s waiting for the relay to refuse the other cluster's checkpoint and exit:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let log = relay.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "checkpoint of pipeline \"{}\" in topic \"{CHECKPOINT_TOPIC}\" does not belong to this source",
+            setup.slot
+        )) && log.contains("(another cluster)")
+            && log.contains("delete its checkpoint"),
+        "{log}"
+    );
+    assert_eq!(
+        fresh_db.confirmed_flush_lsn_u64(&fresh_slot).await,
+        Some(slot_lsn),
+        "the refused relay confirmed something"
+    );
+    assert!(!log.contains("checkpointed"), "{log}");
+}
+
+/// Issue 16, defect 1: with `on_bad_event = "dead_letter"`, a record the broker refuses for
+/// good leaves the Kafka transaction abortable only. The relay aborts it and redoes the
+/// PostgreSQL transaction with that event in the dead-letter topic: the copy arrives, the
+/// other events arrive once in the read_committed view, and the slot moves past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_dead_letters_a_refused_record_in_the_redone_transaction() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let setup = Setup::new("eos_dlq", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let topic = format!("{}.events", types[0]);
+    let dlq = format!("{}.dead-letter", setup.slot);
+    let mock = mock_cluster(&types, 1);
+    mock.create_topic(&dlq, 1, 1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let toml = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[[pipelines]]
+name = "{slot}"
+source_url = "{url}"
+slot = "{slot}"
+publication = "outbox_pub"
+table = "public.outbox"
+exactly_once = true
+on_bad_event = "dead_letter"
+dead_letter_topic = "{dlq}"
+"#,
+        url = setup.db.url(Auth::Trust),
+        slot = setup.slot,
+    );
+    let (_dir, args) = crate::run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("exactly-once mode", Duration::from_secs(60))
+        .await;
+    let c = &setup.db.client;
+    let (mut expected, before) = write_events(c, 1, 2, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+
+    // The broker refuses the next produce request for good: the one with the next
+    // transaction's only record.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let (refused, _) = write_events(c, 1, 1, &types, 1, 2, Duration::ZERO).await;
+    let (more, before_last) = write_events(c, 1, 2, &types, 1, 3, Duration::ZERO).await;
+    expected.extend(more);
+
+    let dead = support::consume_with(
+        &bootstrap,
+        &[&dlq],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one dead-letter copy");
+    assert_eq!(
+        dead[0].header_str("id").as_deref(),
+        Some(refused[0].id.as_str())
+    );
+    assert_eq!(
+        dead[0].header_str("outbox_relay_topic").as_deref(),
+        Some(topic.as_str())
+    );
+    assert!(
+        dead[0]
+            .header_str("outbox_relay_error")
+            .is_some_and(|e| e.contains("too large")),
+        "{:?}",
+        dead[0].header_str("outbox_relay_error")
+    );
+    setup
+        .wait_confirmed_past(
+            before_last[0],
+            "the slot to pass the redone transaction and the next",
+            Duration::from_secs(60),
+        )
+        .await;
+    let consumed = support::consume_with(
+        &bootstrap,
+        &[&topic],
+        expected.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    assert_delivered(&expected, &consumed, true);
+    let log = relay.log();
+    assert!(
+        log.contains("its transaction was aborted and is redone") && log.contains(&refused[0].id),
+        "{log}"
+    );
+    assert!(relay.is_running(), "{log}");
+}
+
+/// Issue 16, defect 4 (exactly-once part): a stop while the exactly-once start waits for a
+/// transaction coordinator that never answers (librdkafka's init call: up to 60 s) ends the
+/// relay within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_the_exactly_once_start_ends_the_relay_within_seconds() {
+    let setup = Setup::new("eos_stop", &[], 1).await;
+    // Nothing listens there: the coordinator is never found.
+    let closed = format!("127.0.0.1:{}", support::free_port());
+    let args = eos_args(&setup.db, &setup.slot, &setup.slot, &closed);
+    let mut relay = Relay::spawn(&args);
+    // START_REPLICATION is done: the exactly-once start comes next.
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("Connection refused", Duration::from_secs(30))
+        .await;
+    let stop = std::time::Instant::now();
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(10));
+    assert!(status.success(), "exited with {status}:\n{}", relay.log());
+    assert!(
+        relay.log().contains("stopped during session set-up"),
+        "{}",
+        relay.log()
+    );
+    eprintln!("stopped {:?} after SIGTERM", stop.elapsed());
 }
