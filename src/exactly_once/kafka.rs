@@ -97,7 +97,7 @@ impl TransactionError {
 /// librdkafka's transaction calls block: `begin`, `commit` and `abort` run on tokio's
 /// blocking pool (on a clone of the producer), never on the runtime's threads; `init`, which
 /// can take up to a minute at session start, runs on a detached thread of its own (see
-/// [`detached`]). Not cancel-safe in the sense that a dropped call still completes in the
+/// `detached`). Not cancel-safe in the sense that a dropped call still completes in the
 /// background.
 #[derive(Clone)]
 pub struct KafkaTransactions {

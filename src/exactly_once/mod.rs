@@ -6,16 +6,20 @@
 //! tracker see the PostgreSQL commit, so the slot never passes a transaction whose sink
 //! transaction is not committed. No source item is read while a commit is pending. A new
 //! session fences the previous producer ([`Transactions::init`]), reads the checkpoint back
-//! ([`read_checkpoint`]) and passes over the transactions at or below it: those committed
-//! before a crash that came before the slot's confirmation.
+//! ([`read_checkpoint`]), refuses it if it was written for another source
+//! ([`StoredCheckpoint::verify`]) and passes over the transactions at or below it: those
+//! committed before a crash that came before the slot's confirmation ([`start`]).
 //!
 //! - [`TransactionalSink`] and [`Transactions`]: the capability (begin, commit with a
 //!   checkpoint, abort); [`kafka`] implements it for [`crate::sink::kafka::KafkaSink`].
+//! - [`checkpoint`]: the checkpoint's format and origin, and the decision whether one read
+//!   back belongs to this source.
 //! - [`ExactlyOnce`]: what the session loop keeps between those calls.
+//! - [`redo`]: events Kafka refused inside a transaction, dead-lettered when it is redone.
 
 pub mod checkpoint;
 pub mod kafka;
-mod redo;
+pub mod redo;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -23,6 +23,15 @@ fn mock_cluster(
 /// The checkpoint LSNs of `pipeline` in the order the relay committed them (one key lives in
 /// one partition, and consumed records are in offset order per partition).
 async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u64> {
+    checkpoint_values(bootstrap, pipeline, expected)
+        .await
+        .iter()
+        .map(|v| checkpoint_lsn(v))
+        .collect()
+}
+
+/// The checkpoint values of `pipeline` as written, in the order the relay committed them.
+async fn checkpoint_values(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<String> {
     let records = support::consume_with(
         bootstrap,
         &[CHECKPOINT_TOPIC],
@@ -35,7 +44,7 @@ async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u6
     records
         .iter()
         .filter(|r| r.key.as_deref() == Some(pipeline.as_bytes()))
-        .map(|r| checkpoint_lsn(&r.value_str().expect("checkpoint value")))
+        .map(|r| r.value_str().expect("checkpoint value"))
         .collect()
 }
 
@@ -135,10 +144,33 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         relay.log()
     );
     // The first relay's two checkpoints, the test's, then C's.
-    let lsns = checkpoints(&bootstrap, &setup.slot, 4).await;
+    let values = checkpoint_values(&bootstrap, &setup.slot, 4).await;
+    let lsns: Vec<u64> = values.iter().map(|v| checkpoint_lsn(v)).collect();
     assert_eq!(lsns.len(), 4, "{lsns:?}");
     assert_eq!(lsns[2], checkpoint);
     assert!(lsns[3] > before_last[0] && lsns[3] > checkpoint, "{lsns:?}");
+    // The test's checkpoint is in the old format (a bare LSN): taken with a warning naming
+    // it, and C's commit wrote the new format with this source's origin.
+    let old_format = format!("checkpoint_lsn={}", support::pg::format_lsn(checkpoint));
+    assert!(
+        relay.log().lines().any(|l| l.contains("WARN")
+            && l.contains("the checkpoint is in the old format")
+            && l.contains(&old_format)),
+        "{}",
+        relay.log()
+    );
+    let system_id: i64 = setup
+        .db
+        .query_one_value("SELECT system_identifier FROM pg_control_system()")
+        .await;
+    assert_eq!(
+        values[3],
+        format!(
+            r#"{{"version":1,"lsn":"{}","system_id":"{system_id}","timeline":1,"slot":"{}"}}"#,
+            support::pg::format_lsn(lsns[3]),
+            setup.slot
+        )
+    );
 
     // `check` reads the checkpoint as the relay does, and names a missing checkpoint topic.
     let mut check_args = args.clone();
