@@ -457,28 +457,11 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
     drop(relay);
 }
 
-/// `run --exactly-once` arguments for a relay on `db` (a database of any cluster) with slot
-/// `slot`, under pipeline name `pipeline`.
-fn eos_args(db: &support::TestDb, slot: &str, pipeline: &str, bootstrap: &str) -> Vec<String> {
-    [
-        "run",
-        "--source-url",
-        &db.url(Auth::Trust),
-        "--slot",
-        slot,
-        "--publication",
-        "outbox_pub",
-        "--table",
-        "public.outbox",
-        "--bootstrap-servers",
-        bootstrap,
-        "--pipeline-name",
-        pipeline,
-        "--exactly-once",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// `run --exactly-once` arguments for the relay of `setup` with `bootstrap`.
+fn eos_args(setup: &Setup, bootstrap: &str) -> Vec<String> {
+    let mut args = setup.relay_args(bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    args
 }
 
 /// Issue 16, defect 2: a checkpoint is only good for the WAL history it was written in. The
@@ -509,7 +492,7 @@ async fn exactly_once_refuses_a_checkpoint_of_another_cluster_and_confirms_nothi
         .await
         .unwrap();
     }
-    let args = eos_args(&setup.db, &setup.slot, &setup.slot, &bootstrap);
+    let args = eos_args(&setup, &bootstrap);
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let (_, before) = write_events(c, 1, 2, &types, 1, 0, Duration::ZERO).await;
@@ -538,7 +521,15 @@ async fn exactly_once_refuses_a_checkpoint_of_another_cluster_and_confirms_nothi
         last_fresh < checkpoint,
         "the fresh cluster's events ({last_fresh:X}) must be below the checkpoint ({checkpoint:X})"
     );
-    let mut relay = Relay::spawn(&eos_args(&fresh_db, &fresh_slot, &setup.slot, &bootstrap));
+    // The same pipeline name, the fresh database and slot.
+    let mut fresh_args = args.clone();
+    assert_eq!(
+        (&*fresh_args[1], &*fresh_args[3]),
+        ("--source-url", "--slot")
+    );
+    fresh_args[2] = fresh_db.url(Auth::Trust);
+    fresh_args[4] = fresh_slot.clone();
+    let mut relay = Relay::spawn(&fresh_args);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let status = loop {
         let confirmed = fresh_db
@@ -692,7 +683,7 @@ async fn sigterm_during_the_exactly_once_start_ends_the_relay_within_seconds() {
     let setup = Setup::new("eos_stop", &[], 1).await;
     // Nothing listens there: the coordinator is never found.
     let closed = format!("127.0.0.1:{}", support::free_port());
-    let args = eos_args(&setup.db, &setup.slot, &setup.slot, &closed);
+    let args = eos_args(&setup, &closed);
     let mut relay = Relay::spawn(&args);
     // START_REPLICATION is done: the exactly-once start comes next.
     setup.wait_streaming().await;
