@@ -365,3 +365,81 @@ pub async fn timeline_history(
         })?;
     checkpoint::parse_timeline_history(&content).map_err(SourceError::Protocol)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    /// Transaction calls that all succeed at once.
+    struct Succeeding;
+
+    impl Transactions for Succeeding {
+        fn init(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn begin(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn commit(&self, _: Checkpoint) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn abort(&self, _: Duration) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+    }
+
+    fn refusal(topic: &str) -> DeliveryError {
+        DeliveryError {
+            event_id: "b".into(),
+            topic: topic.into(),
+            reason: "Broker: Message size too large".into(),
+            retryable: false,
+            too_large: true,
+            record: None,
+        }
+    }
+
+    #[test]
+    fn a_refused_record_is_named_by_its_transaction_lsn_and_id_for_the_redo() {
+        let mut eos = ExactlyOnce::new(Box::new(Succeeding), None);
+        eos.on_begin(Lsn(0x200));
+        eos.sent(0, Lsn(0x110), Bytes::from_static(b"a"));
+        eos.sent(1, Lsn(0x118), Bytes::from_static(b"b"));
+        eos.settled(0);
+        assert_eq!(eos.refused(0, &refusal("T")), None, "settled already");
+        let refused = eos.refused(1, &refusal("T")).expect("in flight");
+        assert_eq!(
+            refused,
+            RefusedEvent {
+                commit_lsn: Lsn(0x200),
+                lsn: Lsn(0x118),
+                id: Bytes::from_static(b"b"),
+                topic: "T".into(),
+                reason: "Broker: Message size too large".into(),
+                too_large: true,
+            }
+        );
+
+        // The next session, redoing the transaction.
+        let mut redo = Redo::default();
+        assert!(redo.add(refused));
+        let eos = ExactlyOnce::new(Box::new(Succeeding), None).with_redo(redo);
+        assert!(eos.refused_before(Lsn(0x118), b"b").is_some());
+        assert!(eos.refused_before(Lsn(0x110), b"a").is_none());
+    }
+
+    #[test]
+    fn no_refusal_is_named_once_the_redo_is_full() {
+        let mut redo = Redo::default();
+        for i in 0..redo::MAX_REDO_EVENTS as u64 {
+            let mut eos = ExactlyOnce::new(Box::new(Succeeding), None);
+            eos.on_begin(Lsn(0x1000));
+            eos.sent(i, Lsn(i), Bytes::from_static(b"x"));
+            assert!(redo.add(eos.refused(i, &refusal("T")).unwrap()));
+        }
+        let mut eos = ExactlyOnce::new(Box::new(Succeeding), None).with_redo(redo);
+        eos.sent(7, Lsn(0x999), Bytes::from_static(b"y"));
+        assert_eq!(eos.refused(7, &refusal("T")), None);
+    }
+}
