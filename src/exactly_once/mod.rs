@@ -302,6 +302,9 @@ impl ExactlyOnce {
 /// not held back by it), reads the checkpoint back and checks that it belongs to `origin`,
 /// whose timeline history is `history`. `redo` holds the refused events of earlier sessions.
 ///
+/// Dropping the future at any await is safe (a stop during set-up): it has confirmed nothing,
+/// and its blocking calls finish on detached threads that the process does not wait for.
+///
 /// Returns an error if the coordinator or the checkpoint topic cannot be read (retried), or
 /// [`CheckpointError::Foreign`] if the checkpoint was written for another system, slot or
 /// history (the pipeline stops: passing over events by it would lose them).
