@@ -700,3 +700,240 @@ async fn sigterm_during_the_exactly_once_start_ends_the_relay_within_seconds() {
     );
     eprintln!("stopped {:?} after SIGTERM", stop.elapsed());
 }
+
+/// A streaming standby of a private cluster (`pg_basebackup -R`) on a port of its own,
+/// stopped (`-m immediate`) when dropped.
+struct Standby<'a> {
+    cluster: &'a support::PgCluster,
+    data: std::path::PathBuf,
+    port: u16,
+}
+
+impl<'a> Standby<'a> {
+    fn start(cluster: &'a support::PgCluster) -> Standby<'a> {
+        let dir = cluster
+            .data_dir()
+            .parent()
+            .expect("the cluster's directory");
+        let standby = Standby {
+            cluster,
+            data: dir.join("standby"),
+            port: support::free_port(),
+        };
+        standby.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                &standby.data.display().to_string(),
+                "-R",
+                "--checkpoint=fast",
+                "-X",
+                "stream",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &cluster.port().to_string(),
+                "-U",
+                "postgres",
+            ],
+        );
+        let log = dir.join("standby.log").display().to_string();
+        let port = format!("-p {}", standby.port);
+        standby.pg_ctl(&["start", "-w", "-t", "60", "-l", &log, "-o", &port]);
+        standby
+    }
+
+    fn run(&self, prog: &str, args: &[&str]) {
+        let mut cmd = self.cluster.command(prog);
+        cmd.args(args);
+        let out = support::run_within(cmd, Duration::from_secs(90));
+        assert!(
+            out.status.success(),
+            "{prog} {args:?}: {}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+
+    fn pg_ctl(&self, args: &[&str]) {
+        let data = self.data.display().to_string();
+        let mut all = args.to_vec();
+        all.extend(["-D", &data]);
+        self.run("pg_ctl", &all);
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    async fn connect(&self, db: &str) -> tokio_postgres::Client {
+        let (client, connection) = within(
+            "connecting to the standby",
+            support::QUERY_DEADLINE,
+            tokio_postgres::connect(&self.url(db), tokio_postgres::NoTls),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        client
+    }
+}
+
+impl Drop for Standby<'_> {
+    fn drop(&mut self) {
+        let mut cmd = self.cluster.command("pg_ctl");
+        cmd.args(["stop", "-m", "immediate", "-D"]).arg(&self.data);
+        let _ = support::run_within(cmd, Duration::from_secs(60));
+    }
+}
+
+/// Issue 16, defect 2, a legitimate failover: a promoted standby of the same cluster has the
+/// same system identifier and timeline 2. The checkpoint written on timeline 1 before the
+/// switch point is accepted (and the next one written with timeline 2); one on timeline 1
+/// past the switch point is refused, read from the server's real `TIMELINE_HISTORY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_after_a_failover_takes_a_checkpoint_before_the_switch_point_and_refuses_one_past_it(
+) {
+    let cluster = support::PgCluster::start_private(&support::unique_name("eosfailover"));
+    let name = support::unique_name("eos_failover");
+    let setup = Setup {
+        db: cluster.create_database(&name).await,
+        slot: format!("{name}_slot"),
+        types: vec![format!("Order_{name}")],
+    };
+    let types = setup.types.clone();
+    let topic = format!("{}.events", types[0]);
+    let mock = mock_cluster(&types, 1);
+    let bootstrap = mock.bootstrap_servers();
+    let args = eos_args(&setup, &bootstrap);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (mut written, before) =
+        write_events(&setup.db.client, 1, 2, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let first = checkpoints(&bootstrap, &setup.slot, 1).await[0];
+
+    // A standby that has replayed it, promoted: timeline 2, its own slot of the same name.
+    let standby = Standby::start(&cluster);
+    let primary_lsn = setup.db.current_wal_lsn().await;
+    let client = standby.connect(&name).await;
+    wait_for(
+        "the standby to replay the primary's WAL",
+        Duration::from_secs(60),
+        || async {
+            let replayed: String = client
+                .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
+                .await
+                .unwrap()
+                .get(0);
+            (parse_lsn(&replayed) >= primary_lsn).then_some(())
+        },
+    )
+    .await;
+    standby.pg_ctl(&["promote", "-w", "-t", "60"]);
+    let history: String = client
+        .query_one("SELECT pg_read_file('pg_wal/00000002.history')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let switch = parse_lsn(history.split_whitespace().nth(1).expect("the switch point"));
+    assert!(
+        first <= switch,
+        "checkpoint {first:X} after the switch point {switch:X}"
+    );
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&setup.slot],
+        )
+        .await
+        .unwrap();
+    let (more, before) = write_events(&client, 1, 2, &types, 1, 2, Duration::ZERO).await;
+    written.extend(more);
+
+    let mut standby_args = args.clone();
+    assert_eq!(standby_args[1], "--source-url");
+    standby_args[2] = standby.url(&name);
+    let mut relay = Relay::spawn(&standby_args);
+    let confirmed = || async {
+        let lsn: Option<String> = client
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&setup.slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        lsn.map_or(0, |l| parse_lsn(&l))
+    };
+    wait_for(
+        "the slot on the promoted standby to pass its transaction",
+        Duration::from_secs(60),
+        || async { (confirmed().await > before[0]).then_some(()) },
+    )
+    .await;
+    let log = relay.log();
+    assert!(
+        log.contains(&format!(
+            "checkpoint_lsn={}",
+            support::pg::format_lsn(first)
+        )),
+        "{log}"
+    );
+    let consumed = support::consume_with(
+        &bootstrap,
+        &[&topic],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+        &[("isolation.level", "read_committed")],
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let values = checkpoint_values(&bootstrap, &setup.slot, 2).await;
+    let latest: serde_json::Value = serde_json::from_str(&values[1]).unwrap();
+    assert_eq!(latest["timeline"], 2, "{values:?}");
+
+    // A checkpoint of timeline 1 past the switch point: those transactions are not in this
+    // server's history.
+    let mut forged = latest.clone();
+    forged["timeline"] = 1.into();
+    forged["lsn"] = support::pg::format_lsn(switch + 0x1000).into();
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
+                .key(&setup.slot)
+                .payload(&forged.to_string()),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("writing the checkpoint");
+    let before_refusal = confirmed().await;
+    let mut relay = Relay::spawn(&standby_args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "past the point {} where this server's history left timeline 1",
+            support::pg::format_lsn(switch)
+        )),
+        "{log}"
+    );
+    assert_eq!(
+        confirmed().await,
+        before_refusal,
+        "the refused relay confirmed something"
+    );
+}
