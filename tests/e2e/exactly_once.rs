@@ -30,15 +30,52 @@ async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u6
         .collect()
 }
 
+/// Writes `value` as the checkpoint of `pipeline`, with the relay's partitioner (so that the
+/// key stays in one partition).
+async fn write_checkpoint(bootstrap: &str, pipeline: &str, value: &str) {
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
+                .key(pipeline)
+                .payload(value),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("writing the checkpoint");
+}
+
+/// Reads `topics` as [`support::consume`] does, with `isolation.level=read_committed`.
+async fn read_committed(
+    bootstrap: &str,
+    topics: &[&str],
+    expected: usize,
+    settle: Duration,
+    deadline: Duration,
+) -> Vec<support::Consumed> {
+    support::consume_with(
+        bootstrap,
+        topics,
+        expected,
+        settle,
+        deadline,
+        &[("isolation.level", "read_committed")],
+    )
+    .await
+}
+
 /// The checkpoint values of `pipeline` as written, in the order the relay committed them.
 async fn checkpoint_values(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<String> {
-    let records = support::consume_with(
+    let records = read_committed(
         bootstrap,
         &[CHECKPOINT_TOPIC],
         expected,
         Duration::from_secs(1),
         Duration::from_secs(60),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     records
@@ -92,21 +129,12 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     let checkpoint = setup.db.current_wal_insert_lsn().await;
     let (last, before_last) = write_events(c, 1, 3, &types, 2, 12, Duration::ZERO).await;
     expected.extend(last);
-    // With the relay's partitioner, so that the key stays in one partition.
-    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("partitioner", "murmur2_random")
-        .create()
-        .unwrap();
-    producer
-        .send(
-            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
-                .key(&setup.slot)
-                .payload(&support::pg::format_lsn(checkpoint)),
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("writing the checkpoint");
+    write_checkpoint(
+        &bootstrap,
+        &setup.slot,
+        &support::pg::format_lsn(checkpoint),
+    )
+    .await;
 
     let relay = Relay::spawn(&args);
     setup
@@ -444,13 +472,12 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
             Duration::from_secs(60),
         )
         .await;
-    let consumed = support::consume_with(
+    let consumed = read_committed(
         &bootstrap,
         &[&topic],
         written.len(),
         Duration::from_secs(1),
         Duration::from_secs(30),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     assert_delivered(&written, &consumed, false);
@@ -624,13 +651,12 @@ dead_letter_topic = "{dlq}"
     let (more, before_last) = write_events(c, 1, 2, &types, 1, 3, Duration::ZERO).await;
     expected.extend(more);
 
-    let dead = support::consume_with(
+    let dead = read_committed(
         &bootstrap,
         &[&dlq],
         1,
         Duration::from_secs(1),
         Duration::from_secs(60),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     assert_eq!(dead.len(), 1, "one dead-letter copy");
@@ -656,13 +682,12 @@ dead_letter_topic = "{dlq}"
             Duration::from_secs(60),
         )
         .await;
-    let consumed = support::consume_with(
+    let consumed = read_committed(
         &bootstrap,
         &[&topic],
         expected.len(),
         Duration::from_secs(2),
         Duration::from_secs(30),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     assert_delivered(&expected, &consumed, true);
@@ -884,13 +909,12 @@ async fn exactly_once_after_a_failover_takes_a_checkpoint_before_the_switch_poin
         )),
         "{log}"
     );
-    let consumed = support::consume_with(
+    let consumed = read_committed(
         &bootstrap,
         &[&topic],
         written.len(),
         Duration::from_secs(1),
         Duration::from_secs(30),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     assert_delivered(&written, &consumed, true);
@@ -905,20 +929,7 @@ async fn exactly_once_after_a_failover_takes_a_checkpoint_before_the_switch_poin
     let mut forged = latest.clone();
     forged["timeline"] = 1.into();
     forged["lsn"] = support::pg::format_lsn(switch + 0x1000).into();
-    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("partitioner", "murmur2_random")
-        .create()
-        .unwrap();
-    producer
-        .send(
-            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
-                .key(&setup.slot)
-                .payload(&forged.to_string()),
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("writing the checkpoint");
+    write_checkpoint(&bootstrap, &setup.slot, &forged.to_string()).await;
     let before_refusal = confirmed().await;
     let mut relay = Relay::spawn(&standby_args);
     let status = relay.wait(Duration::from_secs(60));
