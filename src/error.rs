@@ -58,8 +58,10 @@ pub enum Recovery {
     /// succeed: restart after a backoff that grows until a session makes progress.
     Retry,
     /// Another relay holds the slot (SQLSTATE 55006, "replication slot ... is active for PID
-    /// n") or fenced this one with the same `transactional.id`: stand by, and try again soon
-    /// enough to take over within seconds of the active relay's exit.
+    /// n") or fenced this one with the same `transactional.id`, or no host of the source URL
+    /// fits `target_session_attrs` yet (a failover under way: the standby is not promoted):
+    /// stand by, and try again soon enough to take over within seconds of the active relay's
+    /// exit or the promotion.
     StandBy,
     /// Retrying cannot fix it (bad input, configuration, authorization): stop the pipeline
     /// without confirming past the failing event.
@@ -78,6 +80,9 @@ impl Error {
         };
         match self {
             Error::Source(crate::source::SourceError::Server { code, .. }) if code == "55006" => {
+                Recovery::StandBy
+            }
+            Error::Source(crate::source::SourceError::NoHostFits(e)) if e.unfit => {
                 Recovery::StandBy
             }
             Error::Source(e) => retry_or_stop(e.is_transient()),
@@ -109,4 +114,37 @@ pub fn chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::target::NoHostFits;
+    use crate::source::SourceError;
+
+    fn no_host_fits(unfit: bool) -> Error {
+        Error::Source(SourceError::NoHostFits(NoHostFits {
+            passed_over: vec![
+                (
+                    "127.0.0.1:5433".into(),
+                    "is a standby (in_hot_standby=on), target_session_attrs=primary".into(),
+                ),
+                ("127.0.0.1:5432".into(), "failed: connection refused".into()),
+            ],
+            unfit,
+        }))
+    }
+
+    #[test]
+    fn a_failover_under_way_stands_by_and_a_database_that_is_down_backs_off() {
+        // The old primary down, the standby not promoted yet: retry within seconds.
+        assert_eq!(no_host_fits(true).recovery(), Recovery::StandBy);
+        // Every host unreachable: an outage, counted and backed off like any other.
+        assert_eq!(no_host_fits(false).recovery(), Recovery::Retry);
+        let slot_in_use = Error::Source(SourceError::Server {
+            code: "55006".into(),
+            message: "replication slot \"s\" is active for PID 42".into(),
+        });
+        assert_eq!(slot_in_use.recovery(), Recovery::StandBy);
+    }
 }

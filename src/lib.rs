@@ -37,7 +37,8 @@
 //!   [`source::logical`] (log tailing: replication connection, pgoutput decoder, outbox
 //!   mapping, slot checks) and [`source::polling`] (`source_kind = "polling"`: the outbox
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
-//!   [`source::conninfo`] reads `source_url` as libpq does.
+//!   [`source::conninfo`] reads `source_url` as libpq does, and [`source::target`] picks the
+//!   host of a multi-host URL by `target_session_attrs`, for both connections.
 //! - [`session`]: the session loop, generic over source and sink; no IO of its own.
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
 //!   backoff reset only by progress, standby while another relay holds the slot, recovery

@@ -25,6 +25,7 @@ use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
+use crate::shutdown::AbortOnDrop;
 use crate::sink::kafka::KafkaSink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
@@ -264,13 +265,6 @@ impl HolderWatch {
 }
 
 /// Aborts a spawned task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// One session: check the slot, connect, stream until shutdown or an error.
 async fn run_session(
@@ -283,7 +277,7 @@ async fn run_session(
     redo: &mut Redo,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
-    let (pg, tls) = config.source_config()?;
+    let conninfo = config.source_config()?;
     let state = slot::prepare(
         &client,
         &config.slot,
@@ -294,7 +288,7 @@ async fn run_session(
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
 
-    let mut replication = ReplicationClient::connect(&pg, &tls).await?;
+    let mut replication = ReplicationClient::connect(&conninfo).await?;
     let identity = replication.identify_system().await?;
     // Exactly-once: where this timeline's history left earlier ones, to check the checkpoint.
     let history = match config.exactly_once {

@@ -1,4 +1,4 @@
-//! Shutdown signals.
+//! Shutdown signals, and tasks that end with their owner.
 
 /// Completes on the first SIGINT or SIGTERM.
 ///
@@ -10,5 +10,16 @@ pub async fn signal() {
     tokio::select! {
         _ = terminate.recv() => tracing::info!("received SIGTERM, draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("received SIGINT, draining"),
+    }
+}
+
+/// A spawned task that ends with its owner: aborted when this guard is dropped (a dropped
+/// `JoinHandle` would detach it instead). Holds connection drivers and watchers whose owner
+/// (a session, a pipeline) may be dropped at any await.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -10,7 +10,8 @@
 //!   error that recurs right after every start backs off further each time instead of
 //!   restarting the session (and the walsender's decoding from `restart_lsn`) every second.
 //!   Such sessions are counted in `outbox_relay_consecutive_failed_sessions` and in `/readyz`.
-//! - [`Recovery::StandBy`]: another relay holds the slot or the transactional id: retry at
+//! - [`Recovery::StandBy`]: another relay holds the slot or the transactional id, or no host
+//!   fits `target_session_attrs` yet (a failover under way): retry at
 //!   most every [`STAND_BY_RETRY`], to take over within seconds of its exit. Not a failure.
 //! - [`Recovery::Stop`]: the pipeline stops with the error.
 //!
@@ -37,7 +38,8 @@ use crate::metrics::{PipelineMetrics, PipelineState};
 const MIN_DELAY: Duration = Duration::from_secs(1);
 /// Longest wait before a new session after an error: the backoff stops growing there.
 const MAX_DELAY: Duration = Duration::from_secs(30);
-/// Longest wait between attempts while another relay holds the slot or the transactional id.
+/// Longest wait between attempts while another relay holds the slot or the transactional id,
+/// or while no host fits `target_session_attrs`.
 pub const STAND_BY_RETRY: Duration = Duration::from_secs(3);
 
 /// A source kind's sessions: what the supervisor starts again after each failure.
@@ -147,7 +149,7 @@ pub async fn supervise(
             }
             Recovery::StandBy => {
                 let delay = next(&mut stand_by).min(STAND_BY_RETRY);
-                warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, "another relay holds the slot or the transactional id; standing by");
+                warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, "another relay holds the slot or the transactional id, or no host fits target_session_attrs yet; standing by");
                 delay
             }
             Recovery::Retry => {

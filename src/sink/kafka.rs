@@ -216,7 +216,16 @@ impl Sink for KafkaSink {
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                 Err(SendError::Full(Box::new(record)))
             }
-            Err((error, _)) => Err(SendError::Refused(self.refused(&error, size, record))),
+            Err((error, _)) => {
+                let refused = self.refused(&error, size, record);
+                // A producer that refuses every record (a fatal idempotence error) is replaced,
+                // as after a timed-out record: a source that records the failure and goes on
+                // (polling) would otherwise meet the same refusal for every later row.
+                if refused.retryable && self.client.get("transactional.id").is_none() {
+                    self.renew = true;
+                }
+                Err(SendError::Refused(refused))
+            }
         }
     }
 
@@ -377,6 +386,12 @@ fn is_retryable(error: &KafkaError) -> bool {
                 | PolicyViolation
                 // A partition placement beyond the topic's partitions.
                 | UnknownPartition
+                // A record larger than the broker's batch limit on its own.
+                | MessageBatchTooLarge
+                // Headers on a topic whose message format predates them.
+                | UnsupportedForMessageFormat
+                | InvalidRequiredAcks
+                | TransactionalIdAuthorizationFailed
         )
     )
 }
@@ -384,6 +399,72 @@ fn is_retryable(error: &KafkaError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_producer_that_refuses_every_record_is_replaced_once_nothing_is_in_flight() {
+        let mut sink = KafkaSink::new(&kafka(&[]), "fatal-test", 10, 1 << 20, None).unwrap();
+        // What librdkafka does when the idempotent producer meets an unrecoverable error.
+        let reason = std::ffi::CString::new("test").unwrap();
+        let code = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                rdkafka::producer::Producer::client(sink.producer.inner()).native_ptr(),
+                rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                reason.as_ptr(),
+            )
+        };
+        assert_eq!(
+            code,
+            rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+        let record = || Record {
+            topic: "t".into(),
+            key: Some(bytes::Bytes::from_static(b"k")),
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: vec![],
+            timestamp_ms: None,
+            partition: None,
+        };
+        let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
+        tracker.begin().unwrap();
+        match sink.send(record(), tracker.track_event().unwrap()) {
+            Err(SendError::Refused(e)) => assert!(e.retryable, "{e}"),
+            other => panic!("a fatal producer accepted a record: {other:?}"),
+        }
+        // Nothing is in flight: the next record goes through a fresh producer.
+        assert!(
+            sink.send(record(), tracker.track_event().unwrap()).is_ok(),
+            "the producer that refuses every record was kept"
+        );
+        assert_eq!(sink.in_flight().events, 1);
+    }
+
+    #[test]
+    fn refusals_that_publishing_again_cannot_fix_are_not_retried() {
+        use RDKafkaErrorCode::*;
+        let delivery = |code| KafkaError::MessageProduction(code);
+        for permanent in [
+            MessageSizeTooLarge,
+            MessageBatchTooLarge,
+            UnsupportedForMessageFormat,
+            InvalidRequiredAcks,
+            TopicAuthorizationFailed,
+            TransactionalIdAuthorizationFailed,
+            PolicyViolation,
+            UnknownPartition,
+        ] {
+            assert!(!is_retryable(&delivery(permanent)), "{permanent:?}");
+        }
+        for transient in [
+            MessageTimedOut,
+            NotLeaderForPartition,
+            RequestTimedOut,
+            BrokerTransportFailure,
+            AllBrokersDown,
+            NotEnoughReplicas,
+        ] {
+            assert!(is_retryable(&delivery(transient)), "{transient:?}");
+        }
+    }
 
     fn kafka(properties: &[(&str, &str)]) -> KafkaConfig {
         KafkaConfig {

@@ -1,8 +1,8 @@
 //! The source URL as libpq reads it: [`PipelineConfig::source_config`] parses `source_url`
 //! into a tokio-postgres config and the TLS settings, and [`apply`] fills in what the URL leaves
 //! out the way libpq does: the `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`,
-//! `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY` and `PGCONNECT_TIMEOUT`
-//! environment variables, then the password file (`PGPASSFILE`, default `~/.pgpass`;
+//! `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGCONNECT_TIMEOUT` and
+//! `PGTARGETSESSIONATTRS` environment variables, then the password file (`PGPASSFILE`, default `~/.pgpass`;
 //! PostgreSQL docs, 34.16 "The Password File"), then libpq's defaults (the local socket
 //! directory, the OS user name).
 //!
@@ -14,22 +14,52 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::{redact_url, ConfigError, PipelineConfig};
+use crate::source::target::TargetSessionAttrs;
 use crate::source::tls::{self, TlsSettings};
+
+/// How to reach a pipeline's database: what tokio-postgres parsed of the source URL, the TLS
+/// settings and which host to take. Built afresh for every session, so nothing of an earlier
+/// server (one that failed over) is kept.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    /// Every host, port and setting tokio-postgres knows (its `target_session_attrs` is
+    /// always `any`: the relay chooses the host itself).
+    pub pg: tokio_postgres::Config,
+    pub tls: TlsSettings,
+    /// `target_session_attrs` of the URL, else `PGTARGETSESSIONATTRS`, else `any`.
+    pub target: TargetSessionAttrs,
+}
+
+/// Parameters taken out of the URL before tokio-postgres parses it, besides TLS's: it knows
+/// only `any` and `read-write` of libpq's `target_session_attrs`.
+const TARGET_PARAM: &str = "target_session_attrs";
+
+/// Splits `url` into what tokio-postgres parses, the TLS settings and `target_session_attrs`
+/// (`None` when the URL does not set it).
+fn split(url: &str) -> Result<(String, TlsSettings, Option<TargetSessionAttrs>), String> {
+    let (rest, tls) = tls::split_url(url)?;
+    let (rest, taken) = tls::split_params(&rest, &[TARGET_PARAM]);
+    let target = match taken.last() {
+        Some((_, value)) => Some(value.parse()?),
+        None => None,
+    };
+    Ok((rest, tls, target))
+}
 
 impl PipelineConfig {
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
     /// would (`PG*` environment variables, the password file, the local socket directory;
-    /// see [`apply`]), and its TLS settings.
+    /// see [`apply`]), its TLS settings and `target_session_attrs`.
     ///
     /// Returns an error naming `source_url` (without its password) if it does not parse.
-    pub fn source_config(&self) -> Result<(tokio_postgres::Config, TlsSettings), ConfigError> {
+    pub fn source_config(&self) -> Result<ConnInfo, ConfigError> {
         let invalid = |e: &dyn fmt::Display| {
             ConfigError::new(
                 "source_url",
                 format!("{}: {e}", redact_url(&self.source_url)),
             )
         };
-        let (rest, mut tls) = tls::split_url(&self.source_url).map_err(|e| invalid(&e))?;
+        let (rest, mut tls, target) = split(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
         // tokio-postgres may have parsed an sslmode this parser did not see (`sslmode = require`
         // with spaces): never go below it.
@@ -37,7 +67,9 @@ impl PipelineConfig {
             tls.mode = tls.mode.max(tls::SslMode::Require);
             tls.mode_given = true;
         }
-        apply(&mut config, &mut tls, &|name| std::env::var(name).ok()).map_err(|e| invalid(&e))?;
+        let env = |name: &str| std::env::var(name).ok();
+        apply(&mut config, &mut tls, &env).map_err(|e| invalid(&e))?;
+        let target = target_or_env(target, &env).map_err(|e| invalid(&e))?;
         // Unix sockets never use TLS (as libpq and the replication client).
         let all_unix = config
             .get_hosts()
@@ -48,7 +80,11 @@ impl PipelineConfig {
         } else {
             tls.tokio_postgres_mode()
         });
-        Ok((config, tls))
+        Ok(ConnInfo {
+            pg: config,
+            tls,
+            target,
+        })
     }
 }
 
@@ -134,6 +170,22 @@ pub fn apply(
         }
     }
     Ok(())
+}
+
+/// `target` from the URL, else `PGTARGETSESSIONATTRS`, else `any`.
+///
+/// Returns an error naming the variable if it holds an unknown value.
+fn target_or_env(
+    target: Option<TargetSessionAttrs>,
+    env: Env<'_>,
+) -> Result<TargetSessionAttrs, String> {
+    match (target, env("PGTARGETSESSIONATTRS")) {
+        (Some(target), _) => Ok(target),
+        (None, Some(value)) => value
+            .parse()
+            .map_err(|e| format!("PGTARGETSESSIONATTRS: {e}")),
+        (None, None) => Ok(TargetSessionAttrs::Any),
+    }
 }
 
 /// The password for `config`'s first host from the password file, if any line matches.
@@ -285,6 +337,50 @@ mod tests {
         assert!(resolve("postgres://h/db", &[])
             .unwrap_err()
             .contains("no user"));
+    }
+
+    #[test]
+    fn target_session_attrs_from_the_url_else_the_environment() {
+        let target = |url: &str, vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let (rest, _, target) = split(url)?;
+            rest.parse::<tokio_postgres::Config>()
+                .map_err(|e| e.to_string())?;
+            target_or_env(target, &|name| vars.get(name).cloned())
+        };
+        let url = "postgres://u@a:5432,b:5433/db?target_session_attrs=primary&sslmode=disable";
+        assert_eq!(target(url, &[]), Ok(TargetSessionAttrs::Primary));
+        assert_eq!(
+            target(url, &[("PGTARGETSESSIONATTRS", "standby")]),
+            Ok(TargetSessionAttrs::Primary),
+            "the URL wins"
+        );
+        assert_eq!(
+            target("host=a,b user=u target_session_attrs=prefer-standby", &[]),
+            Ok(TargetSessionAttrs::PreferStandby)
+        );
+        assert_eq!(
+            target(
+                "postgres://u@a/db",
+                &[("PGTARGETSESSIONATTRS", "read-only")]
+            ),
+            Ok(TargetSessionAttrs::ReadOnly)
+        );
+        assert_eq!(
+            target("postgres://u@a/db", &[]),
+            Ok(TargetSessionAttrs::Any)
+        );
+        assert!(target("postgres://u@a/db?target_session_attrs=master", &[])
+            .unwrap_err()
+            .contains("target_session_attrs"));
+        assert!(
+            target("postgres://u@a/db", &[("PGTARGETSESSIONATTRS", "master")])
+                .unwrap_err()
+                .contains("PGTARGETSESSIONATTRS")
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
 //! - [`slot`]: checks of the publication and the slot over an ordinary SQL connection.
+//! - [`target`]: which host of a multi-host URL to take (libpq's `target_session_attrs`).
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
 pub mod conninfo;
@@ -17,6 +18,7 @@ pub mod pgoutput;
 pub mod polling;
 pub mod replication;
 pub mod slot;
+pub mod target;
 pub mod tls;
 
 use std::future::Future;
@@ -110,7 +112,7 @@ pub trait Source: Send {
 /// An error of the PostgreSQL side of a pipeline.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    #[error("i/o error on the replication connection")]
+    #[error("i/o error on the connection to PostgreSQL")]
     Io(#[from] std::io::Error),
     #[error("server error {code}: {message}")]
     Server { code: String, message: String },
@@ -138,6 +140,9 @@ pub enum SourceError {
     },
     #[error("tls: {0}")]
     Tls(String),
+    /// No host of the source URL was reachable and what `target_session_attrs` asks for.
+    #[error(transparent)]
+    NoHostFits(#[from] target::NoHostFits),
 }
 
 impl SourceError {
@@ -146,6 +151,8 @@ impl SourceError {
     pub fn is_transient(&self) -> bool {
         match self {
             SourceError::Io(_) | SourceError::Closed => true,
+            // A failover in progress: a standby becomes the primary.
+            SourceError::NoHostFits(_) => true,
             SourceError::Protocol(_) => true,
             SourceError::Server { code, .. } => sqlstate_is_transient(code),
             SourceError::Sql(error) => match error.code() {

@@ -24,9 +24,10 @@ use postgres_protocol::message::frontend;
 use tokio::io::AsyncReadExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpStream, UnixStream};
-use tokio_postgres::config::Host;
 use tokio_util::codec::{Decoder, FramedRead};
 
+use super::conninfo::ConnInfo;
+use super::target::{self, Candidate, Endpoint, ServerState};
 use super::tls::{SslMode, TlsSettings};
 use super::SourceError;
 use crate::lsn::Lsn;
@@ -133,7 +134,8 @@ pub fn start_replication_command(slot: &str, start: Lsn, publication: &str) -> S
     )
 }
 
-trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
+/// A connection's byte stream: TCP, Unix-domain, or TLS over TCP.
+pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
 
 /// What the backend codec yields: postgres-protocol's messages plus CopyBothResponse, which
@@ -199,23 +201,46 @@ pub struct SystemIdentity {
 }
 
 impl ReplicationClient {
-    /// Connects and authenticates as a logical walsender (`replication=database`).
+    /// Connects and authenticates as a logical walsender (`replication=database`) to the
+    /// first host of `info` that fits its `target_session_attrs` (see [`target`]).
     ///
-    /// Tries each host of `config` in turn. Session settings the relay relies on are fixed in
-    /// the startup packet (`client_encoding=UTF8`, `DateStyle=ISO`, `TimeZone=UTC`), so role or
-    /// database defaults cannot change how values are printed.
+    /// Session settings the relay relies on are fixed in the startup packet
+    /// (`client_encoding=UTF8`, `DateStyle=ISO`, `TimeZone=UTC`), so role or database defaults
+    /// cannot change how values are printed. `connect_timeout` (default 30 s) bounds each
+    /// host's attempt, start-up included.
     ///
-    /// TCP connections negotiate TLS as `tls` says (docs 55.2.10 "SSL Session Encryption");
-    /// Unix sockets never use it.
+    /// TCP connections negotiate TLS as `info.tls` says (docs 55.2.10 "SSL Session
+    /// Encryption"); Unix sockets never use it.
     ///
-    /// Returns an error if no host accepts the connection, TLS is required and refused or the
-    /// server's certificate fails verification, authentication fails, or the server asks for
-    /// an authentication method other than trust, password, MD5 or SCRAM-SHA-256.
-    pub async fn connect(
+    /// Returns an error if no host is reachable and fits ([`SourceError::NoHostFits`], or the
+    /// one host's error), TLS is required and refused or the server's certificate fails
+    /// verification, authentication fails, or the server asks for an authentication method
+    /// other than trust, password, MD5 or SCRAM-SHA-256.
+    pub async fn connect(info: &ConnInfo) -> Result<Self, SourceError> {
+        let tls_config = match info.tls.mode {
+            SslMode::Disable => None,
+            _ => Some(Arc::new(
+                info.tls.client_config().map_err(SourceError::Tls)?,
+            )),
+        };
+        let connector = WalsenderConnector { info, tls_config };
+        target::select(info.target, &target::endpoints(&info.pg), &connector).await
+    }
+
+    /// Connects to one host and starts a walsender session there.
+    async fn connect_to(
         config: &tokio_postgres::Config,
         tls: &TlsSettings,
+        tls_config: Option<Arc<rustls::ClientConfig>>,
+        endpoint: Endpoint,
     ) -> Result<Self, SourceError> {
-        let (socket, tls_server_end_point) = open_socket(config, tls).await?;
+        let stream = open_stream(config, &endpoint).await?;
+        let (socket, tls_server_end_point) = match (tls_config, endpoint.socket_path()) {
+            (Some(tls_config), None) => {
+                negotiate_tls(stream, &endpoint.tls_name(), tls_config, tls.mode).await?
+            }
+            _ => (stream, None),
+        };
         let (read, write) = tokio::io::split(socket);
         let mut client = ReplicationClient {
             reader: FramedRead::new(read, BackendCodec),
@@ -478,6 +503,40 @@ impl ReplicationClient {
     }
 }
 
+/// Opens walsender connections for [`target::select`].
+struct WalsenderConnector<'a> {
+    info: &'a ConnInfo,
+    tls_config: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl target::Connector for WalsenderConnector<'_> {
+    type Connection = ReplicationClient;
+
+    async fn connect(&self, endpoint: Endpoint) -> Result<ReplicationClient, SourceError> {
+        let attempt = ReplicationClient::connect_to(
+            &self.info.pg,
+            &self.info.tls,
+            self.tls_config.clone(),
+            endpoint,
+        );
+        within_connect_timeout(&self.info.pg, attempt).await
+    }
+}
+
+impl Candidate for ReplicationClient {
+    fn reported(&self) -> ServerState {
+        ServerState::reported(|name| self.server_param(name).map(str::to_owned))
+    }
+
+    async fn ask(&mut self, sql: &'static str) -> Result<String, SourceError> {
+        let rows = self.simple_query(sql).await?;
+        rows.into_iter()
+            .next()
+            .and_then(|row| row.into_iter().next().flatten())
+            .ok_or_else(|| SourceError::Protocol(format!("{sql} returned no value")))
+    }
+}
+
 /// A running logical replication stream (CopyBoth mode).
 pub struct ReplicationStream {
     client: ReplicationClient,
@@ -547,74 +606,44 @@ impl ReplicationStream {
     }
 }
 
-/// Opens the connection to the first host that accepts it, with TLS as `tls` says.
+/// Runs `attempt` (one host's connection, start-up included) within `config`'s
+/// `connect_timeout` (default 30 s).
 ///
-/// Returns the socket and, for a TLS session, the `tls-server-end-point` channel binding data
-/// (RFC 5929: the hash of the server certificate), `None` without TLS or when the
-/// certificate's signature algorithm names no usable hash (e.g. Ed25519).
-///
-/// `hostaddr` (libpq) gives the IP address to connect to for the host at the same position,
-/// which still names the server for TLS verification.
-async fn open_socket(
+/// Returns a transient `TimedOut` error when it takes longer.
+pub(crate) async fn within_connect_timeout<T>(
     config: &tokio_postgres::Config,
-    tls: &TlsSettings,
-) -> Result<(Box<dyn Socket>, Option<Vec<u8>>), SourceError> {
-    let hosts = config.get_hosts();
-    let hostaddrs = config.get_hostaddrs();
-    let ports = config.get_ports();
+    attempt: impl std::future::Future<Output = Result<T, SourceError>>,
+) -> Result<T, SourceError> {
     let connect_timeout = config
         .get_connect_timeout()
         .copied()
         .unwrap_or(Duration::from_secs(30));
-    let tls_config = match tls.mode {
-        SslMode::Disable => None,
-        _ => Some(Arc::new(tls.client_config().map_err(SourceError::Tls)?)),
-    };
-    let mut last_error = None;
-    // As libpq: `host` and `hostaddr` pair up by position; either may be given alone.
-    for i in 0..hosts.len().max(hostaddrs.len()) {
-        let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        let host = hosts.get(i);
-        let addr = hostaddrs.get(i);
-        let attempt = async {
-            if let Some(Host::Unix(dir)) = host {
-                let path = dir.join(format!(".s.PGSQL.{port}"));
-                return Ok((
-                    Box::new(UnixStream::connect(path).await?) as Box<dyn Socket>,
-                    None,
-                ));
-            }
-            // The name TLS verifies: the host name, else the address itself.
-            let name = match host {
-                Some(Host::Tcp(name)) => name.clone(),
-                _ => addr.map(ToString::to_string).unwrap_or_default(),
-            };
-            let stream = match addr {
-                Some(addr) => TcpStream::connect((*addr, port)).await?,
-                None => TcpStream::connect((name.as_str(), port)).await?,
-            };
-            stream.set_nodelay(true)?;
-            set_keepalive(&stream, config)?;
-            match &tls_config {
-                Some(tls_config) => {
-                    negotiate_tls(stream, &name, tls_config.clone(), tls.mode).await
-                }
-                None => Ok((Box::new(stream) as Box<dyn Socket>, None)),
-            }
-        };
-        match tokio::time::timeout(connect_timeout, attempt).await {
-            Ok(Ok(socket)) => return Ok(socket),
-            Ok(Err(error @ SourceError::Tls(_))) => return Err(error),
-            Ok(Err(error)) => last_error = Some(error),
-            Err(_) => {
-                last_error =
-                    Some(io::Error::new(io::ErrorKind::TimedOut, "connect timed out").into())
-            }
-        }
+    tokio::time::timeout(connect_timeout, attempt)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))?
+}
+
+/// Opens a TCP (with the keepalives of [`set_keepalive`]) or Unix-domain connection to
+/// `endpoint`, without TLS.
+///
+/// `hostaddr` (libpq) gives the IP address to connect to for the host at the same position,
+/// which still names the server for TLS verification.
+///
+/// Returns an error if the connection fails.
+pub(crate) async fn open_stream(
+    config: &tokio_postgres::Config,
+    endpoint: &Endpoint,
+) -> Result<Box<dyn Socket>, SourceError> {
+    if let Some(path) = endpoint.socket_path() {
+        return Ok(Box::new(UnixStream::connect(path).await?));
     }
-    Err(last_error.unwrap_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, "source url names no host").into()
-    }))
+    let stream = match endpoint.addr {
+        Some(addr) => TcpStream::connect((addr, endpoint.port)).await?,
+        None => TcpStream::connect((endpoint.tls_name().as_str(), endpoint.port)).await?,
+    };
+    stream.set_nodelay(true)?;
+    set_keepalive(&stream, config)?;
+    Ok(Box::new(stream))
 }
 
 /// Detects a dead server or network without relying on the walsender's own messages: a
@@ -655,9 +684,12 @@ fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Res
 /// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host` (docs
 /// 55.2.10 "SSL Session Encryption").
 ///
-/// Returns the socket and the TLS session's channel binding data (see [`open_socket`]).
+/// Returns the socket and, for a TLS session, the `tls-server-end-point` channel binding data
+/// (RFC 5929: the hash of the server certificate), `None` when the certificate's signature
+/// algorithm names no usable hash (e.g. Ed25519) or without TLS (`prefer` and a server that
+/// refuses it).
 async fn negotiate_tls(
-    mut stream: TcpStream,
+    mut stream: Box<dyn Socket>,
     host: &str,
     config: Arc<rustls::ClientConfig>,
     mode: SslMode,
@@ -696,7 +728,7 @@ async fn negotiate_tls(
         b'N' if mode >= SslMode::Require => Err(SourceError::Tls(format!(
             "{host} does not accept TLS connections and sslmode requires TLS"
         ))),
-        b'N' => Ok((Box::new(stream), None)),
+        b'N' => Ok((stream, None)),
         other => Err(SourceError::Protocol(format!(
             "unexpected answer 0x{other:02x} to SSLRequest"
         ))),

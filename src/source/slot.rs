@@ -1,15 +1,20 @@
 //! Checks the publication and the replication slot before streaming, over an ordinary SQL
 //! connection (tokio-postgres).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::Client;
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use tokio_postgres::{AsyncMessage, Client};
 use tracing::warn;
 
 use super::replication::{quote_ident, quote_literal};
 use super::SourceError;
 use crate::config::{PipelineConfig, TableName};
 use crate::lsn::Lsn;
+use crate::shutdown::AbortOnDrop;
 
 /// What the relay needs to know about the server before `START_REPLICATION`.
 #[derive(Debug, Clone)]
@@ -282,19 +287,37 @@ SET DateStyle = 'ISO, MDY';
 SET IntervalStyle = 'postgres';
 SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout';";
 
-/// An ordinary SQL connection to a pipeline's database, with the same URL, environment and
-/// TLS settings as its replication connection and the session settings the relay relies on
-/// (see [`SESSION_SETTINGS`]). The connection task ends when the returned guard is dropped.
+/// An ordinary SQL connection to a pipeline's database, with the same URL, environment, TLS
+/// settings and choice of host (`target_session_attrs`) as its replication connection and the
+/// session settings the relay relies on (see [`SESSION_SETTINGS`]). The connection task ends
+/// when the returned guard is dropped.
 ///
-/// Returns an error if the URL is invalid, TLS cannot be set up or the server refuses.
+/// Returns an error if the URL is invalid, TLS cannot be set up, no host fits or the server
+/// refuses.
 pub async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection), crate::Error> {
-    let (pg, tls) = config.source_config()?;
-    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(
-        tls.client_config().map_err(SourceError::Tls)?,
-    );
-    let (client, connection) = pg.connect(connector).await.map_err(SourceError::Sql)?;
-    let connection = SqlConnection(tokio::spawn(async move {
-        let _ = connection.await;
+    connect_notified(config, None).await
+}
+
+/// Like [`connect`]; each notification (`LISTEN`) the server sends wakes `notified`.
+pub async fn connect_notified(
+    config: &PipelineConfig,
+    notified: Option<Arc<Notify>>,
+) -> Result<(Client, SqlConnection), crate::Error> {
+    let (client, mut connection) = super::target::connect_sql(&config.source_config()?).await?;
+    let connection = AbortOnDrop(tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(_)) => {
+                    if let Some(notified) = &notified {
+                        notified.notify_one();
+                    }
+                }
+                Ok(_) => {}
+                // The client's next query reports the broken connection.
+                Err(_) => break,
+            }
+        }
     }));
     client
         .batch_execute(SESSION_SETTINGS)
@@ -304,13 +327,7 @@ pub async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection),
 }
 
 /// Owns the task driving a tokio-postgres connection; aborts it when dropped.
-pub struct SqlConnection(tokio::task::JoinHandle<()>);
-
-impl Drop for SqlConnection {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
+pub type SqlConnection = AbortOnDrop;
 
 /// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot.
 pub fn setup_sql(config: &PipelineConfig) -> String {

@@ -74,7 +74,8 @@ const TLS_PARAMS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 /// Returns an error naming the parameter if `sslmode` has an unknown value.
 pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
     let mut settings = TlsSettings::default();
-    let mut set = |key: &str, value: String| -> Result<(), String> {
+    let (rest, taken) = split_params(url, &TLS_PARAMS);
+    for (key, value) in taken {
         match key {
             "sslmode" => {
                 settings.mode = value.parse()?;
@@ -84,36 +85,7 @@ pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
             "sslcert" => settings.client_cert = Some(value.into()),
             _ => settings.client_key = Some(value.into()),
         }
-        Ok(())
-    };
-    let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let Some((base, query)) = url.split_once('?') else {
-            return Ok((url.to_owned(), settings));
-        };
-        let mut kept = Vec::new();
-        for pair in query.split('&') {
-            match pair.split_once('=') {
-                Some((key, value)) if TLS_PARAMS.contains(&key) => set(key, percent_decode(value))?,
-                _ => kept.push(pair),
-            }
-        }
-        if kept.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        }
-    } else {
-        let mut kept = Vec::new();
-        for part in url.split_whitespace() {
-            match part.split_once('=') {
-                Some((key, value)) if TLS_PARAMS.contains(&key) => {
-                    set(key, value.trim_matches('\'').to_owned())?
-                }
-                _ => kept.push(part),
-            }
-        }
-        kept.join(" ")
-    };
+    }
     if settings.root_cert.as_deref() == Some("system") {
         // The OS trust store vouches for any host with a public certificate: only a check of
         // the host name makes it mean anything (libpq 16 has the same rule).
@@ -124,6 +96,42 @@ pub fn split_url(url: &str) -> Result<(String, TlsSettings), String> {
         }
     }
     Ok((rest, settings))
+}
+
+/// Takes the parameters named in `keys` out of a libpq URL (query parameters, decoded) or
+/// key=value string (unquoted), for those tokio-postgres does not know or handles otherwise
+/// than libpq. Returns the rest of the connection string and the taken `(key, value)` pairs in
+/// order (a key given twice appears twice: the last one wins, as in libpq).
+pub fn split_params<'k>(url: &str, keys: &[&'k str]) -> (String, Vec<(&'k str, String)>) {
+    let known = |key: &str| keys.iter().copied().find(|k| *k == key);
+    let mut taken = Vec::new();
+    let rest = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return (url.to_owned(), taken);
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            match pair.split_once('=').and_then(|(k, v)| Some((known(k)?, v))) {
+                Some((key, value)) => taken.push((key, percent_decode(value))),
+                None => kept.push(pair),
+            }
+        }
+        if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        }
+    } else {
+        let mut kept = Vec::new();
+        for part in url.split_whitespace() {
+            match part.split_once('=').and_then(|(k, v)| Some((known(k)?, v))) {
+                Some((key, value)) => taken.push((key, value.trim_matches('\'').to_owned())),
+                None => kept.push(part),
+            }
+        }
+        kept.join(" ")
+    };
+    (rest, taken)
 }
 
 fn percent_decode(value: &str) -> String {

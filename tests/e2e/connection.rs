@@ -3,15 +3,14 @@ use std::time::Duration;
 use crate::support::{self, consume, kafka, pg, unique_name, wait_for, Auth, Relay};
 use crate::{assert_delivered, write_events, Setup};
 
-/// The relay's own parsing of a source URL (TLS parameters included).
-fn source_config(
-    url: &str,
-) -> (
-    tokio_postgres::Config,
-    outbox_relay::source::tls::TlsSettings,
-) {
+/// The relay's own parsing of a source URL (TLS parameters included; any host).
+fn source_config(url: &str) -> outbox_relay::source::conninfo::ConnInfo {
     let (rest, tls) = outbox_relay::source::tls::split_url(url).unwrap();
-    (rest.parse().unwrap(), tls)
+    outbox_relay::source::conninfo::ConnInfo {
+        pg: rest.parse().unwrap(),
+        tls,
+        target: Default::default(),
+    }
 }
 
 #[tokio::test]
@@ -19,8 +18,8 @@ async fn replication_connection_authenticates_with_every_method() {
     use outbox_relay::source::replication::ReplicationClient;
     let db = pg().create_database(&unique_name("auth")).await;
     for auth in [Auth::Trust, Auth::Password, Auth::Md5, Auth::Scram] {
-        let (config, tls) = source_config(&db.url(auth));
-        let mut client = ReplicationClient::connect(&config, &tls)
+        let source = source_config(&db.url(auth));
+        let mut client = ReplicationClient::connect(&source)
             .await
             .unwrap_or_else(|e| panic!("{auth:?}: {}", outbox_relay::error::chain(&e)));
         let identity = client.identify_system().await.unwrap();
@@ -33,8 +32,8 @@ async fn replication_connection_authenticates_with_every_method() {
     }
     for auth in [Auth::Password, Auth::Md5, Auth::Scram] {
         let url = db.url(auth);
-        let (config, tls) = source_config(&url.replace(support::PASSWORD, "wrong"));
-        let error = ReplicationClient::connect(&config, &tls)
+        let source = source_config(&url.replace(support::PASSWORD, "wrong"));
+        let error = ReplicationClient::connect(&source)
             .await
             .err()
             .expect("wrong password accepted");
@@ -51,7 +50,14 @@ async fn replication_connection_authenticates_with_every_method() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing() {
-    let setup = Setup::new("terminate", &["Order", "Refund"], 2).await;
+    reconnects_after_the_walsender_is_terminated_and_loses_nothing_on(pg()).await;
+}
+
+/// A walsender terminated on `cluster` mid-stream: the relay reconnects and loses nothing.
+pub(crate) async fn reconnects_after_the_walsender_is_terminated_and_loses_nothing_on(
+    cluster: &support::PgCluster,
+) {
+    let setup = Setup::new_on(cluster, "terminate", &["Order", "Refund"], 2).await;
     let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Scram));
     setup.wait_streaming().await;
     let first_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
@@ -166,15 +172,15 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
         ("127.0.0.1", "verify-ca"),
         ("127.0.0.1", "require"),
     ] {
-        let (config, tls) = source_config(&url(host, mode));
-        let mut client = ReplicationClient::connect(&config, &tls)
+        let source = source_config(&url(host, mode));
+        let mut client = ReplicationClient::connect(&source)
             .await
             .unwrap_or_else(|e| panic!("{host} {mode}: {}", outbox_relay::error::chain(&e)));
         client.identify_system().await.unwrap();
     }
     // The server certificate names only localhost.
-    let (config, tls) = source_config(&url("127.0.0.1", "verify-full"));
-    let error = ReplicationClient::connect(&config, &tls)
+    let source = source_config(&url("127.0.0.1", "verify-full"));
+    let error = ReplicationClient::connect(&source)
         .await
         .err()
         .expect("verify-full accepted a wrong host name");
@@ -184,8 +190,8 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
     );
     assert!(!error.is_transient());
     // Without TLS the server refuses relay_tls: the connections above really used TLS.
-    let (config, tls) = source_config(&url("localhost", "disable"));
-    let error = ReplicationClient::connect(&config, &tls)
+    let source = source_config(&url("localhost", "disable"));
+    let error = ReplicationClient::connect(&source)
         .await
         .err()
         .expect("plain connection accepted");
@@ -197,18 +203,18 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
     // SCRAM over TLS binds the channel (SCRAM-SHA-256-PLUS), so channel_binding=require
     // connects; without TLS there is nothing to bind and require is refused before the
     // password is sent.
-    let (config, tls) = source_config(&format!(
+    let source = source_config(&format!(
         "{}&channel_binding=require",
         url("localhost", "verify-full")
     ));
-    ReplicationClient::connect(&config, &tls)
+    ReplicationClient::connect(&source)
         .await
         .unwrap_or_else(|e| panic!("channel binding: {}", outbox_relay::error::chain(&e)));
-    let (config, tls) = source_config(&format!(
+    let source = source_config(&format!(
         "{}?sslmode=disable&channel_binding=require",
         setup.db.url(Auth::Scram)
     ));
-    let error = ReplicationClient::connect(&config, &tls)
+    let error = ReplicationClient::connect(&source)
         .await
         .err()
         .expect("channel_binding=require accepted a session without TLS");
@@ -217,24 +223,24 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
         "{error}"
     );
     // hostaddr gives the address; the host name is only for TLS verification.
-    let (config, tls) = source_config(&format!(
+    let source = source_config(&format!(
         "postgres://relay_tls:{}@localhost.invalid:{}/{}?hostaddr=127.0.0.1&sslmode=verify-ca&sslrootcert={}",
         support::PASSWORD,
         pg().port(),
         setup.db.name,
         ca.display()
     ));
-    ReplicationClient::connect(&config, &tls)
+    ReplicationClient::connect(&source)
         .await
         .unwrap_or_else(|e| panic!("hostaddr: {}", outbox_relay::error::chain(&e)));
     // hostaddr alone, as libpq allows.
-    let (config, tls) = source_config(&format!(
+    let source = source_config(&format!(
         "hostaddr=127.0.0.1 port={} dbname={} user=relay_tls password={} sslmode=require",
         pg().port(),
         setup.db.name,
         support::PASSWORD,
     ));
-    ReplicationClient::connect(&config, &tls)
+    ReplicationClient::connect(&source)
         .await
         .unwrap_or_else(|e| panic!("hostaddr alone: {}", outbox_relay::error::chain(&e)));
 

@@ -5,7 +5,15 @@ use crate::{assert_delivered, header, insert, insert_lsn, write_events, Setup, W
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up() {
-    let setup = Setup::new("roundtrip", &["Order", "customer", "PAYMENT"], 3).await;
+    ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up_on(pg()).await;
+}
+
+/// The main job on `cluster`: 10,000 events in 1,000 transactions arrive once, byte for byte, in
+/// per-key order, and the slot is confirmed past the last commit.
+pub(crate) async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catches_up_on(
+    cluster: &support::PgCluster,
+) {
+    let setup = Setup::new_on(cluster, "roundtrip", &["Order", "customer", "PAYMENT"], 3).await;
     let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
     setup.wait_streaming().await;
 
@@ -75,7 +83,14 @@ async fn events_follow_commit_order_not_insert_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolled_back_work_is_never_published_and_the_lsn_moves_past_it() {
-    let setup = Setup::new("rollback", &["Order"], 1).await;
+    rolled_back_work_is_never_published_and_the_lsn_moves_past_it_on(pg()).await;
+}
+
+/// Rolled-back transactions and subtransactions on `cluster` are never published.
+pub(crate) async fn rolled_back_work_is_never_published_and_the_lsn_moves_past_it_on(
+    cluster: &support::PgCluster,
+) {
+    let setup = Setup::new_on(cluster, "rollback", &["Order"], 1).await;
     let t = setup.types[0].clone();
     let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
     setup.wait_streaming().await;
@@ -158,7 +173,14 @@ fn peak_rss_bytes(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_100k_row_transaction_streams_through_bounded_memory_in_key_order() {
-    let setup = Setup::new("bulk", &["Order"], 3).await;
+    a_100k_row_transaction_streams_through_bounded_memory_in_key_order_on(pg()).await;
+}
+
+/// A 100,000-row transaction on `cluster` streams through the in-flight limits in key order.
+pub(crate) async fn a_100k_row_transaction_streams_through_bounded_memory_in_key_order_on(
+    cluster: &support::PgCluster,
+) {
+    let setup = Setup::new_on(cluster, "bulk", &["Order"], 3).await;
     let t = setup.types[0].clone();
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args.extend(

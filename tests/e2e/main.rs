@@ -1,5 +1,5 @@
-//! End to end: a real PostgreSQL 15 cluster in, a real Kafka-protocol broker (tansu) out,
-//! the relay binary in between. One cluster and one broker per run of this binary
+//! End to end: a real PostgreSQL cluster in (15; 16, 17 and 18 in `versions`), a real
+//! Kafka-protocol broker (tansu) out, the relay binary in between. One cluster and one broker per run of this binary
 //! (tests/support); each test has its own database, slot, publication and topics.
 //!
 //! The tests are grouped by theme, one module each:
@@ -16,9 +16,13 @@
 //! - `connection`: authentication, TLS, libpq's environment, reconnects, hostile defaults,
 //!   two relays on one slot;
 //! - `takeover`: ending a stale walsender that holds the slot;
+//! - `failover`: a PostgreSQL 17 primary and standby, a failover slot, the primary crashed and
+//!   the standby promoted; `target_session_attrs` on a multi-host URL;
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
+//! - `versions`: the main job, walsender termination, restarts and a large transaction on
+//!   PostgreSQL 16, 17 and 18;
 //! - `polling`: the polling source (`source_kind = "polling"`).
 //!
 //! This file holds the fixtures the log-tailing modules share: a test's [`Setup`], writing
@@ -30,6 +34,7 @@ mod support;
 mod connection;
 mod delivery;
 mod exactly_once;
+mod failover;
 mod failures;
 mod operations;
 mod polling;
@@ -38,6 +43,7 @@ mod server_failures;
 mod supervision;
 mod tables;
 mod takeover;
+mod versions;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -247,8 +253,18 @@ impl Setup {
     }
 
     async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
+        Setup::new_on(pg(), prefix, types, partitions).await
+    }
+
+    /// Like [`Setup::new`], with the database on `cluster` (another major's, a private one).
+    async fn new_on(
+        cluster: &support::PgCluster,
+        prefix: &str,
+        types: &[&str],
+        partitions: i32,
+    ) -> Setup {
         let name = unique_name(prefix);
-        let db = pg().create_database(&name).await;
+        let db = cluster.create_database(&name).await;
         // Aggregate types unique to this test keep topics apart; case is preserved in topics.
         let types: Vec<String> = types.iter().map(|t| format!("{t}_{name}")).collect();
         for t in &types {

@@ -42,8 +42,16 @@ async fn wait_slot_streaming(client: &tokio_postgres::Client, slot: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_uncommitted() {
+    server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_uncommitted_on(15).await;
+}
+
+/// Restarts (`immediate` with a transaction open, then `fast`) of a private cluster of
+/// PostgreSQL `major` lose nothing and publish nothing uncommitted.
+pub(crate) async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_nothing_uncommitted_on(
+    major: u32,
+) {
     // A cluster of its own: this test restarts it.
-    let cluster = support::PgCluster::start_private(&unique_name("restartable"));
+    let cluster = support::PgCluster::start_private_major(&unique_name("restartable"), major);
     let name = unique_name("srvrestart");
     let db = cluster.create_database(&name).await;
     let types = vec![format!("Order_{name}")];

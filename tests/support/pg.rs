@@ -98,13 +98,21 @@ pub fn pg() -> &'static PgCluster {
 /// The test run's cluster of PostgreSQL `major` (one of [`MAJORS`]), started on the first
 /// call like [`pg()`]'s. Panics if it cannot be started (and so does every later call).
 pub fn pg_major(major: u32) -> &'static PgCluster {
-    static PG: [OnceLock<Result<PgCluster, String>>; 4] =
-        [OnceLock::new(), OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    static PG: [OnceLock<Result<PgCluster, String>>; 4] = [
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+        OnceLock::new(),
+    ];
     let index = MAJORS
         .iter()
         .position(|m| *m == major)
         .unwrap_or_else(|| panic!("PostgreSQL {major} is not one of the test majors {MAJORS:?}"));
-    let subdir = if major == 15 { "pg".to_owned() } else { format!("pg{major}") };
+    let subdir = if major == 15 {
+        "pg".to_owned()
+    } else {
+        format!("pg{major}")
+    };
     let r = PG[index].get_or_init(|| {
         std::panic::catch_unwind(|| PgCluster::start_in(&subdir, major)).map_err(|e| {
             e.downcast_ref::<String>()
@@ -775,5 +783,115 @@ impl TestDb {
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         row.get(0)
+    }
+}
+
+/// A physical standby, its stop and promotion, and databases that already exist: for tests of
+/// a database failover.
+impl PgCluster {
+    /// Starts a hot standby of this cluster (PostgreSQL 17+ for `sync_replication_slots`),
+    /// named `name` (its directory in the run dir): `pg_basebackup -R` over TCP, streaming
+    /// from a new physical slot `physical_slot` on this cluster (`-C -S`, hence
+    /// `primary_slot_name`), with `hot_standby_feedback = on`, `sync_replication_slots = on`
+    /// and a `primary_conninfo` that names a database (which slot synchronisation needs), on
+    /// its own port and socket directory. Stopped at process exit like every test cluster.
+    /// Panics if it cannot be started.
+    pub fn start_standby_of(&self, name: &str, physical_slot: &str) -> PgCluster {
+        let dir = run_dir().join(name);
+        fs::create_dir_all(&dir).expect("creating the standby's dir");
+        run::set_mode(&dir, 0o700);
+        chown_for_pg(&dir);
+        let data = dir.join("data");
+        let log = dir.join("postgresql.log");
+        let port = super::free_port();
+        let mut backup = self.command("pg_basebackup");
+        backup
+            .current_dir(&dir)
+            .arg("-D")
+            .arg(&data)
+            .args(["-R", "-X", "stream", "-C", "-S", physical_slot])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "--no-sync"]);
+        run_cmd(backup, Duration::from_secs(120));
+        // Appended after what `-R` wrote: the last setting wins.
+        append(
+            &data.join("postgresql.auto.conf"),
+            &format!(
+                "\n# --- outbox-relay test harness: standby ---\nport = {port}\nunix_socket_directories = '{}'\nhot_standby_feedback = on\nsync_replication_slots = on\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres application_name={name}'\n",
+                dir.display(),
+                self.port
+            ),
+        );
+        let mut start = self.command("pg_ctl");
+        start
+            .current_dir(&dir)
+            .arg("start")
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(&log)
+            .args(["-w", "-t", "60"]);
+        run::register_pg(&data);
+        let started = run::run_cmd_status(start, Duration::from_secs(90));
+        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
+        match started {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!(
+                "pg_ctl start of standby {name} failed ({}): {}{}\n--- {}:\n{}",
+                o.status,
+                o.stdout,
+                o.stderr,
+                log.display(),
+                log_tail()
+            ),
+            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
+        }
+        eprintln!(
+            "[support] PostgreSQL {} standby of 127.0.0.1:{} on 127.0.0.1:{port} (data {}, log {})",
+            self.major,
+            self.port,
+            data.display(),
+            log.display()
+        );
+        PgCluster {
+            major: self.major,
+            bindir: self.bindir.clone(),
+            tls: self.tls,
+            port,
+            dir,
+            data,
+            log,
+        }
+    }
+
+    /// Stops the cluster with `pg_ctl stop -m MODE` (`immediate`: as a crash would). Panics
+    /// if it does not stop within 60 s.
+    pub fn stop(&self, mode: &str) {
+        let mut stop = self.command("pg_ctl");
+        stop.current_dir(&self.dir)
+            .args(["stop", "-m", mode, "-w", "-t", "60", "-D"])
+            .arg(&self.data);
+        run_cmd(stop, Duration::from_secs(90));
+    }
+
+    /// Promotes a standby (`pg_ctl promote -w`: returns once it accepts writes). Panics if it
+    /// does not within 60 s.
+    pub fn promote(&self) {
+        let mut promote = self.command("pg_ctl");
+        promote
+            .current_dir(&self.dir)
+            .args(["promote", "-w", "-t", "60", "-D"])
+            .arg(&self.data);
+        run_cmd(promote, Duration::from_secs(90));
+    }
+
+    /// The existing database `name` (e.g. replicated to a standby), with a client connected
+    /// as `postgres`, like [`PgCluster::create_database`]'s.
+    pub async fn database(&self, name: &str) -> TestDb {
+        TestDb {
+            name: name.to_string(),
+            client: self.connect(name, Auth::Trust).await,
+            port: self.port,
+        }
     }
 }

@@ -57,9 +57,8 @@ mod statements;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Client};
+use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -74,7 +73,8 @@ use crate::router::Router;
 use crate::session::{Mode, Session};
 use crate::sink::kafka::KafkaSink;
 use crate::source::replication::quote_ident;
-use crate::source::{slot, SourceError};
+use crate::source::slot::{self, SqlConnection};
+use crate::source::SourceError;
 use crate::supervisor::SessionProgress;
 
 /// `message.timeout.ms` of a polling pipeline unless its Kafka properties set one: a cycle
@@ -165,41 +165,12 @@ async fn session(
     .await
 }
 
-/// Owns the task driving the SQL connection; aborts it when dropped.
-struct Driver(tokio::task::JoinHandle<()>);
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// An SQL connection like [`slot::connect`]'s whose notifications (LISTEN) wake `Notify`.
-async fn connect(config: &PipelineConfig) -> Result<(Client, Driver, Arc<Notify>), Error> {
-    let (pg, tls) = config.source_config()?;
-    let connector = tokio_postgres_rustls::MakeRustlsConnect::new(
-        tls.client_config().map_err(SourceError::Tls)?,
-    );
-    let (client, mut connection) = pg.connect(connector).await.map_err(SourceError::Sql)?;
+async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection, Arc<Notify>), Error> {
     let notify = Arc::new(Notify::new());
-    let wake = notify.clone();
-    let driver = Driver(tokio::spawn(async move {
-        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(message) = messages.next().await {
-            match message {
-                Ok(AsyncMessage::Notification(_)) => wake.notify_one(),
-                Ok(_) => {}
-                // The client's next query reports the broken connection.
-                Err(_) => break,
-            }
-        }
-    }));
+    let (client, driver) = slot::connect_notified(config, Some(notify.clone())).await?;
     // What the cycle relies on whatever the role's defaults: SKIP LOCKED rows re-checked
     // under READ COMMITTED (REPEATABLE READ would fail with serialization errors), writable.
-    client
-        .batch_execute(slot::SESSION_SETTINGS)
-        .await
-        .map_err(SourceError::Sql)?;
     client
         .batch_execute(
             "SET default_transaction_isolation = 'read committed';

@@ -18,7 +18,7 @@ use tokio_postgres::{Client, Row};
 use tracing::{debug, error, warn};
 
 use super::statements::{Statements, COL_CTID};
-use super::{Cycle, Driver, Pace, FAILED};
+use super::{Cycle, Pace, FAILED};
 use crate::config::{MarkMode, PipelineConfig, PollingConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
@@ -26,6 +26,7 @@ use crate::metrics::PipelineMetrics;
 use crate::session::now_ms;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxEvent;
+use crate::source::slot::SqlConnection;
 use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 
 /// One selected row, and what became of it in this cycle.
@@ -77,7 +78,7 @@ pub struct PollingSource {
     config: PipelineConfig,
     metrics: PipelineMetrics,
     client: Arc<Client>,
-    _driver: Driver,
+    _driver: SqlConnection,
     sql: Arc<Statements>,
     /// Woken by LISTEN notifications.
     notified: Arc<Notify>,
@@ -100,7 +101,7 @@ impl PollingSource {
         config: &PipelineConfig,
         metrics: PipelineMetrics,
         client: Client,
-        driver: Driver,
+        driver: SqlConnection,
         notified: Arc<Notify>,
         sql: Statements,
     ) -> Self {
