@@ -47,8 +47,9 @@
 //! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
 //!   options with their field paths.
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
-//! - [`exactly_once`]: the transactional capability of a sink, the checkpoint and its
-//!   read-back.
+//! - [`exactly_once`]: the transactional capability of a sink, the checkpoint (with its
+//!   origin: system identifier, timeline, slot) and its read-back, and the redo that
+//!   dead-letters a record Kafka refused inside a transaction.
 //! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
 //!   sink of each session, and hands both source kinds to the supervisor.

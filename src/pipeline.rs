@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{ConfigError, PipelineConfig, SourceKind};
 use crate::error::{chain, Error, Recovery};
-use crate::exactly_once::{read_checkpoint, Checkpoint, ExactlyOnce, TransactionalSink};
+use crate::exactly_once::{self, Origin, Redo};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
@@ -65,6 +65,7 @@ pub async fn run(
         metrics: &metrics,
         slot_seen: false,
         holder_watch: HolderWatch::default(),
+        redo: Redo::default(),
     };
     supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await
 }
@@ -77,6 +78,9 @@ struct LogTailing<'a> {
     /// the events after its confirmed LSN may be gone: never re-create it silently.
     slot_seen: bool,
     holder_watch: HolderWatch,
+    /// Exactly-once: events Kafka refused for good, dead-lettered in the redo of their
+    /// transaction.
+    redo: Redo,
 }
 
 impl supervisor::Sessions for LogTailing<'_> {
@@ -92,9 +96,13 @@ impl supervisor::Sessions for LogTailing<'_> {
             !self.slot_seen && self.config.create_slot,
             progress,
             &mut self.holder_watch,
+            &mut self.redo,
         )
         .await;
         self.slot_seen |= progress.is_streaming();
+        if let Err(Error::Redo(refused)) = &result {
+            self.redo.add(refused.as_ref().clone());
+        }
         result
     }
 }
@@ -270,6 +278,7 @@ async fn run_session(
     create_slot: bool,
     progress: &SessionProgress,
     holder_watch: &mut HolderWatch,
+    redo: &mut Redo,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let conninfo = config.source_config()?;
@@ -297,6 +306,11 @@ async fn run_session(
     )
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
+    // Exactly-once: where this timeline's history left earlier ones, to check the checkpoint.
+    let history = match config.exactly_once {
+        true => exactly_once::timeline_history(&mut replication, identity.timeline).await?,
+        false => Vec::new(),
+    };
     let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
         .await
@@ -353,23 +367,17 @@ async fn run_session(
     )?;
     // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get the
     // slot) never fences the active relay; WAL waits in the socket meanwhile.
-    let mode = match &transactional_id {
-        Some(transactional_id) => {
-            let transactions = sink.transactions(config.checkpoint_topic(), &config.name);
-            // Fences the previous producer with this id and aborts its open transaction, so
-            // the read_committed read below is not held back by it.
-            transactions.init().await?;
-            let checkpoint =
-                read_checkpoint(&config.kafka, config.checkpoint_topic(), &config.name).await?;
-            info!(
-                pipeline = %config.name,
-                transactional_id = %transactional_id,
-                checkpoint_topic = %config.checkpoint_topic(),
-                checkpoint_lsn = %checkpoint.map_or_else(|| "none".to_owned(), |lsn| lsn.to_string()),
-                confirmed_flush_lsn = %confirmed_flush_lsn,
-                "exactly-once mode: transactions before the checkpoint are passed over"
-            );
-            Mode::ExactlyOnce(ExactlyOnce::new(transactions, checkpoint.map(Checkpoint)))
+    redo.forget_confirmed(confirmed_flush_lsn);
+    let mode = match transactional_id {
+        Some(_) => {
+            let origin = Origin {
+                system_id: identity.system_id.clone(),
+                timeline: identity.timeline,
+                slot: config.slot.clone(),
+            };
+            Mode::ExactlyOnce(
+                exactly_once::start(&sink, config, origin, &history, redo.clone()).await?,
+            )
         }
         None => Mode::AtLeastOnce,
     };
