@@ -2,7 +2,7 @@
 //! a retry, a reason to stand by, or a stop.
 
 use crate::config::ConfigError;
-use crate::exactly_once::{CheckpointError, TransactionError};
+use crate::exactly_once::{CheckpointError, RefusedEvent, TransactionError};
 use crate::router::RouteError;
 use crate::sink::kafka::ProducerError;
 use crate::sink::DeliveryError;
@@ -36,6 +36,12 @@ pub enum Error {
     /// Exactly-once mode: the checkpoint could not be read at session start.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// Exactly-once mode with `on_bad_event = "dead_letter"`: Kafka refused a record of the
+    /// open transaction for good, which leaves the transaction abortable only. It was
+    /// aborted; the next session redoes it with this event sent to the dead-letter topic
+    /// ([`crate::exactly_once::Redo`]).
+    #[error("kafka refused event {} at LSN {} in topic {:?} for good ({}); its transaction was aborted and is redone with the event in the dead-letter topic", String::from_utf8_lossy(&.0.id), .0.lsn, .0.topic, .0.reason)]
+    Redo(Box<RefusedEvent>),
     #[error("cannot serve metrics on {listen}")]
     Listen {
         listen: std::net::SocketAddr,
@@ -83,6 +89,7 @@ impl Error {
             Error::Delivery(e) | Error::Rejected(e) => retry_or_stop(e.retryable),
             Error::Transaction(e) if e.is_fenced() => Recovery::StandBy,
             Error::Transaction(e) => retry_or_stop(e.is_transient()),
+            Error::Redo(_) => Recovery::Retry,
             Error::Checkpoint(e) => retry_or_stop(matches!(
                 e,
                 CheckpointError::Kafka { .. } | CheckpointError::Timeout(_)

@@ -35,7 +35,8 @@
 //!   the source URL), run once before any command starts.
 //! - [`source`]: the [`source::Source`] trait and its two implementations:
 //!   [`source::logical`] (log tailing: replication connection, pgoutput decoder, outbox
-//!   mapping, slot checks) and [`source::polling`] (`source_kind = "polling"`: the outbox
+//!   mapping, slot checks, [`source::slot_record`]: the record that keeps a lost slot from
+//!   being re-created silently) and [`source::polling`] (`source_kind = "polling"`: the outbox
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does, and [`source::target`] picks the
 //!   host of a multi-host URL by `target_session_attrs`, for both connections.
@@ -46,8 +47,9 @@
 //! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
 //!   options with their field paths.
 //! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
-//! - [`exactly_once`]: the transactional capability of a sink, the checkpoint and its
-//!   read-back.
+//! - [`exactly_once`]: the transactional capability of a sink, the checkpoint (with its
+//!   origin: system identifier, timeline, slot) and its read-back, and the redo that
+//!   dead-letters a record Kafka refused inside a transaction.
 //! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
 //!   sink of each session, and hands both source kinds to the supervisor.

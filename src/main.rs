@@ -38,15 +38,16 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Run(RunArgs),
     /// Creates what each pipeline needs in its database: the publication (FOR TABLE the
-    /// outbox, publish = 'insert') when missing, and the logical replication slot (with
-    /// --failover a failover slot, PostgreSQL 17+; FAILOVER is also turned on for an existing
-    /// slot no walsender holds), and says what it did. Run it once before the first start,
-    /// then run the relay with --no-create-slot (or create_slot = false), so a slot that
-    /// disappears later stops the relay instead of silently starting after the events it
-    /// missed.
+    /// outbox, publish = 'insert') when missing, the slot record table (sql/slot_record.sql)
+    /// and the logical replication slot (with --failover a failover slot, PostgreSQL 17+;
+    /// FAILOVER is also turned on for an existing slot no walsender holds), and says what it
+    /// did. A slot the relay streamed from and that is gone now (dropped, lost in a failover)
+    /// is not created again: setup, like the relay, stops with the last LSN the relay
+    /// confirmed; reconcile the events after it, then run setup with --accept-slot-loss.
     ///
     ///   outbox-relay setup --config relay.toml
     ///   outbox-relay setup --source-url ... --bootstrap-servers ... --print-sql
+    ///   outbox-relay setup --config relay.toml --pipeline orders --accept-slot-loss
     #[command(verbatim_doc_comment)]
     Setup {
         #[command(flatten)]
@@ -54,6 +55,10 @@ enum Command {
         /// Print the SQL instead of running it.
         #[arg(long)]
         print_sql: bool,
+        /// Accept that a slot the relay streamed from is lost (the events after its last
+        /// confirmed LSN were not published by the relay): clear its record and create the slot.
+        #[arg(long, conflicts_with = "print_sql")]
+        accept_slot_loss: bool,
     },
     /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
     /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
@@ -109,7 +114,7 @@ struct RunArgs {
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
-        "failover", "standby_url",
+        "failover", "standby_url", "slot_record_schema",
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
@@ -126,7 +131,8 @@ struct RunArgs {
         required_unless_present = "config"
     )]
     source_url: Option<String>,
-    /// Logical replication slot (pgoutput); created if missing unless --no-create-slot.
+    /// Logical replication slot (pgoutput); created if missing unless --no-create-slot, or
+    /// unless the slot record says the relay streamed from it before.
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     slot: String,
     /// Publication that includes the outbox table; its exact name, without quotes.
@@ -178,6 +184,14 @@ struct RunArgs {
     /// and `status` read its settings and its copy of the slot.
     #[arg(long, env = "OUTBOX_RELAY_STANDBY_URL", hide_env_values = true)]
     standby_url: Option<String>,
+    /// Do not record in the source database which slot the relay streamed from (with
+    /// --config: for every pipeline). Without the record, a relay started after its slot was
+    /// lost creates a new one and never publishes the events in between.
+    #[arg(long, env = "OUTBOX_RELAY_NO_SLOT_RECORD")]
+    no_slot_record: bool,
+    /// Schema of the slot record table (streamed_slots), created if missing.
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_RECORD_SCHEMA", default_value = config::DEFAULT_SLOT_RECORD_SCHEMA)]
+    slot_record_schema: String,
     /// Standby status update interval, ms.
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
     status_interval_ms: u64,
@@ -236,6 +250,8 @@ impl RunArgs {
             create_slot: !self.no_create_slot,
             failover: self.failover,
             standby_url: self.standby_url.map(Into::into),
+            slot_record: !self.no_slot_record,
+            slot_record_schema: self.slot_record_schema,
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),
                 properties: self.kafka_properties,
@@ -304,6 +320,11 @@ fn pipelines(
                     p.create_slot = false;
                 }
             }
+            if args.no_slot_record {
+                for p in &mut pipelines {
+                    p.slot_record = false;
+                }
+            }
             Ok((pipelines, args.metrics_listen.or(file.metrics_listen)))
         }
         None => {
@@ -342,7 +363,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Setup { args, print_sql } => {
+        Command::Setup {
+            args,
+            print_sql,
+            accept_slot_loss,
+        } => {
             let (pipelines, _) = pipelines(args, false)?;
             for config in &pipelines {
                 if config.source_kind == config::SourceKind::Polling {
@@ -360,7 +385,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     );
                     continue;
                 }
-                let outcome = outbox_relay::source::slot::setup(config)
+                let outcome = outbox_relay::source::slot::setup(config, accept_slot_loss)
                     .await
                     .with_context(|| format!("pipeline {}", config.name))?;
                 for done in &outcome.done {
@@ -438,8 +463,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     ),
                     Ok(None) => {
                         failed = true;
+                        let lost = match outbox_relay::source::slot_record::recorded(config).await
+                        {
+                            Some(r) => format!(
+                                " but the relay streamed from it (last confirmed LSN {} at {}): reconcile the events after it, then setup --accept-slot-loss",
+                                r.confirmed_lsn, r.confirmed_at
+                            ),
+                            None => String::new(),
+                        };
                         println!(
-                            "{:<16} {:<24} slot does not exist",
+                            "{:<16} {:<24} slot does not exist{lost}",
                             config.name, config.slot
                         )
                     }

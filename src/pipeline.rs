@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::config::{ConfigError, PipelineConfig, SourceKind};
 use crate::error::{chain, Error, Recovery};
-use crate::exactly_once::{read_checkpoint, Checkpoint, ExactlyOnce, TransactionalSink};
+use crate::exactly_once::{self, Origin, Redo};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
@@ -31,11 +31,15 @@ use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::source::replication::ReplicationClient;
 use crate::source::slot::{self, failover};
+use crate::source::slot_record::{self, Recorder};
+use crate::source::SourceError;
 use crate::supervisor::{self, SessionProgress};
 
 /// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
 /// retention changes over minutes, and the query is cheap.
 const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a session's end waits for the slot record's last update: one small UPDATE.
+const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
 ///
 /// Both source kinds run under [`supervisor::supervise`]: transient errors restart the
@@ -61,6 +65,7 @@ pub async fn run(
         metrics: &metrics,
         slot_seen: false,
         holder_watch: HolderWatch::default(),
+        redo: Redo::default(),
     };
     supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await
 }
@@ -73,6 +78,9 @@ struct LogTailing<'a> {
     /// the events after its confirmed LSN may be gone: never re-create it silently.
     slot_seen: bool,
     holder_watch: HolderWatch,
+    /// Exactly-once: events Kafka refused for good, dead-lettered in the redo of their
+    /// transaction.
+    redo: Redo,
 }
 
 impl supervisor::Sessions for LogTailing<'_> {
@@ -88,9 +96,13 @@ impl supervisor::Sessions for LogTailing<'_> {
             !self.slot_seen && self.config.create_slot,
             progress,
             &mut self.holder_watch,
+            &mut self.redo,
         )
         .await;
         self.slot_seen |= progress.is_streaming();
+        if let Err(Error::Redo(refused)) = &result {
+            self.redo.add(refused.as_ref().clone());
+        }
         result
     }
 }
@@ -304,9 +316,25 @@ async fn run_session(
     create_slot: bool,
     progress: &SessionProgress,
     holder_watch: &mut HolderWatch,
+    redo: &mut Redo,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let conninfo = config.source_config()?;
+    let mut replication = ReplicationClient::connect(&conninfo).await?;
+    let identity = replication.identify_system().await?;
+    // The slot record decides before the slot is created: a slot the relay streamed from
+    // and that is gone now is never created again without `setup --accept-slot-loss`.
+    let record = match config.slot_record {
+        true => Some(slot_record::check(&client, config, &identity).await?),
+        false => None,
+    };
+    if let Some(slot_record::Checked {
+        verdict: slot_record::Verdict::Lost(loss),
+        ..
+    }) = &record
+    {
+        return Err(SourceError::Config(loss.to_string()).into());
+    }
     slot::check_failover(&client, &config.slot, config.failover).await?;
     let state = slot::prepare(
         &client,
@@ -318,9 +346,11 @@ async fn run_session(
     )
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
-
-    let mut replication = ReplicationClient::connect(&conninfo).await?;
-    let identity = replication.identify_system().await?;
+    // Exactly-once: where this timeline's history left earlier ones, to check the checkpoint.
+    let history = match config.exactly_once {
+        true => exactly_once::timeline_history(&mut replication, identity.timeline).await?,
+        false => Vec::new(),
+    };
     let stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
         .await
@@ -341,8 +371,32 @@ async fn run_session(
     // have confirmed more since `prepare`, and PostgreSQL 15 would let an older flush LSN move
     // the slot backwards.
     let confirmed_flush_lsn = slot::confirmed_flush_lsn(&client, &config.slot).await?;
-    drop(client);
-    drop(connection);
+    let recorder = match record {
+        Some(checked) if !checked.standby => {
+            slot_record::streaming(
+                &client,
+                config,
+                &identity,
+                checked.record.as_ref(),
+                confirmed_flush_lsn,
+            )
+            .await?;
+            Some(Recorder::spawn(
+                config,
+                client,
+                connection,
+                confirmed_flush_lsn,
+            ))
+        }
+        standby => {
+            if standby.is_some() {
+                warn!(pipeline = %config.name, slot = %config.slot, "this server is a standby: the slot record is read, not written (write it on the primary or set slot_record = false)");
+            }
+            drop(client);
+            drop(connection);
+            None
+        }
+    };
     let transactional_id = config.exactly_once.then(|| config.transactional_id());
     let sink = KafkaSink::new(
         &config.kafka,
@@ -353,23 +407,17 @@ async fn run_session(
     )?;
     // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get the
     // slot) never fences the active relay; WAL waits in the socket meanwhile.
-    let mode = match &transactional_id {
-        Some(transactional_id) => {
-            let transactions = sink.transactions(config.checkpoint_topic(), &config.name);
-            // Fences the previous producer with this id and aborts its open transaction, so
-            // the read_committed read below is not held back by it.
-            transactions.init().await?;
-            let checkpoint =
-                read_checkpoint(&config.kafka, config.checkpoint_topic(), &config.name).await?;
-            info!(
-                pipeline = %config.name,
-                transactional_id = %transactional_id,
-                checkpoint_topic = %config.checkpoint_topic(),
-                checkpoint_lsn = %checkpoint.map_or_else(|| "none".to_owned(), |lsn| lsn.to_string()),
-                confirmed_flush_lsn = %confirmed_flush_lsn,
-                "exactly-once mode: transactions before the checkpoint are passed over"
-            );
-            Mode::ExactlyOnce(ExactlyOnce::new(transactions, checkpoint.map(Checkpoint)))
+    redo.forget_confirmed(confirmed_flush_lsn);
+    let mode = match transactional_id {
+        Some(_) => {
+            let origin = Origin {
+                system_id: identity.system_id.clone(),
+                timeline: identity.timeline,
+                slot: config.slot.clone(),
+            };
+            Mode::ExactlyOnce(
+                exactly_once::start(&sink, config, origin, &history, redo.clone()).await?,
+            )
         }
         None => Mode::AtLeastOnce,
     };
@@ -398,17 +446,22 @@ async fn run_session(
     .with_route_by(config.route.by_field.clone())
     .with_columns(router.columns().to_vec())
     .with_oid(outbox_oid);
-    let source = LogicalSource::new(
+    let mut source = LogicalSource::new(
         stream,
         decoder,
         config.op_invalid_behavior,
         metrics.clone(),
         confirmed_flush_lsn,
     );
+    let mut recorder_task = None;
+    if let Some((recorder, task)) = recorder {
+        source = source.with_recorder(recorder);
+        recorder_task = Some(task);
+    }
     metrics
         .confirmed_flush_lsn
         .set(i64::try_from(confirmed_flush_lsn.0).unwrap_or(i64::MAX));
-    Session::new(
+    let result = Session::new(
         config,
         metrics,
         source,
@@ -419,5 +472,10 @@ async fn run_session(
         progress,
     )
     .run(shutdown, status_interval)
-    .await
+    .await;
+    // The source is gone with its recorder: the record's last update, bounded.
+    if let Some(task) = recorder_task {
+        task.finish(RECORD_FINISH_TIMEOUT).await;
+    }
+    result
 }

@@ -17,8 +17,10 @@
 //!
 //! Shutdown: until the session reports [`SessionProgress::streaming`], a shutdown drops the
 //! session future at once (its set-up, such as a slot creation waiting for a long transaction
-//! or the exactly-once start, has confirmed nothing and owns no detached task); once it
-//! streams, the session drains by itself (in-flight deliveries, the final status update).
+//! or the exactly-once start, has confirmed nothing and owns no detached task but the
+//! exactly-once start's blocking librdkafka calls, on threads the process does not wait for);
+//! once it streams, the session drains by itself (in-flight deliveries, the final status
+//! update).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -31,9 +31,15 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 /// Compacted topic for exactly-once checkpoints: one per Kafka cluster, keyed by pipeline name,
 /// so several relays can share it.
 pub const DEFAULT_CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
-/// Creating a missing slot at start is what a first run needs; `setup` plus
-/// `create_slot = false` is the safer production choice (README, Operations).
+/// Creating a missing slot at start is what a first run needs; once the relay streamed from a
+/// slot, the slot record ([`DEFAULT_SLOT_RECORD`]) keeps a lost one from being created again.
 pub const DEFAULT_CREATE_SLOT: bool = true;
+/// Remembering each slot the relay streamed from is what keeps a lost slot from being
+/// re-created silently on the next start (README, "A slot is never silently replaced").
+pub const DEFAULT_SLOT_RECORD: bool = true;
+/// The schema of the slot record table (`sql/slot_record.sql`): the relay's own, apart from
+/// the application's tables.
+pub const DEFAULT_SLOT_RECORD_SCHEMA: &str = "outbox_relay";
 
 /// A configuration value that cannot work; the message names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -393,6 +399,20 @@ pub struct PipelineConfig {
     /// `source_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby_url: Option<SourceUrl>,
+    /// Record in the source database (table `<slot_record_schema>.streamed_slots`) that this
+    /// pipeline streamed from its slot, so that a start that finds the slot gone refuses to
+    /// create it again ([`DEFAULT_SLOT_RECORD`]).
+    #[serde(
+        default = "default_slot_record",
+        skip_serializing_if = "is_default_slot_record"
+    )]
+    pub slot_record: bool,
+    /// The schema of the slot record table, created if missing ([`DEFAULT_SLOT_RECORD_SCHEMA`]).
+    #[serde(
+        default = "default_slot_record_schema",
+        skip_serializing_if = "is_default_slot_record_schema"
+    )]
+    pub slot_record_schema: String,
     #[serde(default, skip_serializing_if = "is_default")]
     pub kafka: KafkaConfig,
     /// [`DEFAULT_STATUS_INTERVAL_MS`].
@@ -457,6 +477,8 @@ macro_rules! defaults {
 
 defaults! {
     default_create_slot, is_default_create_slot: bool = DEFAULT_CREATE_SLOT;
+    default_slot_record, is_default_slot_record: bool = DEFAULT_SLOT_RECORD;
+    default_slot_record_schema, is_default_slot_record_schema: String = DEFAULT_SLOT_RECORD_SCHEMA.to_owned();
     default_status_interval_ms, is_default_status_interval_ms: u64 = DEFAULT_STATUS_INTERVAL_MS;
     default_max_in_flight_events, is_default_max_in_flight_events: usize = DEFAULT_MAX_IN_FLIGHT_EVENTS;
     default_max_in_flight_bytes, is_default_max_in_flight_bytes: usize = DEFAULT_MAX_IN_FLIGHT_BYTES;
@@ -488,6 +510,8 @@ impl PipelineConfig {
             create_slot: DEFAULT_CREATE_SLOT,
             failover: false,
             standby_url: None,
+            slot_record: DEFAULT_SLOT_RECORD,
+            slot_record_schema: DEFAULT_SLOT_RECORD_SCHEMA.to_owned(),
             kafka: KafkaConfig::default(),
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
@@ -556,6 +580,12 @@ impl PipelineConfig {
                 }
                 if self.publication.is_empty() {
                     problems.push(ConfigError::new("publication", required));
+                }
+                if self.slot_record && self.slot_record_schema.is_empty() {
+                    problems.push(ConfigError::new(
+                        "slot_record_schema",
+                        "must not be empty (or set slot_record = false)",
+                    ));
                 }
             }
         }
@@ -845,5 +875,39 @@ mod tests {
             "postgres://u@h/db?sslmode=require&password=***"
         );
         assert!(!format!("{:?}", config()).contains(":pw@"));
+    }
+
+    #[test]
+    fn the_slot_record_is_on_by_default_and_its_schema_must_be_named() {
+        let defaults = config();
+        assert!(defaults.slot_record);
+        assert_eq!(defaults.slot_record_schema, "outbox_relay");
+        assert!(defaults.problems().is_empty());
+        let unnamed = PipelineConfig {
+            slot_record_schema: String::new(),
+            ..config()
+        };
+        assert_eq!(
+            unnamed.problems(),
+            vec![ConfigError::new(
+                "slot_record_schema",
+                "must not be empty (or set slot_record = false)"
+            )]
+        );
+        let off = PipelineConfig {
+            slot_record: false,
+            ..unnamed
+        };
+        assert!(off.problems().is_empty());
+        let parsed: PipelineConfig = toml::from_str(
+            "name = \"a\"\ntable = \"public.outbox\"\nslot_record = false\nslot_record_schema = \"relay_state\"\n",
+        )
+        .unwrap();
+        assert!(!parsed.slot_record);
+        assert_eq!(parsed.slot_record_schema, "relay_state");
+        // Defaults are not written out (import-debezium's output stays short).
+        let written =
+            toml::to_string(&PipelineConfig::new("a", "public.outbox".parse().unwrap())).unwrap();
+        assert!(!written.contains("slot_record"), "{written}");
     }
 }

@@ -16,18 +16,26 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use super::{Checkpoint, CheckpointError, TransactionalSink, Transactions};
+use super::{
+    Checkpoint, CheckpointError, Origin, StoredCheckpoint, TransactionalSink, Transactions,
+};
 use crate::config::KafkaConfig;
 use crate::lsn::Lsn;
 use crate::sink::kafka::KafkaSink;
 use crate::sink::producer::{DeliveryContext, PolledProducer};
 
 impl TransactionalSink for KafkaSink {
-    fn transactions(&self, checkpoint_topic: &str, pipeline: &str) -> Box<dyn Transactions> {
+    fn transactions(
+        &self,
+        checkpoint_topic: &str,
+        pipeline: &str,
+        origin: Origin,
+    ) -> Box<dyn Transactions> {
         Box::new(KafkaTransactions {
             producer: self.producer().clone(),
             checkpoint_topic: checkpoint_topic.to_owned(),
             pipeline: pipeline.to_owned(),
+            origin,
         })
     }
 }
@@ -86,14 +94,18 @@ impl TransactionError {
 /// The transaction calls of a transactional [`KafkaSink`] (created with a `transactional_id`),
 /// with checkpoint records keyed by the pipeline name in the checkpoint topic.
 ///
-/// librdkafka's transaction calls block: each runs on tokio's blocking pool (on a clone of the
-/// producer), never on the runtime's threads. Not cancel-safe in the sense that a dropped
-/// call still completes in the background.
+/// librdkafka's transaction calls block: `begin`, `commit` and `abort` run on tokio's
+/// blocking pool (on a clone of the producer), never on the runtime's threads; `init`, which
+/// can take up to a minute at session start, runs on a detached thread of its own (see
+/// `detached`). Not cancel-safe in the sense that a dropped call still completes in the
+/// background.
 #[derive(Clone)]
 pub struct KafkaTransactions {
     producer: PolledProducer,
     checkpoint_topic: String,
     pipeline: String,
+    /// Written with each checkpoint: where its LSN comes from.
+    origin: Origin,
 }
 
 impl KafkaTransactions {
@@ -103,8 +115,15 @@ impl KafkaTransactions {
     ///
     /// Returns an error if the coordinator cannot be reached within 60 s or refuses the id.
     async fn init_call(&self) -> Result<(), TransactionError> {
-        self.call("init", |p| p.init_transactions(TRANSACTION_CALL_TIMEOUT))
-            .await
+        let producer = self.producer.clone();
+        detached("init-transactions", move || {
+            producer.inner().init_transactions(TRANSACTION_CALL_TIMEOUT)
+        })
+        .await
+        .map_err(|source| TransactionError {
+            operation: "init",
+            source,
+        })
     }
 
     /// Starts a Kafka transaction; the records sent until [`Transactions::commit`] or
@@ -113,8 +132,8 @@ impl KafkaTransactions {
         self.call("begin", |p| p.begin_transaction()).await
     }
 
-    /// Adds the checkpoint record (key = pipeline name, value = `end_lsn` as PostgreSQL prints
-    /// it), waits for its acknowledgement and commits the transaction. Call it once every
+    /// Adds the checkpoint record (key = pipeline name, value = `end_lsn` with this session's
+    /// origin, [`StoredCheckpoint::encode`]), waits for its acknowledgement and commits the transaction. Call it once every
     /// other record of the transaction was acknowledged: librdkafka's commit then has nothing
     /// left to flush (rdkafka's flush loop would otherwise sleep in 100 ms steps), and fails the
     /// commit if a record of the transaction failed (an abortable error).
@@ -131,7 +150,7 @@ impl KafkaTransactions {
         let producer = self.producer.clone();
         let topic = self.checkpoint_topic.clone();
         let key = self.pipeline.clone();
-        let value = Checkpoint(end_lsn).encode();
+        let value = StoredCheckpoint::encode(end_lsn, &self.origin);
         let commit = self.call("commit", |p| {
             // A retriable error (coordinator moving or loading, request timed out) leaves the
             // transaction open: commit again, as librdkafka's documentation says, until the
@@ -247,7 +266,7 @@ pub async fn read_checkpoint(
     config: &KafkaConfig,
     topic: &str,
     pipeline: &str,
-) -> Result<Option<Lsn>, CheckpointError> {
+) -> Result<Option<StoredCheckpoint>, CheckpointError> {
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.bootstrap_servers);
     for (key, value) in &config.properties {
@@ -261,7 +280,7 @@ pub async fn read_checkpoint(
         .set("isolation.level", "read_committed")
         .set("allow.auto.create.topics", "false");
     let (topic, pipeline) = (topic.to_owned(), pipeline.to_owned());
-    let read = move || -> Result<Option<Lsn>, CheckpointError> {
+    let read = move || -> Result<Option<StoredCheckpoint>, CheckpointError> {
         let kafka = |source| CheckpointError::Kafka {
             topic: topic.clone(),
             source,
@@ -315,7 +334,7 @@ pub async fn read_checkpoint(
                     };
                     *slot = match message.payload() {
                         None => None,
-                        Some(value) => Some(Checkpoint::decode(value).map_err(|reason| {
+                        Some(value) => Some(StoredCheckpoint::decode(value).map_err(|reason| {
                             CheckpointError::Value {
                                 topic: topic.clone(),
                                 partition: message.partition(),
@@ -329,17 +348,53 @@ pub async fn read_checkpoint(
                 Some(Ok(_)) => {}
             }
         }
-        Ok(last.into_iter().flatten().map(|c: Checkpoint| c.0).max())
+        Ok(last.into_iter().flatten().max_by_key(|c| c.lsn))
     };
-    match tokio::task::spawn_blocking(read).await {
-        Ok(result) => result,
-        Err(join) => std::panic::resume_unwind(join.into_panic()),
-    }
+    detached("read-checkpoint", read).await
+}
+
+/// Runs the blocking `f` on a thread of its own and returns its result. Dropping the future
+/// leaves the thread to finish by itself and drop the result: unlike tokio's blocking pool,
+/// which the runtime waits for when it is dropped, so a stop during the exactly-once start
+/// (a coordinator that does not answer: up to a minute) would hold the process that long.
+///
+/// # Panics
+/// If the thread cannot be spawned, or `f` panicked.
+async fn detached<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            // The receiver is gone when the session was dropped meanwhile: nothing to tell.
+            let _ = sender.send(f());
+        })
+        .unwrap_or_else(|e| panic!("cannot spawn the {name} thread: {e}"));
+    receiver
+        .await
+        .unwrap_or_else(|_| panic!("the {name} thread panicked"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_detached_call_returns_its_result_and_a_dropped_one_does_not_hold_the_runtime() {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        assert_eq!(runtime.block_on(detached("test-call", || 7)), 7);
+        // A call still blocked when its runtime is dropped (a stop during set-up).
+        runtime.spawn(detached("test-call", || {
+            std::thread::sleep(Duration::from_secs(30))
+        }));
+        runtime.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+        let start = std::time::Instant::now();
+        drop(runtime);
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "dropping the runtime waited {:?} for a detached call",
+            start.elapsed()
+        );
+    }
 
     #[test]
     fn transaction_errors_are_classified() {

@@ -6,38 +6,44 @@
 //! tracker see the PostgreSQL commit, so the slot never passes a transaction whose sink
 //! transaction is not committed. No source item is read while a commit is pending. A new
 //! session fences the previous producer ([`Transactions::init`]), reads the checkpoint back
-//! ([`read_checkpoint`]) and passes over the transactions at or below it: those committed
-//! before a crash that came before the slot's confirmation.
+//! ([`read_checkpoint`]), refuses it if it was written for another source
+//! ([`StoredCheckpoint::verify`]) and passes over the transactions at or below it: those
+//! committed before a crash that came before the slot's confirmation ([`start`]).
 //!
 //! - [`TransactionalSink`] and [`Transactions`]: the capability (begin, commit with a
 //!   checkpoint, abort); [`kafka`] implements it for [`crate::sink::kafka::KafkaSink`].
+//! - [`checkpoint`]: the checkpoint's format and origin, and the decision whether one read
+//!   back belongs to this source.
 //! - [`ExactlyOnce`]: what the session loop keeps between those calls.
+//! - [`redo`]: events Kafka refused inside a transaction, dead-lettered when it is redone.
 
+pub mod checkpoint;
 pub mod kafka;
+pub mod redo;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use tracing::{info, warn};
 
+pub use checkpoint::{Checkpoint, Origin, StoredCheckpoint, TimelineSwitch};
 pub use kafka::{read_checkpoint, KafkaTransactions, TransactionError};
+pub use redo::{Redo, RefusedEvent};
 
-use crate::error::chain;
+use crate::config::PipelineConfig;
+use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
-use crate::sink::Sink;
+use crate::sink::{DeliveryError, Sink};
+use crate::source::replication::ReplicationClient;
 use crate::source::SourceError;
 
 /// How long to wait for an abort of the open transaction when a session ends; if it does not
 /// finish, the next session's producer aborts it (and the coordinator, after
 /// `transaction.timeout.ms`, if no session follows).
 const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The exactly-once checkpoint: the commit end LSN of the newest PostgreSQL transaction whose
-/// Kafka transaction committed. Stored as the value of a record keyed by the pipeline name, as
-/// PostgreSQL prints an LSN (`0/16B3748`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Checkpoint(pub Lsn);
 
 /// The checkpoint could not be read at session start.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +58,13 @@ pub enum CheckpointError {
     },
     #[error("checkpoint topic {0:?} was not read to its end within 60 s (a transaction open for longer holds read_committed readers back)")]
     Timeout(String),
+    /// The checkpoint read back belongs to another source (see [`StoredCheckpoint::verify`]).
+    #[error("checkpoint of pipeline {pipeline:?} in topic {topic:?} does not belong to this source: {reason}; passing over events by it would lose them. If the pipeline was moved to this database on purpose, delete its checkpoint (a tombstone record keyed {pipeline:?} in {topic:?}) or give it a new pipeline name and transactional_id; otherwise point it back at the database the checkpoint names")]
+    Foreign {
+        pipeline: String,
+        topic: String,
+        reason: String,
+    },
     #[error("checkpoint topic {topic:?} partition {partition} offset {offset}: {reason}")]
     Value {
         topic: String,
@@ -61,36 +74,16 @@ pub enum CheckpointError {
     },
 }
 
-impl Checkpoint {
-    /// The record value: the LSN as PostgreSQL prints it (`0/16B3748`).
-    pub fn encode(&self) -> String {
-        self.0.to_string()
-    }
-
-    /// Parses a record value written by [`Checkpoint::encode`].
-    ///
-    /// Returns an error naming the value if it is not an LSN.
-    pub fn decode(value: &[u8]) -> Result<Checkpoint, String> {
-        let text = std::str::from_utf8(value)
-            .map_err(|_| format!("checkpoint value is not UTF-8: {value:?}"))?;
-        text.parse()
-            .map(Checkpoint)
-            .map_err(|e| format!("checkpoint value: {e}"))
-    }
-
-    /// Whether the transaction whose commit record starts at `final_lsn` (pgoutput's Begin) is
-    /// at or below the checkpoint, i.e. already committed to Kafka. The transaction that ends
-    /// at the checkpoint has its commit record before it; any later one starts at or after it.
-    pub fn covers(&self, final_lsn: Lsn) -> bool {
-        final_lsn < self.0
-    }
-}
-
 /// A sink whose records can be grouped in transactions: the exactly-once capability.
 pub trait TransactionalSink: Sink {
     /// The transaction calls of this sink, committing checkpoint records keyed `pipeline` in
-    /// `checkpoint_topic`.
-    fn transactions(&self, checkpoint_topic: &str, pipeline: &str) -> Box<dyn Transactions>;
+    /// `checkpoint_topic`, written with `origin` (where their LSNs come from).
+    fn transactions(
+        &self,
+        checkpoint_topic: &str,
+        pipeline: &str,
+        origin: Origin,
+    ) -> Box<dyn Transactions>;
 }
 
 /// Transaction calls of a [`TransactionalSink`]. Each returned future owns what it needs, so
@@ -132,6 +125,13 @@ pub struct ExactlyOnce {
     commit_at: Option<Lsn>,
     /// The commit call, started once every record of the transaction was acknowledged.
     committing: Option<BoxFuture<'static, Result<(), TransactionError>>>,
+    /// The commit LSN (Begin's `final_lsn`) of the open PostgreSQL transaction.
+    commit_lsn: Lsn,
+    /// Events refused in earlier sessions, sent straight to the dead-letter topic.
+    redo: Redo,
+    /// LSN and id of each record in flight by event number, to name a refused one in a
+    /// [`RefusedEvent`]; bounded by the in-flight limit.
+    sent: HashMap<u64, (Lsn, Bytes)>,
 }
 
 impl ExactlyOnce {
@@ -145,12 +145,56 @@ impl ExactlyOnce {
             open: false,
             commit_at: None,
             committing: None,
+            commit_lsn: Lsn::ZERO,
+            redo: Redo::default(),
+            sent: HashMap::new(),
         }
+    }
+
+    /// This state with the events that earlier sessions saw refused (see [`redo`]).
+    pub fn with_redo(mut self, redo: Redo) -> Self {
+        self.redo = redo;
+        self
     }
 
     /// A PostgreSQL transaction whose commit record starts at `final_lsn` begins.
     pub fn on_begin(&mut self, final_lsn: Lsn) {
         self.skipping = self.checkpoint.is_some_and(|c| c.covers(final_lsn));
+        self.commit_lsn = final_lsn;
+    }
+
+    /// The refused event at `lsn` with `id` if an earlier session saw Kafka refuse it: the
+    /// redo sends it straight to the dead-letter topic.
+    pub fn refused_before(&self, lsn: Lsn, id: &[u8]) -> Option<&RefusedEvent> {
+        self.redo.find(lsn, id)
+    }
+
+    /// Notes that event number `event` (at `lsn`, with `id`) is sent.
+    pub fn sent(&mut self, event: u64, lsn: Lsn, id: Bytes) {
+        self.sent.insert(event, (lsn, id));
+    }
+
+    /// Event number `event` has its outcome.
+    pub fn settled(&mut self, event: u64) {
+        self.sent.remove(&event);
+    }
+
+    /// Kafka refused event number `event` for good: its transaction can only be aborted.
+    /// Returns what the redo needs to dead-letter it, or `None` if the event is not in flight
+    /// or the redo holds [`redo::MAX_REDO_EVENTS`] already (then the pipeline halts on it).
+    pub fn refused(&mut self, event: u64, error: &DeliveryError) -> Option<RefusedEvent> {
+        let (lsn, id) = self.sent.remove(&event)?;
+        if self.redo.is_full() {
+            return None;
+        }
+        Some(RefusedEvent {
+            commit_lsn: self.commit_lsn,
+            lsn,
+            id,
+            topic: error.topic.clone(),
+            reason: error.reason.clone(),
+            too_large: error.too_large,
+        })
     }
 
     /// Whether the events of the open PostgreSQL transaction are passed over (committed
@@ -217,6 +261,7 @@ impl ExactlyOnce {
         self.committing = None;
         result?;
         self.open = false;
+        self.sent.clear();
         Ok(self.commit_at.take().expect("a commit was pending"))
     }
 
@@ -251,39 +296,153 @@ impl ExactlyOnce {
     }
 }
 
+/// The exactly-once start of a session on `sink`, after START_REPLICATION (so that a standby,
+/// which cannot get the slot, never fences the active relay): fences the previous producer
+/// with the transactional id (aborting its open transaction, so the `read_committed` read is
+/// not held back by it), reads the checkpoint back and checks that it belongs to `origin`,
+/// whose timeline history is `history`. `redo` holds the refused events of earlier sessions.
+///
+/// Dropping the future at any await is safe (a stop during set-up): it has confirmed nothing,
+/// and its blocking calls finish on detached threads that the process does not wait for.
+///
+/// Returns an error if the coordinator or the checkpoint topic cannot be read (retried), or
+/// [`CheckpointError::Foreign`] if the checkpoint was written for another system, slot or
+/// history (the pipeline stops: passing over events by it would lose them).
+pub async fn start(
+    sink: &impl TransactionalSink,
+    config: &PipelineConfig,
+    origin: Origin,
+    history: &[TimelineSwitch],
+    redo: Redo,
+) -> Result<ExactlyOnce, Error> {
+    let topic = config.checkpoint_topic();
+    let transactions = sink.transactions(topic, &config.name, origin.clone());
+    transactions.init().await?;
+    let stored = read_checkpoint(&config.kafka, topic, &config.name).await?;
+    let checkpoint =
+        match &stored {
+            None => None,
+            Some(stored) => Some(stored.verify(&origin, history).map_err(|reason| {
+                CheckpointError::Foreign {
+                    pipeline: config.name.clone(),
+                    topic: topic.to_owned(),
+                    reason,
+                }
+            })?),
+        };
+    if let Some(StoredCheckpoint { lsn, origin: None }) = &stored {
+        warn!(pipeline = %config.name, checkpoint_topic = %topic, checkpoint_lsn = %lsn, "the checkpoint is in the old format (a bare LSN, without system identifier, timeline and slot) and is taken as it is; the next commit rewrites it with its origin. If this pipeline was pointed at another database since it was written, stop it and delete the checkpoint first");
+    }
+    info!(
+        pipeline = %config.name,
+        transactional_id = %config.transactional_id(),
+        checkpoint_topic = %topic,
+        checkpoint_lsn = %stored.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string),
+        origin = %origin,
+        redone_dead_letters = redo.len(),
+        "exactly-once mode: transactions before the checkpoint are passed over"
+    );
+    Ok(ExactlyOnce::new(transactions, checkpoint).with_redo(redo))
+}
+
+/// The timeline history of `timeline` (`TIMELINE_HISTORY`, docs 55.4 "Streaming Replication
+/// Protocol"): where each earlier timeline of this server's history ended. Timeline 1 has
+/// none.
+///
+/// Returns an error if the server refuses the command or its file cannot be parsed.
+pub async fn timeline_history(
+    replication: &mut ReplicationClient,
+    timeline: u32,
+) -> Result<Vec<TimelineSwitch>, SourceError> {
+    if timeline <= 1 {
+        return Ok(Vec::new());
+    }
+    let rows = replication
+        .simple_query(&format!("TIMELINE_HISTORY {timeline}"))
+        .await?;
+    let content = rows
+        .first()
+        .and_then(|row| row.get(1).cloned().flatten())
+        .ok_or_else(|| {
+            SourceError::Protocol(format!("TIMELINE_HISTORY {timeline} returned no content"))
+        })?;
+    checkpoint::parse_timeline_history(&content).map_err(SourceError::Protocol)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt;
 
-    #[test]
-    fn checkpoint_values_round_trip_and_bad_ones_are_named() {
-        let c = Checkpoint(Lsn(0x16B_3748));
-        assert_eq!(c.encode(), "0/16B3748");
-        assert_eq!(Checkpoint::decode(b"0/16B3748"), Ok(c));
-        assert_eq!(
-            Checkpoint::decode(b"1A/0").unwrap(),
-            Checkpoint(Lsn(0x1A << 32))
-        );
-        for bad in [
-            &b""[..],
-            b"16B3748",
-            b"0/16B3748 ",
-            b"\xff/0",
-            b"0/zz",
-            &[0xff, b'/', b'0'],
-        ] {
-            let e = Checkpoint::decode(bad).unwrap_err();
-            assert!(e.starts_with("checkpoint value"), "{e}");
+    /// Transaction calls that all succeed at once.
+    struct Succeeding;
+
+    impl Transactions for Succeeding {
+        fn init(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn begin(&self) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn commit(&self, _: Checkpoint) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+        fn abort(&self, _: Duration) -> BoxFuture<'static, Result<(), TransactionError>> {
+            async { Ok(()) }.boxed()
+        }
+    }
+
+    fn refusal(topic: &str) -> DeliveryError {
+        DeliveryError {
+            event_id: "b".into(),
+            topic: topic.into(),
+            reason: "Broker: Message size too large".into(),
+            retryable: false,
+            too_large: true,
+            record: None,
         }
     }
 
     #[test]
-    fn checkpoint_covers_the_transaction_ending_there_and_not_the_next() {
-        // A transaction whose commit record spans 0/100..0/138, and the next at 0/138.
-        let c = Checkpoint(Lsn(0x138));
-        assert!(c.covers(Lsn(0x100)), "the checkpointed transaction itself");
-        assert!(c.covers(Lsn(0x10)), "earlier transactions");
-        assert!(!c.covers(Lsn(0x138)), "a commit record starting at the end");
-        assert!(!c.covers(Lsn(0x200)), "later transactions");
+    fn a_refused_record_is_named_by_its_transaction_lsn_and_id_for_the_redo() {
+        let mut eos = ExactlyOnce::new(Box::new(Succeeding), None);
+        eos.on_begin(Lsn(0x200));
+        eos.sent(0, Lsn(0x110), Bytes::from_static(b"a"));
+        eos.sent(1, Lsn(0x118), Bytes::from_static(b"b"));
+        eos.settled(0);
+        assert_eq!(eos.refused(0, &refusal("T")), None, "settled already");
+        let refused = eos.refused(1, &refusal("T")).expect("in flight");
+        assert_eq!(
+            refused,
+            RefusedEvent {
+                commit_lsn: Lsn(0x200),
+                lsn: Lsn(0x118),
+                id: Bytes::from_static(b"b"),
+                topic: "T".into(),
+                reason: "Broker: Message size too large".into(),
+                too_large: true,
+            }
+        );
+
+        // The next session, redoing the transaction.
+        let mut redo = Redo::default();
+        assert!(redo.add(refused));
+        let eos = ExactlyOnce::new(Box::new(Succeeding), None).with_redo(redo);
+        assert!(eos.refused_before(Lsn(0x118), b"b").is_some());
+        assert!(eos.refused_before(Lsn(0x110), b"a").is_none());
+    }
+
+    #[test]
+    fn no_refusal_is_named_once_the_redo_is_full() {
+        let mut redo = Redo::default();
+        for i in 0..redo::MAX_REDO_EVENTS as u64 {
+            let mut eos = ExactlyOnce::new(Box::new(Succeeding), None);
+            eos.on_begin(Lsn(0x1000));
+            eos.sent(i, Lsn(i), Bytes::from_static(b"x"));
+            assert!(redo.add(eos.refused(i, &refusal("T")).unwrap()));
+        }
+        let mut eos = ExactlyOnce::new(Box::new(Succeeding), None).with_redo(redo);
+        eos.sent(7, Lsn(0x999), Bytes::from_static(b"y"));
+        assert_eq!(eos.refused(7, &refusal("T")), None);
     }
 }

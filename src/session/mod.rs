@@ -323,7 +323,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         if event.aggregate_id.is_none() {
             self.null_key(&event);
         }
-        let record = route_or_dead_letter(
+        let mut record = route_or_dead_letter(
             &self.router,
             self.config,
             self.metrics,
@@ -331,7 +331,21 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             time_ms.unwrap_or(commit_time_ms),
         )?;
         if let Some(eos) = &mut self.eos {
+            // Refused for good in an earlier session, whose transaction was aborted for it.
+            if let (Some(refused), Some(topic)) = (
+                eos.refused_before(lsn, &event.id),
+                &self.config.dead_letter_topic,
+            ) {
+                warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), %lsn, topic = %refused.topic, dead_letter_topic = %topic, reason = %refused.reason, "Kafka refused the record in the aborted transaction; sending it to the dead-letter topic in the redone one");
+                self.metrics.dead_lettered(if refused.too_large {
+                    "too_large"
+                } else {
+                    "refused"
+                });
+                record = Router::dead_letter_refused(record, &refused.delivery_error(), topic);
+            }
             eos.before_send().await?;
+            eos.sent(number, lsn, event.id.clone());
         }
         let token = self
             .tracker
@@ -411,11 +425,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         mut error: DeliveryError,
         token: EventToken,
     ) -> Result<(), DeliveryError> {
-        let dead_letter_topic = match (&self.config.on_bad_event, &self.config.dead_letter_topic) {
-            (OnBadEvent::DeadLetter, Some(topic)) if !error.retryable && error.topic != *topic => {
-                topic.clone()
-            }
-            _ => return Err(error),
+        let Some(dead_letter_topic) = self.dead_letter_topic_for(&error) else {
+            return Err(error);
         };
         let Some(record) = error.record.take() else {
             return Err(error);
@@ -428,6 +439,18 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         });
         let copy = Router::dead_letter_refused(*record, &error, &dead_letter_topic);
         self.send(copy, token)
+    }
+
+    /// The dead-letter topic for a record the sink refused with `error`, if it is to be
+    /// dead-lettered: `on_bad_event = "dead_letter"`, an error retrying cannot fix, and not
+    /// already the dead-letter copy.
+    fn dead_letter_topic_for(&self, error: &DeliveryError) -> Option<String> {
+        match (&self.config.on_bad_event, &self.config.dead_letter_topic) {
+            (OnBadEvent::DeadLetter, Some(topic)) if !error.retryable && error.topic != *topic => {
+                Some(topic.clone())
+            }
+            _ => None,
+        }
     }
 
     /// Counts an event with a NULL aggregate id (published with a null key) and warns at
@@ -449,6 +472,27 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         let handling = self
             .source
             .on_outcome(delivery.token.event(), delivery.result.as_ref().map(|_| ()));
+        // Exactly-once: a refusal leaves the transaction abortable only, so a dead-letter copy
+        // cannot join it: the session aborts, and the redo sends the event there.
+        let redo = match &delivery.result {
+            Err(e) => {
+                handling == FailureHandling::Session && self.dead_letter_topic_for(e).is_some()
+            }
+            Ok(()) => false,
+        };
+        if let Some(eos) = &mut self.eos {
+            let event = delivery.token.event();
+            match (&delivery.result, redo) {
+                (Err(e), true) => {
+                    if let Some(refused) = eos.refused(event, e) {
+                        return Err(Error::Redo(Box::new(refused)));
+                    }
+                    warn!(pipeline = %self.config.name, event_id = %e.event_id, "too many refused records in unconfirmed transactions to redo them; halting on this one");
+                    return Err(Error::Delivery(delivery.result.unwrap_err()));
+                }
+                _ => eos.settled(event),
+            }
+        }
         match delivery.result {
             Ok(()) => {
                 self.settle(delivery.token)?;

@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 use super::outbox::{OutboxDecoder, OutboxError};
 use super::pgoutput::{self, LogicalReplicationMessage};
 use super::replication::{ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS};
+use super::slot_record::Recorder;
 use super::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 use crate::config::InvalidOpBehavior;
 use crate::error::{chain, Error};
@@ -39,6 +40,8 @@ pub struct LogicalSource {
     reply_requested: bool,
     /// For the catch-up progress line: when it was last logged, with the counts then.
     progress: Progress,
+    /// Told each position confirmed after deliveries, for the slot record.
+    recorder: Option<Recorder>,
 }
 
 impl LogicalSource {
@@ -63,7 +66,15 @@ impl LogicalSource {
                 published: 0,
                 flush: confirmed_flush_lsn,
             },
+            recorder: None,
         }
+    }
+
+    /// Tells `recorder` every position confirmed to the slot after events were delivered
+    /// (the slot record's confirmed LSN, [`super::slot_record`]).
+    pub fn with_recorder(mut self, recorder: Recorder) -> Self {
+        self.recorder = Some(recorder);
+        self
     }
 
     /// The item of one replication message; `None` for messages that yield none (relations,
@@ -218,6 +229,13 @@ impl Source for LogicalSource {
         let flush = confirmation.position;
         self.stream.send_status(flush, flush).await?;
         self.reply_requested = false;
+        if let Some(recorder) = self
+            .recorder
+            .as_ref()
+            .filter(|_| confirmation.delivered > 0)
+        {
+            recorder.delivered(flush);
+        }
         self.metrics.status_updates.inc();
         self.metrics
             .confirmed_flush_lsn

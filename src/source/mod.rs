@@ -9,6 +9,8 @@
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
 //! - [`slot`]: checks of the publication and the slot over an ordinary SQL connection.
 //! - [`target`]: which host of a multi-host URL to take (libpq's `target_session_attrs`).
+//! - [`slot_record`]: the record of the slots the relay streamed from, so a lost slot is
+//!   never re-created silently.
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
 pub mod conninfo;
@@ -18,6 +20,7 @@ pub mod pgoutput;
 pub mod polling;
 pub mod replication;
 pub mod slot;
+pub mod slot_record;
 pub mod target;
 pub mod tls;
 

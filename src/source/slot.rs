@@ -88,7 +88,7 @@ pub async fn prepare(
                     slot,
                     lsn,
                     failover,
-                    "created replication slot: events committed before this LSN are not published; in production create the slot once with `outbox-relay setup` and run with --no-create-slot, so a dropped slot stops the relay instead of skipping events"
+                    "created replication slot: events committed before this LSN are not published; once the relay streamed from it, the slot record keeps a lost slot from being created again (slot_record)"
                 );
             }
             read_slot(client, slot).await?.ok_or_else(|| {
@@ -391,9 +391,17 @@ pub async fn connect_notified(
 /// Owns the task driving a tokio-postgres connection; aborts it when dropped.
 pub type SqlConnection = AbortOnDrop;
 
-/// The SQL `outbox-relay setup` runs for `config`: the publication (when missing) and the slot
-/// (with `failover`, a failover slot, PostgreSQL 17+).
+/// The SQL `outbox-relay setup` runs for `config`: the slot record table (unless
+/// `slot_record` is off), the publication (when missing) and the slot (with `failover`, a
+/// failover slot, PostgreSQL 17+).
 pub fn setup_sql(config: &PipelineConfig) -> String {
+    let record = match config.slot_record {
+        true => {
+            let [schema, table] = super::slot_record::ddl(&config.slot_record_schema);
+            format!("-- the slot record (sql/slot_record.sql):\n{schema};\n{table};\n")
+        }
+        false => String::new(),
+    };
     let (failover_args, alter) = if config.failover {
         (
             ", false, false, true",
@@ -405,7 +413,7 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
     } else {
         ("", String::new())
     };
-    format!(
+    record + &format!(
         "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput'{failover_args});{alter}",
         quote_ident(&config.publication),
         config.table.quoted(),
@@ -423,15 +431,21 @@ pub struct SetupOutcome {
     pub done: Vec<String>,
 }
 
-/// Creates the publication of `config` if it does not exist and the slot if it does not
-/// exist (with `failover`, a failover slot); with `failover`, turns FAILOVER on for an
-/// existing slot no walsender holds (`ALTER_REPLICATION_SLOT` on a replication connection).
+/// Creates the publication of `config` if it does not exist, the slot record table (see
+/// [`super::slot_record::setup`]) and the slot if it does not exist (with `failover`, a
+/// failover slot); with `failover`, turns FAILOVER on for an existing slot no walsender holds
+/// (`ALTER_REPLICATION_SLOT` on a replication connection). A slot the record says the relay
+/// streamed from is created again only with `accept_slot_loss`, which clears its record.
 ///
 /// Returns an error if the database is unreachable, the role may not create them, an
-/// existing publication or slot does not fit (see [`prepare`]), `failover` is set and the
-/// server is older than PostgreSQL 17 (naming its version), or a walsender holds a slot whose
-/// FAILOVER must be turned on (naming its pid).
-pub async fn setup(config: &PipelineConfig) -> Result<SetupOutcome, crate::Error> {
+/// existing publication or slot does not fit (see [`prepare`]), the slot was lost and
+/// `accept_slot_loss` is not set, `failover` is set and the server is older than PostgreSQL
+/// 17 (naming its version), or a walsender holds a slot whose FAILOVER must be turned on
+/// (naming its pid).
+pub async fn setup(
+    config: &PipelineConfig,
+    accept_slot_loss: bool,
+) -> Result<SetupOutcome, crate::Error> {
     let (client, _connection) = connect(config).await?;
     let mut done = Vec::new();
     if config.failover {
@@ -460,6 +474,7 @@ pub async fn setup(config: &PipelineConfig) -> Result<SetupOutcome, crate::Error
             .map_err(SourceError::Sql)?;
         done.push(format!("created publication {:?}", config.publication));
     }
+    super::slot_record::setup(&client, config, accept_slot_loss).await?;
     if read_slot(&client, &config.slot).await?.is_none() {
         if let Some(lsn) = create_slot(&client, &config.slot, config.failover).await? {
             done.push(format!(

@@ -23,20 +23,77 @@ fn mock_cluster(
 /// The checkpoint LSNs of `pipeline` in the order the relay committed them (one key lives in
 /// one partition, and consumed records are in offset order per partition).
 async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u64> {
-    let records = support::consume_with(
+    checkpoint_values(bootstrap, pipeline, expected)
+        .await
+        .iter()
+        .map(|v| checkpoint_lsn(v))
+        .collect()
+}
+
+/// Writes `value` as the checkpoint of `pipeline`, with the relay's partitioner (so that the
+/// key stays in one partition).
+async fn write_checkpoint(bootstrap: &str, pipeline: &str, value: &str) {
+    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("partitioner", "murmur2_random")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
+                .key(pipeline)
+                .payload(value),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("writing the checkpoint");
+}
+
+/// Reads `topics` as [`support::consume`] does, with `isolation.level=read_committed`.
+async fn read_committed(
+    bootstrap: &str,
+    topics: &[&str],
+    expected: usize,
+    settle: Duration,
+    deadline: Duration,
+) -> Vec<support::Consumed> {
+    support::consume_with(
+        bootstrap,
+        topics,
+        expected,
+        settle,
+        deadline,
+        &[("isolation.level", "read_committed")],
+    )
+    .await
+}
+
+/// The checkpoint values of `pipeline` as written, in the order the relay committed them.
+async fn checkpoint_values(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<String> {
+    let records = read_committed(
         bootstrap,
         &[CHECKPOINT_TOPIC],
         expected,
         Duration::from_secs(1),
         Duration::from_secs(60),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     records
         .iter()
         .filter(|r| r.key.as_deref() == Some(pipeline.as_bytes()))
-        .map(|r| parse_lsn(&r.value_str().expect("checkpoint value")))
+        .map(|r| r.value_str().expect("checkpoint value"))
         .collect()
+}
+
+/// The LSN of a checkpoint record's value: JSON with `"lsn"` (format version 1), or the old
+/// bare LSN.
+fn checkpoint_lsn(value: &str) -> u64 {
+    if !value.starts_with('{') {
+        return parse_lsn(value);
+    }
+    let json: serde_json::Value = serde_json::from_str(value).expect("checkpoint JSON");
+    assert_eq!(json["version"], 1, "{value}");
+    parse_lsn(json["lsn"].as_str().expect("checkpoint lsn"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,21 +129,12 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     let checkpoint = setup.db.current_wal_insert_lsn().await;
     let (last, before_last) = write_events(c, 1, 3, &types, 2, 12, Duration::ZERO).await;
     expected.extend(last);
-    // With the relay's partitioner, so that the key stays in one partition.
-    let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("partitioner", "murmur2_random")
-        .create()
-        .unwrap();
-    producer
-        .send(
-            rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
-                .key(&setup.slot)
-                .payload(&support::pg::format_lsn(checkpoint)),
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("writing the checkpoint");
+    write_checkpoint(
+        &bootstrap,
+        &setup.slot,
+        &support::pg::format_lsn(checkpoint),
+    )
+    .await;
 
     let relay = Relay::spawn(&args);
     setup
@@ -124,10 +172,33 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         relay.log()
     );
     // The first relay's two checkpoints, the test's, then C's.
-    let lsns = checkpoints(&bootstrap, &setup.slot, 4).await;
+    let values = checkpoint_values(&bootstrap, &setup.slot, 4).await;
+    let lsns: Vec<u64> = values.iter().map(|v| checkpoint_lsn(v)).collect();
     assert_eq!(lsns.len(), 4, "{lsns:?}");
     assert_eq!(lsns[2], checkpoint);
     assert!(lsns[3] > before_last[0] && lsns[3] > checkpoint, "{lsns:?}");
+    // The test's checkpoint is in the old format (a bare LSN): taken with a warning naming
+    // it, and C's commit wrote the new format with this source's origin.
+    let old_format = format!("checkpoint_lsn={}", support::pg::format_lsn(checkpoint));
+    assert!(
+        relay.log().lines().any(|l| l.contains("WARN")
+            && l.contains("the checkpoint is in the old format")
+            && l.contains(&old_format)),
+        "{}",
+        relay.log()
+    );
+    let system_id: i64 = setup
+        .db
+        .query_one_value("SELECT system_identifier FROM pg_control_system()")
+        .await;
+    assert_eq!(
+        values[3],
+        format!(
+            r#"{{"version":1,"lsn":"{}","system_id":"{system_id}","timeline":1,"slot":"{}"}}"#,
+            support::pg::format_lsn(lsns[3]),
+            setup.slot
+        )
+    );
 
     // `check` reads the checkpoint as the relay does, and names a missing checkpoint topic.
     let mut check_args = args.clone();
@@ -401,15 +472,479 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
             Duration::from_secs(60),
         )
         .await;
-    let consumed = support::consume_with(
+    let consumed = read_committed(
         &bootstrap,
         &[&topic],
         written.len(),
         Duration::from_secs(1),
         Duration::from_secs(30),
-        &[("isolation.level", "read_committed")],
     )
     .await;
     assert_delivered(&written, &consumed, false);
     drop(relay);
+}
+
+/// `run --exactly-once` arguments for the relay of `setup` with `bootstrap`.
+fn eos_args(setup: &Setup, bootstrap: &str) -> Vec<String> {
+    let mut args = setup.relay_args(bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    args
+}
+
+/// Issue 16, defect 2: a checkpoint is only good for the WAL history it was written in. The
+/// pipeline's checkpoint comes from the shared cluster; then the same pipeline name is pointed
+/// at a fresh cluster, whose events have LSNs below that checkpoint. The relay must refuse
+/// (naming what to do) and confirm nothing, instead of passing the events over as committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_refuses_a_checkpoint_of_another_cluster_and_confirms_nothing() {
+    let fresh = support::PgCluster::start_private(&support::unique_name("eosorigin"));
+    let fresh_name = support::unique_name("eos_fresh");
+    let fresh_db = fresh.create_database(&fresh_name).await;
+    let fresh_lsn = fresh_db.current_wal_insert_lsn().await;
+
+    let setup = Setup::new("eos_origin", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let mock = mock_cluster(&types, 1);
+    let bootstrap = mock.bootstrap_servers();
+    let c = &setup.db.client;
+    // The shared cluster's WAL well past the fresh one's (16 MB per segment switch).
+    while setup.db.current_wal_insert_lsn().await < fresh_lsn + (32 << 20) {
+        within(
+            "a WAL segment switch",
+            support::QUERY_DEADLINE,
+            c.batch_execute(
+                "SELECT pg_logical_emit_message(false, 'eos_origin', 'x'); SELECT pg_switch_wal()",
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let args = eos_args(&setup, &bootstrap);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (_, before) = write_events(c, 1, 2, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(
+            before[0],
+            "the checkpointed transaction",
+            Duration::from_secs(60),
+        )
+        .await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let checkpoint = checkpoints(&bootstrap, &setup.slot, 1).await[0];
+
+    // The fresh cluster: its slot, then events below the checkpoint, then the relay under the
+    // same pipeline name.
+    let fresh_slot = format!("{fresh_name}_slot");
+    let slot_lsn = parse_lsn(&fresh_db.create_slot(&fresh_slot).await);
+    let fresh_types = vec![format!("Order_{fresh_name}")];
+    mock.create_topic(&format!("{}.events", fresh_types[0]), 1, 1)
+        .unwrap();
+    let (_, fresh_commits) =
+        write_events(&fresh_db.client, 3, 2, &fresh_types, 1, 0, Duration::ZERO).await;
+    let last_fresh = *fresh_commits.last().unwrap();
+    assert!(
+        last_fresh < checkpoint,
+        "the fresh cluster's events ({last_fresh:X}) must be below the checkpoint ({checkpoint:X})"
+    );
+    // The same pipeline name, the fresh database and slot.
+    let mut fresh_args = args.clone();
+    assert_eq!(
+        (&*fresh_args[1], &*fresh_args[3]),
+        ("--source-url", "--slot")
+    );
+    fresh_args[2] = fresh_db.url(Auth::Trust);
+    fresh_args[4] = fresh_slot.clone();
+    let mut relay = Relay::spawn(&fresh_args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        let confirmed = fresh_db
+            .confirmed_flush_lsn_u64(&fresh_slot)
+            .await
+            .unwrap_or(0);
+        assert!(
+            confirmed <= last_fresh,
+            "the relay confirmed the fresh cluster's slot at {confirmed:X}, past its events \
+             (last commit after {last_fresh:X}), which it passed over by another cluster's \
+             checkpoint {checkpoint:X}:\n{}",
+            relay.log()
+        );
+        if let Some(status) = relay.try_status() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after 60 s waiting for the relay to refuse the other cluster's checkpoint and exit:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let log = relay.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "checkpoint of pipeline \"{}\" in topic \"{CHECKPOINT_TOPIC}\" does not belong to this source",
+            setup.slot
+        )) && log.contains("(another cluster)")
+            && log.contains("delete its checkpoint"),
+        "{log}"
+    );
+    assert_eq!(
+        fresh_db.confirmed_flush_lsn_u64(&fresh_slot).await,
+        Some(slot_lsn),
+        "the refused relay confirmed something"
+    );
+}
+
+/// Issue 16, defect 1: with `on_bad_event = "dead_letter"`, a record the broker refuses for
+/// good leaves the Kafka transaction abortable only. The relay aborts it and redoes the
+/// PostgreSQL transaction with that event in the dead-letter topic: the copy arrives, the
+/// other events arrive once in the read_committed view, and the slot moves past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_dead_letters_a_refused_record_in_the_redone_transaction() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let setup = Setup::new("eos_dlq", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let topic = format!("{}.events", types[0]);
+    let dlq = format!("{}.dead-letter", setup.slot);
+    let mock = mock_cluster(&types, 1);
+    mock.create_topic(&dlq, 1, 1).unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let toml = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[[pipelines]]
+name = "{slot}"
+source_url = "{url}"
+slot = "{slot}"
+publication = "outbox_pub"
+table = "public.outbox"
+exactly_once = true
+on_bad_event = "dead_letter"
+dead_letter_topic = "{dlq}"
+"#,
+        url = setup.db.url(Auth::Trust),
+        slot = setup.slot,
+    );
+    let (_dir, args) = crate::run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("exactly-once mode", Duration::from_secs(60))
+        .await;
+    let c = &setup.db.client;
+    let (mut expected, before) = write_events(c, 1, 2, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+
+    // The broker refuses the next produce request for good: the one with the next
+    // transaction's only record.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let (refused, _) = write_events(c, 1, 1, &types, 1, 2, Duration::ZERO).await;
+    let (more, before_last) = write_events(c, 1, 2, &types, 1, 3, Duration::ZERO).await;
+    expected.extend(more);
+
+    let dead = read_committed(
+        &bootstrap,
+        &[&dlq],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one dead-letter copy");
+    assert_eq!(
+        dead[0].header_str("id").as_deref(),
+        Some(refused[0].id.as_str())
+    );
+    assert_eq!(
+        dead[0].header_str("outbox_relay_topic").as_deref(),
+        Some(topic.as_str())
+    );
+    assert!(
+        dead[0]
+            .header_str("outbox_relay_error")
+            .is_some_and(|e| e.contains("too large")),
+        "{:?}",
+        dead[0].header_str("outbox_relay_error")
+    );
+    setup
+        .wait_confirmed_past(
+            before_last[0],
+            "the slot to pass the redone transaction and the next",
+            Duration::from_secs(60),
+        )
+        .await;
+    let consumed = read_committed(
+        &bootstrap,
+        &[&topic],
+        expected.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_delivered(&expected, &consumed, true);
+    let log = relay.log();
+    assert!(
+        log.contains("its transaction was aborted and is redone") && log.contains(&refused[0].id),
+        "{log}"
+    );
+    assert!(relay.is_running(), "{log}");
+}
+
+/// Issue 16, defect 4 (exactly-once part): a stop while the exactly-once start waits for a
+/// transaction coordinator that never answers (librdkafka's init call: up to 60 s) ends the
+/// relay within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_the_exactly_once_start_ends_the_relay_within_seconds() {
+    let setup = Setup::new("eos_stop", &[], 1).await;
+    // Nothing listens there: the coordinator is never found.
+    let closed = format!("127.0.0.1:{}", support::free_port());
+    let args = eos_args(&setup, &closed);
+    let mut relay = Relay::spawn(&args);
+    // START_REPLICATION is done: the exactly-once start comes next.
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("Connection refused", Duration::from_secs(30))
+        .await;
+    let stop = std::time::Instant::now();
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(10));
+    assert!(status.success(), "exited with {status}:\n{}", relay.log());
+    assert!(
+        relay.log().contains("stopped during session set-up"),
+        "{}",
+        relay.log()
+    );
+    eprintln!("stopped {:?} after SIGTERM", stop.elapsed());
+}
+
+/// A streaming standby of a private cluster (`pg_basebackup -R`) on a port of its own,
+/// stopped (`-m immediate`) when dropped.
+struct Standby<'a> {
+    cluster: &'a support::PgCluster,
+    data: std::path::PathBuf,
+    port: u16,
+}
+
+impl<'a> Standby<'a> {
+    fn start(cluster: &'a support::PgCluster) -> Standby<'a> {
+        let dir = cluster
+            .data_dir()
+            .parent()
+            .expect("the cluster's directory");
+        let standby = Standby {
+            cluster,
+            data: dir.join("standby"),
+            port: support::free_port(),
+        };
+        standby.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                &standby.data.display().to_string(),
+                "-R",
+                "--checkpoint=fast",
+                "-X",
+                "stream",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &cluster.port().to_string(),
+                "-U",
+                "postgres",
+            ],
+        );
+        let log = dir.join("standby.log").display().to_string();
+        let port = format!("-p {}", standby.port);
+        standby.pg_ctl(&["start", "-w", "-t", "60", "-l", &log, "-o", &port]);
+        standby
+    }
+
+    fn run(&self, prog: &str, args: &[&str]) {
+        let mut cmd = self.cluster.command(prog);
+        cmd.args(args);
+        let out = support::run_within(cmd, Duration::from_secs(90));
+        assert!(
+            out.status.success(),
+            "{prog} {args:?}: {}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+
+    fn pg_ctl(&self, args: &[&str]) {
+        let data = self.data.display().to_string();
+        let mut all = args.to_vec();
+        all.extend(["-D", &data]);
+        self.run("pg_ctl", &all);
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    async fn connect(&self, db: &str) -> tokio_postgres::Client {
+        let (client, connection) = within(
+            "connecting to the standby",
+            support::QUERY_DEADLINE,
+            tokio_postgres::connect(&self.url(db), tokio_postgres::NoTls),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        client
+    }
+}
+
+impl Drop for Standby<'_> {
+    fn drop(&mut self) {
+        let mut cmd = self.cluster.command("pg_ctl");
+        cmd.args(["stop", "-m", "immediate", "-D"]).arg(&self.data);
+        let _ = support::run_within(cmd, Duration::from_secs(60));
+    }
+}
+
+/// Issue 16, defect 2, a legitimate failover: a promoted standby of the same cluster has the
+/// same system identifier and timeline 2. The checkpoint written on timeline 1 before the
+/// switch point is accepted (and the next one written with timeline 2); one on timeline 1
+/// past the switch point is refused, read from the server's real `TIMELINE_HISTORY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_after_a_failover_takes_a_checkpoint_before_the_switch_point_and_refuses_one_past_it(
+) {
+    let cluster = support::PgCluster::start_private(&support::unique_name("eosfailover"));
+    let name = support::unique_name("eos_failover");
+    let setup = Setup {
+        db: cluster.create_database(&name).await,
+        slot: format!("{name}_slot"),
+        types: vec![format!("Order_{name}")],
+    };
+    let types = setup.types.clone();
+    let topic = format!("{}.events", types[0]);
+    let mock = mock_cluster(&types, 1);
+    let bootstrap = mock.bootstrap_servers();
+    let args = eos_args(&setup, &bootstrap);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (mut written, before) =
+        write_events(&setup.db.client, 1, 2, &types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let first = checkpoints(&bootstrap, &setup.slot, 1).await[0];
+
+    // A standby that has replayed it, promoted: timeline 2, its own slot of the same name.
+    let standby = Standby::start(&cluster);
+    let primary_lsn = setup.db.current_wal_lsn().await;
+    let client = standby.connect(&name).await;
+    wait_for(
+        "the standby to replay the primary's WAL",
+        Duration::from_secs(60),
+        || async {
+            let replayed: String = client
+                .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
+                .await
+                .unwrap()
+                .get(0);
+            (parse_lsn(&replayed) >= primary_lsn).then_some(())
+        },
+    )
+    .await;
+    standby.pg_ctl(&["promote", "-w", "-t", "60"]);
+    let history: String = client
+        .query_one("SELECT pg_read_file('pg_wal/00000002.history')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let switch = parse_lsn(history.split_whitespace().nth(1).expect("the switch point"));
+    assert!(
+        first <= switch,
+        "checkpoint {first:X} after the switch point {switch:X}"
+    );
+    client
+        .query_one(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&setup.slot],
+        )
+        .await
+        .unwrap();
+    let (more, before) = write_events(&client, 1, 2, &types, 1, 2, Duration::ZERO).await;
+    written.extend(more);
+
+    let mut standby_args = args.clone();
+    assert_eq!(standby_args[1], "--source-url");
+    standby_args[2] = standby.url(&name);
+    let mut relay = Relay::spawn(&standby_args);
+    let confirmed = || async {
+        let lsn: Option<String> = client
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&setup.slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        lsn.map_or(0, |l| parse_lsn(&l))
+    };
+    wait_for(
+        "the slot on the promoted standby to pass its transaction",
+        Duration::from_secs(60),
+        || async { (confirmed().await > before[0]).then_some(()) },
+    )
+    .await;
+    let log = relay.log();
+    assert!(
+        log.contains(&format!(
+            "checkpoint_lsn={}",
+            support::pg::format_lsn(first)
+        )),
+        "{log}"
+    );
+    let consumed = read_committed(
+        &bootstrap,
+        &[&topic],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let values = checkpoint_values(&bootstrap, &setup.slot, 2).await;
+    let latest: serde_json::Value = serde_json::from_str(&values[1]).unwrap();
+    assert_eq!(latest["timeline"], 2, "{values:?}");
+
+    // A checkpoint of timeline 1 past the switch point: those transactions are not in this
+    // server's history.
+    let mut forged = latest.clone();
+    forged["timeline"] = 1.into();
+    forged["lsn"] = support::pg::format_lsn(switch + 0x1000).into();
+    write_checkpoint(&bootstrap, &setup.slot, &forged.to_string()).await;
+    let before_refusal = confirmed().await;
+    let mut relay = Relay::spawn(&standby_args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "past the point {} where this server's history left timeline 1",
+            support::pg::format_lsn(switch)
+        )),
+        "{log}"
+    );
+    assert_eq!(
+        confirmed().await,
+        before_refusal,
+        "the refused relay confirmed something"
+    );
 }

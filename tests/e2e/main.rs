@@ -18,6 +18,8 @@
 //! - `takeover`: ending a stale walsender that holds the slot;
 //! - `failover`: a PostgreSQL 17 primary and standby, a failover slot, the primary crashed and
 //!   the standby promoted; `target_session_attrs` on a multi-host URL;
+//! - `slot_loss`: a dropped slot is never re-created silently across restarts (the slot
+//!   record), `setup --accept-slot-loss`;
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
@@ -43,6 +45,7 @@ mod operations;
 mod polling;
 mod routing;
 mod server_failures;
+mod slot_loss;
 mod supervision;
 mod tables;
 mod takeover;

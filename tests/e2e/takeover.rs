@@ -165,6 +165,15 @@ async fn stale_walsender_takeover_needs_pg_read_all_stats_and_the_right_to_signa
         ))
         .await
         .unwrap();
+    // What sql/roles.sql grants on the slot record, which the relay writes once it streams.
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA outbox_relay TO {role}; GRANT SELECT, INSERT, UPDATE ON outbox_relay.streamed_slots TO {role}"
+        ))
+        .await
+        .unwrap();
     let (stale, stale_pid) = stopped_holder(&setup).await;
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     let url = args.iter().position(|a| a == "--source-url").unwrap() + 1;

@@ -482,6 +482,7 @@ host replication all 127.0.0.1/32 trust
         )
         .await
         .unwrap_or_else(|e| panic!("executing {} in database {name}: {e}", sql_path.display()));
+        create_slot_record(&client, name).await;
         TestDb {
             name: name.to_string(),
             client,
@@ -878,4 +879,27 @@ impl PgCluster {
             port: self.port,
         }
     }
+}
+
+/// Creates the slot record table in database `name` by executing `<repo>/sql/slot_record.sql`
+/// as `postgres` (`client`), and grants the test roles what sql/roles.sql grants the relay's
+/// role: they may not create it themselves (no CREATE on the database), as in production.
+async fn create_slot_record(client: &Client, name: &str) {
+    let sql_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("sql")
+        .join("slot_record.sql");
+    let sql = fs::read_to_string(&sql_path)
+        .unwrap_or_else(|e| panic!("reading the slot record schema {}: {e}", sql_path.display()));
+    let roles = "relay_md5, relay_scram, relay_password, relay_tls";
+    let grants = format!(
+        "GRANT USAGE ON SCHEMA outbox_relay TO {roles};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.streamed_slots TO {roles};"
+    );
+    within(
+        &format!("{} in {name}", sql_path.display()),
+        QUERY_DEADLINE,
+        client.batch_execute(&format!("{sql}\n{grants}")),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("executing {} in database {name}: {e}", sql_path.display()));
 }

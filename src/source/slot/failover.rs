@@ -148,7 +148,7 @@ impl fmt::Display for Invalidation {
 /// The error of a slot that PostgreSQL invalidated: its cause, then what to do.
 pub fn invalidated_error(slot: &str, invalidation: &Invalidation) -> String {
     format!(
-        "replication slot {slot:?} is invalidated (wal_status = 'lost', {invalidation}), so outbox events committed since its confirmed LSN may never be published; reconcile those events from the outbox table, then drop the slot (SELECT pg_drop_replication_slot('{slot}')) and start the relay again to create a new one"
+        "replication slot {slot:?} is invalidated (wal_status = 'lost', {invalidation}), so outbox events committed since its confirmed LSN may never be published; reconcile those events from the outbox table, then drop the slot (SELECT pg_drop_replication_slot('{slot}')) and create a new one with `outbox-relay setup --accept-slot-loss`"
     )
 }
 
