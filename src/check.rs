@@ -2,6 +2,8 @@
 //!
 //! `check` verifies, per pipeline, everything the relay needs from PostgreSQL and Kafka and
 //! says what to change; `status` reports each slot's position and the WAL it holds back.
+//! [`failover`] adds failover slots, the standby that keeps them, and
+//! `synchronized_standby_slots`.
 
 use std::fmt;
 use std::time::Duration;
@@ -12,7 +14,10 @@ use tokio_postgres::Client;
 
 use crate::config::{InvalidOpBehavior, MarkMode, PipelineConfig, SourceKind};
 use crate::error::chain;
+use crate::source::slot::failover::Invalidation;
 use crate::source::{slot, SourceError};
+
+pub mod failover;
 
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +75,9 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
                     Verdict::Fail,
                     format!("query failed: {}", chain(&e)),
                 ));
+            }
+            if config.source_kind == SourceKind::LogTailing {
+                failover::check(config, &client, &mut findings).await;
             }
             drop(client);
             drop(connection);
@@ -252,7 +260,9 @@ async fn check_postgres(
 
     let row = client
         .query_opt(
-            "SELECT plugin, database = current_database(), wal_status, active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT plugin, database = current_database(), wal_status, active_pid,
+                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&config.slot],
         )
         .await?;
@@ -291,8 +301,9 @@ async fn check_postgres(
                     "slot",
                     Verdict::Fail,
                     format!(
-                        "{} is invalidated (wal_status lost): events may be missing",
-                        config.slot
+                        "{} is invalidated (wal_status lost, {}): events may be missing",
+                        config.slot,
+                        Invalidation::of_lost(r.get(4), r.get(5))
                     ),
                 )
             } else {
@@ -509,6 +520,13 @@ pub struct SlotStatus {
     /// Bytes of WAL that may still be written before the slot is invalidated (`None`: no
     /// `max_slot_wal_keep_size` limit).
     pub safe_wal_size: Option<i64>,
+    /// Why the slot is invalidated; `None` unless `wal_status` is `lost`.
+    pub invalidation: Option<Invalidation>,
+    /// Whether it is a failover slot (false before PostgreSQL 17).
+    pub failover: bool,
+    /// With `standby_url`: the standby's copy of the slot (see
+    /// [`failover::standby_slot_state`]).
+    pub standby: Option<String>,
 }
 
 /// Reads the slot of `config`; `Ok(None)` if it does not exist.
@@ -520,19 +538,27 @@ pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, Strin
         .query_opt(
             "SELECT active_pid, confirmed_flush_lsn::text,
                     pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
-                    wal_status, safe_wal_size
-             FROM pg_replication_slots WHERE slot_name = $1",
+                    wal_status, safe_wal_size,
+                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool,
+                    COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&config.slot],
         )
         .await
         .map_err(|e| chain(&SourceError::Sql(e)))?;
     drop(client);
     drop(connection);
-    Ok(row.map(|r| SlotStatus {
+    let Some(r) = row else { return Ok(None) };
+    let wal_status: Option<String> = r.get(3);
+    Ok(Some(SlotStatus {
         active_pid: r.get(0),
         confirmed_flush_lsn: r.get(1),
         lag_bytes: r.get(2),
-        wal_status: r.get(3),
+        invalidation: (wal_status.as_deref() == Some("lost"))
+            .then(|| Invalidation::of_lost(r.get(5), r.get(6))),
+        wal_status,
         safe_wal_size: r.get(4),
+        failover: r.get(7),
+        standby: failover::standby_slot_state(config).await,
     }))
 }

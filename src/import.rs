@@ -216,6 +216,8 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
         publication,
         // Debezium's slot, or one `setup` creates before the switch.
         create_slot: false,
+        // Debezium 3's failover slot option (PostgreSQL 17+).
+        failover: im.take("slot.failover").is_some_and(|v| v.eq_ignore_ascii_case("true")),
         ..PipelineConfig::new(name.clone(), im.table())
     };
     im.router(alias, &mut pipeline)?;
@@ -993,6 +995,7 @@ mod tests {
                 ("database.sslrootcert", "/etc/ssl/ca.pem"),
                 ("plugin.name", "pgoutput"),
                 ("slot.name", "billing_slot"),
+                ("slot.failover", "true"),
                 ("publication.name", "Billing-Pub"),
                 ("table.include.list", "audit.log,Billing-Prod.Outbox"),
                 ("transforms", "unwrap,router"),
@@ -1041,6 +1044,7 @@ mod tests {
         for expected in [
             r#"source_url = "postgres://${DB_USER}:${BILLING_DB_PASSWORD}@[fe80::1]:5432/bill%20ing?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem""#,
             r#"slot = "billing_slot""#,
+            "failover = true",
             r#"publication = "Billing-Pub""#,
             r#"table = '"Billing-Prod"."Outbox"'"#,
             r#"op_invalid_behavior = "error""#,

@@ -53,7 +53,8 @@
 //! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
 //!   sink of each session, and hands both source kinds to the supervisor.
-//! - [`check`]: the `check` and `status` commands.
+//! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
+//!   and the standby that keeps them.
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.

@@ -39,10 +39,11 @@ enum Command {
     Run(RunArgs),
     /// Creates what each pipeline needs in its database: the publication (FOR TABLE the
     /// outbox, publish = 'insert') when missing, the slot record table (sql/slot_record.sql)
-    /// and the logical replication slot. A slot the relay streamed from and that is gone now
-    /// (dropped, lost in a failover) is not created again: setup, like the relay, stops with
-    /// the last LSN the relay confirmed; reconcile the events after it, then run setup with
-    /// --accept-slot-loss.
+    /// and the logical replication slot (with --failover a failover slot, PostgreSQL 17+;
+    /// FAILOVER is also turned on for an existing slot no walsender holds), and says what it
+    /// did. A slot the relay streamed from and that is gone now (dropped, lost in a failover)
+    /// is not created again: setup, like the relay, stops with the last LSN the relay
+    /// confirmed; reconcile the events after it, then run setup with --accept-slot-loss.
     ///
     ///   outbox-relay setup --config relay.toml
     ///   outbox-relay setup --source-url ... --bootstrap-servers ... --print-sql
@@ -61,7 +62,9 @@ enum Command {
     },
     /// Checks, per pipeline, what the relay needs: server version, wal_level = logical, free
     /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
-    /// publication, the slot, and that the Kafka brokers answer (for a polling pipeline: the
+    /// publication, the slot, whether it is a failover slot, synchronized_standby_slots, the
+    /// idle slot timeout (PostgreSQL 18), with --standby-url the standby's slot
+    /// synchronization settings and its copy of the slot, and that the Kafka brokers answer (for a polling pipeline: the
     /// outbox table's columns, SELECT and UPDATE or DELETE, pending and FAILED rows, the NOTIFY
     /// trigger). Exits 1 if anything fails.
     ///
@@ -69,7 +72,9 @@ enum Command {
     #[command(verbatim_doc_comment)]
     Check(RunArgs),
     /// Shows, per pipeline, the slot's holder pid, confirmed flush LSN, lag in bytes behind
-    /// the server's WAL, wal_status and safe_wal_size.
+    /// the server's WAL, wal_status and safe_wal_size, whether it is a failover slot, with
+    /// --standby-url its copy on the standby (synced, temporary, local, invalidated, missing),
+    /// and why it was invalidated.
     ///
     ///   outbox-relay status --config relay.toml
     #[command(verbatim_doc_comment)]
@@ -109,7 +114,7 @@ struct RunArgs {
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
-        "slot_record_schema",
+        "failover", "standby_url", "slot_record_schema",
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
@@ -170,6 +175,15 @@ struct RunArgs {
     /// pipeline, whatever the file says).
     #[arg(long, env = "OUTBOX_RELAY_NO_CREATE_SLOT")]
     no_create_slot: bool,
+    /// Create the slot as a failover slot (PostgreSQL 17+), which a standby with
+    /// sync_replication_slots = on keeps in sync; `setup` also turns it on for an existing
+    /// slot no walsender holds.
+    #[arg(long, env = "OUTBOX_RELAY_FAILOVER")]
+    failover: bool,
+    /// libpq URL of the physical standby that should keep the failover slot in sync; `check`
+    /// and `status` read its settings and its copy of the slot.
+    #[arg(long, env = "OUTBOX_RELAY_STANDBY_URL", hide_env_values = true)]
+    standby_url: Option<String>,
     /// Do not record in the source database which slot the relay streamed from (with
     /// --config: for every pipeline). Without the record, a relay started after its slot was
     /// lost creates a new one and never publishes the events in between.
@@ -234,6 +248,8 @@ impl RunArgs {
             },
             op_invalid_behavior: self.op_invalid_behavior,
             create_slot: !self.no_create_slot,
+            failover: self.failover,
+            standby_url: self.standby_url.map(Into::into),
             slot_record: !self.no_slot_record,
             slot_record_schema: self.slot_record_schema,
             kafka: KafkaConfig {
@@ -369,12 +385,19 @@ async fn run(command: Command) -> anyhow::Result<()> {
                     );
                     continue;
                 }
-                let lsn = outbox_relay::source::slot::setup(config, accept_slot_loss)
+                let outcome = outbox_relay::source::slot::setup(config, accept_slot_loss)
                     .await
                     .with_context(|| format!("pipeline {}", config.name))?;
+                for done in &outcome.done {
+                    println!("pipeline {}: {done}", config.name);
+                }
                 println!(
-                    "pipeline {}: publication {} includes {}; slot {} confirmed at {lsn}",
-                    config.name, config.publication, config.table, config.slot
+                    "pipeline {}: publication {} includes {}; slot {} confirmed at {}",
+                    config.name,
+                    config.publication,
+                    config.table,
+                    config.slot,
+                    outcome.confirmed_flush_lsn
                 );
             }
             Ok(())
@@ -403,8 +426,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Status(args) => {
             let (pipelines, _) = pipelines(args, false)?;
             println!(
-                "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}",
-                "PIPELINE", "SLOT", "PID", "CONFIRMED", "LAG_BYTES", "WAL", "SAFE_WAL_SIZE"
+                "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14} {:>8} {:>11}  INVALIDATION",
+                "PIPELINE",
+                "SLOT",
+                "PID",
+                "CONFIRMED",
+                "LAG_BYTES",
+                "WAL",
+                "SAFE_WAL_SIZE",
+                "FAILOVER",
+                "STANDBY"
             );
             let mut failed = false;
             for config in &pipelines {
@@ -418,7 +449,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 let text = |v: Option<String>| v.unwrap_or_else(|| "-".into());
                 match outbox_relay::check::status(config).await {
                     Ok(Some(s)) => println!(
-                        "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14}",
+                        "{:<16} {:<24} {:>8} {:>14} {:>14} {:>10} {:>14} {:>8} {:>11}  {}",
                         config.name,
                         config.slot,
                         text(s.active_pid.map(|p| p.to_string())),
@@ -426,6 +457,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         text(s.lag_bytes.map(|b| b.to_string())),
                         text(s.wal_status),
                         text(s.safe_wal_size.map(|b| b.to_string())),
+                        if s.failover { "yes" } else { "no" },
+                        text(s.standby),
+                        text(s.invalidation.map(|i| i.to_string())),
                     ),
                     Ok(None) => {
                         failed = true;

@@ -34,6 +34,9 @@ pub struct Metrics {
     oldest_unacked_age: GaugeVec,
     slot_wal_status: IntGaugeVec,
     slot_safe_wal_size: IntGaugeVec,
+    slot_invalidated: IntGaugeVec,
+    slot_failover: IntGaugeVec,
+    standby_slots_stalled: IntGaugeVec,
     delivery_latency: HistogramVec,
     commit_to_ack: HistogramVec,
     polling: PollingMetricVecs,
@@ -149,6 +152,9 @@ impl Metrics {
             },
             slot_wal_status: labelled_gauge(&r, "outbox_relay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; refreshed every 10 s.", &["pipeline", "status"]),
             slot_safe_wal_size: gauge(&r, "outbox_relay_slot_safe_wal_size_bytes", "Bytes of WAL that can still be written before the slot is at risk of being lost (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited; refreshed every 10 s."),
+            slot_invalidated: labelled_gauge(&r, "outbox_relay_slot_invalidated", "1 while the slot is invalidated (wal_status lost), labelled with why: invalidation_reason (wal_removed, rows_removed, wal_level_insufficient, idle_timeout) or conflict (PostgreSQL 16); absent otherwise; refreshed every 10 s.", &["pipeline", "reason"]),
+            slot_failover: gauge(&r, "outbox_relay_slot_failover", "1 if the slot is a failover slot (PostgreSQL 17+), which a standby with sync_replication_slots keeps in sync, else 0; refreshed every 10 s."),
+            standby_slots_stalled: gauge(&r, "outbox_relay_standby_slots_stalled", "1 while the slot is a failover slot and synchronized_standby_slots on the server names a physical slot that is missing, inactive, invalidated or not physical, so the walsender sends no change; else 0; refreshed every 10 s."),
             delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the producer to Kafka's acknowledgement."),
             commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to Kafka's acknowledgement (wall clocks of both hosts)."),
             polling: PollingMetricVecs {
@@ -192,6 +198,9 @@ impl Metrics {
             oldest_unacked_age: self.oldest_unacked_age.with_label_values(&[pipeline]),
             slot_wal_status: self.slot_wal_status.clone(),
             slot_safe_wal_size: self.slot_safe_wal_size.clone(),
+            slot_invalidated: self.slot_invalidated.clone(),
+            slot_failover: self.slot_failover.with_label_values(&[pipeline]),
+            standby_slots_stalled: self.standby_slots_stalled.with_label_values(&[pipeline]),
             delivery_latency: self.delivery_latency.with_label_values(&[pipeline]),
             commit_to_ack: self.commit_to_ack.with_label_values(&[pipeline]),
             polling: PollingMetrics {
@@ -250,6 +259,9 @@ pub struct PipelineMetrics {
     pub oldest_unacked_age: Gauge,
     slot_wal_status: IntGaugeVec,
     slot_safe_wal_size: IntGaugeVec,
+    slot_invalidated: IntGaugeVec,
+    slot_failover: IntGauge,
+    standby_slots_stalled: IntGauge,
     pub delivery_latency: Histogram,
     pub commit_to_ack: Histogram,
     /// Used by the polling source only.
@@ -355,6 +367,45 @@ impl PipelineMetrics {
         }
     }
 
+    /// Records why the slot is invalidated (`reason`, e.g. `wal_removed`, gets 1); `None`:
+    /// not invalidated, the series are removed.
+    pub fn set_slot_invalidation(&self, reason: Option<&str>) {
+        use prometheus::core::Collector;
+        for metric in self.slot_invalidated.collect() {
+            for series in metric.get_metric() {
+                let labels = series.get_label();
+                let of_this = labels
+                    .iter()
+                    .any(|l| l.name() == "pipeline" && l.value() == self.pipeline);
+                let other_reason = labels
+                    .iter()
+                    .find(|l| l.name() == "reason")
+                    .map(|l| l.value())
+                    .filter(|r| Some(*r) != reason);
+                if let (true, Some(other)) = (of_this, other_reason) {
+                    let _ = self
+                        .slot_invalidated
+                        .remove_label_values(&[&self.pipeline, other]);
+                }
+            }
+        }
+        if let Some(reason) = reason {
+            self.slot_invalidated
+                .with_label_values(&[&self.pipeline, reason])
+                .set(1);
+        }
+    }
+
+    /// Records whether the slot is a failover slot.
+    pub fn set_slot_failover(&self, failover: bool) {
+        self.slot_failover.set(i64::from(failover));
+    }
+
+    /// Records whether `synchronized_standby_slots` holds the failover slot's walsender back.
+    pub fn set_standby_slots_stalled(&self, stalled: bool) {
+        self.standby_slots_stalled.set(i64::from(stalled));
+    }
+
     /// Counts a record Kafka acknowledged on `topic`.
     pub fn published(&self, topic: &str) {
         self.events_published
@@ -401,6 +452,40 @@ mod tests {
             text.contains(
                 "outbox_relay_messages_skipped_total{kind=\"update\",pipeline=\"orders\"} 1"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn slot_invalidation_names_one_reason_and_disappears_when_cleared() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        let other = metrics.pipeline("billing");
+        other.set_slot_invalidation(Some("wal_removed"));
+        p.set_slot_invalidation(Some("rows_removed"));
+        p.set_slot_invalidation(Some("idle_timeout"));
+        p.set_standby_slots_stalled(true);
+        p.set_slot_failover(true);
+        let text = metrics.render();
+        for line in [
+            "outbox_relay_slot_invalidated{pipeline=\"orders\",reason=\"idle_timeout\"} 1",
+            "outbox_relay_slot_invalidated{pipeline=\"billing\",reason=\"wal_removed\"} 1",
+            "outbox_relay_standby_slots_stalled{pipeline=\"orders\"} 1",
+            "outbox_relay_slot_failover{pipeline=\"orders\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        assert!(!text.contains("reason=\"rows_removed\""), "{text}");
+        p.set_slot_invalidation(None);
+        p.set_standby_slots_stalled(false);
+        let text = metrics.render();
+        assert!(!text.contains("pipeline=\"orders\",reason="), "{text}");
+        assert!(
+            text.contains("reason=\"wal_removed\""),
+            "other pipelines stay: {text}"
+        );
+        assert!(
+            text.contains("outbox_relay_standby_slots_stalled{pipeline=\"orders\"} 0"),
             "{text}"
         );
     }

@@ -30,7 +30,7 @@ use crate::sink::kafka::KafkaSink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::source::replication::ReplicationClient;
-use crate::source::slot;
+use crate::source::slot::{self, failover};
 use crate::source::slot_record::{self, Recorder};
 use crate::source::SourceError;
 use crate::supervisor::{self, SessionProgress};
@@ -107,13 +107,19 @@ impl supervisor::Sessions for LogTailing<'_> {
     }
 }
 
-/// Refreshes the slot's `wal_status` and `safe_wal_size` metrics every
-/// [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made again after an
-/// error), whether or not this relay holds the slot. Runs until aborted.
+/// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason and failover
+/// metrics every [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made
+/// again after an error), whether or not this relay holds the slot. For a failover slot it
+/// also reads `synchronized_standby_slots`: while a physical slot named there cannot confirm
+/// changes, the walsender sends none and the relay would look idle, so it logs a warning
+/// naming the setting and the slots (again when they change) and sets
+/// `outbox_relay_standby_slots_stalled`. Runs until aborted.
 async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
     let mut timer = interval(SLOT_WATCH_INTERVAL);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut connection = None;
+    // The stall last logged, so that a lasting one is logged once.
+    let mut stall: Option<String> = None;
     loop {
         timer.tick().await;
         // Each step within one interval: a half-open connection must not freeze the metrics
@@ -135,10 +141,44 @@ async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
         let Some((client, _)) = &connection else {
             continue;
         };
-        match tokio::time::timeout(SLOT_WATCH_INTERVAL, slot::slot_wal(client, &config.slot)).await
-        {
-            Ok(Ok(Some(wal))) => metrics.set_slot_wal(wal.wal_status.as_deref(), wal.safe_wal_size),
-            Ok(Ok(None)) => metrics.set_slot_wal(None, None),
+        let read = async {
+            let wal = slot::slot_wal(client, &config.slot).await?;
+            let standby_slots = match &wal {
+                Some(wal) if wal.failover => Some(failover::standby_slots(client).await?),
+                _ => None,
+            };
+            Ok::<_, crate::source::SourceError>((wal, standby_slots))
+        };
+        match tokio::time::timeout(SLOT_WATCH_INTERVAL, read).await {
+            Ok(Ok((wal, standby_slots))) => {
+                metrics.set_slot_wal(
+                    wal.as_ref().and_then(|w| w.wal_status.as_deref()),
+                    wal.as_ref().and_then(|w| w.safe_wal_size),
+                );
+                metrics.set_slot_invalidation(
+                    wal.as_ref()
+                        .and_then(|w| w.invalidation.as_ref())
+                        .map(|i| i.reason.as_str()),
+                );
+                metrics.set_slot_failover(wal.as_ref().is_some_and(|w| w.failover));
+                let message = standby_slots.as_ref().and_then(|s| s.stall_message());
+                metrics.set_standby_slots_stalled(message.is_some());
+                match (&message, &stall) {
+                    (Some(now), before) if before.as_ref() != Some(now) => warn!(
+                        pipeline = %config.name,
+                        slot = %config.slot,
+                        setting = "synchronized_standby_slots",
+                        "failover slot stalled: {now}"
+                    ),
+                    (None, Some(_)) => info!(
+                        pipeline = %config.name,
+                        slot = %config.slot,
+                        "synchronized_standby_slots no longer holds the failover slot back"
+                    ),
+                    _ => {}
+                }
+                stall = message;
+            }
             Ok(Err(e)) => {
                 debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
                 connection = None;
@@ -268,8 +308,6 @@ impl HolderWatch {
     }
 }
 
-/// Aborts a spawned task when dropped.
-
 /// One session: check the slot, connect, stream until shutdown or an error.
 async fn run_session(
     config: &PipelineConfig,
@@ -297,12 +335,14 @@ async fn run_session(
     {
         return Err(SourceError::Config(loss.to_string()).into());
     }
+    slot::check_failover(&client, &config.slot, config.failover).await?;
     let state = slot::prepare(
         &client,
         &config.slot,
         &config.publication,
         &config.table,
         create_slot,
+        config.failover,
     )
     .await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;

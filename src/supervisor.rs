@@ -37,7 +37,7 @@ use crate::metrics::{PipelineMetrics, PipelineState};
 /// Shortest wait before a new session after an error.
 const MIN_DELAY: Duration = Duration::from_secs(1);
 /// Longest wait before a new session after an error: the backoff stops growing there.
-const MAX_DELAY: Duration = Duration::from_secs(30);
+pub const MAX_DELAY: Duration = Duration::from_secs(30);
 /// Longest wait between attempts while another relay holds the slot or the transactional id,
 /// or while no host fits `target_session_attrs`.
 pub const STAND_BY_RETRY: Duration = Duration::from_secs(3);

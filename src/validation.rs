@@ -16,7 +16,8 @@ use crate::router::Router;
 /// Checks one pipeline: its own fields, its routing and record options, its source URL.
 ///
 /// Returns every problem found (empty: the pipeline can start), each naming its field path
-/// relative to the pipeline (`slot`, `route.topic_regex`, `source_url` without the password).
+/// relative to the pipeline (`slot`, `route.topic_regex`, `source_url` or `standby_url` without
+/// the password).
 pub fn pipeline(config: &PipelineConfig) -> Vec<ConfigError> {
     let mut problems = config.problems();
     if let Err(problem) = config.source_config() {
@@ -24,6 +25,11 @@ pub fn pipeline(config: &PipelineConfig) -> Vec<ConfigError> {
     }
     if let Err(ConfigErrors(routing)) = Router::new(config) {
         problems.extend(routing);
+    }
+    if let Some(standby) = crate::check::failover::standby_pipeline(config) {
+        if let Err(problem) = standby.source_config() {
+            problems.push(ConfigError::new("standby_url", problem.problem));
+        }
     }
     problems
 }

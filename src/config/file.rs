@@ -17,7 +17,7 @@
 //! file instead.
 //!
 //! Inside pipelines, values name environment variables with `${NAME}` (any string value of
-//! `source_url`, `kafka.bootstrap_servers` and `kafka.properties`), and `source_url_file`
+//! `source_url`, `standby_url`, `kafka.bootstrap_servers` and `kafka.properties`), and `source_url_file`
 //! reads the URL from a file (a mounted secret). Problems are listed all at once, each with its
 //! field path.
 
@@ -307,6 +307,16 @@ pub(crate) fn resolve(
             }
         };
         p.source_url = url.into();
+        if let Some(standby) = &p.standby_url {
+            p.standby_url = Some(
+                expand(standby, env)
+                    .unwrap_or_else(|e| {
+                        problem("standby_url", e);
+                        String::new()
+                    })
+                    .into(),
+            );
+        }
         if p.kafka.bootstrap_servers.is_empty() {
             p.kafka.bootstrap_servers = file.kafka.bootstrap_servers.clone();
         }

@@ -387,6 +387,18 @@ pub struct PipelineConfig {
         skip_serializing_if = "is_default_create_slot"
     )]
     pub create_slot: bool,
+    /// Create the slot as a failover slot (PostgreSQL 17+: `FAILOVER`), which a standby with
+    /// `sync_replication_slots = on` keeps in sync so that it survives a promotion; `setup`
+    /// also turns it on for an existing slot. Default false. An error on older servers.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub failover: bool,
+    /// libpq URL of the physical standby that should keep the failover slot in sync, for
+    /// `check` and `status` only (the relay never streams from it): they read its
+    /// `sync_replication_slots`, `hot_standby_feedback`, `primary_slot_name`,
+    /// `primary_conninfo` and its copy of the slot. `${NAME}` references are resolved as in
+    /// `source_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby_url: Option<SourceUrl>,
     /// Record in the source database (table `<slot_record_schema>.streamed_slots`) that this
     /// pipeline streamed from its slot, so that a start that finds the slot gone refuses to
     /// create it again ([`DEFAULT_SLOT_RECORD`]).
@@ -496,6 +508,8 @@ impl PipelineConfig {
             dead_letter_topic: None,
             op_invalid_behavior: InvalidOpBehavior::default(),
             create_slot: DEFAULT_CREATE_SLOT,
+            failover: false,
+            standby_url: None,
             slot_record: DEFAULT_SLOT_RECORD,
             slot_record_schema: DEFAULT_SLOT_RECORD_SCHEMA.to_owned(),
             kafka: KafkaConfig::default(),
@@ -574,6 +588,29 @@ impl PipelineConfig {
                     ));
                 }
             }
+        }
+        if self.source_kind == SourceKind::Polling {
+            for (field, set) in [
+                ("failover", self.failover),
+                ("standby_url", self.standby_url.is_some()),
+            ] {
+                if set {
+                    problems.push(ConfigError::new(
+                        field,
+                        "is about the replication slot: only with source_kind = \"log_tailing\"",
+                    ));
+                }
+            }
+        }
+        if self
+            .standby_url
+            .as_ref()
+            .is_some_and(|url| url.trim().is_empty())
+        {
+            problems.push(ConfigError::new(
+                "standby_url",
+                "must not be empty when set",
+            ));
         }
         // Unlike `table`, the publication is a name as PostgreSQL stores it.
         if self.publication.starts_with('"') && self.publication.ends_with('"') {

@@ -10,11 +10,15 @@ use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client};
 use tracing::warn;
 
-use super::replication::{quote_ident, quote_literal};
+use super::replication::{quote_ident, quote_literal, ReplicationClient};
 use super::SourceError;
 use crate::config::{PipelineConfig, TableName};
 use crate::lsn::Lsn;
 use crate::shutdown::AbortOnDrop;
+
+pub mod failover;
+
+use failover::Invalidation;
 
 /// What the relay needs to know about the server before `START_REPLICATION`.
 #[derive(Debug, Clone)]
@@ -27,16 +31,18 @@ pub struct SlotState {
 }
 
 /// Verifies that `publication` exists, publishes inserts and includes `table`, then makes sure
-/// the logical slot `slot` exists (creating it with pgoutput when `create` is set) and belongs
-/// to this database.
+/// the logical slot `slot` exists (creating it with pgoutput when `create` is set, as a
+/// failover slot when `failover` is) and belongs to this database.
 ///
-/// Returns an error naming the publication, table or slot when one is missing or wrong.
+/// Returns an error naming the publication, table or slot when one is missing or wrong, or
+/// the server's version when `failover` asks it for a failover slot it cannot make.
 pub async fn prepare(
     client: &Client,
     slot: &str,
     publication: &str,
     table: &TableName,
     create: bool,
+    failover: bool,
 ) -> Result<SlotState, SourceError> {
     let row = client
         .query_opt(
@@ -76,21 +82,14 @@ pub async fn prepare(
     let confirmed_flush_lsn = match read_slot(client, slot).await? {
         Some(lsn) => lsn,
         None if create => {
-            let created = client
-                .query_one(
-                    "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[&slot],
-                )
-                .await;
-            match created {
-                Ok(row) => warn!(
+            // None: another replica created it first.
+            if let Some(lsn) = create_slot(client, slot, failover).await? {
+                warn!(
                     slot,
-                    lsn = row.get::<_, &str>(0),
+                    lsn,
+                    failover,
                     "created replication slot: events committed before this LSN are not published; once the relay streamed from it, the slot record keeps a lost slot from being created again (slot_record)"
-                ),
-                // Another replica created it first.
-                Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => {}
-                Err(e) => return Err(e.into()),
+                );
             }
             read_slot(client, slot).await?.ok_or_else(|| {
                 SourceError::Config(format!("replication slot {slot:?} vanished after creation"))
@@ -107,6 +106,52 @@ pub async fn prepare(
         confirmed_flush_lsn,
         wal_sender_timeout: wal_sender_timeout(client).await?,
     })
+}
+
+/// Creates the logical slot `slot` with pgoutput (a failover slot when `failover`) and
+/// returns its consistent point; `None` if it exists already (another relay created it
+/// first).
+///
+/// Returns an error naming the server's version and host if `failover` is asked of a server
+/// older than PostgreSQL 17, or if the creation fails otherwise.
+pub async fn create_slot(
+    client: &Client,
+    slot: &str,
+    failover: bool,
+) -> Result<Option<String>, SourceError> {
+    let server = failover::server(client).await?;
+    let sql = failover::create_slot_sql(&server, failover).map_err(SourceError::Config)?;
+    match client.query_one(sql, &[&slot]).await {
+        Ok(row) => Ok(Some(row.get(0))),
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Before a session: with `failover` set, fails on a server without failover slots, and
+/// warns if the existing `slot` is not a failover slot (`setup` turns it on; the relay does
+/// not, since that needs the slot free).
+///
+/// Returns an error naming the server's version and host, or if a query fails.
+pub async fn check_failover(
+    client: &Client,
+    slot: &str,
+    failover: bool,
+) -> Result<(), SourceError> {
+    if !failover {
+        return Ok(());
+    }
+    let server = failover::server(client).await?;
+    if !server.has_failover_slots() {
+        return Err(SourceError::Config(server.failover_unsupported()));
+    }
+    if failover::is_failover_slot(client, slot).await? == Some(false) {
+        warn!(
+            slot,
+            "failover = true but the slot is not a failover slot, so a standby does not keep it and a database failover loses it: stop the relay and run `outbox-relay setup` (it turns FAILOVER on while no walsender holds the slot)"
+        );
+    }
+    Ok(())
 }
 
 /// The oid of `table` (what pgoutput's Relation messages carry as the relation id), `None`
@@ -140,21 +185,35 @@ pub struct SlotWal {
     /// Bytes of WAL that can be written before the slot is at risk; `None` when
     /// `max_slot_wal_keep_size` is unlimited (-1).
     pub safe_wal_size: Option<i64>,
+    /// Why the slot is invalidated; `None` unless `wal_status` is `lost`.
+    pub invalidation: Option<Invalidation>,
+    /// Whether it is a failover slot (false before PostgreSQL 17).
+    pub failover: bool,
 }
 
-/// Reads `wal_status` and `safe_wal_size` of `slot`; `Ok(None)` if there is no such slot.
+/// Reads `wal_status`, `safe_wal_size`, the invalidation reason and the failover flag of
+/// `slot`; `Ok(None)` if there is no such slot.
 ///
 /// Returns an error if the query fails.
 pub async fn slot_wal(client: &Client, slot: &str) -> Result<Option<SlotWal>, SourceError> {
     let row = client
         .query_opt(
-            "SELECT wal_status, safe_wal_size FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            "SELECT wal_status, safe_wal_size, to_jsonb(s) ->> 'invalidation_reason',
+                    (to_jsonb(s) ->> 'conflicting')::bool,
+                    COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
+             FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
-    Ok(row.map(|row| SlotWal {
-        wal_status: row.get(0),
-        safe_wal_size: row.get(1),
+    Ok(row.map(|row| {
+        let wal_status: Option<String> = row.get(0);
+        SlotWal {
+            invalidation: (wal_status.as_deref() == Some("lost"))
+                .then(|| Invalidation::of_lost(row.get(2), row.get(3))),
+            wal_status,
+            safe_wal_size: row.get(1),
+            failover: row.get(4),
+        }
     }))
 }
 
@@ -240,8 +299,9 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, Sou
 async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
     let row = client
         .query_opt(
-            "SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text, wal_status
-             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+            "SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text, wal_status,
+                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool
+             FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
@@ -261,8 +321,10 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     }
     let wal_status: Option<String> = row.get(4);
     if wal_status.as_deref() == Some("lost") {
-        return Err(SourceError::Config(format!(
-            "replication slot {slot:?} is invalidated (wal_status = 'lost'): PostgreSQL removed WAL it still needed (max_slot_wal_keep_size), so outbox events committed while the relay was behind may never be published; reconcile those events from the outbox table, then drop the slot (SELECT pg_drop_replication_slot('{slot}')) and create a new one with `outbox-relay setup --accept-slot-loss`"
+        let invalidation = Invalidation::of_lost(row.get(5), row.get(6));
+        return Err(SourceError::Config(failover::invalidated_error(
+            slot,
+            &invalidation,
         )));
     }
     let lsn: Option<String> = row.get(3);
@@ -330,7 +392,8 @@ pub async fn connect_notified(
 pub type SqlConnection = AbortOnDrop;
 
 /// The SQL `outbox-relay setup` runs for `config`: the slot record table (unless
-/// `slot_record` is off), the publication (when missing) and the slot.
+/// `slot_record` is off), the publication (when missing) and the slot (with `failover`, a
+/// failover slot, PostgreSQL 17+).
 pub fn setup_sql(config: &PipelineConfig) -> String {
     let record = match config.slot_record {
         true => {
@@ -339,24 +402,58 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
         }
         false => String::new(),
     };
+    let (failover_args, alter) = if config.failover {
+        (
+            ", false, false, true",
+            format!(
+                "\n-- or, for an existing slot no walsender holds, on a replication connection (psql \"dbname=... replication=database\"):\n{};",
+                failover::alter_failover_command(&config.slot)
+            ),
+        )
+    } else {
+        ("", String::new())
+    };
     record + &format!(
-        "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput');",
+        "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput'{failover_args});{alter}",
         quote_ident(&config.publication),
         config.table.quoted(),
         quote_literal(&config.slot),
     )
 }
 
+/// What `setup` found and did for one pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupOutcome {
+    /// The slot's `confirmed_flush_lsn` afterwards.
+    pub confirmed_flush_lsn: Lsn,
+    /// What it changed, one phrase each (`created publication "outbox_pub"`, ...); empty
+    /// when everything existed as configured.
+    pub done: Vec<String>,
+}
+
 /// Creates the publication of `config` if it does not exist, the slot record table (see
-/// [`super::slot_record::setup`]) and the slot if it does not exist; returns the slot's
-/// `confirmed_flush_lsn`. A slot the record says the relay streamed from is created again
-/// only with `accept_slot_loss`, which clears its record.
+/// [`super::slot_record::setup`]) and the slot if it does not exist (with `failover`, a
+/// failover slot); with `failover`, turns FAILOVER on for an existing slot no walsender holds
+/// (`ALTER_REPLICATION_SLOT` on a replication connection). A slot the record says the relay
+/// streamed from is created again only with `accept_slot_loss`, which clears its record.
 ///
 /// Returns an error if the database is unreachable, the role may not create them, an
-/// existing publication or slot does not fit (see [`prepare`]), or the slot was lost and
-/// `accept_slot_loss` is not set.
-pub async fn setup(config: &PipelineConfig, accept_slot_loss: bool) -> Result<Lsn, crate::Error> {
+/// existing publication or slot does not fit (see [`prepare`]), the slot was lost and
+/// `accept_slot_loss` is not set, `failover` is set and the server is older than PostgreSQL
+/// 17 (naming its version), or a walsender holds a slot whose FAILOVER must be turned on
+/// (naming its pid).
+pub async fn setup(
+    config: &PipelineConfig,
+    accept_slot_loss: bool,
+) -> Result<SetupOutcome, crate::Error> {
     let (client, _connection) = connect(config).await?;
+    let mut done = Vec::new();
+    if config.failover {
+        let server = failover::server(&client).await?;
+        if !server.has_failover_slots() {
+            return Err(SourceError::Config(server.failover_unsupported()).into());
+        }
+    }
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1",
@@ -375,16 +472,44 @@ pub async fn setup(config: &PipelineConfig, accept_slot_loss: bool) -> Result<Ls
             .batch_execute(&create)
             .await
             .map_err(SourceError::Sql)?;
+        done.push(format!("created publication {:?}", config.publication));
     }
     super::slot_record::setup(&client, config, accept_slot_loss).await?;
     if read_slot(&client, &config.slot).await?.is_none() {
-        client
-            .query_one(
-                "SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+        if let Some(lsn) = create_slot(&client, &config.slot, config.failover).await? {
+            done.push(format!(
+                "created {}slot {:?} at {lsn}",
+                if config.failover { "failover " } else { "" },
+                config.slot
+            ));
+        }
+    } else if config.failover
+        && failover::is_failover_slot(&client, &config.slot).await? == Some(false)
+    {
+        if let Some(holder) = client
+            .query_opt(
+                "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL",
                 &[&config.slot],
             )
             .await
-            .map_err(SourceError::Sql)?;
+            .map_err(SourceError::Sql)?
+        {
+            let pid: i32 = holder.get(0);
+            return Err(SourceError::Config(format!(
+                "slot {:?} is not a failover slot, and FAILOVER can only be turned on while no walsender holds it, but pid {pid} does: stop the relay streaming from it, then run setup again",
+                config.slot
+            ))
+            .into());
+        }
+        let conninfo = config.source_config()?;
+        let mut replication = ReplicationClient::connect(&conninfo).await?;
+        replication
+            .simple_query(&failover::alter_failover_command(&config.slot))
+            .await?;
+        done.push(format!(
+            "turned FAILOVER on for slot {:?} (ALTER_REPLICATION_SLOT)",
+            config.slot
+        ));
     }
     let state = prepare(
         &client,
@@ -392,7 +517,11 @@ pub async fn setup(config: &PipelineConfig, accept_slot_loss: bool) -> Result<Ls
         &config.publication,
         &config.table,
         false,
+        config.failover,
     )
     .await?;
-    Ok(state.confirmed_flush_lsn)
+    Ok(SetupOutcome {
+        confirmed_flush_lsn: state.confirmed_flush_lsn,
+        done,
+    })
 }

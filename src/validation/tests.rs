@@ -432,3 +432,49 @@ fn loads_exactly_once_options_and_refuses_a_shared_transactional_id() {
         "{errors}"
     );
 }
+
+#[test]
+fn loads_failover_and_standby_url_and_names_a_bad_standby_url() {
+    let config = load_str(
+        &format!(
+            "{PIPELINE}failover = true\nstandby_url = \"postgres://relay:${{PW}}@standby/app\"\n"
+        ),
+        &[("PW", "secret")],
+    )
+    .unwrap();
+    let p = &config.pipelines[0];
+    assert!(p.failover);
+    assert_eq!(
+        p.standby_url.as_deref().map(String::as_str),
+        Some("postgres://relay:secret@standby/app")
+    );
+    assert!(
+        !format!("{p:?}").contains("secret"),
+        "Debug hides the standby's password"
+    );
+    assert!(!load_str(PIPELINE, &[]).unwrap().pipelines[0].failover);
+
+    let errors = load_str(
+        &format!("{PIPELINE}standby_url = \"postgres://relay:pw@standby:notaport/app\"\n"),
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.to_string();
+    assert!(text.contains("pipelines[0].standby_url"), "{text}");
+    assert!(!text.contains(":pw@"), "the password is hidden: {text}");
+    let errors = load_str(&format!("{PIPELINE}standby_url = \"${{MISSING}}\"\n"), &[]).unwrap_err();
+    assert!(
+        errors
+            .to_string()
+            .contains("pipelines[0].standby_url: environment variable MISSING is not set"),
+        "{errors}"
+    );
+    let mut polling = PipelineConfig::test_pipeline();
+    polling.source_kind = crate::config::SourceKind::Polling;
+    polling.failover = true;
+    assert!(
+        polling.problems().iter().any(|e| e.field == "failover"),
+        "{:?}",
+        polling.problems()
+    );
+}

@@ -136,17 +136,16 @@ async fn relay_survives_a_failover(standby_first: bool) {
     })
     .await;
     let setup = &pair.setup;
-    // The failover slot, by SQL (the `failover` pipeline option is another change's).
-    within(
-        "creating the failover slot",
-        QUERY_DEADLINE,
-        setup.db.client.execute(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
-            &[&setup.slot],
-        ),
-    )
-    .await
-    .unwrap();
+    // The failover slot, by `setup --failover` (through the multi-host URL, on the primary).
+    let mut args = pair.relay_args(standby_first, Some("primary"));
+    args.push("--failover".into());
+    let mut created = Relay::spawn(&[&["setup".to_string()], &args[1..]].concat());
+    let status = created.wait(Duration::from_secs(60));
+    assert!(
+        status.success(),
+        "setup --failover failed:\n{}",
+        created.log()
+    );
     // Logical walsenders of failover slots wait for the standby to confirm: nothing reaches
     // Kafka that a failover could lose. Set only on the primary (after the base backup), so
     // the promoted standby does not wait for a slot it does not have.
@@ -159,7 +158,7 @@ async fn relay_survives_a_failover(standby_first: bool) {
     );
     pair.primary.psql("postgres", "SELECT pg_reload_conf()");
 
-    let mut relay = Relay::spawn(&pair.relay_args(standby_first, Some("primary")));
+    let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let (mut written, before_commit) =
         write_events(&setup.db.client, 20, 3, &setup.types, 4, 0, Duration::ZERO).await;

@@ -23,6 +23,8 @@
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
+//! - `failover_slots`: PostgreSQL 17's failover slots: `setup --failover`, `check` of a
+//!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
 //! - `versions`: the main job, walsender termination, restarts and a large transaction on
 //!   PostgreSQL 16, 17 and 18;
 //! - `polling`: the polling source (`source_kind = "polling"`).
@@ -37,6 +39,7 @@ mod connection;
 mod delivery;
 mod exactly_once;
 mod failover;
+mod failover_slots;
 mod failures;
 mod operations;
 mod polling;

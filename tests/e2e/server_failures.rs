@@ -318,6 +318,11 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
         log.contains("invalidated") && log.contains("pg_drop_replication_slot"),
         "{log}"
     );
+    // PostgreSQL 15 has no invalidation_reason: removed WAL is the only cause there.
+    assert!(
+        log.contains("wal_removed") && log.contains("max_slot_wal_keep_size"),
+        "the error does not say why the slot was invalidated: {log}"
+    );
     let (count, status): (i64, Option<String>) = {
         let row = db
             .client
@@ -345,5 +350,9 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
     assert!(
         row.split_whitespace().any(|column| column == "lost"),
         "status row of {slot} has no wal_status lost: {row}"
+    );
+    assert!(
+        row.contains("wal_removed"),
+        "status row of {slot} does not say why it was invalidated: {row}"
     );
 }

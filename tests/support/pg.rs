@@ -322,38 +322,7 @@ host replication all 127.0.0.1/32 trust
         );
         fs::write(data.join("pg_hba.conf"), hba).expect("writing pg_hba.conf");
 
-        let mut start = pg_command_in(&bindir, "pg_ctl");
-        start
-            .current_dir(&dir)
-            .arg("start")
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60"]);
-        // Registered before starting, so a failed start is cleaned up too.
-        run::register_pg(&data);
-        let started = run::run_cmd_status(start, Duration::from_secs(90));
-        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
-        match started {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!(
-                "pg_ctl start failed ({}): {}{}\n--- {}:\n{}",
-                o.status,
-                o.stdout,
-                o.stderr,
-                log.display(),
-                log_tail()
-            ),
-            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
-        }
-        if !wait_tcp(port, Duration::from_secs(30), || false) {
-            panic!(
-                "PostgreSQL started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}",
-                log.display(),
-                log_tail()
-            );
-        }
+        start_server(&bindir, &dir, &data, &log, port);
         let cluster = PgCluster {
             major,
             bindir,
@@ -519,6 +488,44 @@ host replication all 127.0.0.1/32 trust
             client,
             port: self.port,
         }
+    }
+}
+
+/// Starts the server of data directory `data` (`pg_ctl start -w`, log to `log`, from `dir`)
+/// and waits until it accepts TCP connections on `port`. The data directory is registered
+/// first, so a failed start is cleaned up too. Panics with the log's tail if it does not start.
+fn start_server(bindir: &Path, dir: &Path, data: &Path, log: &Path, port: u16) {
+    let mut start = pg_command_in(bindir, "pg_ctl");
+    start
+        .current_dir(dir)
+        .arg("start")
+        .arg("-D")
+        .arg(data)
+        .arg("-l")
+        .arg(log)
+        .args(["-w", "-t", "60"]);
+    // Registered before starting, so a failed start is cleaned up too.
+    run::register_pg(data);
+    let started = run::run_cmd_status(start, Duration::from_secs(90));
+    let log_tail = || super::tail_lines(&fs::read_to_string(log).unwrap_or_default(), 50);
+    match started {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!(
+            "pg_ctl start failed ({}): {}{}\n--- {}:\n{}",
+            o.status,
+            o.stdout,
+            o.stderr,
+            log.display(),
+            log_tail()
+        ),
+        Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
+    }
+    if !wait_tcp(port, Duration::from_secs(30), || false) {
+        panic!(
+            "PostgreSQL started but nothing accepts connections on 127.0.0.1:{port} after 30s\n--- {}:\n{}",
+            log.display(),
+            log_tail()
+        );
     }
 }
 
@@ -823,30 +830,7 @@ impl PgCluster {
                 self.port
             ),
         );
-        let mut start = self.command("pg_ctl");
-        start
-            .current_dir(&dir)
-            .arg("start")
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(&log)
-            .args(["-w", "-t", "60"]);
-        run::register_pg(&data);
-        let started = run::run_cmd_status(start, Duration::from_secs(90));
-        let log_tail = || super::tail_lines(&fs::read_to_string(&log).unwrap_or_default(), 50);
-        match started {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => panic!(
-                "pg_ctl start of standby {name} failed ({}): {}{}\n--- {}:\n{}",
-                o.status,
-                o.stdout,
-                o.stderr,
-                log.display(),
-                log_tail()
-            ),
-            Err(e) => panic!("{e}\n--- {}:\n{}", log.display(), log_tail()),
-        }
+        start_server(&self.bindir, &dir, &data, &log, port);
         eprintln!(
             "[support] PostgreSQL {} standby of 127.0.0.1:{} on 127.0.0.1:{port} (data {}, log {})",
             self.major,

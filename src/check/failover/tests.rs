@@ -1,0 +1,342 @@
+use super::*;
+use crate::source::slot::failover::{StandbySlot, StandbySlotProblem};
+
+fn server(version_num: i32, version: &str, host: &str) -> Server {
+    Server {
+        version_num,
+        version: version.into(),
+        host: host.into(),
+    }
+}
+
+fn primary(version_num: i32, failover: Option<bool>) -> SlotOnPrimary {
+    SlotOnPrimary {
+        server: server(version_num, "17.10", "10.0.0.1:5432"),
+        failover,
+        standby_slots: StandbySlots {
+            setting: Some("standby1".into()),
+            slots: vec![StandbySlot {
+                name: "standby1".into(),
+                problem: None,
+            }],
+        },
+        idle_timeout: None,
+        wal_sender_timeout: Duration::from_secs(60),
+    }
+}
+
+fn config(failover: bool) -> PipelineConfig {
+    PipelineConfig {
+        failover,
+        ..PipelineConfig::test_pipeline()
+    }
+}
+
+fn verdict_of(findings: &[Finding], check: &str) -> (Verdict, String) {
+    let f = findings
+        .iter()
+        .find(|f| f.check == check)
+        .unwrap_or_else(|| panic!("no {check:?} finding in {findings:#?}"));
+    (f.verdict, f.detail.clone())
+}
+
+#[test]
+fn failover_slot_finding_by_version_and_flag() {
+    let old = SlotOnPrimary {
+        server: server(160_002, "16.2", "10.0.0.1:5432"),
+        ..primary(160_002, Some(false))
+    };
+    let findings = primary_findings(&config(true), &old);
+    let (verdict, detail) = verdict_of(&findings, "failover slot");
+    assert_eq!(verdict, Verdict::Fail);
+    assert!(
+        detail.contains("16.2") && detail.contains("failover"),
+        "{detail}"
+    );
+    assert!(
+        !findings.iter().any(|f| f.check == "standby_slots"),
+        "no synchronized_standby_slots before 17: {findings:#?}"
+    );
+    assert_eq!(
+        verdict_of(&primary_findings(&config(false), &old), "failover slot").0,
+        Verdict::Ok
+    );
+
+    let (verdict, detail) = verdict_of(
+        &primary_findings(&config(true), &primary(170_010, Some(false))),
+        "failover slot",
+    );
+    assert_eq!(verdict, Verdict::Fail);
+    assert!(
+        detail.contains("ALTER_REPLICATION_SLOT") && detail.contains("10.0.0.1:5432"),
+        "{detail}"
+    );
+    for (slot, flag) in [
+        (Some(true), true),
+        (Some(true), false),
+        (None, true),
+        (Some(false), false),
+    ] {
+        assert_eq!(
+            verdict_of(
+                &primary_findings(&config(flag), &primary(170_010, slot)),
+                "failover slot"
+            )
+            .0,
+            Verdict::Ok,
+            "slot {slot:?}, failover = {flag}"
+        );
+    }
+}
+
+#[test]
+fn synchronized_standby_slots_fails_a_failover_slot_only() {
+    let mut stalled = primary(170_010, Some(true));
+    stalled.standby_slots.slots[0].problem = Some(StandbySlotProblem::Missing);
+    let (verdict, detail) = verdict_of(&primary_findings(&config(true), &stalled), "standby_slots");
+    assert_eq!(verdict, Verdict::Fail);
+    assert!(
+        detail.contains("synchronized_standby_slots = 'standby1'")
+            && detail.contains("does not exist")
+            && detail.contains("10.0.0.1:5432"),
+        "{detail}"
+    );
+    stalled.failover = Some(false);
+    assert_eq!(
+        verdict_of(&primary_findings(&config(false), &stalled), "standby_slots").0,
+        Verdict::Warn
+    );
+    let mut empty = primary(170_010, Some(true));
+    empty.standby_slots = StandbySlots {
+        setting: Some(String::new()),
+        slots: vec![],
+    };
+    assert_eq!(
+        verdict_of(&primary_findings(&config(true), &empty), "standby_slots").0,
+        Verdict::Warn
+    );
+    assert_eq!(
+        verdict_of(
+            &primary_findings(&config(true), &primary(170_010, Some(true))),
+            "standby_slots"
+        )
+        .0,
+        Verdict::Ok
+    );
+}
+
+#[test]
+fn idle_timeout_warns_below_the_takeover_time() {
+    let mut p = primary(180_006, Some(true));
+    assert!(!primary_findings(&config(true), &p)
+        .iter()
+        .any(|f| f.check == "idle slot timeout"));
+    // wal_sender_timeout 60 s + 30 s backoff.
+    assert_eq!(
+        takeover_time(&config(true), p.wal_sender_timeout),
+        Duration::from_secs(90)
+    );
+    p.idle_timeout = Some(Duration::from_secs(60));
+    let (verdict, detail) = verdict_of(&primary_findings(&config(true), &p), "idle slot timeout");
+    assert_eq!(verdict, Verdict::Warn);
+    assert!(
+        detail.contains("idle_replication_slot_timeout = 60 s") && detail.contains("90 s"),
+        "{detail}"
+    );
+    p.idle_timeout = Some(Duration::from_secs(3_600));
+    assert_eq!(
+        verdict_of(&primary_findings(&config(true), &p), "idle slot timeout").0,
+        Verdict::Ok
+    );
+    p.idle_timeout = Some(Duration::ZERO);
+    assert_eq!(
+        verdict_of(&primary_findings(&config(true), &p), "idle slot timeout").0,
+        Verdict::Ok
+    );
+    let quick = PipelineConfig {
+        terminate_stale_walsender_after_secs: Some(10),
+        ..config(true)
+    };
+    assert_eq!(
+        takeover_time(&quick, Duration::from_secs(60)),
+        Duration::from_secs(40)
+    );
+    assert_eq!(
+        takeover_time(&quick, Duration::ZERO),
+        Duration::from_secs(40)
+    );
+    assert_eq!(
+        setting_duration("2", Some("min")),
+        Some(Duration::from_secs(120))
+    );
+    assert_eq!(
+        setting_duration("1500", Some("ms")),
+        Some(Duration::from_millis(1500))
+    );
+}
+
+#[test]
+fn finds_dbname_in_conninfo() {
+    assert_eq!(
+        conninfo_dbname("user=postgres host=p port=5432 sslmode=prefer"),
+        None
+    );
+    assert_eq!(
+        conninfo_dbname("user=postgres passfile='/root/.pgpass' dbname=postgres host=p"),
+        Some("postgres".into())
+    );
+    assert_eq!(
+        conninfo_dbname("host=p dbname = 'my db'"),
+        Some("my db".into())
+    );
+    assert_eq!(
+        conninfo_dbname("application_name='a b' dbname='it\\'s'"),
+        Some("it's".into())
+    );
+    assert_eq!(
+        conninfo_dbname("postgresql://u@p:5432/app?sslmode=require"),
+        Some("app".into())
+    );
+    assert_eq!(
+        conninfo_dbname("postgres://u@p:5432?dbname=x"),
+        Some("x".into())
+    );
+    assert_eq!(conninfo_dbname("postgres://u@p:5432"), None);
+}
+
+fn standby() -> StandbyState {
+    StandbyState {
+        server: server(170_010, "17.10", "10.0.0.2:5432"),
+        in_recovery: true,
+        sync_replication_slots: Some("on".into()),
+        hot_standby_feedback: Some("on".into()),
+        primary_slot_name: Some("standby1".into()),
+        primary_conninfo: Some("host=10.0.0.1 user=replicator dbname=postgres".into()),
+        slot: Some(SlotCopy {
+            synced: true,
+            temporary: false,
+            invalidation: None,
+        }),
+        standby_slots: StandbySlots {
+            setting: Some(String::new()),
+            slots: vec![],
+        },
+    }
+}
+
+fn physical(active: bool) -> SlotRow {
+    SlotRow {
+        name: "standby1".into(),
+        physical: true,
+        active,
+        lost: false,
+    }
+}
+
+#[test]
+fn a_standby_that_keeps_the_slot_passes_every_check() {
+    let findings = standby_findings(&config(true), &standby(), Some(&physical(true)));
+    assert!(
+        findings.iter().all(|f| f.verdict == Verdict::Ok),
+        "{findings:#?}"
+    );
+    assert_eq!(findings.len(), 6, "{findings:#?}");
+}
+
+#[test]
+fn each_standby_problem_names_the_host_and_setting() {
+    type Case = (&'static str, &'static str, Verdict, fn(&mut StandbyState));
+    let cases: [Case; 9] = [
+        (
+            "standby sync",
+            "sync_replication_slots",
+            Verdict::Fail,
+            |s| s.sync_replication_slots = Some("off".into()),
+        ),
+        (
+            "standby feedback",
+            "hot_standby_feedback",
+            Verdict::Fail,
+            |s| s.hot_standby_feedback = None,
+        ),
+        (
+            "standby primary slot",
+            "primary_slot_name",
+            Verdict::Fail,
+            |s| s.primary_slot_name = None,
+        ),
+        ("standby conninfo", "dbname", Verdict::Fail, |s| {
+            s.primary_conninfo = Some("host=p user=r".into())
+        }),
+        (
+            "standby conninfo",
+            "pg_read_all_settings",
+            Verdict::Warn,
+            |s| s.primary_conninfo = None,
+        ),
+        ("standby slot copy", "no copy", Verdict::Fail, |s| {
+            s.slot = None
+        }),
+        ("standby slot copy", "temporary", Verdict::Warn, |s| {
+            s.slot.as_mut().unwrap().temporary = true
+        }),
+        ("standby slot copy", "synced = false", Verdict::Fail, |s| {
+            s.slot.as_mut().unwrap().synced = false
+        }),
+        (
+            "standby after promote",
+            "synchronized_standby_slots",
+            Verdict::Warn,
+            |s| {
+                s.standby_slots = StandbySlots {
+                    setting: Some("standby1".into()),
+                    slots: vec![StandbySlot {
+                        name: "standby1".into(),
+                        problem: Some(StandbySlotProblem::Missing),
+                    }],
+                }
+            },
+        ),
+    ];
+    for (check, setting, expected, change) in cases {
+        let mut state = standby();
+        change(&mut state);
+        let findings = standby_findings(&config(true), &state, Some(&physical(true)));
+        let (verdict, detail) = verdict_of(&findings, check);
+        assert_eq!(verdict, expected, "{check}: {detail}");
+        assert!(
+            detail.contains(setting) && detail.contains("10.0.0.2:5432"),
+            "{check}: {detail}"
+        );
+        let others = findings
+            .iter()
+            .filter(|f| f.verdict != Verdict::Ok && f.check != check)
+            .count();
+        assert_eq!(
+            others, 0,
+            "{check}: only this finding is not ok: {findings:#?}"
+        );
+    }
+    let (verdict, detail) = verdict_of(
+        &standby_findings(&config(true), &standby(), None),
+        "standby primary slot",
+    );
+    assert_eq!(verdict, Verdict::Fail);
+    assert!(
+        detail.contains("pg_create_physical_replication_slot('standby1')"),
+        "{detail}"
+    );
+    let (verdict, detail) = verdict_of(
+        &standby_findings(&config(true), &standby(), Some(&physical(false))),
+        "standby primary slot",
+    );
+    assert_eq!(verdict, Verdict::Fail);
+    assert!(detail.contains("inactive"), "{detail}");
+    let primary_itself = StandbyState {
+        in_recovery: false,
+        ..standby()
+    };
+    let findings = standby_findings(&config(true), &primary_itself, Some(&physical(true)));
+    assert_eq!(verdict_of(&findings, "standby").0, Verdict::Fail);
+    assert_eq!(findings.len(), 1);
+}
