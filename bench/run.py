@@ -1035,7 +1035,7 @@ def main():
         PERF_DIR.mkdir(parents=True, exist_ok=True)
     run = lambda s: s not in args.skip and (not args.only or s in args.only)
 
-    subprocess.run([str(ROOT / "tests" / "setup-deps.sh")], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([str(ROOT / "tests" / "setup-deps.sh"), "--no-pg-matrix"], check=True, stdout=subprocess.DEVNULL)
     log("building outbox-relay and bench/producer_ceiling.rs (release)")
     subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling",
                     "--example", "mock_broker"],

