@@ -38,7 +38,8 @@
 //!   mapping, slot checks) and [`source::polling`] (`source_kind = "polling"`: the outbox
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does.
-//! - [`session`]: the session loop, generic over source and sink; no IO of its own.
+//! - [`session`]: the session loop, generic over source and sink; no IO of its own. Its
+//!   tests include a deterministic simulation (`session/simulation/`, test builds only).
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
 //!   backoff reset only by progress, standby while another relay holds the slot, recovery
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.

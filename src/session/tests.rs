@@ -341,7 +341,8 @@ struct FakeTransactions {
     fail_commit: Option<usize>,
 }
 
-fn transaction_error(operation: &'static str) -> TransactionError {
+/// A transaction call's failure that a new session may get past (shared with the simulation).
+pub(super) fn transaction_error(operation: &'static str) -> TransactionError {
     TransactionError {
         operation,
         source: rdkafka::error::KafkaError::Canceled,
