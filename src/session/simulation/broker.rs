@@ -104,6 +104,10 @@ impl Sink for SimSink {
         if self.in_flight.events >= w.setup.queue_limit {
             return Err(SendError::Full(Box::new(record)));
         }
+        if w.setup.exactly_once && w.coordinator.abortable.is_some() {
+            let error = delivery_error(&record, "Local: Erroneous state", true, false);
+            return Err(SendError::Refused(error));
+        }
         let size = record.size();
         if size > w.setup.producer_max_bytes {
             let mut error = delivery_error(&record, "Broker: Message size too large", false, true);
@@ -217,6 +221,9 @@ impl Sink for SimSink {
                 false,
             )),
             Outcome::Refused { too_large } => {
+                if pending.txn.is_some() {
+                    w.coordinator.abortable = pending.txn;
+                }
                 let reason = match too_large {
                     true => "Broker: Message size too large",
                     false => "Broker: Topic authorization failed",
@@ -305,6 +312,7 @@ impl Transactions for SimTransactions {
         if let Some(txn) = w.coordinator.ongoing.take() {
             w.coordinator.txns[txn] = TxnStatus::Aborted;
         }
+        w.coordinator.abortable = None;
         w.producer_epoch = w.coordinator.epoch;
         let result = match w.faults.init_fails {
             true => Err(transaction_error("init")),
@@ -339,7 +347,8 @@ impl Transactions for SimTransactions {
         w.coordinator.checkpoints.push((txn, checkpoint.0));
         let faults = w.faults;
         let delay = Duration::from_millis(w.rng.u64(0..=faults.latency_max_ms));
-        let fate = if w.chance(faults.commit_fail_per_mille) {
+        let fate = if w.coordinator.abortable == Some(txn) || w.chance(faults.commit_fail_per_mille)
+        {
             CommitFate::Fails
         } else if w.chance(faults.commit_unknown_per_mille) {
             CommitFate::Unknown
@@ -417,6 +426,7 @@ impl Transactions for SimTransactions {
             match w.coordinator.ongoing.take() {
                 Some(txn) => {
                     w.coordinator.txns[txn] = TxnStatus::Aborted;
+                    w.coordinator.abortable = None;
                     Ok(())
                 }
                 // Committed after all (an outcome the client did not learn).

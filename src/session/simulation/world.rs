@@ -32,6 +32,17 @@ impl Shared {
     }
 }
 
+/// The delivery guarantee a run's schedules test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Guarantee {
+    /// With or without a dead-letter topic, with bad input.
+    AtLeastOnce,
+    /// Without a dead-letter topic and bad input.
+    ExactlyOnce,
+    /// With a dead-letter topic and bad input: issue 16, defect 1.
+    ExactlyOnceWithDeadLetter,
+}
+
 /// How a schedule's pipeline is set up, drawn once per schedule.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Setup {
@@ -114,6 +125,9 @@ pub(super) struct Coordinator {
     pub checkpoints: Vec<(usize, Lsn)>,
     /// Commit requests refused because their epoch was fenced.
     pub fenced: u64,
+    /// A record of this transaction failed: librdkafka's producer is in an abortable error
+    /// state, refusing every record and the commit until the transaction is aborted.
+    pub abortable: Option<usize>,
 }
 
 impl Coordinator {
@@ -206,9 +220,14 @@ pub(super) struct World {
 }
 
 impl World {
-    pub fn new(seed: u64, exactly_once: bool) -> World {
+    pub fn new(seed: u64, guarantee: Guarantee) -> World {
         let mut rng = Rng::with_seed(seed);
-        let dead_letter = !exactly_once && rng.bool();
+        let exactly_once = guarantee != Guarantee::AtLeastOnce;
+        let dead_letter = match guarantee {
+            Guarantee::AtLeastOnce => rng.bool(),
+            Guarantee::ExactlyOnce => false,
+            Guarantee::ExactlyOnceWithDeadLetter => true,
+        };
         let max_in_flight_events = rng.usize(1..=6);
         let setup = Setup {
             exactly_once,
@@ -225,12 +244,12 @@ impl World {
             broker_max_bytes: rng.usize(300..800),
             partitions: rng.usize(1..=3),
         };
-        // Exactly-once with a dead-letter topic is issue 16, defect 1 (another branch), and
-        // bad input that halts cannot be fixed by the operator's restart: none of it here.
+        // Exactly-once without a dead-letter topic: bad input that halts cannot be fixed by
+        // the operator's restart.
         let wal = Wal::generate(
             &mut rng,
             WalShape {
-                bad_input: !exactly_once,
+                bad_input: guarantee != Guarantee::ExactlyOnce,
             },
         );
         World {
@@ -461,7 +480,7 @@ impl World {
         let mut last_of_key: BTreeMap<&str, (usize, usize, &str)> = BTreeMap::new();
         let mut problems = Vec::new();
         for w in &self.log {
-            if !self.coordinator.visible(w.txn) || (self.setup.exactly_once && w.topic != TOPIC) {
+            if !self.coordinator.visible(w.txn) {
                 continue;
             }
             let count = seen.entry(w.id.as_str()).or_default();
