@@ -222,7 +222,7 @@ async fn run_session(
 ) -> (Result<(), Error>, Duration) {
     let metrics = Metrics::new().pipeline(&config.name);
     let progress = SessionProgress::new(metrics.clone());
-    let router = Router::new(&config).unwrap();
+    let router = Router::new(config).unwrap();
     let shutdown = CancellationToken::new();
     let cancel = shutdown.clone();
     let timer = tokio::spawn(async move {
