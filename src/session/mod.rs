@@ -31,7 +31,6 @@ use crate::metrics::PipelineMetrics;
 use crate::router::{RouteError, Router};
 use crate::sink::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
 use crate::supervisor::SessionProgress;
-use mutation::{active as mutated, Mutation};
 use crate::source::outbox::OutboxEvent;
 use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 
@@ -601,7 +600,10 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Deliberate defects for the simulation to catch: `mutated` is `false` outside tests.
 mod mutation;
+use mutation::{active as mutated, Mutation};
+
 #[cfg(test)]
 mod simulation;
 #[cfg(test)]
