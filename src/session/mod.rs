@@ -153,9 +153,9 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             // Within what is left of a shutdown's drain, if one began (the simulation found a
             // stop that took twice the shutdown timeout: bad input met while the drain
             // finished the open transaction, then a second drain of a whole timeout).
-            let deadline = self.drain_deadline.unwrap_or_else(|| {
-                tokio::time::Instant::now() + self.config.shutdown_timeout()
-            });
+            let deadline = self
+                .drain_deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout());
             self.drain_in_flight(deadline).await;
         }
         if let Err(e) = self.confirm().await {
