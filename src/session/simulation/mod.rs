@@ -455,7 +455,8 @@ mod tests {
     /// shutdown's drain finished the open transaction stopped the session, and the drain that
     /// follows such an error waited a whole `shutdown_timeout` again, so the stop took up to
     /// twice the timeout. (A seed names a schedule only as long as the generator draws the
-    /// same: this test then still passes, but may no longer meet that case.)
+    /// same: this test then still passes, but may no longer meet that case; `session::tests`
+    /// has the case as a scenario of its own.)
     #[test]
     fn bad_input_met_while_draining_does_not_extend_the_shutdown() {
         run_schedule(26554, Guarantee::AtLeastOnce).unwrap();
