@@ -70,8 +70,8 @@
 //!
 //! # Running it
 //! `cargo test --locked` runs [`DEFAULT_SCHEDULES`] schedules in each of the two modes (in
-//! a debug build about 0.7 ms of CPU each: some 70 s of CPU for the 100,000, on both cores
-//! at once). Each test `the_simulation_catches_...` switches one deliberate defect on
+//! a debug build about 0.7 ms of CPU each: 35 s for the 100,000 on the 2-core development
+//! machine otherwise idle, both modes at once). Each test `the_simulation_catches_...` switches one deliberate defect on
 //! ([`super::mutation`]) and asserts that the default schedules find it. A
 //! longer run: `SIMULATION_SCHEDULES=5000000 cargo test --release --locked --lib
 //! session::simulation::tests::every_schedule` (10 million schedules, 6.5 minutes on the
