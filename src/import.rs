@@ -217,7 +217,9 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
         // Debezium's slot, or one `setup` creates before the switch.
         create_slot: false,
         // Debezium 3's failover slot option (PostgreSQL 17+).
-        failover: im.take("slot.failover").is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        failover: im
+            .take("slot.failover")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         ..PipelineConfig::new(name.clone(), im.table())
     };
     im.router(alias, &mut pipeline)?;

@@ -40,7 +40,8 @@
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does, and [`source::target`] picks the
 //!   host of a multi-host URL by `target_session_attrs`, for both connections.
-//! - [`session`]: the session loop, generic over source and sink; no IO of its own.
+//! - [`session`]: the session loop, generic over source and sink; no IO of its own. Its
+//!   tests include a deterministic simulation (`session/simulation/`, test builds only).
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
 //!   backoff reset only by progress, standby while another relay holds the slot, recovery
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.

@@ -81,6 +81,8 @@ pub struct Session<'a, So: Source, Si: Sink> {
     progress: &'a SessionProgress,
     /// When the last null-key warning was logged, and events with a null key not yet in one.
     null_key_warned: (Option<Instant>, u64),
+    /// Once a shutdown began: when its drain must end, whatever ends the session.
+    drain_deadline: Option<tokio::time::Instant>,
 }
 
 impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
@@ -102,7 +104,10 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             source,
             sink,
             router,
-            tracker: AckTracker::new(start),
+            tracker: AckTracker::new(match mutated(Mutation::TrackerStartsAtZero) {
+                true => Lsn::ZERO,
+                false => start,
+            }),
             eos: match mode {
                 Mode::AtLeastOnce => None,
                 Mode::ExactlyOnce(eos) => Some(eos),
@@ -117,6 +122,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             start,
             progress,
             null_key_warned: (None, 0),
+            drain_deadline: None,
         }
     }
 
@@ -144,7 +150,13 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             if e.recovery() != Recovery::Stop || matches!(e, Error::Delivery(_)) {
                 return result;
             }
-            self.drain_in_flight(self.config.shutdown_timeout()).await;
+            // Within what is left of a shutdown's drain, if one began (the simulation found a
+            // stop that took twice the shutdown timeout: bad input met while the drain
+            // finished the open transaction, then a second drain of a whole timeout).
+            let deadline = self
+                .drain_deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout());
+            self.drain_in_flight(deadline).await;
         }
         if let Err(e) = self.confirm().await {
             warn!(pipeline = %self.config.name, error = %chain(&e), "could not send the final confirmation");
@@ -163,7 +175,6 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
     ) -> Result<(), Error> {
         let mut status_timer = interval(status_interval);
         status_timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut drain_deadline: Option<tokio::time::Instant> = None;
 
         loop {
             let in_flight = self.sink.in_flight();
@@ -178,7 +189,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             };
             // While draining, finish the open transaction (so its events are confirmed and
             // not published again after restart) but start no new one.
-            let draining = drain_deadline.is_some();
+            let draining = self.drain_deadline.is_some();
             let read = self.has_capacity(in_flight)
                 && (!draining || self.tracker.in_transaction())
                 && !committing;
@@ -191,9 +202,9 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 // 1. Shutdown: stop taking new transactions, drain what is in flight.
                 _ = shutdown.cancelled(), if !draining => {
                     info!(pipeline = %self.config.name, in_flight = in_flight.events, "draining before shutdown");
-                    drain_deadline = Some(tokio::time::Instant::now() + self.config.shutdown_timeout());
+                    self.drain_deadline = Some(tokio::time::Instant::now() + self.config.shutdown_timeout());
                 }
-                _ = sleep_until(drain_deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
+                _ = sleep_until(self.drain_deadline.unwrap_or_else(tokio::time::Instant::now)), if draining && !mutated(Mutation::DrainForever) => {
                     warn!(
                         pipeline = %self.config.name,
                         in_flight = in_flight.events,
@@ -236,13 +247,13 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
     fn has_capacity(&self, in_flight: InFlight) -> bool {
         in_flight.events < self.config.max_in_flight_events
             && in_flight.bytes < self.config.max_in_flight_bytes
-            && self.tracker.unconfirmed_commits() < self.config.max_in_flight_events
-            && self.blocked.is_empty()
+            && (self.tracker.unconfirmed_commits() < self.config.max_in_flight_events
+                || mutated(Mutation::NoTrackerBound))
+            && (self.blocked.is_empty() || mutated(Mutation::Overtake))
     }
 
-    /// Waits up to `timeout` for the outcomes of records in flight, acknowledging them.
-    async fn drain_in_flight(&mut self, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
+    /// Waits until `deadline` for the outcomes of records in flight, acknowledging them.
+    async fn drain_in_flight(&mut self, deadline: tokio::time::Instant) {
         while self.sink.in_flight().events > 0 {
             let Ok(Some(delivery)) =
                 tokio::time::timeout_at(deadline, self.sink.next_delivery()).await
@@ -367,6 +378,10 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         }
         match self.sink.send(record, token) {
             Ok(()) => Ok(()),
+            Err(SendError::Full(_)) if mutated(Mutation::DropBlocked) => {
+                let _ = self.tracker.ack(token);
+                Ok(())
+            }
             Err(SendError::Full(record)) => {
                 debug!(pipeline = %self.config.name, "sink queue full; the record waits for room");
                 self.blocked.push_back((record, token));
@@ -400,9 +415,20 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 
     /// Offers the records waiting for room to the sink again, in order.
     fn send_blocked(&mut self) -> Result<(), Error> {
-        while let Some((record, token)) = self.blocked.pop_front() {
+        if mutated(Mutation::ForgetBlocked) {
+            return Ok(());
+        }
+        let newest_first = mutated(Mutation::Overtake);
+        while let Some((record, token)) = match newest_first {
+            true => self.blocked.pop_back(),
+            false => self.blocked.pop_front(),
+        } {
             match self.sink.send(*record, token) {
                 Ok(()) => {}
+                Err(SendError::Full(record)) if newest_first => {
+                    self.blocked.push_back((record, token));
+                    break;
+                }
                 Err(SendError::Full(record)) => {
                     self.blocked.push_front((record, token));
                     break;
@@ -515,7 +541,10 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 
     /// Confirms the tracker's flush LSN to the source.
     async fn confirm(&mut self) -> Result<(), Error> {
-        let flush = self.tracker.flush_lsn();
+        let mut flush = self.tracker.flush_lsn();
+        if mutated(Mutation::ConfirmSourcePosition) {
+            flush = flush.max(self.position);
+        }
         let delivered = std::mem::take(&mut self.delivered);
         self.source
             .confirm(Confirmation {
@@ -609,5 +638,11 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Deliberate defects for the simulation to catch: `mutated` is `false` outside tests.
+mod mutation;
+use mutation::{active as mutated, Mutation};
+
+#[cfg(test)]
+mod simulation;
 #[cfg(test)]
 mod tests;

@@ -70,11 +70,15 @@ struct SourceLog {
 }
 
 /// Hands out scripted items, then waits forever; records failed deliveries itself (as the
-/// polling source does) when `records_failures`.
+/// polling source does) when `records_failures`; with `delay = Some((n, after))`, hands out
+/// item number `n` (from 0) only `after` its first call.
 struct FakeSource {
     items: VecDeque<SourceItem>,
     log: Arc<Mutex<SourceLog>>,
     records_failures: bool,
+    delay: Option<(usize, Duration)>,
+    handed: usize,
+    first_call: Option<tokio::time::Instant>,
 }
 
 impl FakeSource {
@@ -84,6 +88,9 @@ impl FakeSource {
             items: items.into(),
             log: log.clone(),
             records_failures: false,
+            delay: None,
+            handed: 0,
+            first_call: None,
         };
         (source, log)
     }
@@ -91,6 +98,15 @@ impl FakeSource {
 
 impl Source for FakeSource {
     async fn next(&mut self) -> Result<SourceItem, Error> {
+        let first_call = *self
+            .first_call
+            .get_or_insert_with(tokio::time::Instant::now);
+        if let Some((_, after)) = self.delay.filter(|&(n, _)| n == self.handed) {
+            // Cancel-safe: the deadline stays the same on the next call.
+            tokio::time::sleep_until(first_call + after).await;
+            self.delay = None;
+        }
+        self.handed += 1;
         match self.items.pop_front() {
             Some(item) => {
                 if matches!(item, SourceItem::Begin { .. }) {
@@ -222,7 +238,7 @@ async fn run_session(
 ) -> (Result<(), Error>, Duration) {
     let metrics = Metrics::new().pipeline(&config.name);
     let progress = SessionProgress::new(metrics.clone());
-    let router = Router::new(&config).unwrap();
+    let router = Router::new(config).unwrap();
     let shutdown = CancellationToken::new();
     let cancel = shutdown.clone();
     let timer = tokio::spawn(async move {
@@ -341,7 +357,8 @@ struct FakeTransactions {
     fail_commit: Option<usize>,
 }
 
-fn transaction_error(operation: &'static str) -> TransactionError {
+/// A transaction call's failure that a new session may get past (shared with the simulation).
+pub(super) fn transaction_error(operation: &'static str) -> TransactionError {
     TransactionError {
         operation,
         source: rdkafka::error::KafkaError::Canceled,
@@ -494,5 +511,33 @@ async fn failures_the_source_records_settle_their_events_and_the_session_goes_on
         log.confirmations.iter().all(|&lsn| lsn == START),
         "confirmed past the failed event: {:?}",
         log.confirmations
+    );
+}
+
+/// Found by the simulation (schedule 26554): bad input met while a shutdown's drain finishes
+/// the open transaction stops the session, and the drain after such an error waited a whole
+/// `shutdown_timeout` again, so the stop took up to twice the timeout (here 4 s instead of 3).
+#[tokio::test(start_paused = true)]
+async fn bad_input_met_while_draining_does_not_extend_the_shutdown() {
+    let config = config();
+    let mut items = transaction(0, 2);
+    if let SourceItem::Event { event, .. } = &mut items[2] {
+        event.aggregate_type = Bytes::from_static(b"bad type");
+    }
+    let (mut source, _) = FakeSource::new(items);
+    // The bad event comes 2 s in: after the shutdown (1 s), before the drain's end (3 s).
+    source.delay = Some((2, Duration::from_secs(2)));
+    // Nothing is ever acknowledged: each drain lasts until its deadline.
+    let (sink, sent) = FakeSink::new(usize::MAX, usize::MAX);
+    let run_for = Duration::from_secs(1);
+    let (result, ran) = run_session(&config, source, sink, run_for).await;
+    let error = result.expect_err("bad input stops the session");
+    assert!(matches!(error, Error::Route(_)), "{error:?}");
+    assert_eq!(*sent.lock().unwrap(), ["e0.0"]);
+    assert_eq!(
+        ran,
+        run_for + config.shutdown_timeout(),
+        "the stop took {ran:?}, the shutdown timeout is {:?}",
+        config.shutdown_timeout()
     );
 }

@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::outbox::{OutboxDecoder, OutboxError};
 use super::pgoutput::{self, LogicalReplicationMessage};
-use super::replication::{ReplicationMessage, ReplicationStream, PG_EPOCH_OFFSET_SECS};
+use super::replication::{ReplicationMessage, ReplicationStream, WalStream, PG_EPOCH_OFFSET_SECS};
 use super::slot_record::Recorder;
 use super::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 use crate::config::InvalidOpBehavior;
@@ -28,10 +28,12 @@ const PROGRESS_MIN_LAG_BYTES: u64 = 16 << 20;
 /// How long to wait for the walsender to acknowledge the end of streaming.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The replication stream of one slot as a [`Source`].
-pub struct LogicalSource {
+/// The replication stream of one slot as a [`Source`]. Generic over the stream (a
+/// [`WalStream`]: the walsender's [`ReplicationStream`], or the session simulation's fake
+/// server), so that a test drives the real decoding and mapping below the trait.
+pub struct LogicalSource<W: WalStream = ReplicationStream> {
     metrics: PipelineMetrics,
-    stream: ReplicationStream,
+    stream: W,
     decoder: OutboxDecoder,
     op_invalid_behavior: InvalidOpBehavior,
     /// The server's end of WAL, as last reported in XLogData or a keepalive.
@@ -44,11 +46,11 @@ pub struct LogicalSource {
     recorder: Option<Recorder>,
 }
 
-impl LogicalSource {
+impl<W: WalStream> LogicalSource<W> {
     /// A source over `stream`, started at the slot's `confirmed_flush_lsn`; `decoder` maps
     /// the outbox table's inserts and messages.
     pub fn new(
-        stream: ReplicationStream,
+        stream: W,
         decoder: OutboxDecoder,
         op_invalid_behavior: InvalidOpBehavior,
         metrics: PipelineMetrics,
@@ -211,8 +213,8 @@ impl LogicalSource {
     }
 }
 
-impl Source for LogicalSource {
-    /// Cancel-safe: [`ReplicationStream::recv`] is, and what follows it does not wait.
+impl<W: WalStream> Source for LogicalSource<W> {
+    /// Cancel-safe: [`WalStream::recv`] is, and what follows it does not wait.
     async fn next(&mut self) -> Result<SourceItem, Error> {
         loop {
             let message = self.stream.recv().await?.ok_or(SourceError::Closed)?;

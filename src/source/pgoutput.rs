@@ -551,8 +551,9 @@ fn non_negative(offset: usize, n: i32) -> Result<usize, DecodeError> {
     })
 }
 
+/// The decoder's tests, and its inverse for other tests (the session simulation).
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -1165,7 +1166,7 @@ mod tests {
 
     /// Test-only encoder: the inverse of [`decode`], written from the protocol docs (55.9
     /// "Logical Replication Message Formats"), so decode(encode(m)) == m checks both.
-    fn encode(message: &LogicalReplicationMessage) -> Vec<u8> {
+    pub(crate) fn encode(message: &LogicalReplicationMessage) -> Vec<u8> {
         fn cstr(out: &mut Vec<u8>, s: &str) {
             out.extend_from_slice(s.as_bytes());
             out.push(0);

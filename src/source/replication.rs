@@ -11,6 +11,7 @@
 //! writes (status updates) go to the other half of the socket and never wait for a read.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -534,6 +535,46 @@ impl Candidate for ReplicationClient {
             .next()
             .and_then(|row| row.into_iter().next().flatten())
             .ok_or_else(|| SourceError::Protocol(format!("{sql} returned no value")))
+    }
+}
+
+/// The walsender's side of a running logical replication stream, as
+/// [`super::logical::LogicalSource`] uses it: [`ReplicationStream`] over a connection, or a
+/// fake server in the session simulation (`src/session/simulation/`).
+pub trait WalStream: Send {
+    /// Receives the next XLogData or keepalive; `Ok(None)` when the server ended the stream.
+    ///
+    /// Cancel-safe. Returns an error if the server reports one or the connection breaks.
+    fn recv(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<ReplicationMessage>, SourceError>> + Send;
+
+    /// Sends a standby status update with `write` (last received), `flush` and `apply` (both
+    /// the confirmed LSN).
+    ///
+    /// Not cancel-safe. Returns an error if the connection broke.
+    fn send_status(
+        &mut self,
+        write: Lsn,
+        flush: Lsn,
+    ) -> impl Future<Output = Result<(), SourceError>> + Send;
+
+    /// Ends streaming within `timeout`; the server has processed every status update sent
+    /// before when this returns `Ok`.
+    fn stop(self, timeout: Duration) -> impl Future<Output = Result<(), SourceError>> + Send;
+}
+
+impl WalStream for ReplicationStream {
+    async fn recv(&mut self) -> Result<Option<ReplicationMessage>, SourceError> {
+        ReplicationStream::recv(self).await
+    }
+
+    async fn send_status(&mut self, write: Lsn, flush: Lsn) -> Result<(), SourceError> {
+        ReplicationStream::send_status(self, write, flush).await
+    }
+
+    async fn stop(self, timeout: Duration) -> Result<(), SourceError> {
+        ReplicationStream::stop(self, timeout).await
     }
 }
 
