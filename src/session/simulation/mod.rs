@@ -54,10 +54,9 @@
 //! The polling source (its `FailureHandling::Recorded` path is in `tests.rs`); UPDATE and
 //! DELETE of outbox rows; PostgreSQL losing a confirmed flush LSN in a crash; several relays
 //! at once (a standby is the supervisor's test); the supervisor's backoff (its jitter is not
-//! seeded; sessions follow each other at once); keepalives inside a transaction. Exactly-once
-//! with a dead-letter topic and bad input is modelled but its run is ignored (issue 16,
-//! defect 1, fixed on another branch: `every_schedule_exactly_once_with_dead_letter` finds it
-//! after 217 schedules).
+//! seeded; sessions follow each other at once); keepalives inside a transaction.
+//! Exactly-once with a dead-letter topic runs as a third mode: the schedule carries the
+//! pipeline's [`Redo`] from session to session as `pipeline.rs` does.
 //!
 //! # Why a scheduler of its own
 //! The session drives its fakes (it decides when to read, send and confirm); the fakes only
@@ -92,8 +91,8 @@ use tokio_util::sync::CancellationToken;
 use super::mutation::{self, Mutation};
 use super::{Mode, Session};
 use crate::config::{OnBadEvent, PipelineConfig};
-use crate::error::Recovery;
-use crate::exactly_once::{Checkpoint, ExactlyOnce, Transactions};
+use crate::error::{Error, Recovery};
+use crate::exactly_once::{Checkpoint, ExactlyOnce, Redo, Transactions};
 use crate::metrics::{Metrics, PipelineMetrics};
 use crate::router::Router;
 use crate::source::logical::LogicalSource;
@@ -152,10 +151,13 @@ async fn schedule(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
     let metrics = METRICS.with(PipelineMetrics::clone);
     let faulty = world.lock().rng.usize(0..=MAX_FAULTY_SESSIONS);
     let mut fixed = false;
+    // What the pipeline keeps between sessions in exactly-once mode: the events Kafka refused
+    // for good, dead-lettered when their transaction is redone.
+    let mut redo = Redo::default();
     let mut n = 0;
     loop {
         let last = fixed || n >= faulty;
-        let end = session(&world, &metrics, n, last, fixed).await;
+        let end = session(&world, &metrics, n, last, fixed, &mut redo).await;
         {
             let mut w = world.lock();
             let note = format!(
@@ -164,6 +166,7 @@ async fn schedule(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
                 match &end {
                     End::Stopped => "stopped".to_owned(),
                     End::Failed(recovery, e) => format!("{recovery:?}: {e}"),
+                    End::Redo(e) => format!("redo: {e}"),
                     End::Abandoned => "abandoned".to_owned(),
                 },
                 w.slot
@@ -186,6 +189,16 @@ async fn schedule(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
                 break;
             }
             End::Failed(_, _) => {}
+            // The next session redoes the transaction with the refused event dead-lettered
+            // (the last session too: the refusal is the event's, not a fault's). Each refused
+            // event is redone once, so this ends.
+            End::Redo(_) if redo.is_full() => {
+                world
+                    .lock()
+                    .violate("more refused events than the redo keeps".to_owned());
+                break;
+            }
+            End::Redo(_) => {}
             End::Abandoned => break,
         }
     }
@@ -221,6 +234,9 @@ enum End {
     /// Ended after a shutdown.
     Stopped,
     Failed(Recovery, String),
+    /// Exactly-once: Kafka refused an event for good; its transaction was aborted, to be redone
+    /// with the event in the dead-letter topic.
+    Redo(String),
     /// Did not end in time (a violation says so).
     Abandoned,
 }
@@ -253,6 +269,7 @@ async fn session(
     n: usize,
     last: bool,
     fixed: bool,
+    redo: &mut Redo,
 ) -> End {
     let (config, start, shutdown_after) = {
         let mut w = world.lock();
@@ -291,10 +308,12 @@ async fn session(
                 true => None,
                 false => world.lock().coordinator.checkpoint(),
             };
-            Mode::ExactlyOnce(ExactlyOnce::new(
-                Box::new(transactions),
-                checkpoint.map(Checkpoint),
-            ))
+            // As pipeline.rs: the slot is confirmed past the transactions redone already.
+            redo.forget_confirmed(start);
+            Mode::ExactlyOnce(
+                ExactlyOnce::new(Box::new(transactions), checkpoint.map(Checkpoint))
+                    .with_redo(redo.clone()),
+            )
         }
     };
     let shutdown = CancellationToken::new();
@@ -355,6 +374,15 @@ async fn session(
     sleep(Duration::from_millis(1)).await;
     match result {
         Ok(()) => End::Stopped,
+        Err(Error::Redo(refused)) => {
+            let text = format!(
+                "event {} at LSN {}",
+                String::from_utf8_lossy(&refused.id),
+                refused.lsn
+            );
+            redo.add(*refused);
+            End::Redo(text)
+        }
         Err(e) => End::Failed(e.recovery(), crate::error::chain(&e)),
     }
 }
@@ -435,11 +463,12 @@ mod tests {
         every_schedule(Guarantee::AtLeastOnce, "every_schedule_at_least_once");
     }
 
-    /// Issue 16, defect 1 (fixed on another branch): with a dead-letter topic, a record the
-    /// broker refuses for good leaves the transaction abortable, the dead-letter copy is
-    /// refused in it as retryable, and every session meets the same record again.
+    /// Issue 16, defect 1: with a dead-letter topic, a record the broker refuses for good
+    /// leaves the transaction abortable; the session aborts it and the next one redoes the
+    /// transaction with the event in the dead-letter topic. (Before the redo, the copy was
+    /// refused in the abortable transaction and every session met the same record again:
+    /// found after 217 schedules.)
     #[test]
-    #[ignore = "issue 16, defect 1: exactly-once with a dead-letter topic, fixed on another branch"]
     fn every_schedule_exactly_once_with_dead_letter() {
         every_schedule(
             Guarantee::ExactlyOnceWithDeadLetter,
