@@ -265,31 +265,55 @@ impl ExactlyOnce {
         Ok(self.commit_at.take().expect("a commit was pending"))
     }
 
-    /// At the end of a session: lets a commit in progress finish (two transaction calls at
-    /// once are refused), then aborts a transaction still open, unless this producer was
-    /// `fenced`. Returns the end LSN of a transaction the finished commit committed. An abort
-    /// that fails is left to the next session's producer.
-    pub async fn end(&mut self, fenced: bool, metrics: &PipelineMetrics) -> Option<Lsn> {
+    /// At the end of a session, by `deadline` (what is left of a shutdown's drain): lets a
+    /// commit in progress finish (two transaction calls at once are refused), then aborts a
+    /// transaction still open, unless this producer was `fenced`. Returns the end LSN of a
+    /// transaction the finished commit committed.
+    ///
+    /// A commit still running at the deadline is abandoned: its outcome is unknown here, so
+    /// its transaction stays unconfirmed, and the next session's producer (registering the
+    /// transactional id fences this one) settles it and reads the checkpoint back. An abort
+    /// that fails or runs out of time is left to the next session's producer likewise.
+    pub async fn end(
+        &mut self,
+        fenced: bool,
+        metrics: &PipelineMetrics,
+        deadline: tokio::time::Instant,
+    ) -> Option<Lsn> {
         let mut committed = None;
         if let Some(commit) = self.committing.take() {
             let end_lsn = self.commit_at.take();
-            if commit.await.is_ok() {
-                self.open = false;
-                metrics.kafka_transaction("committed");
-                committed = end_lsn;
+            match tokio::time::timeout_at(deadline, commit).await {
+                Ok(Ok(())) => {
+                    self.open = false;
+                    metrics.kafka_transaction("committed");
+                    committed = end_lsn;
+                }
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    warn!(pipeline = %metrics.name(), "the kafka commit did not finish by the shutdown deadline; its transaction stays unconfirmed and the next session settles it");
+                    return None;
+                }
             }
         }
         if !self.open || fenced {
             return committed;
         }
         self.open = false;
-        match self.transactions.abort(ABORT_TIMEOUT).await {
-            Ok(()) => {
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(ABORT_TIMEOUT);
+        let aborted = tokio::time::timeout(left, self.transactions.abort(left)).await;
+        match aborted {
+            Ok(Ok(())) => {
                 metrics.kafka_transaction("aborted");
                 info!(pipeline = %metrics.name(), "open kafka transaction aborted");
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 warn!(pipeline = %metrics.name(), error = %chain(&e), "could not abort the open kafka transaction; the next session aborts it")
+            }
+            Err(_) => {
+                warn!(pipeline = %metrics.name(), "aborting the open kafka transaction did not finish by the shutdown deadline; the next session aborts it")
             }
         }
         committed

@@ -139,9 +139,13 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         status_interval: Duration,
     ) -> Result<(), Error> {
         let result = self.stream(shutdown, status_interval).await;
+        // What is left of a shutdown's drain, if one began; else a shutdown timeout from now.
+        let end_by = self
+            .drain_deadline
+            .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout());
         if let Some(eos) = &mut self.eos {
             let fenced = matches!(&result, Err(Error::Transaction(e)) if e.is_fenced());
-            if let Some(end_lsn) = eos.end(fenced, self.metrics).await {
+            if let Some(end_lsn) = eos.end(fenced, self.metrics, end_by).await {
                 // Cannot fail: the transaction was open in the tracker.
                 let _ = self.tracker.commit(end_lsn);
             }
@@ -153,10 +157,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             // Within what is left of a shutdown's drain, if one began (the simulation found a
             // stop that took twice the shutdown timeout: bad input met while the drain
             // finished the open transaction, then a second drain of a whole timeout).
-            let deadline = self
-                .drain_deadline
-                .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout());
-            self.drain_in_flight(deadline).await;
+            self.drain_in_flight(end_by).await;
         }
         if let Err(e) = self.confirm().await {
             warn!(pipeline = %self.config.name, error = %chain(&e), "could not send the final confirmation");

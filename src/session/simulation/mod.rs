@@ -98,7 +98,7 @@ use crate::router::Router;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::supervisor::SessionProgress;
-use broker::{SimSink, SimTransactions, TRANSACTION_CALL_TIMEOUT};
+use broker::{SimSink, SimTransactions};
 use server::FakeWalsender;
 use wal::{DEAD_LETTER_TOPIC, MESSAGE_PREFIX, OUTBOX_OID};
 use world::{Guarantee, Setup, Shared, World};
@@ -107,8 +107,6 @@ use world::{Guarantee, Setup, Shared, World};
 pub(crate) const DEFAULT_SCHEDULES: u64 = 50_000;
 /// Most sessions with faults before the last one.
 const MAX_FAULTY_SESSIONS: usize = 3;
-/// The abort at a session's end (`exactly_once::ABORT_TIMEOUT`).
-const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last session may take to reach the last commit after it committed.
 const LIVENESS_DEADLINE: Duration = Duration::from_secs(300);
 
@@ -354,11 +352,9 @@ async fn session(
         None => {
             shutdown.cancel();
             // The timer wheel's granularity: the session's own drain deadline fires at the
-            // same millisecond.
-            let mut deadline = config.shutdown_timeout() + Duration::from_millis(1);
-            if config.exactly_once {
-                deadline += TRANSACTION_CALL_TIMEOUT + ABORT_TIMEOUT;
-            }
+            // same millisecond. Exactly-once gets no more: a commit or abort still running at
+            // the deadline is abandoned to the next session.
+            let deadline = config.shutdown_timeout() + Duration::from_millis(1);
             match timeout(deadline, &mut run).await {
                 Ok(result) => result,
                 Err(_) => {
