@@ -68,13 +68,15 @@
 //! select, no hash-order iteration in the fakes.
 //!
 //! # Running it
-//! `cargo test --locked` runs [`DEFAULT_SCHEDULES`] schedules in each of the two modes (in
-//! a debug build about 0.7 ms of CPU each: 35 s for the 100,000 on the 2-core development
-//! machine otherwise idle, both modes at once). Each test `the_simulation_catches_...` switches one deliberate defect on
-//! ([`super::mutation`]) and asserts that the default schedules find it. A
-//! longer run: `SIMULATION_SCHEDULES=5000000 cargo test --release --locked --lib
-//! session::simulation::tests::every_schedule` (10 million schedules, 6.5 minutes on the
-//! 2-core development machine, none failing); `SIMULATION_FIRST_SEED`
+//! `cargo test --locked` runs [`DEFAULT_SCHEDULES`] schedules in each of the three modes
+//! (at-least-once, exactly-once, exactly-once with a dead-letter topic; in a debug build about
+//! 0.7 ms of CPU each: 35 s for the first two on the 2-core development machine otherwise idle,
+//! run at once, and about 30 s for the third). Each test `the_simulation_catches_...`
+//! switches one deliberate defect on ([`super::mutation`]) and asserts that the default
+//! schedules find it. A longer run: `SIMULATION_SCHEDULES=5000000 cargo test --release
+//! --locked --lib session::simulation::tests::every_schedule` (5 million per mode; for the
+//! first two modes 6.5 minutes on the 2-core development machine, none failing);
+//! `SIMULATION_FIRST_SEED`
 //! starts at another seed. A failure prints its seed and the command that replays it
 //! (`SIMULATION_SEED=...`).
 
