@@ -149,5 +149,8 @@ if [ "$KEEP" = 0 ]; then
     "${PSQL[@]}" "$SOURCE_URL" -c "SELECT pg_drop_replication_slot('quickstart')" >/dev/null 2>&1 && break
     sleep 0.1
   done
-  echo "relay stopped, slot quickstart dropped"
+  # The slot record (see README, A slot is never silently replaced) would refuse a later
+  # quickstart against the same database: the demo slot's loss is intended.
+  "${PSQL[@]}" "$SOURCE_URL" -c "DELETE FROM outbox_relay.streamed_slots WHERE slot_name = 'quickstart'" >/dev/null
+  echo "relay stopped, slot quickstart and its slot record dropped"
 fi
