@@ -35,7 +35,7 @@ free_port() {
 }
 
 step "installing what is missing (PostgreSQL 15, build tools, tansu broker)"
-tests/setup-deps.sh --no-pg-matrix
+tests/setup-deps.sh --no-pg-matrix --no-sink-servers
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 step "building outbox-relay"

@@ -5,7 +5,7 @@ use crate::config::ConfigError;
 use crate::exactly_once::{CheckpointError, RefusedEvent, TransactionError};
 use crate::router::RouteError;
 use crate::sink::kafka::ProducerError;
-use crate::sink::DeliveryError;
+use crate::sink::{ConnectError, DeliveryError};
 use crate::source::outbox::OutboxError;
 use crate::source::SourceError;
 
@@ -27,6 +27,9 @@ pub enum Error {
     Rejected(DeliveryError),
     #[error(transparent)]
     Producer(#[from] ProducerError),
+    /// A sink other than Kafka could not connect or is set up wrongly.
+    #[error(transparent)]
+    SinkConnect(#[from] ConnectError),
     /// The polling source cannot use the outbox table or one of its rows.
     #[error(transparent)]
     Polling(#[from] crate::source::polling::PollingError),
@@ -90,6 +93,7 @@ impl Error {
             Error::Transaction(e) if e.is_fenced() => Recovery::StandBy,
             Error::Transaction(e) => retry_or_stop(e.is_transient()),
             Error::Redo(_) => Recovery::Retry,
+            Error::SinkConnect(e) => retry_or_stop(e.retryable),
             Error::Checkpoint(e) => retry_or_stop(matches!(
                 e,
                 CheckpointError::Kafka { .. } | CheckpointError::Timeout(_)

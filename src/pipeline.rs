@@ -27,6 +27,7 @@ use crate::router::Router;
 use crate::session::{Mode, Session};
 use crate::shutdown::AbortOnDrop;
 use crate::sink::kafka::KafkaSink;
+use crate::sink::AnySink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::source::replication::ReplicationClient;
@@ -398,28 +399,33 @@ async fn run_session(
         }
     };
     let transactional_id = config.exactly_once.then(|| config.transactional_id());
-    let sink = KafkaSink::new(
-        &config.kafka,
-        &format!("outbox-relay-{}", config.name),
-        config.max_in_flight_events,
-        config.max_in_flight_bytes,
-        transactional_id.as_deref(),
-    )?;
-    // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get the
-    // slot) never fences the active relay; WAL waits in the socket meanwhile.
+    let kafka = |transactional_id: Option<&str>| {
+        KafkaSink::new(
+            &config.kafka,
+            &format!("outbox-relay-{}", config.name),
+            config.max_in_flight_events,
+            config.max_in_flight_bytes,
+            transactional_id,
+        )
+    };
     redo.forget_confirmed(confirmed_flush_lsn);
-    let mode = match transactional_id {
-        Some(_) => {
+    let (sink, mode) = match transactional_id {
+        Some(transactional_id) => {
+            let sink = kafka(Some(&transactional_id))?;
+            // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get
+            // the slot) never fences the active relay; WAL waits in the socket meanwhile.
             let origin = Origin {
                 system_id: identity.system_id.clone(),
                 timeline: identity.timeline,
                 slot: config.slot.clone(),
             };
-            Mode::ExactlyOnce(
-                exactly_once::start(&sink, config, origin, &history, redo.clone()).await?,
-            )
+            let eos = exactly_once::start(&sink, config, origin, &history, redo.clone()).await?;
+            (AnySink::Kafka(sink), Mode::ExactlyOnce(eos))
         }
-        None => Mode::AtLeastOnce,
+        None => (
+            AnySink::connect(config, || kafka(None)).await?,
+            Mode::AtLeastOnce,
+        ),
     };
     info!(
         pipeline = %config.name,

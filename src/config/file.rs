@@ -31,7 +31,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 pub use super::ConfigErrors;
-use super::{ConfigError, KafkaConfig, PipelineConfig, SourceKind};
+use super::{ConfigError, KafkaConfig, PipelineConfig, SinkConfig, SourceKind};
 
 /// The whole file, resolved: pipelines with their Kafka settings merged, and the metrics
 /// listener.
@@ -317,15 +317,22 @@ pub(crate) fn resolve(
                     .into(),
             );
         }
+        for (field, text) in p.sink.resolve(&|value| expand(value, env)) {
+            problem(&field, text);
+        }
         if p.kafka.bootstrap_servers.is_empty() {
             p.kafka.bootstrap_servers = file.kafka.bootstrap_servers.clone();
         }
         p.kafka.bootstrap_servers = if p.kafka.bootstrap_servers.is_empty() {
-            problem(
-                "kafka.bootstrap_servers",
-                "not set here nor in [kafka]".into(),
-            );
-            String::new()
+            if p.sink != SinkConfig::Kafka {
+                String::new()
+            } else {
+                problem(
+                    "kafka.bootstrap_servers",
+                    "not set here nor in [kafka]".into(),
+                );
+                String::new()
+            }
         } else {
             expand(&p.kafka.bootstrap_servers, env).unwrap_or_else(|e| {
                 problem("kafka.bootstrap_servers", e);

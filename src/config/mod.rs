@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod file;
 pub mod polling;
+pub mod sink;
 mod table;
 
 pub use polling::{MarkMode, PollingConfig, SourceKind};
+pub use sink::{RedisConfig, SinkConfig, SinkUrl};
 pub use table::{quote_ident, TableName};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
@@ -413,6 +415,10 @@ pub struct PipelineConfig {
         skip_serializing_if = "is_default_slot_record_schema"
     )]
     pub slot_record_schema: String,
+    /// Where the events go (`kind` and its settings); default Kafka, with `kafka`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub sink: SinkConfig,
+    /// The Kafka producer (with `sink` kind `kafka`, the default).
     #[serde(default, skip_serializing_if = "is_default")]
     pub kafka: KafkaConfig,
     /// [`DEFAULT_STATUS_INTERVAL_MS`].
@@ -512,6 +518,7 @@ impl PipelineConfig {
             standby_url: None,
             slot_record: DEFAULT_SLOT_RECORD,
             slot_record_schema: DEFAULT_SLOT_RECORD_SCHEMA.to_owned(),
+            sink: SinkConfig::default(),
             kafka: KafkaConfig::default(),
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
@@ -623,7 +630,13 @@ impl PipelineConfig {
             ));
         }
         problems.extend(self.exactly_once_problems());
-        if self.kafka.bootstrap_servers.trim().is_empty() {
+        if self.sink != SinkConfig::Kafka && self.exactly_once {
+            problems.push(ConfigError::new(
+                "exactly_once",
+                format!("needs Kafka transactions: not available with sink kind {:?}", self.sink.kind()),
+            ));
+        }
+        if self.sink == SinkConfig::Kafka && self.kafka.bootstrap_servers.trim().is_empty() {
             problems.push(ConfigError::new(
                 "kafka.bootstrap_servers",
                 "must not be empty",

@@ -348,7 +348,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 eos.refused_before(lsn, &event.id),
                 &self.config.dead_letter_topic,
             ) {
-                warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), %lsn, topic = %refused.topic, dead_letter_topic = %topic, reason = %refused.reason, "Kafka refused the record in the aborted transaction; sending it to the dead-letter topic in the redone one");
+                warn!(pipeline = %self.config.name, event_id = %String::from_utf8_lossy(&event.id), %lsn, topic = %refused.topic, dead_letter_topic = %topic, reason = %refused.reason, "the sink refused the record in the aborted transaction; sending it to the dead-letter topic in the redone one");
                 self.metrics.dead_lettered(if refused.too_large {
                     "too_large"
                 } else {
@@ -458,7 +458,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         let Some(record) = error.record.take() else {
             return Err(error);
         };
-        warn!(pipeline = %self.config.name, event_id = %error.event_id, topic = %error.topic, dead_letter_topic = %dead_letter_topic, reason = %error.reason, "Kafka refused the record; sending it to the dead-letter topic");
+        warn!(pipeline = %self.config.name, event_id = %error.event_id, topic = %error.topic, dead_letter_topic = %dead_letter_topic, reason = %error.reason, "the sink refused the record; sending it to the dead-letter destination");
         self.metrics.dead_lettered(if error.too_large {
             "too_large"
         } else {

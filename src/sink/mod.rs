@@ -1,12 +1,22 @@
-//! Where records go: the [`Sink`] trait and its Kafka implementation.
+//! Where records go: the [`Sink`] trait, its Kafka implementation and the other sink kinds.
+//!
+//! Kafka ([`kafka`]) pipelines with per-partition sequence numbers of its own; every other kind
+//! is a [`ordered::Publisher`] (one record, one acknowledgement) behind
+//! [`ordered::OrderedSink`], which keeps each key's records in order. [`AnySink`] is the one
+//! the pipeline configured.
 //!
 //! A sink separates accepting a record ([`Sink::send`], which never waits: a full queue gives
 //! the record back) from its delivery outcome ([`Sink::next_delivery`]): the pipeline confirms
 //! an LSN only from outcomes, never from acceptance. The exactly-once capability of a sink is
 //! [`crate::exactly_once::TransactionalSink`].
 
+mod any;
 pub mod kafka;
+pub mod ordered;
 pub mod producer;
+pub mod redis;
+
+pub use any::{AnySink, ConnectError};
 
 use std::future::Future;
 

@@ -27,7 +27,9 @@
 //!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
 //! - `versions`: the main job, walsender termination, restarts and a large transaction on
 //!   PostgreSQL 16, 17 and 18;
-//! - `polling`: the polling source (`source_kind = "polling"`).
+//! - `polling`: the polling source (`source_kind = "polling"`);
+//! - `sinks`: the sink kinds other than Kafka, each against its real server, with the same
+//!   scenarios (main job, server restart, `kill -9`, refusals, bad routing input).
 //!
 //! This file holds the fixtures the log-tailing modules share: a test's [`Setup`], writing
 //! events and checking what the consumer saw.
@@ -45,6 +47,7 @@ mod operations;
 mod polling;
 mod routing;
 mod server_failures;
+mod sinks;
 mod slot_loss;
 mod supervision;
 mod tables;

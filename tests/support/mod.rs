@@ -20,8 +20,10 @@
 pub mod http;
 pub mod kafka;
 pub mod pg;
+pub mod redis;
 pub mod relay;
 mod run;
+pub mod server;
 
 pub use http::{http_get, metric_sum, metric_value};
 pub use kafka::{consume, consume_with, kafka, Broker, Consumed};

@@ -72,6 +72,7 @@ use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
 use crate::sink::kafka::KafkaSink;
+use crate::sink::AnySink;
 use crate::source::replication::quote_ident;
 use crate::source::slot::{self, SqlConnection};
 use crate::source::SourceError;
@@ -148,7 +149,7 @@ async fn session(
     let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, router.columns()).await?;
     let source = PollingSource::new(config, metrics.clone(), client, driver, notified, sql);
-    let sink = new_sink(config)?;
+    let sink = new_sink(config).await?;
     info!(pipeline = %config.name, table = %config.table, mark = ?polling.mark, batch_size = polling.batch_size, notify = ?polling.notify_channel, "polling");
     progress.streaming();
     Session::new(
@@ -181,25 +182,29 @@ async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection, Arc<
     Ok((client, driver, notify))
 }
 
-/// The pipeline's producer, with [`DELIVERY_TIMEOUT_MS`] unless a timeout is configured.
-fn new_sink(config: &PipelineConfig) -> Result<KafkaSink, Error> {
-    let mut kafka: KafkaConfig = config.kafka.clone();
-    if !kafka
-        .properties
-        .iter()
-        .any(|(k, _)| k == "message.timeout.ms" || k == "delivery.timeout.ms")
-    {
-        kafka
+/// The pipeline's sink; a Kafka producer gets [`DELIVERY_TIMEOUT_MS`] unless a timeout is
+/// configured.
+async fn new_sink(config: &PipelineConfig) -> Result<AnySink, Error> {
+    AnySink::connect(config, || {
+        let mut kafka: KafkaConfig = config.kafka.clone();
+        if !kafka
             .properties
-            .push(("message.timeout.ms".into(), DELIVERY_TIMEOUT_MS.to_string()));
-    }
-    Ok(KafkaSink::new(
-        &kafka,
-        &format!("outbox-relay-{}", config.name),
-        config.max_in_flight_events.max(config.polling.batch_size),
-        config.max_in_flight_bytes,
-        None,
-    )?)
+            .iter()
+            .any(|(k, _)| k == "message.timeout.ms" || k == "delivery.timeout.ms")
+        {
+            kafka
+                .properties
+                .push(("message.timeout.ms".into(), DELIVERY_TIMEOUT_MS.to_string()));
+        }
+        KafkaSink::new(
+            &kafka,
+            &format!("outbox-relay-{}", config.name),
+            config.max_in_flight_events.max(config.polling.batch_size),
+            config.max_in_flight_bytes,
+            None,
+        )
+    })
+    .await
 }
 
 /// What one cycle did.

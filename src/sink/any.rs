@@ -1,0 +1,103 @@
+//! [`AnySink`]: the sink a pipeline's `sink` table chose, connected.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use super::kafka::{KafkaSink, ProducerError};
+use super::ordered::{OrderedSettings, OrderedSink};
+use super::{redis, Delivery, InFlight, Record, SendError, Sink};
+use crate::ack::EventToken;
+use crate::config::{PipelineConfig, SinkConfig};
+use crate::error::Error;
+
+/// How long connecting to a sink server may take before the session fails (and is retried).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A sink server could not be reached or refused the relay (the address is redacted).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot connect to the {kind} sink at {server}: {reason}")]
+pub struct ConnectError {
+    /// The sink's `kind`.
+    pub kind: &'static str,
+    /// Host and port (or the URL without its password).
+    pub server: String,
+    pub reason: String,
+    /// Whether connecting again may succeed (server down) or not (bad URL, bad credentials).
+    pub retryable: bool,
+}
+
+/// One of the sink kinds, as the session sees it.
+pub enum AnySink {
+    Kafka(KafkaSink),
+    Ordered(OrderedSink),
+}
+
+impl AnySink {
+    /// Connects the sink `config.sink` names, within [`CONNECT_TIMEOUT`]; for Kafka (whose
+    /// producer depends on the source kind and mode) calls `kafka`, which never waits.
+    ///
+    /// Returns [`Error::SinkConnect`] if the server cannot be reached or refuses the relay,
+    /// [`Error::Producer`] if librdkafka refuses the Kafka settings.
+    pub async fn connect(
+        config: &PipelineConfig,
+        kafka: impl FnOnce() -> Result<KafkaSink, ProducerError>,
+    ) -> Result<AnySink, Error> {
+        let connecting = async {
+            match &config.sink {
+                SinkConfig::Kafka => unreachable!("Kafka is not connected here"),
+                SinkConfig::Redis(redis) => Ok(OrderedSink::new(
+                    redis::RedisPublisher::connect(redis).await?,
+                    OrderedSettings {
+                        max_concurrency: redis.max_concurrency,
+                        delivery_timeout: redis.delivery_timeout(),
+                    },
+                )),
+            }
+        };
+        if config.sink == SinkConfig::Kafka {
+            return Ok(AnySink::Kafka(kafka()?));
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(sink)) => Ok(AnySink::Ordered(sink)),
+            Ok(Err(e)) => Err(Error::SinkConnect(e)),
+            Err(_) => Err(Error::SinkConnect(ConnectError {
+                kind: config.sink.kind(),
+                server: config.sink.server(),
+                reason: format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+                retryable: true,
+            })),
+        }
+    }
+}
+
+impl Sink for AnySink {
+    fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
+        match self {
+            AnySink::Kafka(sink) => sink.send(record, token),
+            AnySink::Ordered(sink) => sink.send(record, token),
+        }
+    }
+
+    fn next_delivery(&mut self) -> impl Future<Output = Option<Delivery>> + Send {
+        async move {
+            match self {
+                AnySink::Kafka(sink) => sink.next_delivery().await,
+                AnySink::Ordered(sink) => sink.next_delivery().await,
+            }
+        }
+    }
+
+    fn in_flight(&self) -> InFlight {
+        match self {
+            AnySink::Kafka(sink) => sink.in_flight(),
+            AnySink::Ordered(sink) => sink.in_flight(),
+        }
+    }
+
+    fn oldest_in_flight(&self) -> Option<Instant> {
+        match self {
+            AnySink::Kafka(sink) => sink.oldest_in_flight(),
+            AnySink::Ordered(sink) => sink.oldest_in_flight(),
+        }
+    }
+}

@@ -1,0 +1,378 @@
+//! Per-key ordered delivery over a client that acknowledges one message at a time: the
+//! [`Publisher`] a sink kind implements (Redis Streams, NATS JetStream, RabbitMQ, HTTP) and
+//! the [`OrderedSink`] that makes a [`Sink`] of it.
+//!
+//! Order: one key's records are published one at a time, each only once the record before it
+//! was acknowledged, so no retry ever puts a later record of a key ahead of an earlier one.
+//! Records of different keys, and records with a null key, are published concurrently, up to
+//! `max_concurrency` at once. (Kafka's idempotent producer gives the same per-key order with
+//! pipelining, from per-partition sequence numbers; these servers have nothing like them.)
+//!
+//! Failures: a retryable one ([`Failure::Retry`]: a timeout, the server unavailable) is
+//! retried with backoff ([`FIRST_RETRY`] doubling up to [`MAX_RETRY`]) until
+//! `delivery_timeout` after the record was accepted; then its outcome is a retryable
+//! [`DeliveryError`] and the key's later records fail with it unpublished, so the session ends
+//! and the next one publishes from the last confirmed position. [`Failure::Broken`] (the
+//! connection is gone and the client will not reconnect) fails the record at once, the same
+//! way. A refusal ([`Failure::Refused`]: too large, not routable, not authorized) is the
+//! record's outcome at once, and the key's next record goes ahead: the session stops or sends
+//! a dead-letter copy, as `on_bad_event` says.
+//!
+//! The publishing runs in a task of its own, so acknowledgements are taken whatever the session
+//! loop is doing; dropping the sink aborts it (unacknowledged records are then published again
+//! by the next session).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
+use crate::ack::EventToken;
+use crate::shutdown::AbortOnDrop;
+
+/// The first wait before publishing a record again.
+pub const FIRST_RETRY: Duration = Duration::from_millis(100);
+/// The longest wait between two attempts.
+pub const MAX_RETRY: Duration = Duration::from_secs(5);
+/// Least time between two warnings about records being retried.
+const RETRY_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What kind of failure a publish attempt had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Publishing the same record again may succeed (timeout, server unavailable, a 5xx).
+    Retry,
+    /// The connection is gone for good: fail now, the next session connects again.
+    Broken,
+    /// The server refused this record and always will.
+    Refused {
+        /// Larger than the server's limit.
+        too_large: bool,
+    },
+}
+
+/// Why an attempt to publish a record failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishError {
+    pub failure: Failure,
+    /// What the server or client said, with the server's address where it helps.
+    pub reason: String,
+}
+
+impl PublishError {
+    pub fn retry(reason: impl Into<String>) -> Self {
+        PublishError {
+            failure: Failure::Retry,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn broken(reason: impl Into<String>) -> Self {
+        PublishError {
+            failure: Failure::Broken,
+            reason: reason.into(),
+        }
+    }
+
+    pub fn refused(reason: impl Into<String>) -> Self {
+        PublishError {
+            failure: Failure::Refused { too_large: false },
+            reason: reason.into(),
+        }
+    }
+
+    pub fn too_large(reason: impl Into<String>) -> Self {
+        PublishError {
+            failure: Failure::Refused { too_large: true },
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A client of one sink kind: publishes a record and resolves once the server acknowledged it
+/// (what "acknowledged" means for each kind is in its module and the README).
+pub trait Publisher: Send + Sync + 'static {
+    /// Publishes `record` (its `topic` is the routed destination: stream, subject, routing key
+    /// or URL, as the kind defines). The future must not borrow `record`: clone what it needs
+    /// (the record's parts are [`Bytes`], cheap to clone).
+    ///
+    /// Resolves to `Ok` on the server's acknowledgement, or the attempt's [`PublishError`].
+    fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>>;
+}
+
+/// The settings of an [`OrderedSink`].
+#[derive(Debug, Clone, Copy)]
+pub struct OrderedSettings {
+    /// Records published at once (of different keys); at least 1.
+    pub max_concurrency: usize,
+    /// How long after its acceptance a record is retried before it fails.
+    pub delivery_timeout: Duration,
+}
+
+/// A record the session handed over, with what its outcome needs.
+struct Job {
+    seq: u64,
+    token: EventToken,
+    record: Record,
+    /// On tokio's clock, which the delivery timeout is measured on.
+    accepted: tokio::time::Instant,
+}
+
+/// An outcome for the sink's side: the job's number and the delivery.
+type Outcome = (u64, Delivery);
+
+/// A [`Publisher`] as a [`Sink`], with per-key order (see the module docs).
+pub struct OrderedSink {
+    jobs: mpsc::UnboundedSender<Job>,
+    outcomes: mpsc::UnboundedReceiver<Outcome>,
+    /// Size and acceptance time of each record without an outcome, by job number.
+    pending: HashMap<u64, (usize, Instant)>,
+    in_flight: InFlight,
+    next_seq: u64,
+    _task: AbortOnDrop,
+}
+
+impl OrderedSink {
+    /// Starts publishing through `publisher` (on the current tokio runtime).
+    pub fn new(publisher: impl Publisher, settings: OrderedSettings) -> Self {
+        let (jobs, job_rx) = mpsc::unbounded_channel();
+        let (outcome_tx, outcomes) = mpsc::unbounded_channel();
+        let driver = Driver {
+            publisher: Arc::new(publisher),
+            settings: OrderedSettings {
+                max_concurrency: settings.max_concurrency.max(1),
+                ..settings
+            },
+            outcomes: outcome_tx,
+            waiting: HashMap::new(),
+            ready: VecDeque::new(),
+            failed: HashMap::new(),
+            last_retry_warning: None,
+        };
+        let task = tokio::spawn(driver.run(job_rx));
+        OrderedSink {
+            jobs,
+            outcomes,
+            pending: HashMap::new(),
+            in_flight: InFlight::default(),
+            next_seq: 0,
+            _task: AbortOnDrop(task),
+        }
+    }
+}
+
+impl Sink for OrderedSink {
+    fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
+        let seq = self.next_seq;
+        let size = record.size();
+        let accepted = Instant::now();
+        let job = Job {
+            seq,
+            token,
+            record,
+            accepted: tokio::time::Instant::now(),
+        };
+        if let Err(mpsc::error::SendError(job)) = self.jobs.send(job) {
+            // Only if the publishing task panicked: say so rather than wait for nothing.
+            return Err(SendError::Refused(DeliveryError {
+                event_id: job.record.event_id(),
+                topic: job.record.topic.clone(),
+                reason: "the sink's publishing task ended".into(),
+                retryable: true,
+                too_large: false,
+                record: Some(Box::new(job.record)),
+            }));
+        }
+        self.next_seq += 1;
+        self.pending.insert(seq, (size, accepted));
+        self.in_flight.events += 1;
+        self.in_flight.bytes += size;
+        Ok(())
+    }
+
+    async fn next_delivery(&mut self) -> Option<Delivery> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let (seq, delivery) = self.outcomes.recv().await?;
+        if let Some((size, _)) = self.pending.remove(&seq) {
+            self.in_flight.events -= 1;
+            self.in_flight.bytes -= size;
+        }
+        Some(delivery)
+    }
+
+    fn in_flight(&self) -> InFlight {
+        self.in_flight
+    }
+
+    fn oldest_in_flight(&self) -> Option<Instant> {
+        self.pending.values().map(|(_, at)| *at).min()
+    }
+}
+
+/// The publishing task's state.
+struct Driver<P> {
+    publisher: Arc<P>,
+    settings: OrderedSettings,
+    outcomes: mpsc::UnboundedSender<Outcome>,
+    /// Per key with a record in flight: the key's later records, in send order.
+    waiting: HashMap<Bytes, VecDeque<Job>>,
+    /// Records free to go once a concurrency slot is.
+    ready: VecDeque<Job>,
+    /// Keys whose record failed for good: their later records fail with this reason.
+    failed: HashMap<Bytes, String>,
+    last_retry_warning: Option<Instant>,
+}
+
+/// One attempt's result: the job, the attempt's number (from 0) and what the server said.
+type Attempt = (Job, u32, Result<(), PublishError>);
+
+impl<P: Publisher> Driver<P> {
+    async fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+        let mut running: FuturesUnordered<BoxFuture<'static, Attempt>> = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                job = jobs.recv() => match job {
+                    Some(job) => self.admit(job),
+                    None => return,
+                },
+                Some((job, attempt, result)) = running.next(), if !running.is_empty() => {
+                    self.finished(job, attempt, result, &mut running);
+                }
+            }
+            while running.len() < self.settings.max_concurrency {
+                let Some(job) = self.ready.pop_front() else {
+                    break;
+                };
+                running.push(self.attempt(job, 0));
+            }
+        }
+    }
+
+    /// A new record: ready now unless its key has one in flight.
+    fn admit(&mut self, job: Job) {
+        let Some(key) = job.record.key.clone() else {
+            self.ready.push_back(job);
+            return;
+        };
+        if let Some(reason) = self.failed.get(&key) {
+            let reason = format!("not published: an earlier record of its key failed ({reason})");
+            self.outcome(job, Err((PublishError::retry(reason), false)));
+            return;
+        }
+        match self.waiting.get_mut(&key) {
+            Some(queue) => queue.push_back(job),
+            None => {
+                self.waiting.insert(key, VecDeque::new());
+                self.ready.push_back(job);
+            }
+        }
+    }
+
+    /// Publishes `job`, after a backoff if this is a retry.
+    fn attempt(&self, job: Job, attempt: u32) -> BoxFuture<'static, Attempt> {
+        let publisher = Arc::clone(&self.publisher);
+        let delay = match attempt {
+            0 => Duration::ZERO,
+            n => FIRST_RETRY.saturating_mul(1 << (n - 1).min(16)).min(MAX_RETRY),
+        };
+        Box::pin(async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let result = publisher.publish(&job.record).await;
+            (job, attempt, result)
+        })
+    }
+
+    fn finished(
+        &mut self,
+        job: Job,
+        attempt: u32,
+        result: Result<(), PublishError>,
+        running: &mut FuturesUnordered<BoxFuture<'static, Attempt>>,
+    ) {
+        match result {
+            Err(e)
+                if e.failure == Failure::Retry
+                    && job.accepted.elapsed() < self.settings.delivery_timeout =>
+            {
+                if self
+                    .last_retry_warning
+                    .is_none_or(|at| at.elapsed() >= RETRY_WARNING_INTERVAL)
+                {
+                    self.last_retry_warning = Some(Instant::now());
+                    warn!(event_id = %job.record.event_id(), destination = %job.record.topic, reason = %e.reason, attempt = attempt + 1, "publishing failed; retrying (until delivery_timeout_ms after the record was accepted)");
+                }
+                running.push(self.attempt(job, attempt + 1));
+            }
+            Err(e) => {
+                let poisons = matches!(e.failure, Failure::Retry | Failure::Broken);
+                self.outcome(job, Err((e, poisons)));
+            }
+            Ok(()) => self.outcome(job, Ok(())),
+        }
+    }
+
+    /// Reports `job`'s outcome and lets its key's next record go (or fails the key's later
+    /// records, when `result` is a failure that poisons the key).
+    fn outcome(&mut self, job: Job, result: Result<(), (PublishError, bool)>) {
+        let key = job.record.key.clone();
+        let result = result.map_err(|(e, poisons)| {
+            if poisons {
+                if let Some(key) = &key {
+                    self.failed.insert(key.clone(), e.reason.clone());
+                }
+            }
+            e
+        });
+        let delivery = Delivery {
+            token: job.token,
+            topic: job.record.topic.clone(),
+            latency: job.accepted.elapsed(),
+            timestamp_ms: job.record.timestamp_ms,
+            result: result.map_err(|e| DeliveryError {
+                event_id: job.record.event_id(),
+                topic: job.record.topic.clone(),
+                reason: e.reason,
+                retryable: matches!(e.failure, Failure::Retry | Failure::Broken),
+                too_large: e.failure == Failure::Refused { too_large: true },
+                record: Some(Box::new(job.record)),
+            }),
+        };
+        // The sink may be gone (the session ended): nothing is waiting for the outcome then.
+        let _ = self.outcomes.send((job.seq, delivery));
+        let Some(key) = key else {
+            return;
+        };
+        let next = match self.waiting.get_mut(&key) {
+            Some(queue) => queue.pop_front(),
+            None => return,
+        };
+        match next {
+            Some(next) if self.failed.contains_key(&key) => {
+                // Fail the rest of the key's queue, in order, without publishing.
+                let mut rest = vec![next];
+                rest.extend(self.waiting.remove(&key).into_iter().flatten());
+                for job in rest {
+                    self.admit(job);
+                }
+            }
+            Some(next) => self.ready.push_back(next),
+            None => {
+                self.waiting.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,251 @@
+//! [`OrderedSink`] against a scripted [`Publisher`]: per-key order, concurrency, retries,
+//! the delivery timeout and refusals. (The real servers are in the e2e tests.)
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::ack::AckTracker;
+use crate::lsn::Lsn;
+
+/// What the fake server does with each attempt of a record (by payload), in attempt order;
+/// after the script, `Ok`.
+type Script = HashMap<&'static str, Vec<Result<(), PublishError>>>;
+
+#[derive(Default)]
+struct Server {
+    script: Mutex<Script>,
+    /// Every attempt, in the order the sink made them: (payload, key).
+    attempts: Mutex<Vec<(String, Option<String>)>>,
+    /// Held acknowledgements: released by the test, one record at a time.
+    hold: Mutex<Option<Vec<(String, oneshot::Sender<()>)>>>,
+    /// Records being published now, and the most at once.
+    running: Mutex<(usize, usize)>,
+}
+
+struct Fake(Arc<Server>);
+
+impl Publisher for Fake {
+    fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
+        let server = Arc::clone(&self.0);
+        let payload = String::from_utf8(record.value.clone().unwrap().to_vec()).unwrap();
+        let key = record.key.as_ref().map(|k| String::from_utf8(k.to_vec()).unwrap());
+        Box::pin(async move {
+            server.attempts.lock().unwrap().push((payload.clone(), key));
+            {
+                let mut running = server.running.lock().unwrap();
+                running.0 += 1;
+                running.1 = running.1.max(running.0);
+            }
+            let held = server.hold.lock().unwrap().as_mut().map(|held| {
+                let (tx, rx) = oneshot::channel();
+                held.push((payload.clone(), tx));
+                rx
+            });
+            if let Some(rx) = held {
+                let _ = rx.await;
+            }
+            server.running.lock().unwrap().0 -= 1;
+            let mut script = server.script.lock().unwrap();
+            match script.get_mut(payload.as_str()) {
+                Some(steps) if !steps.is_empty() => steps.remove(0),
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+fn record(key: Option<&str>, payload: &str) -> Record {
+    Record {
+        topic: "t".into(),
+        key: key.map(|k| Bytes::from(k.to_owned())),
+        value: Some(Bytes::from(payload.to_owned())),
+        headers: vec![("id".into(), Some(Bytes::from(payload.to_owned())))],
+        timestamp_ms: None,
+        partition: None,
+    }
+}
+
+fn sink(server: &Arc<Server>, max_concurrency: usize, timeout: Duration) -> OrderedSink {
+    OrderedSink::new(
+        Fake(Arc::clone(server)),
+        OrderedSettings {
+            max_concurrency,
+            delivery_timeout: timeout,
+        },
+    )
+}
+
+/// Sends `records` with tokens numbered by position.
+fn send_all(sink: &mut OrderedSink, records: &[(Option<&str>, &str)]) {
+    let mut tracker = AckTracker::new(Lsn::ZERO);
+    tracker.begin().unwrap();
+    for (n, (key, payload)) in records.iter().enumerate() {
+        let token = tracker.track_event().unwrap().with_event(n as u64);
+        sink.send(record(*key, payload), token).unwrap();
+    }
+}
+
+/// Every outcome, with its record's position in the send order, in the order they came.
+async fn outcomes(sink: &mut OrderedSink) -> Vec<(u64, Result<(), DeliveryError>)> {
+    let mut out = Vec::new();
+    while let Some(d) = tokio::time::timeout(Duration::from_secs(600), sink.next_delivery())
+        .await
+        .expect("an outcome within 600 s (tokio's paused clock)")
+    {
+        out.push((d.token.event(), d.result));
+    }
+    out
+}
+
+#[tokio::test]
+async fn one_key_is_published_one_record_at_a_time_in_send_order() {
+    let server = Arc::new(Server::default());
+    *server.hold.lock().unwrap() = Some(Vec::new());
+    let mut sink = sink(&server, 64, Duration::from_secs(60));
+    let records: Vec<(Option<&str>, &str)> = vec![
+        (Some("a"), "a1"),
+        (Some("b"), "b1"),
+        (Some("a"), "a2"),
+        (None, "n1"),
+        (Some("a"), "a3"),
+        (Some("b"), "b2"),
+        (None, "n2"),
+    ];
+    send_all(&mut sink, &records);
+    assert_eq!(sink.in_flight().events, 7);
+    // Released in reverse order of arrival, each round: a key's next record must wait for
+    // the one before it whatever order the server answers in.
+    let mut delivered = 0;
+    while delivered < records.len() {
+        let held = loop {
+            let held: Vec<_> = std::mem::take(server.hold.lock().unwrap().as_mut().unwrap());
+            if !held.is_empty() {
+                break held;
+            }
+            tokio::task::yield_now().await;
+        };
+        let n = held.len();
+        for (_, tx) in held.into_iter().rev() {
+            tx.send(()).unwrap();
+        }
+        for _ in 0..n {
+            let d = sink.next_delivery().await.unwrap();
+            assert!(d.result.is_ok(), "{:?}", d.result);
+            delivered += 1;
+        }
+    }
+    assert_eq!(sink.in_flight(), InFlight::default());
+    assert!(sink.next_delivery().await.is_none());
+    let attempts = server.attempts.lock().unwrap().clone();
+    for key in ["a", "b"] {
+        let order: Vec<&str> = attempts
+            .iter()
+            .filter(|(_, k)| k.as_deref() == Some(key))
+            .map(|(p, _)| p.as_str())
+            .collect();
+        let sent: Vec<&str> = records
+            .iter()
+            .filter(|(k, _)| *k == Some(key))
+            .map(|(_, p)| *p)
+            .collect();
+        assert_eq!(order, sent, "publish order of key {key}");
+    }
+    // The first round had a1, b1, n1 and n2 in flight together: different keys are concurrent.
+    assert_eq!(server.running.lock().unwrap().1, 4);
+}
+
+#[tokio::test]
+async fn concurrency_is_bounded() {
+    let server = Arc::new(Server::default());
+    let mut sink = sink(&server, 3, Duration::from_secs(60));
+    let payloads: Vec<String> = (0..50).map(|n| format!("p{n}")).collect();
+    let records: Vec<(Option<&str>, &str)> = payloads.iter().map(|p| (None, p.as_str())).collect();
+    send_all(&mut sink, &records);
+    let got = outcomes(&mut sink).await;
+    assert_eq!(got.len(), 50);
+    assert!(got.iter().all(|(_, r)| r.is_ok()));
+    let most = server.running.lock().unwrap().1;
+    assert!((1..=3).contains(&most), "{most} records were published at once; the limit is 3");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retryable_failure_is_retried_with_backoff_and_keeps_the_key_in_order() {
+    let server = Arc::new(Server::default());
+    server.script.lock().unwrap().insert(
+        "a1",
+        vec![Err(PublishError::retry("unavailable")), Err(PublishError::retry("unavailable"))],
+    );
+    let mut sink = sink(&server, 8, Duration::from_secs(60));
+    let start = tokio::time::Instant::now();
+    send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
+    let got = outcomes(&mut sink).await;
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|(_, r)| r.is_ok()), "{got:?}");
+    let attempts: Vec<String> = server.attempts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(attempts, ["a1", "a1", "a1", "a2"]);
+    // 100 ms, then 200 ms.
+    assert!(start.elapsed() >= FIRST_RETRY * 3, "{:?}", start.elapsed());
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_delivery_timeout_the_record_fails_and_its_key_stops() {
+    let server = Arc::new(Server::default());
+    server
+        .script
+        .lock()
+        .unwrap()
+        .insert("a1", vec![Err(PublishError::retry("connection refused")); 1000]);
+    let mut sink = sink(&server, 8, Duration::from_secs(10));
+    send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2"), (Some("b"), "b1")]);
+    let got = outcomes(&mut sink).await;
+    assert_eq!(got.len(), 3);
+    let failed: Vec<&DeliveryError> = got.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
+    assert_eq!(failed.len(), 2, "{got:?}");
+    assert!(failed.iter().all(|e| e.retryable));
+    assert_eq!(failed[0].event_id, "a1");
+    assert!(failed[0].reason.contains("connection refused"), "{}", failed[0].reason);
+    assert_eq!(failed[1].event_id, "a2");
+    assert!(failed[1].reason.contains("earlier record of its key"), "{}", failed[1].reason);
+    let attempts = server.attempts.lock().unwrap().clone();
+    assert!(!attempts.iter().any(|(p, _)| p == "a2"), "a2 was published after a1 failed: {attempts:?}");
+    assert!(attempts.iter().any(|(p, _)| p == "b1"), "another key is not held up");
+}
+
+#[tokio::test]
+async fn a_refusal_is_the_outcome_at_once_and_the_key_goes_on() {
+    let server = Arc::new(Server::default());
+    server
+        .script
+        .lock()
+        .unwrap()
+        .insert("a1", vec![Err(PublishError::too_large("message exceeds 1 MiB"))]);
+    let mut sink = sink(&server, 8, Duration::from_secs(60));
+    send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
+    let got = outcomes(&mut sink).await;
+    assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 1]);
+    let refused = got[0].1.as_ref().unwrap_err();
+    assert!(!refused.retryable && refused.too_large, "{refused:?}");
+    assert_eq!(refused.record.as_ref().unwrap().value.as_deref(), Some(&b"a1"[..]));
+    assert!(got[1].1.is_ok());
+    assert_eq!(server.attempts.lock().unwrap().len(), 2, "a refusal is not retried");
+}
+
+#[tokio::test]
+async fn a_broken_connection_fails_at_once_without_retries() {
+    let server = Arc::new(Server::default());
+    server
+        .script
+        .lock()
+        .unwrap()
+        .insert("a1", vec![Err(PublishError::broken("channel closed"))]);
+    let mut sink = sink(&server, 8, Duration::from_secs(3600));
+    send_all(&mut sink, &[(Some("a"), "a1")]);
+    let got = tokio::time::timeout(Duration::from_secs(10), outcomes(&mut sink))
+        .await
+        .expect("a broken connection fails within 10 s, not after the delivery timeout");
+    assert!(got[0].1.as_ref().unwrap_err().retryable);
+    assert_eq!(server.attempts.lock().unwrap().len(), 1);
+}

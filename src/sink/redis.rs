@@ -1,0 +1,186 @@
+//! The Redis Streams sink: one `XADD` per record over a multiplexed connection that
+//! reconnects by itself (the `redis` crate's `ConnectionManager`).
+//!
+//! An entry is `XADD <stream> [MAXLEN ~ n] * <fields>`, the stream being the routed destination
+//! (`<aggregate_type>.events` by default), with fields in this order:
+//! - each header by its name (`id` = the event id first, then `event_type` and the others as
+//!   routed), a null header value as an empty string; a header named `key` or `payload` is
+//!   written as `header.key` / `header.payload`;
+//! - `key`: the aggregate id (absent for a null key);
+//! - `payload`: the record value (absent for a tombstone).
+//!
+//! The `XADD` reply is the acknowledgement: the entry is in the server's memory, and as durable
+//! as its persistence settings make it (with `appendonly yes` and `appendfsync always`, on
+//! disk; with the default `everysec`, at most the last second is lost if the server's machine
+//! fails; without AOF, everything since the last RDB snapshot). README, "Redis Streams".
+
+use futures::future::BoxFuture;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::RedisError;
+
+use super::ordered::{PublishError, Publisher};
+use super::{ConnectError, Record};
+use crate::config::{redact_url, RedisConfig};
+
+/// How long one `XADD` may wait for its reply before the attempt counts as failed (and is
+/// retried).
+const RESPONSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Fields the relay writes itself: headers with these names get a `header.` prefix.
+const OWN_FIELDS: [&str; 2] = ["key", "payload"];
+
+/// A Redis connection publishing records as stream entries.
+pub struct RedisPublisher {
+    connection: ConnectionManager,
+    max_len: Option<u64>,
+    /// The server without credentials, for errors.
+    server: String,
+}
+
+impl RedisPublisher {
+    /// Connects to `config.url` (and authenticates, as the URL says).
+    ///
+    /// Returns a retryable [`ConnectError`] if the server cannot be reached, a permanent one if
+    /// the URL is malformed or the credentials are refused.
+    pub async fn connect(config: &RedisConfig) -> Result<Self, ConnectError> {
+        let server = redact_url(&config.url);
+        let error = |e: RedisError| ConnectError {
+            kind: "redis",
+            server: server.clone(),
+            retryable: is_transient(&e),
+            reason: e.to_string(),
+        };
+        let client = redis::Client::open(&*config.url).map_err(error)?;
+        let manager = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(super::any::CONNECT_TIMEOUT));
+        let connection = client
+            .get_connection_manager_with_config(manager)
+            .await
+            .map_err(error)?;
+        Ok(RedisPublisher {
+            connection,
+            max_len: config.max_len,
+            server,
+        })
+    }
+}
+
+impl Publisher for RedisPublisher {
+    fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
+        let command = xadd(record, self.max_len);
+        let mut connection = self.connection.clone();
+        let server = self.server.clone();
+        Box::pin(async move {
+            command
+                .query_async::<String>(&mut connection)
+                .await
+                .map(|_entry_id| ())
+                .map_err(|e| classify(&e, &server))
+        })
+    }
+}
+
+/// The `XADD` command for `record` (see the module docs for its fields).
+fn xadd(record: &Record, max_len: Option<u64>) -> redis::Cmd {
+    let mut command = redis::cmd("XADD");
+    command.arg(&record.topic);
+    if let Some(n) = max_len {
+        command.arg("MAXLEN").arg("~").arg(n);
+    }
+    command.arg("*");
+    for (name, value) in &record.headers {
+        let value: &[u8] = value.as_deref().unwrap_or_default();
+        if OWN_FIELDS.contains(&name.as_ref()) {
+            command.arg(format!("header.{name}")).arg(value);
+        } else {
+            command.arg(name.as_ref()).arg(value);
+        }
+    }
+    if let Some(key) = &record.key {
+        command.arg("key").arg(key.as_ref());
+    }
+    if let Some(value) = &record.value {
+        command.arg("payload").arg(value.as_ref());
+    }
+    command
+}
+
+/// Whether the error is about reaching the server rather than about the request.
+fn is_transient(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN" | "OOM")
+        )
+}
+
+/// An `XADD` failure as the ordered sink's [`PublishError`]: the server unreachable, loading,
+/// read-only (a replica during a failover) or out of memory is retried; anything else (the key
+/// holds another type, an ACL refusal, a bad `MAXLEN`) is a refusal of the record.
+fn classify(e: &RedisError, server: &str) -> PublishError {
+    let reason = format!("{server}: {e}");
+    if is_transient(e) {
+        PublishError::retry(reason)
+    } else {
+        PublishError::refused(reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn args(command: &redis::Cmd) -> Vec<String> {
+        command
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<not simple>".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_entry_has_the_headers_then_key_and_payload() {
+        let record = Record {
+            topic: "Order.events".into(),
+            key: Some(Bytes::from_static(b"o-1")),
+            value: Some(Bytes::from_static(br#"{"a":1}"#)),
+            headers: vec![
+                ("id".into(), Some(Bytes::from_static(b"e-1"))),
+                ("event_type".into(), Some(Bytes::from_static(b"Created"))),
+                ("key".into(), Some(Bytes::from_static(b"clash"))),
+                ("trace".into(), None),
+            ],
+            timestamp_ms: None,
+            partition: None,
+        };
+        assert_eq!(
+            args(&xadd(&record, Some(1000))),
+            [
+                "XADD", "Order.events", "MAXLEN", "~", "1000", "*", "id", "e-1", "event_type",
+                "Created", "header.key", "clash", "trace", "", "key", "o-1", "payload",
+                r#"{"a":1}"#
+            ]
+        );
+    }
+
+    #[test]
+    fn a_tombstone_has_no_payload_and_a_null_key_no_key() {
+        let record = Record {
+            topic: "s".into(),
+            key: None,
+            value: None,
+            headers: vec![("id".into(), Some(Bytes::from_static(b"e-2")))],
+            timestamp_ms: None,
+            partition: None,
+        };
+        assert_eq!(args(&xadd(&record, None)), ["XADD", "s", "*", "id", "e-2"]);
+    }
+}
