@@ -18,6 +18,7 @@ use crate::source::slot::failover::Invalidation;
 use crate::source::{slot, SourceError};
 
 pub mod failover;
+mod sink;
 
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,7 +85,7 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
         }
         Err(e) => findings.push(finding("connection", Verdict::Fail, e)),
     }
-    findings.push(check_kafka(config).await);
+    findings.extend(sink::check(config).await);
     if config.exactly_once {
         findings.push(check_checkpoint(config).await);
     }
@@ -479,7 +480,7 @@ fn quote(ident: &str) -> String {
     crate::source::replication::quote_ident(ident)
 }
 
-async fn check_kafka(config: &PipelineConfig) -> Finding {
+pub(crate) async fn check_kafka(config: &PipelineConfig) -> Finding {
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
     for (key, value) in &config.kafka.properties {

@@ -66,6 +66,62 @@ impl RedisPublisher {
     }
 }
 
+impl RedisPublisher {
+    /// The server's persistence settings (`INFO persistence`, `CONFIG GET appendfsync`), for
+    /// `check`: what an `XADD` reply means for durability. `CONFIG` may be refused (managed
+    /// services rename it): `appendfsync` is then unknown.
+    ///
+    /// Returns an error if the server does not answer `INFO`.
+    pub async fn persistence(&self) -> Result<Persistence, String> {
+        let mut connection = self.connection.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(&mut connection)
+            .await
+            .map_err(|e| format!("{}: INFO persistence: {e}", self.server))?;
+        let aof = info
+            .lines()
+            .find_map(|line| line.strip_prefix("aof_enabled:"))
+            .map(|v| v.trim() == "1");
+        let appendfsync = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendfsync")
+            .query_async::<Vec<String>>(&mut connection)
+            .await
+            .ok()
+            .and_then(|reply| reply.into_iter().nth(1));
+        Ok(Persistence { aof, appendfsync })
+    }
+}
+
+/// What a Redis server persists, as `check` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Persistence {
+    /// `aof_enabled` (`None`: not reported).
+    pub aof: Option<bool>,
+    /// `appendfsync` (`None`: `CONFIG GET` refused).
+    pub appendfsync: Option<String>,
+}
+
+impl Persistence {
+    /// Whether an acknowledged entry can be lost when the server or its machine fails.
+    pub fn loses_acknowledged(&self) -> bool {
+        !(self.aof == Some(true) && self.appendfsync.as_deref() == Some("always"))
+    }
+}
+
+impl std::fmt::Display for Persistence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.aof, self.appendfsync.as_deref()) {
+            (Some(true), Some("always")) => f.write_str("appendonly yes, appendfsync always: an acknowledged entry is on disk"),
+            (Some(true), Some(fsync)) => write!(f, "appendonly yes, appendfsync {fsync}: an acknowledged entry may be lost if the server's machine fails before the next fsync (up to a second with everysec)"),
+            (Some(true), None) => f.write_str("appendonly yes, appendfsync unknown (CONFIG GET refused): an acknowledged entry is on disk only with appendfsync always"),
+            (Some(false), _) => f.write_str("appendonly no: an acknowledged entry is lost if the server restarts before its next RDB snapshot; the relay will not publish it again"),
+            (None, _) => f.write_str("persistence unknown (INFO reports no aof_enabled)"),
+        }
+    }
+}
+
 impl Publisher for RedisPublisher {
     fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
         let command = xadd(record, self.max_len);
