@@ -119,7 +119,7 @@ pub async fn run(
     };
     let mut tasks = JoinSet::new();
     for pipeline in pipelines {
-        let metrics = metrics.pipeline(&pipeline.name);
+        let metrics = metrics.pipeline_with_sink(&pipeline.name, pipeline.sink.kind());
         tasks.spawn(pipeline::run(pipeline, metrics, token.clone()));
     }
     let mut first_error = None;

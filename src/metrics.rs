@@ -59,10 +59,10 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-fn histogram(registry: &Registry, name: &str, help: &str) -> HistogramVec {
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
     let metric = HistogramVec::new(
         HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-        &["pipeline"],
+        labels,
     )
     .expect("valid metric");
     registry
@@ -88,6 +88,8 @@ pub enum PipelineState {
 #[derive(Clone, Debug, Serialize)]
 pub struct PipelineHealth {
     pub state: PipelineState,
+    /// The sink's kind (`kafka`, `redis`, ...).
+    pub sink: &'static str,
     /// When the pipeline entered this state, Unix epoch ms.
     pub since_unix_ms: u64,
     pub last_error: Option<String>,
@@ -130,23 +132,23 @@ impl Metrics {
         let r = Registry::new();
         Metrics {
             events_decoded: counter(&r, "outbox_relay_events_decoded_total", "Outbox events decoded from the WAL (table inserts and logical messages).", &["pipeline"]),
-            events_published: counter(&r, "outbox_relay_events_published_total", "Records acknowledged by Kafka, by topic (dead-letter copies under their topic).", &["pipeline", "topic"]),
+            events_published: counter(&r, "outbox_relay_events_published_total", "Records acknowledged by the sink (Kafka or another kind), by topic or destination (dead-letter copies under theirs).", &["pipeline", "sink", "topic"]),
             events_null_key: counter(&r, "outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
             events_dead_lettered: counter(&r, "outbox_relay_events_dead_lettered_total", "Events that could not be routed, sent to the dead-letter topic, by reason.", &["pipeline", "reason"]),
             messages_skipped: counter(&r, "outbox_relay_messages_skipped_total", "pgoutput messages passed over: not an insert into the outbox table.", &["pipeline", "kind"]),
             transactions: counter(&r, "outbox_relay_transactions_total", "Committed transactions received.", &["pipeline"]),
-            delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records Kafka did not acknowledge, by topic and whether publishing again may succeed.", &["pipeline", "topic", "retryable"]),
+            delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records the sink did not acknowledge, by topic or destination and whether publishing again may succeed.", &["pipeline", "sink", "topic", "retryable"]),
             status_updates: counter(&r, "outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
             reconnects: counter(&r, "outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error.", &["pipeline"]),
             consecutive_failed_sessions: gauge(&r, "outbox_relay_consecutive_failed_sessions", "Sessions in a row that ended in a retryable error without progress (no flush LSN confirmed, no polling batch marked); 0 once a session makes progress."),
             kafka_transactions: counter(&r, "outbox_relay_kafka_transactions_total", "Exactly-once mode: Kafka transactions ended, by outcome (committed, aborted).", &["pipeline", "outcome"]),
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
-            in_flight_events: gauge(&r, "outbox_relay_in_flight_events", "Records sent to Kafka and not yet acknowledged."),
-            in_flight_bytes: gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records."),
+            in_flight_events: labelled_gauge(&r, "outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged.", &["pipeline", "sink"]),
+            in_flight_bytes: labelled_gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records.", &["pipeline", "sink"]),
             streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
             lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL and the confirmed flush LSN."),
             oldest_unacked_age: {
-                let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting Kafka's acknowledgement was handed to the producer; 0 when none."), &["pipeline"]).expect("valid metric");
+                let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting the sink's acknowledgement was handed to it; 0 when none."), &["pipeline", "sink"]).expect("valid metric");
                 r.register(Box::new(metric.clone())).expect("metric registered once");
                 metric
             },
@@ -155,8 +157,8 @@ impl Metrics {
             slot_invalidated: labelled_gauge(&r, "outbox_relay_slot_invalidated", "1 while the slot is invalidated (wal_status lost), labelled with why: invalidation_reason (wal_removed, rows_removed, wal_level_insufficient, idle_timeout) or conflict (PostgreSQL 16); absent otherwise; refreshed every 10 s.", &["pipeline", "reason"]),
             slot_failover: gauge(&r, "outbox_relay_slot_failover", "1 if the slot is a failover slot (PostgreSQL 17+), which a standby with sync_replication_slots keeps in sync, else 0; refreshed every 10 s."),
             standby_slots_stalled: gauge(&r, "outbox_relay_standby_slots_stalled", "1 while the slot is a failover slot and synchronized_standby_slots on the server names a physical slot that is missing, inactive, invalidated or not physical, so the walsender sends no change; else 0; refreshed every 10 s."),
-            delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the producer to Kafka's acknowledgement."),
-            commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to Kafka's acknowledgement (wall clocks of both hosts)."),
+            delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the sink to its acknowledgement.", &["pipeline", "sink"]),
+            commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to the sink's acknowledgement (wall clocks of both hosts).", &["pipeline", "sink"]),
             polling: PollingMetricVecs {
                 pending_rows: gauge(&r, "outbox_relay_pending_rows", "Polling: outbox rows waiting to be published (including those waiting for a retry)."),
                 oldest_pending_age: {
@@ -174,8 +176,14 @@ impl Metrics {
         }
     }
 
-    /// Handles labelled for one pipeline.
+    /// Handles labelled for one pipeline publishing to Kafka.
     pub fn pipeline(&self, pipeline: &str) -> PipelineMetrics {
+        self.pipeline_with_sink(pipeline, "kafka")
+    }
+
+    /// Handles labelled for one pipeline; the delivery metrics also with its sink's kind.
+    pub fn pipeline_with_sink(&self, pipeline: &str, sink: &'static str) -> PipelineMetrics {
+        let with_sink = [pipeline, sink];
         PipelineMetrics {
             events_decoded: self.events_decoded.with_label_values(&[pipeline]),
             events_published: self.events_published.clone(),
@@ -191,18 +199,18 @@ impl Metrics {
                 .with_label_values(&[pipeline]),
             kafka_transactions: self.kafka_transactions.clone(),
             confirmed_flush_lsn: self.confirmed_flush_lsn.with_label_values(&[pipeline]),
-            in_flight_events: self.in_flight_events.with_label_values(&[pipeline]),
-            in_flight_bytes: self.in_flight_bytes.with_label_values(&[pipeline]),
+            in_flight_events: self.in_flight_events.with_label_values(&with_sink),
+            in_flight_bytes: self.in_flight_bytes.with_label_values(&with_sink),
             streaming: self.streaming.with_label_values(&[pipeline]),
             lag_bytes: self.lag_bytes.with_label_values(&[pipeline]),
-            oldest_unacked_age: self.oldest_unacked_age.with_label_values(&[pipeline]),
+            oldest_unacked_age: self.oldest_unacked_age.with_label_values(&with_sink),
             slot_wal_status: self.slot_wal_status.clone(),
             slot_safe_wal_size: self.slot_safe_wal_size.clone(),
             slot_invalidated: self.slot_invalidated.clone(),
             slot_failover: self.slot_failover.with_label_values(&[pipeline]),
             standby_slots_stalled: self.standby_slots_stalled.with_label_values(&[pipeline]),
-            delivery_latency: self.delivery_latency.with_label_values(&[pipeline]),
-            commit_to_ack: self.commit_to_ack.with_label_values(&[pipeline]),
+            delivery_latency: self.delivery_latency.with_label_values(&with_sink),
+            commit_to_ack: self.commit_to_ack.with_label_values(&with_sink),
             polling: PollingMetrics {
                 pending_rows: self.polling.pending_rows.with_label_values(&[pipeline]),
                 oldest_pending_age: self
@@ -216,6 +224,7 @@ impl Metrics {
             },
             health: self.health.clone(),
             pipeline: pipeline.to_owned(),
+            sink,
         }
     }
 
@@ -239,6 +248,8 @@ impl Metrics {
 #[derive(Clone)]
 pub struct PipelineMetrics {
     pipeline: String,
+    /// The sink's kind, the `sink` label of the delivery metrics.
+    sink: &'static str,
     pub events_decoded: IntCounter,
     events_published: IntCounterVec,
     pub events_null_key: IntCounter,
@@ -306,6 +317,7 @@ impl PipelineMetrics {
             self.pipeline.clone(),
             PipelineHealth {
                 state,
+                sink: self.sink,
                 since_unix_ms,
                 last_error,
                 consecutive_failed_sessions,
@@ -406,10 +418,10 @@ impl PipelineMetrics {
         self.standby_slots_stalled.set(i64::from(stalled));
     }
 
-    /// Counts a record Kafka acknowledged on `topic`.
+    /// Counts a record the sink acknowledged on `topic` (its destination).
     pub fn published(&self, topic: &str) {
         self.events_published
-            .with_label_values(&[&self.pipeline, topic])
+            .with_label_values(&[&self.pipeline, self.sink, topic])
             .inc();
     }
 
@@ -420,11 +432,11 @@ impl PipelineMetrics {
             .inc();
     }
 
-    /// Counts a record Kafka did not acknowledge on `topic`.
+    /// Counts a record the sink did not acknowledge on `topic` (its destination).
     pub fn delivery_failed(&self, topic: &str, retryable: bool) {
         let label = if retryable { "true" } else { "false" };
         self.delivery_failures
-            .with_label_values(&[&self.pipeline, topic, label])
+            .with_label_values(&[&self.pipeline, self.sink, topic, label])
             .inc();
     }
 }
@@ -444,7 +456,7 @@ mod tests {
         let text = metrics.render();
         assert!(
             text.contains(
-                "outbox_relay_events_published_total{pipeline=\"orders\",topic=\"Order.events\"} 3"
+                "outbox_relay_events_published_total{pipeline=\"orders\",sink=\"kafka\",topic=\"Order.events\"} 3"
             ),
             "{text}"
         );

@@ -33,7 +33,7 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
     // The records have waited at least 10 s for a broker: the age gauge says so, and it never
     // exceeds the time since the first of them was written (however slow the machine).
     let age_series = format!(
-        "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{}\"}}",
+        "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{}\",sink=\"kafka\"}}",
         setup.slot
     );
     wait_for(

@@ -121,7 +121,7 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
     );
     let published_db0: f64 = text
         .lines()
-        .filter(|l| l.starts_with("outbox_relay_events_published_total{pipeline=\"db0\",topic="))
+        .filter(|l| l.starts_with("outbox_relay_events_published_total{pipeline=\"db0\",sink=\"kafka\",topic="))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(published_db0, 12.0, "{text}");
@@ -130,11 +130,11 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         "{text}"
     );
     assert!(
-        text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\"} 12"),
+        text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\",sink=\"kafka\"} 12"),
         "{text}"
     );
     assert!(
-        text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\"} 12"),
+        text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\",sink=\"kafka\"} 12"),
         "{text}"
     );
     assert!(
@@ -155,7 +155,7 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
             || async {
                 let (_, text) = http_get(&metrics, "/metrics").await?;
                 let age = format!(
-                    "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{db}\"}} 0\n"
+                    "outbox_relay_oldest_unacked_event_age_seconds{{pipeline=\"{db}\",sink=\"kafka\"}} 0\n"
                 );
                 let reserved = format!(
                     "outbox_relay_slot_wal_status{{pipeline=\"{db}\",status=\"reserved\"}} 1\n"
