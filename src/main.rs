@@ -95,13 +95,17 @@ enum Command {
     },
     /// Prints the outbox-relay config (TOML) equivalent to a Debezium PostgreSQL connector with
     /// the Outbox Event Router: the JSON posted to Kafka Connect, its bare config map, or a
-    /// .properties file. Options it does not carry over go to stderr, one per line, with the
-    /// reason. The password is never printed: the URL refers to an environment variable.
+    /// .properties file; or a Debezium Server application.properties (source, outbox transform
+    /// and sink: debezium.sink.type kafka or redis). Options it does not carry over go to
+    /// stderr, one per line, with the reason. Passwords are never printed: URLs refer to
+    /// environment variables.
     ///
     ///   outbox-relay import-debezium orders-connector.json > relay.toml
+    ///   outbox-relay import-debezium conf/application.properties > relay.toml
     #[command(verbatim_doc_comment)]
     ImportDebezium {
-        /// Connector configuration file (.json or .properties).
+        /// Connector configuration file (.json or .properties), or Debezium Server's
+        /// application.properties.
         connector: std::path::PathBuf,
     },
 }

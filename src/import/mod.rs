@@ -1,5 +1,6 @@
 //! `outbox-relay import-debezium`: turns a Debezium PostgreSQL connector configuration with
-//! the Outbox Event Router transform into an outbox-relay `[[pipelines]]` entry.
+//! the Outbox Event Router transform into an outbox-relay `[[pipelines]]` entry; a Debezium
+//! Server `application.properties` (its source, transform and sink) too, in [`server`].
 //!
 //! The translation keeps what consumers see today: topic names (Debezium's default is
 //! `outbox.event.${routedByValue}`, not outbox-relay's `${routedByValue}.events`, so the
@@ -21,6 +22,8 @@ use crate::config::{
     AdditionalPlacement, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
     PipelineConfig, Placement, RouteConfig, TableName, ValueFormat,
 };
+
+mod server;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
@@ -100,6 +103,9 @@ pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
         path: shown,
         reason,
     })?;
+    if server::is_server(&connector) {
+        return server::translate(&connector);
+    }
     translate(&connector)
 }
 
@@ -155,6 +161,17 @@ fn with_name(name: Option<String>, mut options: BTreeMap<String, String>) -> Con
 /// Returns an error if it is not a Debezium PostgreSQL connector, has no Outbox Event Router
 /// transform, or its `table.fields.additional.placement` is malformed.
 pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
+    let (file, comments, notes) = translate_parts(connector)?;
+    Ok(Imported {
+        toml: render(&comments, &file),
+        notes,
+    })
+}
+
+/// What [`translate`] renders: the file with one pipeline, its header comments and the notes.
+fn translate_parts(
+    connector: &Connector,
+) -> Result<(FileConfig, Vec<String>, Vec<Note>), ImportError> {
     let mut im = Importer {
         options: connector.options.clone(),
         used: BTreeSet::new(),
@@ -258,10 +275,7 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
         pipelines: vec![pipeline],
         ..FileConfig::default()
     };
-    Ok(Imported {
-        toml: render(&comments, &file),
-        notes: im.notes,
-    })
+    Ok((file, comments, im.notes))
 }
 
 /// The config file text: `comments` as `#` lines wrapped at 96 columns, then `file`.

@@ -1,0 +1,269 @@
+//! Debezium Server's `application.properties`: `debezium.source.*` is a PostgreSQL connector's
+//! configuration, `debezium.transforms*` its transforms, and `debezium.sink.type` with
+//! `debezium.sink.<type>.*` the sink. The source and the outbox transform are translated as a
+//! connector's ([`super::translate`]); the sink becomes the pipeline's `sink` table (or its
+//! Kafka settings). What is not carried over comes back as a [`Note`]; passwords become
+//! `${NAME}` environment references.
+
+use std::collections::BTreeMap;
+
+use super::{render, translate_parts, Connector, ImportError, Imported, Note};
+use crate::config::{KafkaConfig, RedisConfig, SinkConfig, SinkUrl};
+
+const SOURCE: &str = "debezium.source.";
+const TRANSFORMS: &str = "debezium.transforms";
+const SINK: &str = "debezium.sink.";
+
+/// Sink types outbox-relay has, as Debezium Server names them.
+const SINK_TYPES: &[&str] = &["kafka", "redis"];
+
+/// Whether `connector` is a Debezium Server file (it has `debezium.source.*` or
+/// `debezium.sink.type`) rather than a Kafka Connect connector.
+pub(super) fn is_server(connector: &Connector) -> bool {
+    connector
+        .options
+        .keys()
+        .any(|k| k.starts_with(SOURCE) || k == "debezium.sink.type")
+}
+
+/// Translates a Debezium Server configuration.
+///
+/// Returns an error if the source is not Debezium's PostgreSQL connector with an Outbox Event
+/// Router transform, or if `debezium.sink.type` is missing or names a sink outbox-relay does not
+/// have.
+pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
+    let mut source = BTreeMap::new();
+    let mut sink = BTreeMap::new();
+    let mut other = Vec::new();
+    for (key, value) in &server.options {
+        if let Some(option) = key.strip_prefix(SOURCE) {
+            source.insert(option.to_owned(), value.clone());
+        } else if let Some(rest) = key.strip_prefix(TRANSFORMS) {
+            source.insert(format!("transforms{rest}"), value.clone());
+        } else if let Some(option) = key.strip_prefix(SINK) {
+            sink.insert(option.to_owned(), value.clone());
+        } else {
+            other.push(key.clone());
+        }
+    }
+    let kind = sink.remove("type").ok_or_else(|| ImportError::Unsupported {
+        option: "debezium.sink.type".into(),
+        reason: "not set: Debezium Server needs a sink type".into(),
+    })?;
+    if !SINK_TYPES.contains(&kind.as_str()) {
+        return Err(ImportError::Unsupported {
+            option: "debezium.sink.type".into(),
+            reason: format!(
+                "{kind:?}: outbox-relay has no such sink (it has {})",
+                SINK_TYPES.join(", ")
+            ),
+        });
+    }
+    let connector = Connector {
+        name: server.name.clone(),
+        options: source,
+    };
+    let (mut file, mut comments, mut notes) = translate_parts(&connector)?;
+    // Debezium Server has no converters: its value format is `debezium.format.value`.
+    notes.retain(|n| n.option != "value.converter" || connector.options.contains_key("value.converter"));
+    for note in &mut notes {
+        note.option = original_name(&note.option);
+    }
+    if !server.options.contains_key("debezium.format.value") {
+        notes.push(Note {
+            option: "debezium.format.value".into(),
+            reason: "not set, so Debezium Server wrote values in its json format (a text payload column as a quoted JSON string); outbox-relay writes the payload text itself: check your consumers".into(),
+        });
+    }
+    for key in other {
+        let reason = if key.starts_with("debezium.format.") {
+            "Debezium Server's output format: outbox-relay writes the payload column as the value (the outbox transform's output) and headers as its sink kind carries them"
+        } else if key.starts_with("quarkus.") {
+            "a Quarkus runtime setting of Debezium Server: not used (logging: RUST_LOG; metrics: [metrics] listen)"
+        } else {
+            "not a Debezium Server option outbox-relay knows"
+        };
+        notes.push(Note {
+            option: key,
+            reason: reason.into(),
+        });
+    }
+    let env_prefix = env_prefix(&file.pipelines[0].name);
+    let pipeline = &mut file.pipelines[0];
+    let mut sink = SinkOptions {
+        kind: kind.clone(),
+        options: sink,
+        notes: Vec::new(),
+        env_prefix,
+    };
+    match kind.as_str() {
+        "kafka" => {
+            let mut properties = std::mem::take(&mut pipeline.kafka.properties);
+            for (option, value) in sink.take_prefixed("producer.") {
+                match option.as_str() {
+                    "bootstrap.servers" => file.kafka.bootstrap_servers = value,
+                    "key.serializer" | "value.serializer" => sink.note(
+                        &format!("producer.{option}"),
+                        "outbox-relay writes keys and values as bytes; no serializer to set",
+                    ),
+                    _ => properties.push((option, value)),
+                }
+            }
+            pipeline.kafka.properties = properties;
+            if !file.kafka.bootstrap_servers.starts_with("${") {
+                comments.retain(|c| !c.starts_with("[kafka] bootstrap_servers"));
+            }
+        }
+        "redis" => {
+            pipeline.sink = SinkConfig::Redis(sink.redis(&mut comments));
+            drop_kafka(&mut file.kafka, &mut pipeline.kafka, &mut comments, &mut notes);
+        }
+        _ => unreachable!("checked against SINK_TYPES"),
+    }
+    sink.note_the_rest();
+    notes.extend(sink.notes);
+    comments[0] = comments[0].replace("Debezium connector", "Debezium Server configuration");
+    Ok(Imported {
+        toml: render(&comments, &file),
+        notes,
+    })
+}
+
+/// A connector option's name as Debezium Server writes it.
+fn original_name(option: &str) -> String {
+    match option.strip_prefix("transforms") {
+        Some(rest) => format!("{TRANSFORMS}{rest}"),
+        None => format!("{SOURCE}{option}"),
+    }
+}
+
+/// `ORDERS_DB` from a pipeline name, for environment references.
+fn env_prefix(name: &str) -> String {
+    name.chars()
+        .map(|c| match c.is_ascii_alphanumeric() {
+            true => c.to_ascii_uppercase(),
+            false => '_',
+        })
+        .collect()
+}
+
+/// A non-Kafka sink needs no Kafka settings: the `[kafka]` default and the connector's
+/// producer overrides go, with a note for each override.
+fn drop_kafka(
+    file_kafka: &mut KafkaConfig,
+    pipeline_kafka: &mut KafkaConfig,
+    comments: &mut Vec<String>,
+    notes: &mut Vec<Note>,
+) {
+    *file_kafka = KafkaConfig::default();
+    for (key, _) in std::mem::take(&mut pipeline_kafka.properties) {
+        notes.push(Note {
+            option: format!("{SOURCE}producer.override.{key}"),
+            reason: "a Kafka producer setting: this pipeline's sink is not Kafka".into(),
+        });
+    }
+    comments.retain(|c| !c.starts_with("[kafka] bootstrap_servers"));
+}
+
+/// `debezium.sink.<kind>.*` options being carried over.
+struct SinkOptions {
+    kind: String,
+    /// Without the `debezium.sink.` prefix: `redis.address`, ...
+    options: BTreeMap<String, String>,
+    notes: Vec<Note>,
+    env_prefix: String,
+}
+
+impl SinkOptions {
+    /// Removes and returns `debezium.sink.<kind>.<option>`.
+    fn take(&mut self, option: &str) -> Option<String> {
+        self.options.remove(&format!("{}.{option}", self.kind))
+    }
+
+    /// Removes and returns every `debezium.sink.<kind>.<prefix>*`, without that prefix.
+    fn take_prefixed(&mut self, prefix: &str) -> Vec<(String, String)> {
+        let full = format!("{}.{prefix}", self.kind);
+        let keys: Vec<String> = self
+            .options
+            .keys()
+            .filter(|k| k.starts_with(&full))
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .map(|k| {
+                let value = self.options.remove(&k).expect("listed key");
+                (k[full.len()..].to_owned(), value)
+            })
+            .collect()
+    }
+
+    fn note(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note {
+            option: format!("{SINK}{}.{option}", self.kind),
+            reason: reason.into(),
+        });
+    }
+
+    /// A password option as an environment reference: `${PREFIX_<WHAT>_PASSWORD}`, with a
+    /// comment saying to set it (an `${env:NAME}` reference keeps its name).
+    fn password(&mut self, option: &str, what: &str, comments: &mut Vec<String>) -> Option<String> {
+        let value = self.take(option)?;
+        let var = match value
+            .strip_prefix("${env:")
+            .and_then(|rest| rest.strip_suffix('}'))
+        {
+            Some(name) => name.to_owned(),
+            None => format!("{}_{what}_PASSWORD", self.env_prefix),
+        };
+        comments.push(format!(
+            "sink.url: the {what} password is not copied: set {var} in the relay's environment."
+        ));
+        Some(format!("${{{var}}}"))
+    }
+
+    /// `debezium.sink.redis.*` as a Redis sink.
+    fn redis(&mut self, comments: &mut Vec<String>) -> RedisConfig {
+        let address = self.take("address").unwrap_or_else(|| "localhost:6379".into());
+        let user = self.take("user");
+        let password = self.password("password", "REDIS", comments);
+        let tls = self
+            .take("ssl.enabled")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let credentials = match (user, password) {
+            (Some(user), Some(password)) => format!("{user}:{password}@"),
+            (None, Some(password)) => format!(":{password}@"),
+            (Some(user), None) => format!("{user}@"),
+            (None, None) => String::new(),
+        };
+        let scheme = if tls { "rediss" } else { "redis" };
+        if let Some(format) = self.take("message.format") {
+            self.note("message.format", format!("{format}: outbox-relay writes one entry per event with the fields id, event headers, key and payload (README, Redis Streams), not Debezium's key -> value field"));
+        } else {
+            self.note("message.format", "not set, so Debezium wrote each entry as one field named after the key holding the value; outbox-relay writes the fields id, event headers, key and payload (README, Redis Streams): check your consumers");
+        }
+        RedisConfig {
+            url: SinkUrl(format!("{scheme}://{credentials}{address}")),
+            ..RedisConfig::default()
+        }
+    }
+
+    /// Notes every option left, with the reason.
+    fn note_the_rest(&mut self) {
+        let rest: Vec<String> = self.options.keys().cloned().collect();
+        for key in rest {
+            let reason = match key.strip_prefix(&format!("{}.", self.kind)) {
+                Some(option) if option.contains("batch") => "outbox-relay publishes each event on its own with per-key order; the sink's max_concurrency bounds what is in flight".to_owned(),
+                Some(option) if option.contains("retry") || option.contains("retries") => "outbox-relay retries with backoff until the sink's delivery_timeout_ms".to_owned(),
+                Some(_) => format!("not carried over to the {} sink", self.kind),
+                None => format!("an option of another sink type (this one is {})", self.kind),
+            };
+            self.notes.push(Note {
+                option: format!("{SINK}{key}"),
+                reason,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,94 @@
+use super::super::parse_properties;
+use super::*;
+
+const SOURCE_AND_TRANSFORM: &str = r#"
+debezium.source.connector.class=io.debezium.connector.postgresql.PostgresConnector
+debezium.source.database.hostname=db
+debezium.source.database.port=5432
+debezium.source.database.user=dbz
+debezium.source.database.password=${env:DB_PASSWORD}
+debezium.source.database.dbname=orders
+debezium.source.topic.prefix=orders
+debezium.source.plugin.name=pgoutput
+debezium.source.slot.name=dbz_orders
+debezium.source.publication.name=dbz_pub
+debezium.source.table.include.list=public.outbox
+debezium.source.offset.storage.file.filename=data/offsets.dat
+debezium.transforms=outbox
+debezium.transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+debezium.transforms.outbox.route.topic.replacement=${routedByValue}.events
+quarkus.log.level=INFO
+"#;
+
+fn import(text: &str) -> Result<Imported, ImportError> {
+    let connector = parse_properties(text).unwrap();
+    assert!(is_server(&connector));
+    translate(&connector)
+}
+
+fn option_noted(imported: &Imported, option: &str) -> bool {
+    imported.notes.iter().any(|n| n.option == option)
+}
+
+#[test]
+fn a_kafka_sink_keeps_its_producer_settings_and_the_source_its_slot() {
+    let imported = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=kafka\ndebezium.sink.kafka.producer.bootstrap.servers=k1:9092,k2:9092\ndebezium.sink.kafka.producer.compression.type=zstd\ndebezium.sink.kafka.producer.key.serializer=org.apache.kafka.common.serialization.StringSerializer\n"
+    ))
+    .unwrap();
+    let file: crate::config::file::FileConfig = toml::from_str(&imported.toml).unwrap();
+    assert_eq!(file.kafka.bootstrap_servers, "k1:9092,k2:9092");
+    let p = &file.pipelines[0];
+    assert_eq!(p.sink, SinkConfig::Kafka);
+    assert_eq!(p.slot, "dbz_orders");
+    assert_eq!(p.publication, "dbz_pub");
+    assert_eq!(p.route.topic_template, "${routedByValue}.events");
+    assert!(p.kafka.properties.contains(&("compression.type".into(), "zstd".into())));
+    assert!(p.source_url.contains(":${ORDERS_DB_PASSWORD}@"), "{:?}", p.source_url);
+    assert!(imported.toml.contains("Debezium Server configuration"), "{}", imported.toml);
+    assert!(!imported.toml.contains("KAFKA_BOOTSTRAP_SERVERS"), "{}", imported.toml);
+    for option in [
+        "debezium.sink.kafka.producer.key.serializer",
+        "quarkus.log.level",
+        "debezium.source.offset.storage.file.filename",
+        "debezium.format.value",
+    ] {
+        assert!(option_noted(&imported, option), "{option} not noted: {:?}", imported.notes);
+    }
+    assert!(!option_noted(&imported, "value.converter"), "{:?}", imported.notes);
+}
+
+#[test]
+fn a_redis_sink_becomes_a_redis_url_with_its_password_from_the_environment() {
+    let imported = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=redis\ndebezium.sink.redis.address=cache:6380\ndebezium.sink.redis.user=relay\ndebezium.sink.redis.password=hunter2\ndebezium.sink.redis.ssl.enabled=true\ndebezium.sink.redis.batch.size=500\n"
+    ))
+    .unwrap();
+    assert!(!imported.toml.contains("hunter2"), "{}", imported.toml);
+    let file: crate::config::file::FileConfig = toml::from_str(&imported.toml).unwrap();
+    let SinkConfig::Redis(redis) = &file.pipelines[0].sink else {
+        panic!("not a redis sink: {}", imported.toml)
+    };
+    assert_eq!(&*redis.url, "rediss://relay:${ORDERS_REDIS_PASSWORD}@cache:6380");
+    assert!(imported.toml.contains("set ORDERS_REDIS_PASSWORD"), "{}", imported.toml);
+    assert!(file.kafka.bootstrap_servers.is_empty(), "{}", imported.toml);
+    assert!(option_noted(&imported, "debezium.sink.redis.batch.size"));
+    assert!(option_noted(&imported, "debezium.sink.redis.message.format"));
+}
+
+#[test]
+fn a_sink_type_outbox_relay_lacks_or_none_is_an_error_naming_the_option() {
+    let e = import(&format!("{SOURCE_AND_TRANSFORM}debezium.sink.type=pulsar\n")).unwrap_err();
+    assert!(e.to_string().starts_with("debezium.sink.type: \"pulsar\""), "{e}");
+    let e = import(SOURCE_AND_TRANSFORM).unwrap_err();
+    assert!(e.to_string().starts_with("debezium.sink.type: not set"), "{e}");
+}
+
+#[test]
+fn a_connector_file_is_not_taken_for_a_server_file() {
+    let connector = parse_properties(
+        "connector.class=io.debezium.connector.postgresql.PostgresConnector\ntransforms=outbox\n",
+    )
+    .unwrap();
+    assert!(!is_server(&connector));
+}
