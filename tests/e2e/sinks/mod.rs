@@ -5,7 +5,7 @@
 //! The scenarios: the main job (every event once, byte for byte, per-key order, the slot
 //! confirmed), the server stopped and started again mid-stream, `kill -9` of the relay
 //! mid-stream, a record the server refuses (halt: nothing confirmed past it; dead letter: the
-//! rest flows), and an aggregate type the sink cannot route to.
+//! rest flows), an aggregate type the sink cannot route to, and the polling source's main job.
 
 mod redis;
 
@@ -283,6 +283,53 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
     drop(relay);
 }
 
+/// The polling source (`sql/outbox_polling.sql`'s table): every event once, per key in order,
+/// each row marked PUBLISHED only after the sink acknowledged it.
+pub(crate) async fn polling_main_job(server: &impl SinkServer) {
+    let setup = setup(&format!("{}_polling", server.kind()), &["Order"]).await;
+    let kit = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
+    )
+    .unwrap();
+    let client = &setup.db.client;
+    client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
+    client.batch_execute(&kit).await.unwrap();
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let toml = format!(
+        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"{kind}\"\n{settings}\n",
+        name = setup.slot,
+        url = setup.db.url(Auth::Trust),
+        kind = server.kind(),
+        settings = server.sink_settings(),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    let (written, _) = write_events(client, 20, 3, &setup.types, 4, 0, Duration::ZERO).await;
+    let got = read_until(
+        server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &got, true);
+    wait_for("every outbox row to be marked PUBLISHED", Duration::from_secs(30), || async {
+        let pending: i64 = client
+            .query_one("SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (pending == 0).then_some(())
+    })
+    .await;
+    drop(relay);
+}
+
 /// An aggregate type the sink cannot route to stops the relay with an error naming the
 /// event, before anything after it is confirmed.
 pub(crate) async fn bad_routing_input(server: &impl SinkServer) {
@@ -344,6 +391,11 @@ macro_rules! sink_scenarios {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn refused_record() {
             crate::sinks::refused_record($shared).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn polling_main_job() {
+            crate::sinks::polling_main_job($shared).await;
         }
     };
 }
