@@ -66,3 +66,35 @@ impl SinkServer for Redis {
 }
 
 sink_scenarios!(shared(), Redis(start(free_port())));
+
+/// `check` says what the server's persistence makes of an acknowledgement, and names the
+/// server it cannot reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_reports_persistence_and_an_unreachable_server() {
+    let setup = super::setup("redis_check", &["Order"]).await;
+    let server = shared();
+    let (_dir, mut args) = super::relay_args(&setup, server, "");
+    args[0] = "check".into();
+    let mut check = crate::support::Relay::spawn(&args);
+    let status = check.wait(std::time::Duration::from_secs(60));
+    let log = check.log();
+    // The harness's server runs with appendonly yes and appendfsync always.
+    assert!(
+        log.contains("ok    redis") && log.contains("appendfsync always: an acknowledged entry is on disk"),
+        "{status}:\n{log}"
+    );
+
+    let port = free_port();
+    let down = Redis(start(port));
+    down.0.stop();
+    let (_dir, mut args) = super::relay_args(&setup, &down, "");
+    args[0] = "check".into();
+    let mut check = crate::support::Relay::spawn(&args);
+    let status = check.wait(std::time::Duration::from_secs(60));
+    let log = check.log();
+    assert!(!status.success(), "check passed with the Redis server down:\n{log}");
+    assert!(
+        log.contains("FAIL  redis") && log.contains(&format!("127.0.0.1:{port}")),
+        "{log}"
+    );
+}
