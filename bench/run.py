@@ -53,11 +53,15 @@ Scenarios:
    with and without --exactly-once; events/s and ms per transaction from the first published
    event until the confirmed flush LSN reaches the end of the backlog, and the start-up before.
    `--kafka-property linger.ms=0` measures it without librdkafka's 5 ms batching delay.
+7. sinks: the backlog of scenario 1 drained into each sink kind other than Kafka (--sink, default
+   all), against that sink's bare client as its ceiling: bench/sinks.py.
 
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
 import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
 from pathlib import Path
+
+import sinks
 
 ROOT = Path(__file__).resolve().parent.parent
 PGBIN = Path(os.environ.get("PG_BINDIR", "/usr/lib/postgresql/15/bin"))
@@ -982,13 +986,16 @@ def print_table(results, args):
         ratio = e["modes"]["exactly-once"]["events_per_second"] / e["modes"]["at-least-once"]["events_per_second"]
         print(f"\n6. exactly-once cost, backlog of {e['transactions']} txns x {e['rows_per_transaction']} rows on the mock "
               f"cluster: {'; '.join(cells)} (exactly-once / at-least-once: {ratio:.2f})")
+    if "sinks" in results:
+        print()
+        sinks.print_rows(results["sinks"])
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
           f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; broker: {results.get('broker', BROKERS['tansu'])}; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
-SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost")
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks")
 
 
 def main():
@@ -1003,6 +1010,8 @@ def main():
     ap.add_argument("--idle-wal-mb", type=int, default=500)
     ap.add_argument("--eos-txns", type=int, default=300, help="scenario 6: transactions in the backlog")
     ap.add_argument("--eos-rows", type=int, default=10, help="scenario 6: rows per transaction")
+    ap.add_argument("--sink", action="append", default=[], choices=sorted(sinks.SINKS),
+                    help="scenario 7: only these sink kinds (default: all)")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
@@ -1090,6 +1099,12 @@ def main():
                 "on the mock cluster")
             results["exactly_once_cost"] = exactly_once_cost_scenario(cluster, work, args.eos_txns, args.eos_rows,
                                                                       args.rounds)
+            save()
+        if run("sinks"):
+            kinds = args.sink or sorted(sinks.SINKS)
+            log(f"scenario 7: backlog of {args.backlog:,} single-row transactions into {', '.join(kinds)}")
+            results["sinks"] = sinks.sink_scenario(ROOT, cluster, work, kinds, args.backlog, args.rounds, free_port,
+                                                   cpu_seconds, parse_lsn, median, log)
             save()
     finally:
         if broker:
