@@ -98,3 +98,61 @@ async fn check_reports_persistence_and_an_unreachable_server() {
         "{log}"
     );
 }
+
+/// The server down for longer than `delivery_timeout_ms`: sessions fail and the supervisor
+/// reconnects with backoff until it is back; nothing is lost or confirmed early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_longer_than_the_delivery_timeout_loses_nothing() {
+    use std::time::Duration;
+
+    use crate::{assert_delivered, write_events};
+
+    let setup = super::setup("redis_outage", &["Order"]).await;
+    let server = Redis(start(free_port()));
+    let destinations = setup.topics();
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"redis\"\n{settings}\ndelivery_timeout_ms = 1500\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+        settings = server.sink_settings(),
+    );
+    let (_dir, args) = crate::run_with_config(&toml);
+    let relay = crate::support::Relay::spawn(&args);
+    setup.wait_streaming().await;
+    server.0.stop();
+    let witness = setup.witness().await;
+    let (written, before_commit) =
+        write_events(&setup.db.client, 10, 3, &setup.types, 4, 0, Duration::from_millis(200)).await;
+    let first_commit = setup.commit_end_of(&witness, &written[0].id).await;
+    // Well past the delivery timeout: several sessions fail meanwhile.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed < first_commit,
+        "confirmed_flush_lsn {confirmed:X} passed a commit ({first_commit:X}) with Redis down"
+    );
+    let log = relay.log();
+    assert!(
+        log.contains("cannot connect to the redis sink") || log.contains("publishing failed"),
+        "the relay says why it makes no progress:\n{}",
+        crate::support::tail_lines(&log, 30)
+    );
+    server.0.start();
+    let got = super::read_until(
+        &server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(90),
+    )
+    .await;
+    assert_delivered(&written, &got, false);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "the slot to be confirmed once Redis is back",
+            Duration::from_secs(60),
+        )
+        .await;
+    drop(relay);
+}
