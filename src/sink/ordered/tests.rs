@@ -249,3 +249,123 @@ async fn a_broken_connection_fails_at_once_without_retries() {
     assert!(got[0].1.as_ref().unwrap_err().retryable);
     assert_eq!(server.attempts.lock().unwrap().len(), 1);
 }
+
+/// What a scripted attempt does: how long the server takes (ms on tokio's paused clock) and
+/// how it answers (0: ok, 1: retry, 2: refused, 3: broken).
+type Step = (u8, u8);
+
+/// A server whose every attempt takes a scripted time and answers as scripted, recording the
+/// start and end of each attempt.
+struct Scripted {
+    steps: Mutex<std::collections::VecDeque<Step>>,
+    /// (record number, started) per attempt event, in order of occurrence.
+    log: Arc<Mutex<Vec<(usize, bool)>>>,
+}
+
+impl Publisher for Arc<Scripted> {
+    fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
+        let n: usize = String::from_utf8(record.value.clone().unwrap().to_vec())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let (delay, answer) = self.steps.lock().unwrap().pop_front().unwrap_or((1, 0));
+        let log = Arc::clone(&self.log);
+        Box::pin(async move {
+            log.lock().unwrap().push((n, true));
+            tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
+            log.lock().unwrap().push((n, false));
+            match answer % 4 {
+                0 => Ok(()),
+                1 => Err(PublishError::retry("unavailable")),
+                2 => Err(PublishError::refused("refused")),
+                _ => Err(PublishError::broken("closed")),
+            }
+        })
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(300))]
+
+    /// Under any schedule of answers and delays: one outcome per record; per key, attempts
+    /// never overlap and follow send order; after a key's record failed for good (not
+    /// refused), none of its later records is published.
+    #[test]
+    fn any_schedule_keeps_each_key_in_order(
+        keys in proptest::collection::vec(proptest::option::weighted(0.9, 0u8..4), 1..40),
+        steps in proptest::collection::vec((0u8..50, 0u8..8), 0..120),
+        max_concurrency in 1usize..6,
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let server = Arc::new(Scripted {
+                // Answers 4..8 are ok too: failures stay rarer than successes.
+                steps: Mutex::new(steps.iter().map(|&(d, a)| (d, if a >= 4 { 0 } else { a })).collect()),
+                log: Arc::default(),
+            });
+            let log = Arc::clone(&server.log);
+            let mut sink = OrderedSink::new(
+                Arc::clone(&server),
+                OrderedSettings { max_concurrency, delivery_timeout: Duration::from_millis(400) },
+            );
+            let mut tracker = AckTracker::new(Lsn::ZERO);
+            tracker.begin().unwrap();
+            let key_names: Vec<Option<String>> = keys.iter().map(|k| k.map(|k| format!("k{k}"))).collect();
+            for (n, key) in key_names.iter().enumerate() {
+                let mut r = record(key.as_deref(), &n.to_string());
+                r.headers = vec![("id".into(), Some(Bytes::from(n.to_string())))];
+                sink.send(r, tracker.track_event().unwrap().with_event(n as u64)).unwrap();
+            }
+            let mut outcomes: HashMap<u64, Result<(), DeliveryError>> = HashMap::new();
+            while let Some(d) = tokio::time::timeout(Duration::from_secs(3600), sink.next_delivery())
+                .await
+                .expect("every record has an outcome")
+            {
+                assert!(outcomes.insert(d.token.event(), d.result).is_none(), "two outcomes for one record");
+            }
+            assert_eq!(outcomes.len(), keys.len());
+            assert_eq!(sink.in_flight(), InFlight::default());
+
+            let log = log.lock().unwrap().clone();
+            let mut running: HashMap<&str, usize> = HashMap::new();
+            let mut last_started: HashMap<&str, usize> = HashMap::new();
+            let mut at_once = 0usize;
+            let mut most = 0usize;
+            for &(n, started) in &log {
+                if started { at_once += 1; most = most.max(at_once) } else { at_once -= 1 }
+                let Some(key) = key_names[n].as_deref() else { continue };
+                if started {
+                    assert!(!running.contains_key(key), "two records of {key} in flight: {log:?}");
+                    if let Some(&prev) = last_started.get(key) {
+                        assert!(prev <= n, "{key}: record {n} published after record {prev}: {log:?}");
+                    }
+                    running.insert(key, n);
+                    last_started.insert(key, n);
+                } else {
+                    running.remove(key);
+                }
+            }
+            assert!(most <= max_concurrency, "{most} attempts at once, limit {max_concurrency}");
+            // After a final retryable failure of a key, its later records fail unpublished.
+            for (n, key) in key_names.iter().enumerate() {
+                let (Some(key), Some(Err(e))) = (key, outcomes.get(&(n as u64))) else { continue };
+                if !e.retryable {
+                    continue;
+                }
+                for (m, later) in key_names.iter().enumerate().skip(n + 1) {
+                    if later.as_deref() == Some(key.as_str()) {
+                        assert!(
+                            !log.iter().any(|&(p, started)| p == m && started),
+                            "{key}: record {m} published after record {n} failed for good: {log:?}"
+                        );
+                        assert!(outcomes[&(m as u64)].is_err(), "{key}: record {m} acknowledged after {n} failed");
+                    }
+                }
+            }
+        });
+    }
+}
