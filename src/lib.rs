@@ -18,6 +18,7 @@
 //! router                topic <aggregate_type>.events, key, value, headers
 //!   ▼
 //! sink::kafka           rdkafka idempotent producer; delivery reports
+//!                       (or sink::ordered: Redis, NATS, RabbitMQ, HTTP, a key at a time)
 //!   ▼                   (exactly_once: begin / commit with checkpoint / abort)
 //! ack                   AckTracker: transactions in commit order -> flush LSN
 //!   └──────────────────► Source::confirm: the flush/apply LSN to the walsender
@@ -47,7 +48,9 @@
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
 //! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
 //!   options with their field paths.
-//! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
+//! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer, and the other sink kinds as
+//!   [`sink::ordered::Publisher`]s behind [`sink::ordered::OrderedSink`] (per-key order,
+//!   retries, the delivery timeout); [`sink::AnySink`] is the one a pipeline chose.
 //! - [`exactly_once`]: the transactional capability of a sink, the checkpoint (with its
 //!   origin: system identifier, timeline, slot) and its read-back, and the redo that
 //!   dead-letters a record Kafka refused inside a transaction.
@@ -56,7 +59,8 @@
 //!   sink of each session, and hands both source kinds to the supervisor.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
 //!   and the standby that keeps them.
-//! - [`import`]: `import-debezium`, a Debezium outbox connector's config as a pipeline entry.
+//! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
+//!   Server's `application.properties`) as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
