@@ -7,7 +7,7 @@ use super::kafka::{KafkaSink, ProducerError};
 use super::ordered::{OrderedSettings, OrderedSink};
 use super::{redis, Delivery, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
-use crate::config::{PipelineConfig, SinkConfig};
+use crate::config::{OnBadEvent, PipelineConfig, SinkConfig};
 use crate::error::Error;
 
 /// How long connecting to a sink server may take before the session fails (and is retried).
@@ -42,6 +42,7 @@ impl AnySink {
         config: &PipelineConfig,
         kafka: impl FnOnce() -> Result<KafkaSink, ProducerError>,
     ) -> Result<AnySink, Error> {
+        let hold_on_refusal = config.on_bad_event == OnBadEvent::Halt;
         let connecting = async {
             match &config.sink {
                 SinkConfig::Kafka => unreachable!("Kafka is not connected here"),
@@ -50,6 +51,7 @@ impl AnySink {
                     OrderedSettings {
                         max_concurrency: redis.max_concurrency,
                         delivery_timeout: redis.delivery_timeout(),
+                        hold_on_refusal,
                     },
                 )),
             }

@@ -2,21 +2,27 @@
 //! [`Publisher`] a sink kind implements (Redis Streams, NATS JetStream, RabbitMQ, HTTP) and
 //! the [`OrderedSink`] that makes a [`Sink`] of it.
 //!
-//! Order: one key's records are published one at a time, each only once the record before it
-//! was acknowledged, so no retry ever puts a later record of a key ahead of an earlier one.
-//! Records of different keys, and records with a null key, are published concurrently, up to
-//! `max_concurrency` at once. (Kafka's idempotent producer gives the same per-key order with
-//! pipelining, from per-partition sequence numbers; these servers have nothing like them.)
+//! Order: one key's records (a key being a destination and a record key) are published one at
+//! a time, each only once the record before it was acknowledged, so no retry ever puts a later
+//! record of a key ahead of an earlier one. Records of different keys, and records with a null
+//! key, are published concurrently, up to `max_concurrency` at once. (Kafka's idempotent
+//! producer gives the same per-key order with pipelining, from per-partition sequence numbers;
+//! these servers have nothing like them.)
 //!
 //! Failures: a retryable one ([`Failure::Retry`]: a timeout, the server unavailable) is
-//! retried with backoff ([`FIRST_RETRY`] doubling up to [`MAX_RETRY`]) until
-//! `delivery_timeout` after the record was accepted; then its outcome is a retryable
-//! [`DeliveryError`] and the key's later records fail with it unpublished, so the session ends
-//! and the next one publishes from the last confirmed position. [`Failure::Broken`] (the
-//! connection is gone and the client will not reconnect) fails the record at once, the same
-//! way. A refusal ([`Failure::Refused`]: too large, not routable, not authorized) is the
-//! record's outcome at once, and the key's next record goes ahead: the session stops or sends
-//! a dead-letter copy, as `on_bad_event` says.
+//! retried with backoff ([`FIRST_RETRY`] doubling up to [`MAX_RETRY`]), each attempt bounded by
+//! what is left of `delivery_timeout` after the record was accepted; then its outcome is a
+//! retryable [`DeliveryError`]. [`Failure::Broken`] (the connection is gone and the client will
+//! not reconnect) fails the record at once. A refusal ([`Failure::Refused`]: too large, not
+//! routable, not authorized) is the record's outcome at once.
+//!
+//! After a failure the key is held: its records handed over before the session took that
+//! outcome fail unpublished ("an earlier record of its key failed"), so nothing of the key
+//! overtakes the failed record; records handed over after it are published again. (A log-tailing
+//! session ends at such a failure and the next one publishes from the last confirmed position;
+//! the polling source keeps the aggregate's later rows back itself.) With `hold_on_refusal`
+//! false (`on_bad_event = "dead_letter"`), a refusal does not hold the key: the session sends a
+//! dead-letter copy and the key's next records go ahead.
 //!
 //! The publishing runs in a task of its own, so acknowledgements are taken whatever the session
 //! loop is doing; dropping the sink aborts it (unacknowledged records are then published again
@@ -114,6 +120,16 @@ pub struct OrderedSettings {
     pub max_concurrency: usize,
     /// How long after its acceptance a record is retried before it fails.
     pub delivery_timeout: Duration,
+    /// Whether a refusal holds its key like a failure (`on_bad_event = "halt"`: nothing of
+    /// the key after the refused record is published before the session stops).
+    pub hold_on_refusal: bool,
+}
+
+/// What a key is: a destination and a record key (`None`: a null key, never ordered).
+type Key = (String, Bytes);
+
+fn key_of(record: &Record) -> Option<Key> {
+    record.key.clone().map(|key| (record.topic.clone(), key))
 }
 
 /// A record the session handed over, with what its outcome needs.
@@ -125,15 +141,31 @@ struct Job {
     accepted: tokio::time::Instant,
 }
 
-/// An outcome for the sink's side: the job's number and the delivery.
-type Outcome = (u64, Delivery);
+/// What the sink sends its publishing task.
+enum Command {
+    Publish(Job),
+    /// The session took the failure that held this key: what it hands over next goes out.
+    Release(Key),
+}
+
+/// An outcome for the sink's side: the job's number, the delivery, and the key the failure
+/// holds (to release once the session has taken the outcome).
+type Outcome = (u64, Delivery, Option<Key>);
+
+/// A record without an outcome, as the sink's side keeps it.
+struct Pending {
+    size: usize,
+    accepted: Instant,
+    token: EventToken,
+    topic: String,
+}
 
 /// A [`Publisher`] as a [`Sink`], with per-key order (see the module docs).
 pub struct OrderedSink {
-    jobs: mpsc::UnboundedSender<Job>,
+    jobs: mpsc::UnboundedSender<Command>,
     outcomes: mpsc::UnboundedReceiver<Outcome>,
-    /// Size and acceptance time of each record without an outcome, by job number.
-    pending: HashMap<u64, (usize, Instant)>,
+    /// Each record without an outcome, by job number.
+    pending: HashMap<u64, Pending>,
     in_flight: InFlight,
     next_seq: u64,
     _task: AbortOnDrop,
@@ -153,7 +185,7 @@ impl OrderedSink {
             outcomes: outcome_tx,
             waiting: HashMap::new(),
             ready: VecDeque::new(),
-            failed: HashMap::new(),
+            held: HashMap::new(),
             last_retry_warning: None,
         };
         let task = tokio::spawn(driver.run(job_rx));
@@ -172,14 +204,21 @@ impl Sink for OrderedSink {
     fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
         let seq = self.next_seq;
         let size = record.size();
-        let accepted = Instant::now();
+        let pending = Pending {
+            size,
+            accepted: Instant::now(),
+            token,
+            topic: record.topic.clone(),
+        };
         let job = Job {
             seq,
             token,
             record,
             accepted: tokio::time::Instant::now(),
         };
-        if let Err(mpsc::error::SendError(job)) = self.jobs.send(job) {
+        if let Err(mpsc::error::SendError(Command::Publish(job))) =
+            self.jobs.send(Command::Publish(job))
+        {
             // Only if the publishing task panicked: say so rather than wait for nothing.
             return Err(SendError::Refused(DeliveryError {
                 event_id: job.record.event_id(),
@@ -191,7 +230,7 @@ impl Sink for OrderedSink {
             }));
         }
         self.next_seq += 1;
-        self.pending.insert(seq, (size, accepted));
+        self.pending.insert(seq, pending);
         self.in_flight.events += 1;
         self.in_flight.bytes += size;
         Ok(())
@@ -201,10 +240,39 @@ impl Sink for OrderedSink {
         if self.pending.is_empty() {
             return None;
         }
-        let (seq, delivery) = self.outcomes.recv().await?;
-        if let Some((size, _)) = self.pending.remove(&seq) {
+        let (seq, delivery) = match self.outcomes.recv().await {
+            Some((seq, delivery, held)) => {
+                if let Some(key) = held {
+                    // Records handed over from now on are after the failure in the session's
+                    // eyes; the channel keeps this after everything handed over before.
+                    let _ = self.jobs.send(Command::Release(key));
+                }
+                (seq, delivery)
+            }
+            None => {
+                // The publishing task is gone (it panicked): fail what it held, one by one.
+                let seq = *self.pending.keys().next().expect("pending is not empty");
+                let pending = &self.pending[&seq];
+                let delivery = Delivery {
+                    token: pending.token,
+                    topic: pending.topic.clone(),
+                    latency: pending.accepted.elapsed(),
+                    timestamp_ms: None,
+                    result: Err(DeliveryError {
+                        event_id: String::new(),
+                        topic: pending.topic.clone(),
+                        reason: "the sink's publishing task ended".into(),
+                        retryable: true,
+                        too_large: false,
+                        record: None,
+                    }),
+                };
+                (seq, delivery)
+            }
+        };
+        if let Some(pending) = self.pending.remove(&seq) {
             self.in_flight.events -= 1;
-            self.in_flight.bytes -= size;
+            self.in_flight.bytes -= pending.size;
         }
         Some(delivery)
     }
@@ -214,7 +282,7 @@ impl Sink for OrderedSink {
     }
 
     fn oldest_in_flight(&self) -> Option<Instant> {
-        self.pending.values().map(|(_, at)| *at).min()
+        self.pending.values().map(|p| p.accepted).min()
     }
 }
 
@@ -224,11 +292,12 @@ struct Driver<P> {
     settings: OrderedSettings,
     outcomes: mpsc::UnboundedSender<Outcome>,
     /// Per key with a record in flight: the key's later records, in send order.
-    waiting: HashMap<Bytes, VecDeque<Job>>,
+    waiting: HashMap<Key, VecDeque<Job>>,
     /// Records free to go once a concurrency slot is.
     ready: VecDeque<Job>,
-    /// Keys whose record failed for good: their later records fail with this reason.
-    failed: HashMap<Bytes, String>,
+    /// Keys held after a failure, until the session has taken it: their records fail with
+    /// this reason.
+    held: HashMap<Key, String>,
     last_retry_warning: Option<Instant>,
 }
 
@@ -236,12 +305,15 @@ struct Driver<P> {
 type Attempt = (Job, u32, Result<(), PublishError>);
 
 impl<P: Publisher> Driver<P> {
-    async fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let mut running: FuturesUnordered<BoxFuture<'static, Attempt>> = FuturesUnordered::new();
         loop {
             tokio::select! {
-                job = jobs.recv() => match job {
-                    Some(job) => self.admit(job),
+                command = commands.recv() => match command {
+                    Some(Command::Publish(job)) => self.admit(job),
+                    Some(Command::Release(key)) => {
+                        self.held.remove(&key);
+                    }
                     None => return,
                 },
                 Some((job, attempt, result)) = running.next(), if !running.is_empty() => {
@@ -257,13 +329,13 @@ impl<P: Publisher> Driver<P> {
         }
     }
 
-    /// A new record: ready now unless its key has one in flight.
+    /// A new record: ready now unless its key has one in flight or is held.
     fn admit(&mut self, job: Job) {
-        let Some(key) = job.record.key.clone() else {
+        let Some(key) = key_of(&job.record) else {
             self.ready.push_back(job);
             return;
         };
-        if let Some(reason) = self.failed.get(&key) {
+        if let Some(reason) = self.held.get(&key) {
             let reason = format!("not published: an earlier record of its key failed ({reason})");
             self.outcome(job, Err((PublishError::retry(reason), false)));
             return;
@@ -277,18 +349,27 @@ impl<P: Publisher> Driver<P> {
         }
     }
 
-    /// Publishes `job`, after a backoff if this is a retry.
+    /// Publishes `job`, after a backoff if this is a retry, waiting for the answer no longer
+    /// than the delivery timeout leaves.
     fn attempt(&self, job: Job, attempt: u32) -> BoxFuture<'static, Attempt> {
         let publisher = Arc::clone(&self.publisher);
         let delay = match attempt {
             0 => Duration::ZERO,
             n => FIRST_RETRY.saturating_mul(1 << (n - 1).min(16)).min(MAX_RETRY),
         };
+        let timeout = self.settings.delivery_timeout;
         Box::pin(async move {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let result = publisher.publish(&job.record).await;
+            let deadline = job.accepted + timeout;
+            let result = match tokio::time::timeout_at(deadline, publisher.publish(&job.record)).await {
+                Ok(result) => result,
+                Err(_) => Err(PublishError::retry(format!(
+                    "no acknowledgement within delivery_timeout_ms ({} ms)",
+                    timeout.as_millis()
+                ))),
+            };
             (job, attempt, result)
         })
     }
@@ -315,21 +396,26 @@ impl<P: Publisher> Driver<P> {
                 running.push(self.attempt(job, attempt + 1));
             }
             Err(e) => {
-                let poisons = matches!(e.failure, Failure::Retry | Failure::Broken);
-                self.outcome(job, Err((e, poisons)));
+                let holds = match e.failure {
+                    Failure::Retry | Failure::Broken => true,
+                    Failure::Refused { .. } => self.settings.hold_on_refusal,
+                };
+                self.outcome(job, Err((e, holds)));
             }
             Ok(()) => self.outcome(job, Ok(())),
         }
     }
 
-    /// Reports `job`'s outcome and lets its key's next record go (or fails the key's later
-    /// records, when `result` is a failure that poisons the key).
+    /// Reports `job`'s outcome and lets its key's next record go (or, when `result` is a
+    /// failure that holds the key, fails the key's waiting records and holds it until the
+    /// session has taken this outcome).
     fn outcome(&mut self, job: Job, result: Result<(), (PublishError, bool)>) {
-        let key = job.record.key.clone();
-        let result = result.map_err(|(e, poisons)| {
-            if poisons {
-                if let Some(key) = &key {
-                    self.failed.insert(key.clone(), e.reason.clone());
+        let key = key_of(&job.record);
+        let mut holds = None;
+        let result = result.map_err(|(e, hold)| {
+            if let (true, Some(key)) = (hold, &key) {
+                if self.held.insert(key.clone(), e.reason.clone()).is_none() {
+                    holds = Some(key.clone());
                 }
             }
             e
@@ -349,7 +435,7 @@ impl<P: Publisher> Driver<P> {
             }),
         };
         // The sink may be gone (the session ended): nothing is waiting for the outcome then.
-        let _ = self.outcomes.send((job.seq, delivery));
+        let _ = self.outcomes.send((job.seq, delivery, holds));
         let Some(key) = key else {
             return;
         };
@@ -358,7 +444,7 @@ impl<P: Publisher> Driver<P> {
             None => return,
         };
         match next {
-            Some(next) if self.failed.contains_key(&key) => {
+            Some(next) if self.held.contains_key(&key) => {
                 // Fail the rest of the key's queue, in order, without publishing.
                 let mut rest = vec![next];
                 rest.extend(self.waiting.remove(&key).into_iter().flatten());

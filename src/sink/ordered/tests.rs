@@ -69,11 +69,21 @@ fn record(key: Option<&str>, payload: &str) -> Record {
 }
 
 fn sink(server: &Arc<Server>, max_concurrency: usize, timeout: Duration) -> OrderedSink {
+    sink_with(server, max_concurrency, timeout, false)
+}
+
+fn sink_with(
+    server: &Arc<Server>,
+    max_concurrency: usize,
+    timeout: Duration,
+    hold_on_refusal: bool,
+) -> OrderedSink {
     OrderedSink::new(
         Fake(Arc::clone(server)),
         OrderedSettings {
             max_concurrency,
             delivery_timeout: timeout,
+            hold_on_refusal,
         },
     )
 }
@@ -250,6 +260,106 @@ async fn a_broken_connection_fails_at_once_without_retries() {
     assert_eq!(server.attempts.lock().unwrap().len(), 1);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_held_key_goes_on_with_what_is_handed_over_after_the_session_took_the_failure() {
+    let server = Arc::new(Server::default());
+    server
+        .script
+        .lock()
+        .unwrap()
+        .insert("a1", vec![Err(PublishError::broken("closed"))]);
+    let mut sink = sink(&server, 8, Duration::from_secs(60));
+    let mut tracker = AckTracker::new(Lsn::ZERO);
+    tracker.begin().unwrap();
+    let mut send = |sink: &mut OrderedSink, payload: &str, n: u64| {
+        let token = tracker.track_event().unwrap().with_event(n);
+        sink.send(record(Some("a"), payload), token).unwrap();
+    };
+    send(&mut sink, "a1", 0);
+    send(&mut sink, "a2", 1);
+    let first = sink.next_delivery().await.unwrap();
+    assert_eq!(first.token.event(), 0);
+    assert!(first.result.is_err());
+    // a2 was handed over before the session took a1's failure: it must not overtake a1.
+    let second = sink.next_delivery().await.unwrap();
+    let e = second.result.unwrap_err();
+    assert!(e.reason.contains("earlier record of its key"), "{}", e.reason);
+    // a3 comes after the session saw the failure (a polling source, which goes on): published.
+    send(&mut sink, "a3", 2);
+    let third = sink.next_delivery().await.unwrap();
+    assert_eq!(third.token.event(), 2);
+    assert!(third.result.is_ok(), "{:?}", third.result);
+    let attempts: Vec<String> = server.attempts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(attempts, ["a1", "a3"]);
+}
+
+#[tokio::test]
+async fn with_halt_a_refusal_holds_its_key_and_with_dead_letter_it_does_not() {
+    for hold in [true, false] {
+        let server = Arc::new(Server::default());
+        server
+            .script
+            .lock()
+            .unwrap()
+            .insert("a1", vec![Err(PublishError::refused("not routable"))]);
+        let mut sink = sink_with(&server, 8, Duration::from_secs(60), hold);
+        send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
+        let got = outcomes(&mut sink).await;
+        assert_eq!(got[1].1.is_ok(), !hold, "hold_on_refusal = {hold}: {got:?}");
+        let published = server.attempts.lock().unwrap().iter().any(|(p, _)| p == "a2");
+        assert_eq!(published, !hold, "hold_on_refusal = {hold}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_without_an_answer_ends_at_the_delivery_timeout() {
+    struct Silent;
+    impl Publisher for Silent {
+        fn publish(&self, _: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
+            Box::pin(futures::future::pending())
+        }
+    }
+    let mut sink = OrderedSink::new(
+        Silent,
+        OrderedSettings {
+            max_concurrency: 1,
+            delivery_timeout: Duration::from_secs(5),
+            hold_on_refusal: false,
+        },
+    );
+    let start = tokio::time::Instant::now();
+    send_all(&mut sink, &[(Some("a"), "a1")]);
+    let got = outcomes(&mut sink).await;
+    let e = got[0].1.as_ref().unwrap_err();
+    assert!(e.retryable && e.reason.contains("delivery_timeout_ms"), "{e:?}");
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_secs(5) && waited < Duration::from_secs(6), "{waited:?}");
+}
+
+#[tokio::test]
+async fn a_publishing_task_that_dies_fails_what_it_held_instead_of_stalling() {
+    struct Panics;
+    impl Publisher for Panics {
+        fn publish(&self, _: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
+            Box::pin(async { panic!("a bug in a publisher") })
+        }
+    }
+    let mut sink = OrderedSink::new(
+        Panics,
+        OrderedSettings {
+            max_concurrency: 4,
+            delivery_timeout: Duration::from_secs(60),
+            hold_on_refusal: false,
+        },
+    );
+    send_all(&mut sink, &[(Some("a"), "a1"), (Some("b"), "b1")]);
+    let got = tokio::time::timeout(Duration::from_secs(10), outcomes(&mut sink))
+        .await
+        .expect("outcomes, not a stall");
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|(_, r)| r.as_ref().is_err_and(|e| e.retryable)), "{got:?}");
+}
+
 /// What a scripted attempt does: how long the server takes (ms on tokio's paused clock) and
 /// how it answers (0: ok, 1: retry, 2: refused, 3: broken).
 type Step = (u8, u8);
@@ -270,10 +380,18 @@ impl Publisher for Arc<Scripted> {
             .unwrap();
         let (delay, answer) = self.steps.lock().unwrap().pop_front().unwrap_or((1, 0));
         let log = Arc::clone(&self.log);
+        /// Logs the attempt's end however it ends: answered, or dropped at the delivery
+        /// timeout.
+        struct End(Arc<Mutex<Vec<(usize, bool)>>>, usize);
+        impl Drop for End {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().push((self.1, false));
+            }
+        }
         Box::pin(async move {
             log.lock().unwrap().push((n, true));
+            let _end = End(Arc::clone(&log), n);
             tokio::time::sleep(Duration::from_millis(u64::from(delay))).await;
-            log.lock().unwrap().push((n, false));
             match answer % 4 {
                 0 => Ok(()),
                 1 => Err(PublishError::retry("unavailable")),
@@ -310,7 +428,7 @@ proptest::proptest! {
             let log = Arc::clone(&server.log);
             let mut sink = OrderedSink::new(
                 Arc::clone(&server),
-                OrderedSettings { max_concurrency, delivery_timeout: Duration::from_millis(400) },
+                OrderedSettings { max_concurrency, delivery_timeout: Duration::from_millis(400), hold_on_refusal: false },
             );
             let mut tracker = AckTracker::new(Lsn::ZERO);
             tracker.begin().unwrap();

@@ -287,26 +287,10 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
 /// each row marked PUBLISHED only after the sink acknowledged it.
 pub(crate) async fn polling_main_job(server: &impl SinkServer) {
     let setup = setup(&format!("{}_polling", server.kind()), &["Order"]).await;
-    let kit = std::fs::read_to_string(
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
-    )
-    .unwrap();
-    let client = &setup.db.client;
-    client
-        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
-        .await
-        .unwrap();
-    client.batch_execute(&kit).await.unwrap();
     let destinations = setup.topics();
     server.prepare(&destinations).await;
-    let toml = format!(
-        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"{kind}\"\n{settings}\n",
-        name = setup.slot,
-        url = setup.db.url(Auth::Trust),
-        kind = server.kind(),
-        settings = server.sink_settings(),
-    );
-    let (_dir, args) = run_with_config(&toml);
+    let (_dir, args) = polling_relay_args(&setup, server, "").await;
+    let client = &setup.db.client;
     let relay = Relay::spawn(&args);
     let (written, _) = write_events(client, 20, 3, &setup.types, 4, 0, Duration::ZERO).await;
     let got = read_until(
@@ -328,6 +312,34 @@ pub(crate) async fn polling_main_job(server: &impl SinkServer) {
     })
     .await;
     drop(relay);
+}
+
+/// Replaces the test database's outbox with the polling source's (`sql/outbox_polling.sql`)
+/// and returns `run --config` for a polling pipeline on it publishing to `server`, with
+/// `sink_extra` lines in its sink table.
+pub(crate) async fn polling_relay_args(
+    setup: &Setup,
+    server: &impl SinkServer,
+    sink_extra: &str,
+) -> (tempfile::TempDir, Vec<String>) {
+    let kit = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
+    )
+    .unwrap();
+    let client = &setup.db.client;
+    client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
+    client.batch_execute(&kit).await.unwrap();
+    let toml = format!(
+        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"{kind}\"\n{settings}\n{sink_extra}\n",
+        name = setup.slot,
+        url = setup.db.url(Auth::Trust),
+        kind = server.kind(),
+        settings = server.sink_settings(),
+    );
+    run_with_config(&toml)
 }
 
 /// An aggregate type the sink cannot route to stops the relay with an error naming the

@@ -156,3 +156,55 @@ async fn an_outage_longer_than_the_delivery_timeout_loses_nothing() {
         .await;
     drop(relay);
 }
+
+/// The polling source with Redis down for longer than `delivery_timeout_ms`: once it is back,
+/// every row is published and marked PUBLISHED (none stays held or ends FAILED), per key in
+/// order. (A sink that kept a failed key held for the whole session failed this.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_through_an_outage_longer_than_the_delivery_timeout() {
+    use std::time::Duration;
+
+    use crate::support::wait_for;
+    use crate::{assert_delivered, write_events};
+
+    let setup = super::setup("redis_poll_outage", &["Order"]).await;
+    let server = Redis(start(free_port()));
+    let destinations = setup.topics();
+    let (_dir, args) =
+        super::polling_relay_args(&setup, &server, "delivery_timeout_ms = 1500").await;
+    let relay = crate::support::Relay::spawn(&args);
+    let client = &setup.db.client;
+    let (mut written, _) = write_events(client, 5, 2, &setup.types, 3, 0, Duration::ZERO).await;
+    super::read_until(&server, &destinations, written.len(), Duration::ZERO, Duration::from_secs(60)).await;
+    server.0.stop();
+    let (during, _) =
+        write_events(client, 10, 2, &setup.types, 3, 10, Duration::from_millis(300)).await;
+    written.extend(during);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    server.0.start();
+    let (after, _) = write_events(client, 5, 2, &setup.types, 3, 40, Duration::ZERO).await;
+    written.extend(after);
+    let got = super::read_until(
+        &server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_delivered(&written, &got, false);
+    wait_for("every outbox row to be marked PUBLISHED", Duration::from_secs(60), || async {
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE status <> 'PUBLISHED'), count(*) FILTER (WHERE status = 'FAILED') FROM outbox",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (unpublished, failed): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(failed, 0, "rows marked FAILED although Redis came back");
+        (unpublished == 0).then_some(())
+    })
+    .await;
+    drop(relay);
+}
