@@ -3,7 +3,7 @@
 //! `check` verifies, per pipeline, everything the relay needs from PostgreSQL and Kafka and
 //! says what to change; `status` reports each slot's position and the WAL it holds back.
 //! [`failover`] adds failover slots, the standby that keeps them, and
-//! `synchronized_standby_slots`.
+//! `synchronized_standby_slots`; [`standby`] a pipeline that decodes on a standby.
 
 use std::fmt;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use crate::source::slot::failover::Invalidation;
 use crate::source::{slot, SourceError};
 
 pub mod failover;
+pub mod standby;
 
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +138,21 @@ async fn check_postgres(
             format!("{wal_level}: set wal_level = logical and restart PostgreSQL"),
         )
     });
+    let standby = async {
+        Ok::<_, SourceError>(match slot::standby::in_recovery(client).await? {
+            true => Some(standby::decoding_standby(client, &config.slot).await?),
+            false => None,
+        })
+    };
+    match standby.await {
+        Ok(Some(state)) => out.extend(standby::findings(&state)),
+        Ok(None) => {}
+        Err(e) => out.push(finding(
+            "standby decoding",
+            Verdict::Fail,
+            format!("query failed: {}", chain(&e)),
+        )),
+    }
 
     let row = client
         .query_one(
@@ -514,7 +530,8 @@ async fn check_kafka(config: &PipelineConfig) -> Finding {
 pub struct SlotStatus {
     pub active_pid: Option<i32>,
     pub confirmed_flush_lsn: Option<String>,
-    /// Bytes of WAL between the server's current position and the confirmed LSN.
+    /// Bytes of WAL between the server's end of WAL (on a standby: its replay position) and
+    /// the confirmed LSN.
     pub lag_bytes: Option<i64>,
     pub wal_status: Option<String>,
     /// Bytes of WAL that may still be written before the slot is invalidated (`None`: no
@@ -534,16 +551,17 @@ pub struct SlotStatus {
 /// Returns an error if the database cannot be reached.
 pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, String> {
     let (client, connection) = connect(config).await?;
-    let row = client
-        .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text,
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+    let sql = format!(
+        "SELECT active_pid, confirmed_flush_lsn::text,
+                    pg_wal_lsn_diff({}, confirmed_flush_lsn)::bigint,
                     wal_status, safe_wal_size,
                     to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool,
                     COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
              FROM pg_replication_slots s WHERE slot_name = $1",
-            &[&config.slot],
-        )
+        slot::standby::WAL_END_SQL
+    );
+    let row = client
+        .query_opt(&sql, &[&config.slot])
         .await
         .map_err(|e| chain(&SourceError::Sql(e)))?;
     drop(client);

@@ -1,0 +1,273 @@
+//! Logical decoding from a physical standby (PostgreSQL 16+): the relay on a multi-host URL
+//! with `target_session_attrs=standby` picks the standby, creates its slot there and streams
+//! what is written on the primary; `check` and `status` work there.
+
+use std::time::Duration;
+
+use crate::failover_slots::{as_command, run_command};
+use crate::support::{
+    kafka, parse_lsn, unique_name, wait_for, within, Auth, PgCluster, Relay, TestDb, QUERY_DEADLINE,
+};
+use crate::{assert_delivered, write_events, Setup};
+
+/// A primary and its hot standby of one major, the outbox database on the primary (and so on
+/// the standby), and a [`Setup`] whose database is the standby's copy: its slot is the
+/// standby's.
+struct StandbyPair {
+    primary: PgCluster,
+    standby: PgCluster,
+    /// The outbox database on the primary, where events are written.
+    written_on: TestDb,
+    /// On the standby.
+    setup: Setup,
+}
+
+impl StandbyPair {
+    async fn start(prefix: &str, major: u32) -> StandbyPair {
+        let name = unique_name(prefix);
+        let primary = PgCluster::start_private_major(&format!("{name}_primary"), major);
+        let written_on = primary.create_database(&name).await;
+        let standby =
+            primary.start_standby_of(&format!("{name}_standby"), &format!("{name}_physical"));
+        wait_for(
+            "the database to reach the standby",
+            Duration::from_secs(60),
+            || async {
+                let found = standby.psql(
+                    "postgres",
+                    &format!("SELECT count(*) FROM pg_database WHERE datname = '{name}'"),
+                );
+                (found.trim() == "1").then_some(())
+            },
+        )
+        .await;
+        let types = vec![format!("Order_{name}"), format!("Refund_{name}")];
+        for t in &types {
+            kafka().create_topic(&format!("{t}.events"), 2);
+        }
+        let setup = Setup {
+            db: standby.database(&name).await,
+            slot: format!("{name}_slot"),
+            types,
+        };
+        StandbyPair {
+            primary,
+            standby,
+            written_on,
+            setup,
+        }
+    }
+
+    /// `host:port` of the standby, as findings name it.
+    fn standby_host(&self) -> String {
+        format!("127.0.0.1:{}", self.standby.port())
+    }
+
+    /// `run` arguments for a relay on a URL listing the primary first, then the standby, with
+    /// `target_session_attrs=standby`.
+    fn relay_args(&self) -> Vec<String> {
+        let url = format!(
+            "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{}?target_session_attrs=standby",
+            self.primary.port(),
+            self.standby.port(),
+            self.setup.db.name
+        );
+        let mut args = self.setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+        assert_eq!(args[1], "--source-url");
+        args[2] = url;
+        args
+    }
+
+    /// Sets `setting` to `value` on the standby and waits until it is in force.
+    async fn set_on_standby(&self, setting: &str, value: &str) {
+        self.standby
+            .psql("postgres", &format!("ALTER SYSTEM SET {setting} = {value}"));
+        self.standby.psql("postgres", "SELECT pg_reload_conf()");
+        wait_for(
+            &format!("{setting} to be {value} on the standby"),
+            Duration::from_secs(30),
+            || async {
+                (self
+                    .standby
+                    .psql("postgres", &format!("SHOW {setting}"))
+                    .trim()
+                    == value)
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Starts a relay creating its slot on the standby and waits until it streams from it.
+    /// While the creation waits for a running-transactions record from the primary, the
+    /// relay must say so, naming `pg_log_standby_snapshot()`; the test then logs one on the
+    /// primary (the primary's background writer also does every 15 s when WAL was written).
+    async fn start_relay(&self, args: &[String]) -> Relay {
+        let mut relay = Relay::spawn(args);
+        let slot = &self.setup.slot;
+        wait_for(
+            "the relay to stream from its slot on the standby",
+            Duration::from_secs(90),
+            || {
+                let waiting = relay.log().contains("pg_log_standby_snapshot()");
+                async move {
+                    if waiting {
+                        self.primary
+                            .psql("postgres", "SELECT pg_log_standby_snapshot()");
+                    }
+                    let row = within(
+                        "reading the standby's walsenders",
+                        QUERY_DEADLINE,
+                        self.setup.db.client.query_opt(
+                            "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = $1",
+                            &[slot],
+                        ),
+                    )
+                    .await
+                    .unwrap();
+                    row.map(|_| ())
+                }
+            },
+        )
+        .await;
+        assert!(relay.is_running(), "the relay stopped:\n{}", relay.log());
+        relay
+    }
+}
+
+/// The relay on the standby: events written on the primary arrive at least once in per-key
+/// order, the standby's slot advances past them, the primary has no slot, and `check` and
+/// `status` work on the standby.
+pub(crate) async fn relay_decodes_from_a_standby_on(major: u32) {
+    let pair = StandbyPair::start(&format!("standby{major}"), major).await;
+    let setup = &pair.setup;
+    let args = pair.relay_args();
+    let relay = pair.start_relay(&args).await;
+    let log = relay.log();
+    if log.contains("pg_log_standby_snapshot()") {
+        let line = log
+            .lines()
+            .find(|l| l.contains("pg_log_standby_snapshot()"))
+            .unwrap_or_default();
+        eprintln!("the relay waited for its slot: {line}");
+        assert!(
+            line.contains("running-transactions") && line.contains("primary"),
+            "the waiting message does not say what it waits for: {line}"
+        );
+    }
+
+    let (written, before_commit) = write_events(
+        &pair.written_on.client,
+        4,
+        3,
+        &setup.types,
+        3,
+        0,
+        Duration::ZERO,
+    )
+    .await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+    let last = *before_commit.last().unwrap();
+    setup
+        .wait_confirmed_past(
+            last,
+            "the standby's slot to be confirmed past the last commit",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(
+        pair.written_on.confirmed_flush_lsn(&setup.slot).await,
+        None,
+        "the relay created its slot on the primary, not on the standby"
+    );
+
+    let (ok, log) = run_command(&as_command(&args, "status"));
+    assert!(ok, "status failed on the standby:\n{log}");
+    let row = log
+        .lines()
+        .find(|l| l.contains(&setup.slot))
+        .unwrap_or_default();
+    let lag = row.split_whitespace().nth(4).unwrap_or_default();
+    assert!(
+        lag.parse::<i64>().is_ok_and(|lag| lag >= 0),
+        "status shows no lag on the standby: {row:?}\n{log}"
+    );
+    let confirmed = row.split_whitespace().nth(3).unwrap_or_default();
+    assert!(
+        parse_lsn(confirmed) > last,
+        "status shows confirmed LSN {confirmed}, before the last commit {last:X}"
+    );
+
+    let host = pair.standby_host();
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(ok, "check failed on the standby:\n{log}");
+    for (check, parts) in [
+        ("standby feedback", vec!["hot_standby_feedback = on", &host]),
+        ("primary wal_level", vec!["wal_level = logical", "primary"]),
+    ] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(check))
+            .unwrap_or_else(|| panic!("check has no {check} line:\n{log}"));
+        assert!(line.starts_with("  ok"), "{line}\n{log}");
+        for part in parts {
+            assert!(line.contains(part), "{part:?} missing in {line}");
+        }
+    }
+    drop(relay);
+
+    pair.set_on_standby("hot_standby_feedback", "off").await;
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(
+        !ok,
+        "check passed with hot_standby_feedback off on the standby:\n{log}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("standby feedback"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("  FAIL") && line.contains("hot_standby_feedback") && line.contains(&host),
+        "check's standby feedback line: {line:?}\n{log}"
+    );
+
+    // Without the slot, check learns the primary's wal_level from a probe slot.
+    setup.db.drop_slot(&setup.slot).await;
+    let (_, log) = run_command(&as_command(&args, "check"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("primary wal_level"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("  ok") && line.contains("accepts a slot") && line.contains(&host),
+        "check's primary wal_level line without the slot: {line:?}\n{log}"
+    );
+    assert_eq!(
+        pair.standby
+            .psql(
+                "postgres",
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'"
+            )
+            .trim(),
+        "0",
+        "check left its probe slot behind"
+    );
+}
+
+/// For each `module = major`, the standby tests on that major.
+macro_rules! on_major {
+    ($($module:ident = $major:literal),* $(,)?) => {$(
+        mod $module {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn the_relay_decodes_from_a_standby_picked_by_target_session_attrs() {
+                super::relay_decodes_from_a_standby_on($major).await;
+            }
+        }
+    )*};
+}
+
+on_major!(pg16 = 16, pg17 = 17, pg18 = 18);
+
