@@ -25,7 +25,8 @@
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
 //! - `failover_slots`: PostgreSQL 17's failover slots: `setup --failover`, `check` of a
 //!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
-//! - `standby`: logical decoding from a PostgreSQL 16-18 standby (`target_session_attrs=standby`);
+//! - `standby`: logical decoding from a PostgreSQL 16-18 standby (`target_session_attrs=standby`),
+//!   and a slot there invalidated by a catalog VACUUM on the primary;
 //! - `versions`: the main job, walsender termination, restarts and a large transaction on
 //!   PostgreSQL 16, 17 and 18;
 //! - `polling`: the polling source (`source_kind = "polling"`).

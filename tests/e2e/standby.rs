@@ -1,6 +1,8 @@
 //! Logical decoding from a physical standby (PostgreSQL 16+): the relay on a multi-host URL
 //! with `target_session_attrs=standby` picks the standby, creates its slot there and streams
-//! what is written on the primary; `check` and `status` work there.
+//! what is written on the primary; `check` and `status` work there; with
+//! `hot_standby_feedback` off, a catalog VACUUM on the primary invalidates the standby's slot
+//! and the relay and `check` name that cause.
 
 use std::time::Duration;
 
@@ -257,6 +259,105 @@ pub(crate) async fn relay_decodes_from_a_standby_on(major: u32) {
     );
 }
 
+/// Removes dead catalog rows on the primary: a table created and dropped, then `VACUUM
+/// pg_class` in the outbox database (the slot's, whose catalog the conflict is about).
+async fn vacuum_catalog(db: &TestDb) {
+    for sql in [
+        "CREATE TABLE conflict_test (x int); DROP TABLE conflict_test",
+        "VACUUM pg_class",
+    ] {
+        within(sql, QUERY_DEADLINE, db.client.batch_execute(sql))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// With `hot_standby_feedback` off, a catalog VACUUM on the primary invalidates the
+/// standby's slot: the relay stops with an error naming the reason PostgreSQL gives
+/// (`rows_removed` from 17, `conflicting` on 16) instead of blaming `max_slot_wal_keep_size`,
+/// and `check` and `status` name it too.
+pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback_on(major: u32) {
+    let pair = StandbyPair::start(&format!("sbinval{major}"), major).await;
+    let setup = &pair.setup;
+    pair.set_on_standby("hot_standby_feedback", "off").await;
+    let args = pair.relay_args();
+    let mut relay = pair.start_relay(&args).await;
+    let (written, _) = write_events(
+        &pair.written_on.client,
+        2,
+        2,
+        &setup.types,
+        2,
+        0,
+        Duration::ZERO,
+    )
+    .await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+
+    let slot = &setup.slot;
+    wait_for(
+        "the standby to invalidate the slot after a catalog VACUUM on the primary",
+        Duration::from_secs(60),
+        || async {
+            vacuum_catalog(&pair.written_on).await;
+            let row = within(
+                "reading the standby's slot",
+                QUERY_DEADLINE,
+                setup.db.client.query_opt(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND wal_status = 'lost'",
+                    &[slot],
+                ),
+            )
+            .await
+            .unwrap();
+            row.map(|_| ())
+        },
+    )
+    .await;
+    let reason = match major {
+        16 => "conflicting",
+        _ => "rows_removed",
+    };
+    let status = relay.wait(Duration::from_secs(60));
+    assert!(
+        !status.success(),
+        "the relay went on from an invalidated slot:\n{}",
+        relay.log()
+    );
+    let log = relay.log();
+    let error = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("is invalidated"))
+        .unwrap_or_else(|| panic!("the relay did not say its slot is invalidated:\n{log}"));
+    assert!(
+        error.contains(reason)
+            && error.contains("hot_standby_feedback")
+            && !error.contains("max_slot_wal_keep_size"),
+        "the relay's error does not name {reason}: {error}"
+    );
+
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(!ok, "check passed an invalidated slot:\n{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("FAIL") && l.contains("is invalidated"))
+        .unwrap_or_else(|| panic!("check does not fail the invalidated slot:\n{log}"));
+    assert!(line.contains(reason), "check's slot line: {line}");
+    let (_, log) = run_command(&as_command(&args, "status"));
+    let row = log
+        .lines()
+        .find(|l| l.contains(slot.as_str()))
+        .unwrap_or_default();
+    assert!(
+        row.contains("lost") && row.contains(reason),
+        "status row {row:?} does not name {reason}\n{log}"
+    );
+}
+
 /// For each `module = major`, the standby tests on that major.
 macro_rules! on_major {
     ($($module:ident = $major:literal),* $(,)?) => {$(
@@ -271,3 +372,16 @@ macro_rules! on_major {
 
 on_major!(pg16 = 16, pg17 = 17, pg18 = 18);
 
+/// The invalidation on 16 (`conflicting`, no reason column) and on 18 (`rows_removed`, as
+/// on 17, whose reading is the same).
+mod invalidated {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pg16_a_catalog_vacuum_invalidates_a_standby_slot_without_feedback() {
+        super::a_catalog_vacuum_invalidates_a_standby_slot_without_feedback_on(16).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pg18_a_catalog_vacuum_invalidates_a_standby_slot_without_feedback() {
+        super::a_catalog_vacuum_invalidates_a_standby_slot_without_feedback_on(18).await;
+    }
+}
