@@ -246,6 +246,17 @@ async fn check_postgres(
 
     if exists {
         out.push(check_columns(config, client, &table).await?);
+        out.push(
+            check_published_columns(config, client)
+                .await
+                .unwrap_or_else(|e| {
+                    finding(
+                        "published columns",
+                        Verdict::Fail,
+                        format!("query failed: {}", chain(&e)),
+                    )
+                }),
+        );
     }
 
     let row = client
@@ -356,21 +367,10 @@ async fn check_columns(
         .iter()
         .map(|row| row.get(0))
         .collect();
-    let c = &config.columns;
-    let mut needed = vec![
-        ("columns.id", &c.id),
-        ("columns.aggregate_type", &c.aggregate_type),
-        ("columns.aggregate_id", &c.aggregate_id),
-        ("columns.event_type", &c.event_type),
-        ("columns.payload", &c.payload),
-    ];
-    if let Some(column) = &config.route.by_field {
-        needed.push(("route.by_field", column));
-    }
-    let missing: Vec<String> = needed
+    let missing: Vec<String> = slot::columns::mapped_columns(config)
         .iter()
-        .filter(|(_, column)| !present.contains(column))
-        .map(|(field, column)| format!("{column:?} ({field})"))
+        .filter(|m| m.required && !present.iter().any(|p| p == m.column))
+        .map(|m| format!("{:?} ({})", m.column, m.field))
         .collect();
     Ok(if missing.is_empty() {
         finding("outbox columns", Verdict::Ok, "every mapped column exists")
@@ -385,6 +385,41 @@ async fn check_columns(
             ),
         )
     })
+}
+
+/// Whether the publication publishes every mapped column (see [`slot::columns`]): a
+/// generated column is published only on PostgreSQL 18 with `publish_generated_columns =
+/// stored`.
+async fn check_published_columns(
+    config: &PipelineConfig,
+    client: &Client,
+) -> Result<Finding, SourceError> {
+    use slot::columns;
+    let rows = columns::column_rows(client, config).await?;
+    let unpublished = columns::unpublished(&columns::mapped_columns(config), &rows);
+    let server = slot::failover::server(client).await?;
+    let table = config.table.to_string();
+    Ok(
+        match columns::unpublished_message(&unpublished, &config.publication, &table, &server) {
+            Some(message) => finding("published columns", Verdict::Fail, message),
+            None if rows.is_empty() => finding(
+                "published columns",
+                Verdict::Ok,
+                format!(
+                    "{table} is not in publication {:?} (see publication)",
+                    config.publication
+                ),
+            ),
+            None => finding(
+                "published columns",
+                Verdict::Ok,
+                format!(
+                    "publication {:?} publishes every mapped column",
+                    config.publication
+                ),
+            ),
+        },
+    )
 }
 
 /// What a polling pipeline needs: the table with its columns (as the relay checks them at

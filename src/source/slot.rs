@@ -16,6 +16,7 @@ use crate::config::{PipelineConfig, TableName};
 use crate::lsn::Lsn;
 use crate::shutdown::AbortOnDrop;
 
+pub mod columns;
 pub mod failover;
 pub mod standby;
 

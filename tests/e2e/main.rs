@@ -27,6 +27,8 @@
 //!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
 //! - `standby`: logical decoding from a PostgreSQL 16-18 standby (`target_session_attrs=standby`),
 //!   and a slot there invalidated by a catalog VACUUM on the primary;
+//! - `generated_columns`: routing and key from stored generated columns (PostgreSQL 18's
+//!   `publish_generated_columns`), refused with a clear error where they are not published;
 //! - `versions`: the main job, walsender termination, restarts and a large transaction on
 //!   PostgreSQL 16, 17 and 18;
 //! - `polling`: the polling source (`source_kind = "polling"`).
@@ -43,6 +45,7 @@ mod exactly_once;
 mod failover;
 mod failover_slots;
 mod failures;
+mod generated_columns;
 mod operations;
 mod polling;
 mod routing;
