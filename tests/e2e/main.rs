@@ -26,7 +26,8 @@
 //! - `failover_slots`: PostgreSQL 17's failover slots: `setup --failover`, `check` of a
 //!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
 //! - `standby`: logical decoding from a PostgreSQL 16-18 standby (`target_session_attrs=standby`),
-//!   and a slot there invalidated by a catalog VACUUM on the primary;
+//!   a slot there invalidated by a catalog VACUUM on the primary, and PostgreSQL 18's
+//!   `idle_replication_slot_timeout` invalidating an idle slot;
 //! - `generated_columns`: routing and key from stored generated columns (PostgreSQL 18's
 //!   `publish_generated_columns`), refused with a clear error where they are not published;
 //! - `versions`: the main job, walsender termination, restarts and a large transaction on

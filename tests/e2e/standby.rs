@@ -2,7 +2,8 @@
 //! with `target_session_attrs=standby` picks the standby, creates its slot there and streams
 //! what is written on the primary; `check` and `status` work there; with
 //! `hot_standby_feedback` off, a catalog VACUUM on the primary invalidates the standby's slot
-//! and the relay and `check` name that cause.
+//! and the relay and `check` name that cause; so they do for PostgreSQL 18's
+//! `idle_replication_slot_timeout`.
 
 use std::time::Duration;
 
@@ -324,6 +325,19 @@ pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback
         16 => "conflicting",
         _ => "rows_removed",
     };
+    assert_invalidation_named(relay, &args, slot, reason, "hot_standby_feedback");
+}
+
+/// The relay stops (within a minute) with an error naming `reason` and `advice` and not
+/// `max_slot_wal_keep_size`; `check` fails the slot and `status` shows it lost, both naming
+/// `reason`.
+fn assert_invalidation_named(
+    mut relay: Relay,
+    args: &[String],
+    slot: &str,
+    reason: &str,
+    advice: &str,
+) {
     let status = relay.wait(Duration::from_secs(60));
     assert!(
         !status.success(),
@@ -338,26 +352,73 @@ pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback
         .unwrap_or_else(|| panic!("the relay did not say its slot is invalidated:\n{log}"));
     assert!(
         error.contains(reason)
-            && error.contains("hot_standby_feedback")
+            && error.contains(advice)
             && !error.contains("max_slot_wal_keep_size"),
-        "the relay's error does not name {reason}: {error}"
+        "the relay's error does not name {reason} and {advice}: {error}"
     );
 
-    let (ok, log) = run_command(&as_command(&args, "check"));
+    let (ok, log) = run_command(&as_command(args, "check"));
     assert!(!ok, "check passed an invalidated slot:\n{log}");
     let line = log
         .lines()
         .find(|l| l.contains("FAIL") && l.contains("is invalidated"))
         .unwrap_or_else(|| panic!("check does not fail the invalidated slot:\n{log}"));
     assert!(line.contains(reason), "check's slot line: {line}");
-    let (_, log) = run_command(&as_command(&args, "status"));
-    let row = log
-        .lines()
-        .find(|l| l.contains(slot.as_str()))
-        .unwrap_or_default();
+    let (_, log) = run_command(&as_command(args, "status"));
+    let row = log.lines().find(|l| l.contains(slot)).unwrap_or_default();
     assert!(
         row.contains("lost") && row.contains(reason),
         "status row {row:?} does not name {reason}\n{log}"
+    );
+}
+
+/// PostgreSQL 18's `idle_replication_slot_timeout` (1 min, its least) invalidates a slot
+/// nobody read for that long at the next checkpoint: a relay started then names
+/// `idle_timeout`, and so do `check` and `status`.
+async fn an_idle_slot_timeout_invalidation_is_named() {
+    // A cluster of its own: the timeout would invalidate other tests' idle slots.
+    let cluster = PgCluster::start_private_major("standby_idle_timeout", 18);
+    let setup = Setup::new_on(&cluster, "idletime", &["Order"], 1).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    drop(relay);
+    cluster.psql(
+        "postgres",
+        "ALTER SYSTEM SET idle_replication_slot_timeout = '1min'",
+    );
+    cluster.psql("postgres", "SELECT pg_reload_conf()");
+    let slot = &setup.slot;
+    wait_for(
+        "a checkpoint to invalidate the slot idle for 1 min",
+        Duration::from_secs(100),
+        || async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            cluster.psql("postgres", "CHECKPOINT");
+            let reason: Option<String> = within(
+                "reading the slot",
+                QUERY_DEADLINE,
+                setup.db.client.query_opt(
+                    "SELECT invalidation_reason FROM pg_replication_slots WHERE slot_name = $1",
+                    &[slot],
+                ),
+            )
+            .await
+            .unwrap()
+            .and_then(|row| row.get(0));
+            reason.filter(|r| r == "idle_timeout")
+        },
+    )
+    .await;
+    let mut no_create = args.clone();
+    no_create.push("--no-create-slot".into());
+    let relay = Relay::spawn(&no_create);
+    assert_invalidation_named(
+        relay,
+        &args,
+        slot,
+        "idle_timeout",
+        "idle_replication_slot_timeout",
     );
 }
 
@@ -375,9 +436,15 @@ macro_rules! on_major {
 
 on_major!(pg16 = 16, pg17 = 17, pg18 = 18);
 
-/// The invalidation on 16 (`conflicting`, no reason column) and on 18 (`rows_removed`, as
-/// on 17, whose reading is the same).
+/// Invalidation reasons other than `wal_removed` (`server_failures` has that one): a catalog
+/// conflict on a standby on 16 (`conflicting`, no reason column) and on 18 (`rows_removed`,
+/// as on 17, whose reading is the same), and 18's `idle_timeout`.
 mod invalidated {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pg18_an_idle_slot_timeout_invalidation_is_named() {
+        super::an_idle_slot_timeout_invalidation_is_named().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn pg16_a_catalog_vacuum_invalidates_a_standby_slot_without_feedback() {
         super::a_catalog_vacuum_invalidates_a_standby_slot_without_feedback_on(16).await;
