@@ -81,6 +81,28 @@ impl StandbyPair {
         args
     }
 
+    /// Writes `txns` transactions of `per_txn` events on the primary (as many keys per type
+    /// as events per transaction) and asserts that they arrive at least once in per-key order
+    /// (see [`assert_delivered`]); returns each transaction's WAL insert LSN before COMMIT.
+    async fn deliver(&self, txns: usize, per_txn: usize) -> Vec<u64> {
+        let setup = &self.setup;
+        let (written, before_commit) = write_events(
+            &self.written_on.client,
+            txns,
+            per_txn,
+            &setup.types,
+            per_txn,
+            0,
+            Duration::ZERO,
+        )
+        .await;
+        let consumed = setup
+            .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+            .await;
+        assert_delivered(&written, &consumed, false);
+        before_commit
+    }
+
     /// Sets `setting` to `value` on the standby and waits until it is in force.
     async fn set_on_standby(&self, setting: &str, value: &str) {
         self.standby
@@ -159,20 +181,7 @@ pub(crate) async fn relay_decodes_from_a_standby_on(major: u32) {
         );
     }
 
-    let (written, before_commit) = write_events(
-        &pair.written_on.client,
-        4,
-        3,
-        &setup.types,
-        3,
-        0,
-        Duration::ZERO,
-    )
-    .await;
-    let consumed = setup
-        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
-        .await;
-    assert_delivered(&written, &consumed, false);
+    let before_commit = pair.deliver(4, 3).await;
     let last = *before_commit.last().unwrap();
     setup
         .wait_confirmed_past(
@@ -285,21 +294,8 @@ pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback
     let setup = &pair.setup;
     pair.set_on_standby("hot_standby_feedback", "off").await;
     let args = pair.relay_args();
-    let mut relay = pair.start_relay(&args).await;
-    let (written, _) = write_events(
-        &pair.written_on.client,
-        2,
-        2,
-        &setup.types,
-        2,
-        0,
-        Duration::ZERO,
-    )
-    .await;
-    let consumed = setup
-        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
-        .await;
-    assert_delivered(&written, &consumed, false);
+    let relay = pair.start_relay(&args).await;
+    pair.deliver(2, 2).await;
 
     let slot = &setup.slot;
     wait_for(
