@@ -406,7 +406,7 @@ async fn check_published_columns(
                 "published columns",
                 Verdict::Ok,
                 format!(
-                    "{table} is not in publication {:?} (see publication)",
+                    "nothing to check: {table} is not in publication {:?}, or has none of the mapped columns (see publication, outbox columns)",
                     config.publication
                 ),
             ),

@@ -137,6 +137,7 @@ pub async fn create_slot(
     let mut wait = standby::CreationWait::new();
     let created = loop {
         let next_log = tokio::time::sleep(wait.next_delay());
+        // The creation's outcome first; the timer only says that it still waits.
         tokio::select! {
             biased;
             created = &mut creation => break created,

@@ -3,7 +3,8 @@
 //! what is written on the primary; `check` and `status` work there; with
 //! `hot_standby_feedback` off, a catalog VACUUM on the primary invalidates the standby's slot
 //! and the relay and `check` name that cause; so they do for PostgreSQL 18's
-//! `idle_replication_slot_timeout`.
+//! `idle_replication_slot_timeout`. A primary below `wal_level = logical` is named by `check`
+//! and the relay.
 
 use std::time::Duration;
 
@@ -27,8 +28,19 @@ struct StandbyPair {
 
 impl StandbyPair {
     async fn start(prefix: &str, major: u32) -> StandbyPair {
+        Self::start_with(prefix, major, |_| {}).await
+    }
+
+    /// Like [`StandbyPair::start`], with `configure` run on the primary before the standby is
+    /// made from it.
+    async fn start_with(
+        prefix: &str,
+        major: u32,
+        configure: impl FnOnce(&PgCluster),
+    ) -> StandbyPair {
         let name = unique_name(prefix);
         let primary = PgCluster::start_private_major(&format!("{name}_primary"), major);
+        configure(&primary);
         let written_on = primary.create_database(&name).await;
         let standby =
             primary.start_standby_of(&format!("{name}_standby"), &format!("{name}_physical"));
@@ -418,6 +430,52 @@ async fn an_idle_slot_timeout_invalidation_is_named() {
     );
 }
 
+/// A standby whose primary runs with `wal_level = replica` (the standby's own is `logical`):
+/// `check` fails `primary wal_level` naming the standby, and the relay stops at its slot
+/// creation with an error naming the setting and the standby instead of PostgreSQL's.
+pub(crate) async fn a_primary_below_wal_level_logical_is_named() {
+    let pair = StandbyPair::start_with("sbwal", 16, |primary| {
+        primary.psql("postgres", "ALTER SYSTEM SET wal_level = replica");
+        primary.restart("fast");
+    })
+    .await;
+    pair.standby
+        .psql("postgres", "ALTER SYSTEM SET wal_level = logical");
+    pair.standby.restart("fast");
+    let host = pair.standby_host();
+    let args = pair.relay_args();
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(
+        !ok,
+        "check passed a primary with wal_level = replica:\n{log}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("primary wal_level"))
+        .unwrap_or_else(|| panic!("check has no primary wal_level line:\n{log}"));
+    assert!(
+        line.starts_with("  FAIL")
+            && line.contains("wal_level below logical")
+            && line.contains(&host),
+        "check's primary wal_level line: {line}"
+    );
+
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(!status.success(), "the relay ran:\n{log}");
+    let error = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("ERROR"))
+        .unwrap_or_else(|| panic!("the relay logged no error:\n{log}"));
+    assert!(
+        error.contains(&format!("on the standby {host}"))
+            && error.contains("wal_level = logical on the primary"),
+        "the relay's error does not name the standby and the setting: {error}"
+    );
+}
+
 /// For each `module = major`, the standby tests on that major.
 macro_rules! on_major {
     ($($module:ident = $major:literal),* $(,)?) => {$(
@@ -431,6 +489,11 @@ macro_rules! on_major {
 }
 
 on_major!(pg16 = 16, pg17 = 17, pg18 = 18);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg16_a_primary_below_wal_level_logical_is_named() {
+    a_primary_below_wal_level_logical_is_named().await;
+}
 
 /// Invalidation reasons other than `wal_removed` (`server_failures` has that one): a catalog
 /// conflict on a standby on 16 (`conflicting`, no reason column) and on 18 (`rows_removed`,
