@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use crate::failover_slots::{as_command, run_command};
+use crate::standby::assert_relay_stops_naming;
 use crate::support::{kafka, pg::pg_major, within, Auth, Relay, QUERY_DEADLINE};
 use crate::{assert_delivered, Setup, Written};
 
@@ -77,21 +78,7 @@ async fn refused(setup: &Setup, parts: &[&str]) {
 
     setup.db.create_slot(&setup.slot).await;
     insert(setup, 0).await;
-    let mut relay = Relay::spawn(&args);
-    let status = relay.wait(Duration::from_secs(60));
-    let log = relay.log();
-    assert!(!status.success(), "the relay ran:\n{log}");
-    let error = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("ERROR"))
-        .unwrap_or_else(|| panic!("the relay logged no error:\n{log}"));
-    for part in parts {
-        assert!(
-            error.contains(part),
-            "{part:?} missing in the relay's {error}"
-        );
-    }
+    assert_relay_stops_naming(&args, parts);
     setup.db.drop_slot(&setup.slot).await;
 }
 

@@ -460,7 +460,19 @@ pub(crate) async fn a_primary_below_wal_level_logical_is_named() {
         "check's primary wal_level line: {line}"
     );
 
-    let mut relay = Relay::spawn(&args);
+    assert_relay_stops_naming(
+        &args,
+        &[
+            &format!("on the standby {host}"),
+            "wal_level = logical on the primary",
+        ],
+    );
+}
+
+/// Runs the relay with `args` and asserts that it stops within a minute, its last error
+/// naming each of `parts`.
+pub(crate) fn assert_relay_stops_naming(args: &[String], parts: &[&str]) {
+    let mut relay = Relay::spawn(args);
     let status = relay.wait(Duration::from_secs(60));
     let log = relay.log();
     assert!(!status.success(), "the relay ran:\n{log}");
@@ -469,11 +481,12 @@ pub(crate) async fn a_primary_below_wal_level_logical_is_named() {
         .rev()
         .find(|l| l.contains("ERROR"))
         .unwrap_or_else(|| panic!("the relay logged no error:\n{log}"));
-    assert!(
-        error.contains(&format!("on the standby {host}"))
-            && error.contains("wal_level = logical on the primary"),
-        "the relay's error does not name the standby and the setting: {error}"
-    );
+    for part in parts {
+        assert!(
+            error.contains(part),
+            "{part:?} missing in the relay's {error}"
+        );
+    }
 }
 
 /// For each `module = major`, the standby tests on that major.
