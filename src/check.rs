@@ -3,7 +3,7 @@
 //! `check` verifies, per pipeline, everything the relay needs from PostgreSQL and Kafka and
 //! says what to change; `status` reports each slot's position and the WAL it holds back.
 //! [`failover`] adds failover slots, the standby that keeps them, and
-//! `synchronized_standby_slots`.
+//! `synchronized_standby_slots`; [`standby`] a pipeline that decodes on a standby.
 
 use std::fmt;
 use std::time::Duration;
@@ -19,6 +19,7 @@ use crate::source::{slot, SourceError};
 
 pub mod failover;
 mod sink;
+pub mod standby;
 
 /// The verdict of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,6 +139,21 @@ async fn check_postgres(
             format!("{wal_level}: set wal_level = logical and restart PostgreSQL"),
         )
     });
+    let standby = async {
+        Ok::<_, SourceError>(match slot::standby::in_recovery(client).await? {
+            true => Some(standby::decoding_standby(client, &config.slot).await?),
+            false => None,
+        })
+    };
+    match standby.await {
+        Ok(Some(state)) => out.extend(standby::findings(&state)),
+        Ok(None) => {}
+        Err(e) => out.push(finding(
+            "standby decoding",
+            Verdict::Fail,
+            format!("query failed: {}", chain(&e)),
+        )),
+    }
 
     let row = client
         .query_one(
@@ -231,6 +247,17 @@ async fn check_postgres(
 
     if exists {
         out.push(check_columns(config, client, &table).await?);
+        out.push(
+            check_published_columns(config, client)
+                .await
+                .unwrap_or_else(|e| {
+                    finding(
+                        "published columns",
+                        Verdict::Fail,
+                        format!("query failed: {}", chain(&e)),
+                    )
+                }),
+        );
     }
 
     let row = client
@@ -341,21 +368,10 @@ async fn check_columns(
         .iter()
         .map(|row| row.get(0))
         .collect();
-    let c = &config.columns;
-    let mut needed = vec![
-        ("columns.id", &c.id),
-        ("columns.aggregate_type", &c.aggregate_type),
-        ("columns.aggregate_id", &c.aggregate_id),
-        ("columns.event_type", &c.event_type),
-        ("columns.payload", &c.payload),
-    ];
-    if let Some(column) = &config.route.by_field {
-        needed.push(("route.by_field", column));
-    }
-    let missing: Vec<String> = needed
+    let missing: Vec<String> = slot::columns::mapped_columns(config)
         .iter()
-        .filter(|(_, column)| !present.contains(column))
-        .map(|(field, column)| format!("{column:?} ({field})"))
+        .filter(|m| m.required && !present.iter().any(|p| p == m.column))
+        .map(|m| format!("{:?} ({})", m.column, m.field))
         .collect();
     Ok(if missing.is_empty() {
         finding("outbox columns", Verdict::Ok, "every mapped column exists")
@@ -370,6 +386,41 @@ async fn check_columns(
             ),
         )
     })
+}
+
+/// Whether the publication publishes every mapped column (see [`slot::columns`]): a
+/// generated column is published only on PostgreSQL 18 with `publish_generated_columns =
+/// stored`.
+async fn check_published_columns(
+    config: &PipelineConfig,
+    client: &Client,
+) -> Result<Finding, SourceError> {
+    use slot::columns;
+    let rows = columns::column_rows(client, config).await?;
+    let unpublished = columns::unpublished(&columns::mapped_columns(config), &rows);
+    let server = slot::failover::server(client).await?;
+    let table = config.table.to_string();
+    Ok(
+        match columns::unpublished_message(&unpublished, &config.publication, &table, &server) {
+            Some(message) => finding("published columns", Verdict::Fail, message),
+            None if rows.is_empty() => finding(
+                "published columns",
+                Verdict::Ok,
+                format!(
+                    "nothing to check: {table} is not in publication {:?}, or has none of the mapped columns (see publication, outbox columns)",
+                    config.publication
+                ),
+            ),
+            None => finding(
+                "published columns",
+                Verdict::Ok,
+                format!(
+                    "publication {:?} publishes every mapped column",
+                    config.publication
+                ),
+            ),
+        },
+    )
 }
 
 /// What a polling pipeline needs: the table with its columns (as the relay checks them at
@@ -515,7 +566,8 @@ pub(crate) async fn check_kafka(config: &PipelineConfig) -> Finding {
 pub struct SlotStatus {
     pub active_pid: Option<i32>,
     pub confirmed_flush_lsn: Option<String>,
-    /// Bytes of WAL between the server's current position and the confirmed LSN.
+    /// Bytes of WAL between the server's end of WAL (on a standby: its replay position) and
+    /// the confirmed LSN.
     pub lag_bytes: Option<i64>,
     pub wal_status: Option<String>,
     /// Bytes of WAL that may still be written before the slot is invalidated (`None`: no
@@ -535,16 +587,17 @@ pub struct SlotStatus {
 /// Returns an error if the database cannot be reached.
 pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, String> {
     let (client, connection) = connect(config).await?;
-    let row = client
-        .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text,
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+    let sql = format!(
+        "SELECT active_pid, confirmed_flush_lsn::text,
+                    pg_wal_lsn_diff({}, confirmed_flush_lsn)::bigint,
                     wal_status, safe_wal_size,
                     to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool,
                     COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
              FROM pg_replication_slots s WHERE slot_name = $1",
-            &[&config.slot],
-        )
+        slot::standby::WAL_END_SQL
+    );
+    let row = client
+        .query_opt(&sql, &[&config.slot])
         .await
         .map_err(|e| chain(&SourceError::Sql(e)))?;
     drop(client);

@@ -346,6 +346,7 @@ async fn run_session(
         config.failover,
     )
     .await?;
+    slot::columns::check_published(&client, config).await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
     // Exactly-once: where this timeline's history left earlier ones, to check the checkpoint.
     let history = match config.exactly_once {

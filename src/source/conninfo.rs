@@ -2,9 +2,11 @@
 //! into a tokio-postgres config and the TLS settings, and [`apply`] fills in what the URL leaves
 //! out the way libpq does: the `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`,
 //! `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGCONNECT_TIMEOUT` and
-//! `PGTARGETSESSIONATTRS` environment variables, then the password file (`PGPASSFILE`, default `~/.pgpass`;
-//! PostgreSQL docs, 34.16 "The Password File"), then libpq's defaults (the local socket
-//! directory, the OS user name).
+//! `PGTARGETSESSIONATTRS` environment variables, then libpq's defaults (the local socket
+//! directory, the OS user name). Without a password there, [`ConnInfo::config_for`] reads the
+//! password file (`PGPASSFILE`, default `~/.pgpass`; PostgreSQL docs, 34.16 "The Password
+//! File") for each host as it is tried, as libpq does: each host of a multi-host URL gets the
+//! line of its own name and port.
 //!
 //! The method lives here, not in [`crate::config`], so that configuration stays plain data
 //! that imports nothing of the source.
@@ -13,8 +15,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tokio_postgres::config::Host;
+
 use crate::config::{redact_url, ConfigError, PipelineConfig};
-use crate::source::target::TargetSessionAttrs;
+use crate::source::target::{Endpoint, TargetSessionAttrs};
 use crate::source::tls::{self, TlsSettings};
 
 /// How to reach a pipeline's database: what tokio-postgres parsed of the source URL, the TLS
@@ -88,9 +92,33 @@ impl PipelineConfig {
     }
 }
 
+impl ConnInfo {
+    /// The tokio-postgres config for connecting to `endpoint`: [`ConnInfo::pg`], with the
+    /// password of the password file's first line for that host, port, database and user when
+    /// neither the URL nor `PGPASSWORD` gave one.
+    pub fn config_for(&self, endpoint: &Endpoint) -> tokio_postgres::Config {
+        self.config_for_env(endpoint, &|name| std::env::var(name).ok())
+    }
+
+    fn config_for_env(&self, endpoint: &Endpoint, env: Env<'_>) -> tokio_postgres::Config {
+        let mut config = self.pg.clone();
+        if config.get_password().is_none() {
+            if let Some(password) = from_passfile(&config, endpoint, env) {
+                config.password(password);
+            }
+        }
+        config
+    }
+}
+
 type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-/// Completes `config` and `tls` from `env` and the password file.
+/// The socket directory libpq (Debian's build) uses without a host, which the password file
+/// names `localhost`.
+const DEFAULT_SOCKET_DIR: &str = "/var/run/postgresql";
+
+/// Completes `config` and `tls` from `env` (the password file is read per host, by
+/// [`ConnInfo::config_for`]).
 ///
 /// Returns an error naming the variable if one holds an invalid value, or if no user can be
 /// determined.
@@ -114,7 +142,7 @@ pub fn apply(
                 }
             }
             None => {
-                config.host_path("/var/run/postgresql");
+                config.host_path(DEFAULT_SOCKET_DIR);
             }
         }
     }
@@ -165,7 +193,7 @@ pub fn apply(
         .take()
         .or_else(|| env("PGSSLKEY").map(PathBuf::from));
     if config.get_password().is_none() {
-        if let Some(password) = env("PGPASSWORD").or_else(|| from_passfile(config, env)) {
+        if let Some(password) = env("PGPASSWORD") {
             config.password(password);
         }
     }
@@ -188,8 +216,14 @@ fn target_or_env(
     }
 }
 
-/// The password for `config`'s first host from the password file, if any line matches.
-fn from_passfile(config: &tokio_postgres::Config, env: Env<'_>) -> Option<String> {
+/// The password for `endpoint` (one of `config`'s hosts) from the password file, if any line
+/// matches. Its host field is matched against the host name (else `hostaddr`), a socket
+/// directory as libpq does: `localhost` for the default one, else its path.
+fn from_passfile(
+    config: &tokio_postgres::Config,
+    endpoint: &Endpoint,
+    env: Env<'_>,
+) -> Option<String> {
     let path = env("PGPASSFILE")
         .map(PathBuf::from)
         .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".pgpass")))?;
@@ -202,17 +236,16 @@ fn from_passfile(config: &tokio_postgres::Config, env: Env<'_>) -> Option<String
             return None;
         }
     }
-    let host = match config.get_hosts().first()? {
-        tokio_postgres::config::Host::Tcp(name) => name.clone(),
-        // libpq matches a socket directory as "localhost".
-        tokio_postgres::config::Host::Unix(_) => "localhost".to_owned(),
+    let host = match (&endpoint.host, endpoint.addr) {
+        (Some(Host::Tcp(name)), _) => name.clone(),
+        (Some(Host::Unix(dir)), _) if dir.as_path() == std::path::Path::new(DEFAULT_SOCKET_DIR) => {
+            "localhost".to_owned()
+        }
+        (Some(Host::Unix(dir)), _) => dir.display().to_string(),
+        (None, Some(addr)) => addr.to_string(),
+        (None, None) => return None,
     };
-    let port = config
-        .get_ports()
-        .first()
-        .copied()
-        .unwrap_or(5432)
-        .to_string();
+    let port = endpoint.port.to_string();
     let user = config.get_user()?;
     let database = config.get_dbname().unwrap_or(user);
     passfile_lookup(&text, [&host, &port, database, user])
@@ -400,22 +433,87 @@ mod tests {
         );
     }
 
-    #[test]
-    fn password_file_is_read_when_private() {
+    /// A private password file with `text`; the directory lives as long as it is held.
+    fn passfile(text: &str) -> (tempfile::TempDir, String) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pgpass");
-        std::fs::write(&path, "h:5432:db:u:from-file\n").unwrap();
+        std::fs::write(&path, text).unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let file = path.display().to_string();
-        let (config, _) = resolve("postgres://u@h/db", &[("PGPASSFILE", &file)]).unwrap();
-        assert_eq!(config.get_password(), Some(&b"from-file"[..]));
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let (config, _) = resolve("postgres://u@h/db", &[("PGPASSFILE", &file)]).unwrap();
+        (dir, file)
+    }
+
+    /// The password each host of `url` is tried with, given `vars`.
+    fn passwords(url: &str, vars: &[(&str, &str)]) -> Vec<Option<String>> {
+        let (config, tls) = resolve(url, vars).unwrap();
+        let info = ConnInfo {
+            pg: config,
+            tls,
+            target: TargetSessionAttrs::Any,
+        };
+        let vars: HashMap<&str, &str> = vars.iter().copied().collect();
+        let env = |name: &str| vars.get(name).map(|v| v.to_string());
+        crate::source::target::endpoints(&info.pg)
+            .iter()
+            .map(|endpoint| {
+                info.config_for_env(endpoint, &env)
+                    .get_password()
+                    .map(|p| String::from_utf8(p.to_vec()).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn password_file_is_read_when_private() {
+        let (_dir, file) = passfile("h:5432:db:u:from-file\n");
         assert_eq!(
-            config.get_password(),
-            None,
+            passwords("postgres://u@h/db", &[("PGPASSFILE", &file)]),
+            [Some("from-file".to_owned())]
+        );
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            passwords("postgres://u@h/db", &[("PGPASSFILE", &file)]),
+            [None],
             "a world-readable password file is ignored"
+        );
+    }
+
+    #[test]
+    fn each_host_of_a_multi_host_url_gets_its_own_password_line() {
+        let (_dir, file) = passfile(
+            "primary.db:5432:db:u:pw-primary\nstandby.db:5433:db:u:pw-standby\nlocalhost:5432:db:u:pw-socket\n/run/pg:5432:db:u:pw-dir\n",
+        );
+        let env = [("PGPASSFILE", file.as_str())];
+        assert_eq!(
+            passwords("postgres://u@primary.db:5432,standby.db:5433/db", &env),
+            [Some("pw-primary".to_owned()), Some("pw-standby".to_owned())]
+        );
+        // Standby first, and a port that matches no line for it.
+        assert_eq!(
+            passwords("postgres://u@standby.db:5432,primary.db:5432/db", &env),
+            [None, Some("pw-primary".to_owned())]
+        );
+        // The default socket directory is `localhost`, another one its path.
+        assert_eq!(
+            passwords(
+                "postgres://u@%2Fvar%2Frun%2Fpostgresql,%2Frun%2Fpg/db",
+                &env
+            ),
+            [Some("pw-socket".to_owned()), Some("pw-dir".to_owned())]
+        );
+        // A password in the URL or PGPASSWORD is used for every host.
+        assert_eq!(
+            passwords("postgres://u:given@primary.db,standby.db:5433/db", &env),
+            [Some("given".to_owned()), Some("given".to_owned())]
+        );
+        assert_eq!(
+            passwords(
+                "postgres://u@primary.db,standby.db:5433/db",
+                &[("PGPASSFILE", &file), ("PGPASSWORD", "env")]
+            ),
+            [Some("env".to_owned()), Some("env".to_owned())]
         );
     }
 }

@@ -514,8 +514,10 @@ impl target::Connector for WalsenderConnector<'_> {
     type Connection = ReplicationClient;
 
     async fn connect(&self, endpoint: Endpoint) -> Result<ReplicationClient, SourceError> {
+        // The password file's line for this host, as libpq looks it up per host.
+        let config = self.info.config_for(&endpoint);
         let attempt = ReplicationClient::connect_to(
-            &self.info.pg,
+            &config,
             &self.info.tls,
             self.tls_config.clone(),
             endpoint,

@@ -2,7 +2,7 @@
 //! connection (tokio-postgres).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::Notify;
@@ -16,7 +16,9 @@ use crate::config::{PipelineConfig, TableName};
 use crate::lsn::Lsn;
 use crate::shutdown::AbortOnDrop;
 
+pub mod columns;
 pub mod failover;
+pub mod standby;
 
 use failover::Invalidation;
 
@@ -114,6 +116,12 @@ pub async fn prepare(
 ///
 /// Returns an error naming the server's version and host if `failover` is asked of a server
 /// older than PostgreSQL 17, or if the creation fails otherwise.
+///
+/// The creation waits for the transactions running on the server to end, and on a standby
+/// for a running-transactions record from the primary: while it waits, it logs so (see
+/// [`standby::CreationWait`]). A standby whose primary has `wal_level` below logical is an
+/// error naming the standby and the setting. Not cancel-safe: dropped, the creation goes on
+/// on the server until its connection closes.
 pub async fn create_slot(
     client: &Client,
     slot: &str,
@@ -121,9 +129,37 @@ pub async fn create_slot(
 ) -> Result<Option<String>, SourceError> {
     let server = failover::server(client).await?;
     let sql = failover::create_slot_sql(&server, failover).map_err(SourceError::Config)?;
-    match client.query_one(sql, &[&slot]).await {
+    let in_recovery = standby::in_recovery(client).await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&slot];
+    let creation = client.query_one(sql, &params);
+    tokio::pin!(creation);
+    let started = Instant::now();
+    let mut wait = standby::CreationWait::new();
+    let created = loop {
+        let next_log = tokio::time::sleep(wait.next_delay());
+        // The creation's outcome first; the timer only says that it still waits.
+        tokio::select! {
+            biased;
+            created = &mut creation => break created,
+            () = next_log => {
+                let message = wait.message(slot, &server.host, in_recovery, started.elapsed());
+                warn!(slot, "{message}");
+            }
+        }
+    };
+    match created {
         Ok(row) => Ok(Some(row.get(0))),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(None),
+        Err(e)
+            if in_recovery
+                && e.as_db_error()
+                    .is_some_and(|db| standby::is_primary_wal_level_error(db.message())) =>
+        {
+            Err(SourceError::Config(standby::primary_wal_level_error(
+                slot,
+                &server.host,
+            )))
+        }
         Err(e) => Err(e.into()),
     }
 }

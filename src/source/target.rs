@@ -416,7 +416,7 @@ impl Connector for SqlConnector<'_> {
 
     async fn connect(&self, endpoint: Endpoint) -> Result<SqlCandidate, SourceError> {
         let attempt = async {
-            let mut config = self.info.pg.clone();
+            let mut config = self.info.config_for(&endpoint);
             if endpoint.socket_path().is_some() {
                 config.ssl_mode(tokio_postgres::config::SslMode::Disable);
             }

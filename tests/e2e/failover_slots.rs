@@ -11,14 +11,14 @@ use crate::{assert_delivered, write_events, Setup};
 
 /// Runs the relay binary with `args` to its end (at most a minute); returns whether it
 /// succeeded and its output.
-fn run_command(args: &[String]) -> (bool, String) {
+pub(crate) fn run_command(args: &[String]) -> (bool, String) {
     let mut command = Relay::spawn(args);
     let status = command.wait(Duration::from_secs(60));
     (status.success(), command.log())
 }
 
 /// `args` (a `run ...` command line) as the command `name` (`setup`, `check`, `status`).
-fn as_command(args: &[String], name: &str) -> Vec<String> {
+pub(crate) fn as_command(args: &[String], name: &str) -> Vec<String> {
     let mut args = args.to_vec();
     args[0] = name.into();
     args

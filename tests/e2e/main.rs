@@ -25,6 +25,11 @@
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
 //! - `failover_slots`: PostgreSQL 17's failover slots: `setup --failover`, `check` of a
 //!   standby that keeps the slot, a `synchronized_standby_slots` stall seen and mended;
+//! - `standby`: logical decoding from a PostgreSQL 16-18 standby (`target_session_attrs=standby`),
+//!   a slot there invalidated by a catalog VACUUM on the primary, and PostgreSQL 18's
+//!   `idle_replication_slot_timeout` invalidating an idle slot;
+//! - `generated_columns`: routing and key from stored generated columns (PostgreSQL 18's
+//!   `publish_generated_columns`), refused with a clear error where they are not published;
 //! - `versions`: the main job, walsender termination, restarts and a large transaction on
 //!   PostgreSQL 16, 17 and 18;
 //! - `polling`: the polling source (`source_kind = "polling"`);
@@ -43,12 +48,14 @@ mod exactly_once;
 mod failover;
 mod failover_slots;
 mod failures;
+mod generated_columns;
 mod operations;
 mod polling;
 mod routing;
 mod server_failures;
 mod sinks;
 mod slot_loss;
+mod standby;
 mod supervision;
 mod tables;
 mod takeover;

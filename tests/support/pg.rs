@@ -797,11 +797,11 @@ impl TestDb {
 /// A physical standby, its stop and promotion, and databases that already exist: for tests of
 /// a database failover.
 impl PgCluster {
-    /// Starts a hot standby of this cluster (PostgreSQL 17+ for `sync_replication_slots`),
-    /// named `name` (its directory in the run dir): `pg_basebackup -R` over TCP, streaming
-    /// from a new physical slot `physical_slot` on this cluster (`-C -S`, hence
-    /// `primary_slot_name`), with `hot_standby_feedback = on`, `sync_replication_slots = on`
-    /// and a `primary_conninfo` that names a database (which slot synchronisation needs), on
+    /// Starts a hot standby of this cluster, named `name` (its directory in the run dir):
+    /// `pg_basebackup -R` over TCP, streaming from a new physical slot `physical_slot` on this
+    /// cluster (`-C -S`, hence `primary_slot_name`), with `hot_standby_feedback = on`,
+    /// `sync_replication_slots = on` (PostgreSQL 17+; 16 has no such setting) and a
+    /// `primary_conninfo` that names a database (which slot synchronisation needs), on
     /// its own port and socket directory. Stopped at process exit like every test cluster.
     /// Panics if it cannot be started.
     pub fn start_standby_of(&self, name: &str, physical_slot: &str) -> PgCluster {
@@ -818,14 +818,21 @@ impl PgCluster {
             .arg("-D")
             .arg(&data)
             .args(["-R", "-X", "stream", "-C", "-S", physical_slot])
+            // An immediate checkpoint: a spread one takes minutes once a database exists.
+            .args(["-c", "fast"])
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(["-U", "postgres", "--no-sync"]);
         run_cmd(backup, Duration::from_secs(120));
-        // Appended after what `-R` wrote: the last setting wins.
+        // Appended after what `-R` wrote: the last setting wins. PostgreSQL 16 refuses to
+        // start with a setting it does not know.
+        let sync = match self.major >= 17 {
+            true => "sync_replication_slots = on\n",
+            false => "",
+        };
         append(
             &data.join("postgresql.auto.conf"),
             &format!(
-                "\n# --- outbox-relay test harness: standby ---\nport = {port}\nunix_socket_directories = '{}'\nhot_standby_feedback = on\nsync_replication_slots = on\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres application_name={name}'\n",
+                "\n# --- outbox-relay test harness: standby ---\nport = {port}\nunix_socket_directories = '{}'\nhot_standby_feedback = on\n{sync}primary_conninfo = 'host=127.0.0.1 port={} user=postgres dbname=postgres application_name={name}'\n",
                 dir.display(),
                 self.port
             ),
