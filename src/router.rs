@@ -38,8 +38,7 @@ use serde_json::value::RawValue;
 pub use crate::config::validate_topic;
 use crate::config::{
     ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, TableName, TopicCase,
-    ValueFormat,
-};
+    ValueFormat, SinkConfig};
 use crate::sink::{DeliveryError, Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
@@ -56,13 +55,14 @@ pub const TOPIC_HEADER: &str = "outbox_relay_topic";
 /// transaction, or dead-letters it (`on_bad_event`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RouteError {
-    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
+    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which {reason}")]
     IllegalTopic {
         event_id: String,
         /// The aggregate type, or the `route.by_field` column's value.
         value: String,
         topic: String,
-        reason: &'static str,
+        /// What the sink kind's rules say of it ([`SinkConfig::destination_problem`]).
+        reason: String,
     },
     #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
     Headers { event_id: String, reason: String },
@@ -247,6 +247,8 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
+    /// Whose rules a destination follows.
+    sink: SinkConfig,
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -330,6 +332,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
+            sink: config.sink.clone(),
         })
     }
 
@@ -528,12 +531,12 @@ impl Router {
                 }
             }
         }
-        let valid = if value.is_empty() {
-            Err("the routing value is empty")
+        let problem = if value.is_empty() {
+            Some("is not usable: the routing value is empty".to_owned())
         } else {
-            validate_topic(&topic)
+            self.sink.destination_problem(&topic)
         };
-        if let Err(reason) = valid {
+        if let Some(reason) = problem {
             return Err(RouteError::IllegalTopic {
                 event_id: event_id(),
                 value: value.into_owned(),

@@ -323,24 +323,31 @@ pub(crate) fn resolve(
         if p.kafka.bootstrap_servers.is_empty() {
             p.kafka.bootstrap_servers = file.kafka.bootstrap_servers.clone();
         }
-        p.kafka.bootstrap_servers = if p.kafka.bootstrap_servers.is_empty() {
-            if p.sink != SinkConfig::Kafka {
-                String::new()
-            } else {
-                problem(
-                    "kafka.bootstrap_servers",
-                    "not set here nor in [kafka]".into(),
-                );
-                String::new()
-            }
+        p.kafka.bootstrap_servers = if p.sink != SinkConfig::Kafka {
+            // Not used: a `[kafka]` default naming an unset variable is no problem here.
+            String::new()
+        } else if p.kafka.bootstrap_servers.is_empty() {
+            problem(
+                "kafka.bootstrap_servers",
+                "not set here nor in [kafka]".into(),
+            );
+            String::new()
         } else {
             expand(&p.kafka.bootstrap_servers, env).unwrap_or_else(|e| {
                 problem("kafka.bootstrap_servers", e);
                 String::new()
             })
         };
-        let mut properties: BTreeMap<String, String> =
-            file.kafka.properties.iter().cloned().collect();
+        if p.sink != SinkConfig::Kafka && !p.kafka.properties.is_empty() {
+            problem(
+                "kafka.properties",
+                format!("only used with sink kind \"kafka\", not {:?}", p.sink.kind()),
+            );
+        }
+        let mut properties: BTreeMap<String, String> = match p.sink {
+            SinkConfig::Kafka => file.kafka.properties.iter().cloned().collect(),
+            _ => BTreeMap::new(),
+        };
         properties.extend(std::mem::take(&mut p.kafka.properties));
         p.kafka.properties = properties
             .into_iter()
@@ -441,6 +448,41 @@ mod tests {
         table = "outbox"
         kafka = { properties = { "acks" = "all" } }
         "#;
+
+    #[test]
+    fn a_pipeline_with_another_sink_needs_no_kafka_and_resolves_its_url() {
+        let toml = r#"
+            [kafka]
+            bootstrap_servers = "${UNSET_BROKERS}"
+            properties = { "linger.ms" = "${UNSET_LINGER}" }
+            [[pipelines]]
+            name = "orders"
+            source_url = "postgres://u@h/orders"
+            slot = "orders_slot"
+            publication = "pub"
+            table = "outbox"
+            [pipelines.sink]
+            kind = "redis"
+            url = "redis://:${REDIS_PASSWORD}@cache:6379"
+        "#;
+        let figment = Figment::new().merge(Toml::string(toml));
+        let env = |name: &str| (name == "REDIS_PASSWORD").then(|| "pw".to_owned());
+        let (relay, problems) = resolve(figment, &env).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let SinkConfig::Redis(redis) = &relay.pipelines[0].sink else {
+            panic!("not redis")
+        };
+        assert_eq!(&*redis.url, "redis://:pw@cache:6379");
+        assert!(relay.pipelines[0].kafka.properties.is_empty());
+
+        let with_kafka_settings = toml.replace(
+            "[pipelines.sink]",
+            "kafka = { properties = { \"acks\" = \"all\" } }\n            [pipelines.sink]",
+        );
+        let figment = Figment::new().merge(Toml::string(&with_kafka_settings));
+        let (_, problems) = resolve(figment, &env).unwrap();
+        assert_eq!(problems[0].field, "pipelines[0].kafka.properties", "{problems:?}");
+    }
 
     #[test]
     fn environment_overrides_reach_pipelines_by_index_or_name() {

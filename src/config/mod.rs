@@ -636,6 +636,7 @@ impl PipelineConfig {
                 format!("needs Kafka transactions: not available with sink kind {:?}", self.sink.kind()),
             ));
         }
+        problems.extend(self.sink.problems());
         if self.sink == SinkConfig::Kafka && self.kafka.bootstrap_servers.trim().is_empty() {
             problems.push(ConfigError::new(
                 "kafka.bootstrap_servers",
@@ -798,10 +799,10 @@ impl fmt::Debug for SourceUrl {
 pub fn redact_url(url: &str) -> String {
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
-        // The user info ends at the last '@' before the query (a password may hold '/').
-        let authority_end = rest.find('?').unwrap_or(rest.len());
+        // The user info ends at the last '@' (a password may hold '/' or an unencoded '?'; an
+        // '@' in a query value makes this hide more than the password, never less).
         let mut out = url.to_owned();
-        if let Some(at) = rest[..authority_end].rfind('@') {
+        if let Some(at) = rest.rfind('@') {
             if let Some(colon) = rest[..at].find(':') {
                 out = format!(
                     "{}{}:***{}",
@@ -816,7 +817,7 @@ pub fn redact_url(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some(("password", _)) => "password=***".to_owned(),
+                    Some((name @ ("password" | "pass"), _)) => format!("{name}=***"),
                     _ => pair.to_owned(),
                 })
                 .collect();
@@ -862,6 +863,18 @@ mod tests {
 
     fn config() -> PipelineConfig {
         PipelineConfig::test_pipeline()
+    }
+
+    #[test]
+    fn redacts_passwords_with_unencoded_characters_and_as_pass() {
+        assert_eq!(
+            redact_url("redis://relay:ab?cd@cache:6379"),
+            "redis://relay:***@cache:6379"
+        );
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?db=0&pass=secret"),
+            "redis+unix:///run/redis.sock?db=0&pass=***"
+        );
     }
 
     #[test]

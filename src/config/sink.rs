@@ -46,6 +46,49 @@ impl SinkConfig {
         }
     }
 
+    /// What is wrong with `destination` (a routed topic, stream, subject, ...) by this kind's
+    /// rules, as a phrase after the name ("is not a legal Kafka topic name: ..."); `None` if
+    /// it is usable.
+    pub fn destination_problem(&self, destination: &str) -> Option<String> {
+        match self {
+            SinkConfig::Kafka => super::validate_topic(destination)
+                .err()
+                .map(|reason| format!("is not a legal Kafka topic name: {reason}")),
+            // Any byte string is a stream key.
+            SinkConfig::Redis(_) => destination
+                .is_empty()
+                .then(|| "is not a usable Redis stream key: empty".to_owned()),
+        }
+    }
+
+    /// Checks the kind's settings; each problem names its field (`sink.url`, ...).
+    pub fn problems(&self) -> Vec<super::ConfigError> {
+        let mut problems = Vec::new();
+        let mut problem =
+            |field: &str, text: String| problems.push(super::ConfigError::new(&format!("sink.{field}"), text));
+        match self {
+            SinkConfig::Kafka => {}
+            SinkConfig::Redis(redis) => {
+                let scheme = redis.url.split_once("://").map(|(scheme, _)| scheme);
+                if redis.url.trim().is_empty() {
+                    problem("url", "must not be empty".into());
+                } else if !matches!(scheme, Some("redis" | "rediss" | "redis+unix" | "unix")) {
+                    problem(
+                        "url",
+                        format!("{:?}: expected redis://, rediss:// (TLS) or redis+unix://", redact_url(&redis.url)),
+                    );
+                }
+                if redis.max_concurrency == 0 {
+                    problem("max_concurrency", "must be greater than 0".into());
+                }
+                if redis.delivery_timeout_ms == 0 {
+                    problem("delivery_timeout_ms", "must be greater than 0".into());
+                }
+            }
+        }
+        problems
+    }
+
     /// The server it connects to, password hidden, for logs and errors.
     pub fn server(&self) -> String {
         match self {
@@ -200,6 +243,28 @@ mod tests {
         assert!(e.to_string().contains("pulsar"), "{e}");
         let e = toml::from_str::<Holder>("[sink]\nkind = \"redis\"\nurll = \"x\"").err().unwrap();
         assert!(e.to_string().contains("urll"), "{e}");
+    }
+
+    #[test]
+    fn bad_settings_are_problems_naming_the_field() {
+        let fields = |redis: RedisConfig| -> Vec<String> {
+            SinkConfig::Redis(redis).problems().into_iter().map(|p| p.field).collect()
+        };
+        assert_eq!(fields(RedisConfig::default()), ["sink.url"]);
+        assert_eq!(
+            fields(RedisConfig {
+                url: SinkUrl("http://h".into()),
+                max_concurrency: 0,
+                delivery_timeout_ms: 0,
+                ..RedisConfig::default()
+            }),
+            ["sink.url", "sink.max_concurrency", "sink.delivery_timeout_ms"]
+        );
+        assert!(fields(RedisConfig {
+            url: SinkUrl("rediss://u:p@h:6380/1".into()),
+            ..RedisConfig::default()
+        })
+        .is_empty());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::{compile_topic_regex, Template};
 use crate::config::{
-    validate_topic, ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
+    ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
 };
 
 /// Checks a pipeline's routing and record options (`route`, `columns.timestamp`,
@@ -47,10 +47,11 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                         format!("${{column:...}} {no_columns}"),
                     );
                 }
-                if let Err(reason) = validate_topic(&template.sample()) {
+                let sample = template.sample();
+                if let Some(reason) = config.sink.destination_problem(&sample) {
                     problem(
                         "route.topic_template",
-                        format!("gives no legal topic name: {reason}"),
+                        format!("gives {sample:?}, which {reason}"),
                     );
                 }
             }
@@ -109,11 +110,8 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
             "required when on_bad_event = \"dead_letter\"".into(),
         ),
         (OnBadEvent::DeadLetter, Some(topic)) => {
-            if let Err(reason) = validate_topic(topic) {
-                problem(
-                    "dead_letter_topic",
-                    format!("{topic:?} is not a legal topic name: {reason}"),
-                );
+            if let Some(reason) = config.sink.destination_problem(topic) {
+                problem("dead_letter_topic", format!("{topic:?} {reason}"));
             }
         }
         (OnBadEvent::Halt, Some(_)) => problem(

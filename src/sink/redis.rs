@@ -44,16 +44,24 @@ impl RedisPublisher {
     /// the URL is malformed or the credentials are refused.
     pub async fn connect(config: &RedisConfig) -> Result<Self, ConnectError> {
         let server = redact_url(&config.url);
-        let error = |e: RedisError| ConnectError {
-            kind: "redis",
-            server: server.clone(),
-            retryable: is_transient(&e),
-            reason: e.to_string(),
+        let error = |e: RedisError| {
+            let reason = e.to_string();
+            // A certificate the trusted roots do not vouch for stays so: stop and say it.
+            let certificate = reason.to_lowercase().contains("certificate");
+            ConnectError {
+                kind: "redis",
+                server: server.clone(),
+                retryable: is_transient(&e) && !certificate,
+                reason,
+            }
         };
         let client = redis::Client::open(&*config.url).map_err(error)?;
+        // One reconnect attempt per failed command: the ordered sink's backoff and delivery
+        // timeout pace the retries, and a connect error (a refused certificate) surfaces.
         let manager = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_connection_timeout(Some(super::any::CONNECT_TIMEOUT));
+            .set_connection_timeout(Some(super::any::CONNECT_TIMEOUT))
+            .set_number_of_retries(1);
         let connection = client
             .get_connection_manager_with_config(manager)
             .await
@@ -168,19 +176,27 @@ fn is_transient(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || matches!(
-            e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN" | "OOM")
-        )
+        || matches!(e.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "OOM"))
 }
 
-/// An `XADD` failure as the ordered sink's [`PublishError`]: the server unreachable, loading,
-/// read-only (a replica during a failover) or out of memory is retried; anything else (the key
-/// holds another type, an ACL refusal, a bad `MAXLEN`) is a refusal of the record.
+/// An `XADD` failure as the ordered sink's [`PublishError`]:
+/// - the server unreachable, loading, busy or out of memory: retried;
+/// - `READONLY` / `MASTERDOWN` (the server became a replica in a failover) and refused
+///   credentials (`NOAUTH`, `WRONGPASS`, a failed re-authentication after a reconnect): the
+///   connection is of no more use, so the session ends and the next connects again;
+/// - a record over the server's `proto-max-bulk-len`: too large;
+/// - anything else (the key holds another type, an ACL refusal of the command): a refusal.
 fn classify(e: &RedisError, server: &str) -> PublishError {
     let reason = format!("{server}: {e}");
-    if is_transient(e) {
+    let text = e.to_string();
+    if matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "NOAUTH" | "WRONGPASS"))
+        || e.kind() == redis::ErrorKind::AuthenticationFailed
+    {
+        PublishError::broken(reason)
+    } else if is_transient(e) {
         PublishError::retry(reason)
+    } else if text.contains("invalid bulk length") || text.contains("proto-max-bulk-len") {
+        PublishError::too_large(reason)
     } else {
         PublishError::refused(reason)
     }
@@ -191,6 +207,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
+    use crate::sink::ordered::Failure;
 
     fn args(command: &redis::Cmd) -> Vec<String> {
         command
@@ -225,6 +242,36 @@ mod tests {
                 r#"{"a":1}"#
             ]
         );
+    }
+
+    /// The error the client makes of a server's error reply `line`.
+    fn server_error(line: &str) -> RedisError {
+        redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .unwrap()
+            .extract_error()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn errors_are_classified_by_what_a_retry_can_change() {
+        let cases = [
+            ("LOADING Redis is loading the dataset in memory", Failure::Retry),
+            ("OOM command not allowed when used memory > 'maxmemory'.", Failure::Retry),
+            ("READONLY You can't write against a read only replica.", Failure::Broken),
+            ("MASTERDOWN Link with MASTER is down", Failure::Broken),
+            ("NOAUTH Authentication required.", Failure::Broken),
+            ("WRONGPASS invalid username-password pair or user is disabled.", Failure::Broken),
+            ("WRONGTYPE Operation against a key holding the wrong kind of value", Failure::Refused { too_large: false }),
+            ("NOPERM User relay has no permissions to run the 'xadd' command", Failure::Refused { too_large: false }),
+            ("ERR Protocol error: invalid bulk length", Failure::Refused { too_large: true }),
+        ];
+        for (line, failure) in cases {
+            let e = classify(&server_error(line), "cache:6379");
+            assert_eq!(e.failure, failure, "{line}");
+            assert!(e.reason.starts_with("cache:6379: "), "{}", e.reason);
+        }
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(classify(&io, "h").failure, Failure::Retry);
     }
 
     #[test]

@@ -77,3 +77,21 @@ pub async fn read_streams(server: &ServerProcess, streams: &[String]) -> Vec<Con
     }
     out
 }
+
+/// Starts a Redis server that speaks TLS only, on `port`, with the certificate in `certs`
+/// (`server.crt` for the name `localhost`, `server.key`, and the `ca.crt` that signed it:
+/// the test PostgreSQL cluster's, [`super::PgCluster::ca_cert`]).
+pub fn start_tls(port: u16, certs: &std::path::Path) -> ServerProcess {
+    let dir = ServerProcess::data_dir("redis-tls", port);
+    let certs = certs.to_path_buf();
+    ServerProcess::spawn("redis-server", port, Duration::from_secs(30), move || {
+        let file = |name: &str| certs.join(name).display().to_string();
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--tls-cert-file", &file("server.crt"), "--tls-key-file", &file("server.key")])
+            .args(["--tls-ca-cert-file", &file("ca.crt"), "--tls-auth-clients", "no"])
+            .args(["--dir", &dir.display().to_string(), "--save", ""])
+            .args(["--protected-mode", "no", "--daemonize", "no"]);
+        cmd
+    })
+}

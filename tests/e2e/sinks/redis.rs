@@ -208,3 +208,102 @@ async fn polling_through_an_outage_longer_than_the_delivery_timeout() {
     .await;
     drop(relay);
 }
+
+/// `rediss://`: the server's certificate is verified against the system's roots
+/// (`SSL_CERT_FILE` here), events arrive; without the CA among the roots the relay refuses the
+/// server and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verifies_the_server_and_delivers() {
+    use std::time::Duration;
+
+    use crate::support::{pg, Relay};
+    use crate::{assert_delivered, write_events};
+
+    let setup = super::setup("redis_tls", &["Order"]).await;
+    let ca = pg().ca_cert();
+    let port = free_port();
+    let tls = crate::support::redis::start_tls(port, ca.parent().unwrap());
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"redis\"\nurl = \"rediss://localhost:{port}\"\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+    );
+    let (_dir, args) = crate::run_with_config(&toml);
+
+    // Without the CA among the trusted roots: refused, and the log says it is the certificate.
+    let empty_roots = tempfile::NamedTempFile::new().unwrap();
+    let mut untrusting = Relay::spawn_with_env(
+        &args,
+        &[("SSL_CERT_FILE", &empty_roots.path().display().to_string())],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = untrusting.log();
+        if log.contains("cannot connect to the redis sink") && log.to_lowercase().contains("certificate") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay did not say within 60 s that it refuses the certificate:\n{}",
+            crate::support::tail_lines(&log, 20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    untrusting.kill();
+
+    let relay = Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &ca.display().to_string())]);
+    setup.wait_streaming().await;
+    let (written, _) = write_events(&setup.db.client, 5, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    // Read over TLS too: the test's client trusts the same CA.
+    let reader = redis::Client::build_with_tls(
+        format!("rediss://localhost:{port}"),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(&ca).unwrap()),
+        },
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let stream = &setup.topics()[0];
+    let got = loop {
+        let mut connection = reader.get_multiplexed_async_connection().await.unwrap();
+        let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if entries.len() >= written.len() || std::time::Instant::now() > deadline {
+            break entries;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let consumed: Vec<Consumed> = got
+        .into_iter()
+        .enumerate()
+        .map(|(offset, (_, fields))| {
+            let mut record = Consumed {
+                topic: stream.clone(),
+                partition: 0,
+                offset: offset as i64,
+                key: None,
+                value: None,
+                headers: Vec::new(),
+                timestamp_ms: None,
+            };
+            for pair in fields.chunks(2) {
+                let field = String::from_utf8_lossy(&pair[0]).into_owned();
+                match field.as_str() {
+                    "key" => record.key = Some(pair[1].clone()),
+                    "payload" => record.value = Some(pair[1].clone()),
+                    _ => record.headers.push((field, Some(pair[1].clone()))),
+                }
+            }
+            record
+        })
+        .collect();
+    assert_delivered(&written, &consumed, true);
+    drop(relay);
+    drop(tls);
+}
