@@ -16,7 +16,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::redact_url;
+use super::{redact_url, validate_topic};
+
+mod nats;
+pub use nats::{
+    validate_subject, NatsConfig, NatsServer, NatsUrl, DEFAULT_NATS_MAX_CONCURRENCY,
+    MAX_SUBJECT_LEN,
+};
 
 /// How long an ordered sink retries one record before the session fails over it (the
 /// supervisor then reconnects): long enough to ride out a server restart, short enough that
@@ -35,6 +41,18 @@ pub enum SinkConfig {
     Kafka,
     /// Redis Streams: one `XADD` per record.
     Redis(RedisConfig),
+    /// NATS JetStream: one publish per record, acknowledged by the stream's PubAck.
+    Nats(NatsConfig),
+}
+
+/// Which destination names a sink kind takes: the router checks the template and
+/// `dead_letter_topic` against them at start, and each event's routed destination.
+#[derive(Clone, Copy, Debug)]
+pub struct DestinationRules {
+    /// What a destination is, for errors: `Kafka topic name`, `NATS subject`.
+    pub name: &'static str,
+    /// Returns the rule a destination breaks.
+    pub check: fn(&str) -> Result<(), &'static str>,
 }
 
 impl SinkConfig {
@@ -43,6 +61,22 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => "kafka",
             SinkConfig::Redis(_) => "redis",
+            SinkConfig::Nats(_) => "nats",
+        }
+    }
+
+    /// The rules of this kind's destination names (Redis: Kafka's, which every stream key
+    /// meets).
+    pub fn destinations(&self) -> DestinationRules {
+        match self {
+            SinkConfig::Kafka | SinkConfig::Redis(_) => DestinationRules {
+                name: "Kafka topic name",
+                check: validate_topic,
+            },
+            SinkConfig::Nats(_) => DestinationRules {
+                name: "NATS subject",
+                check: validate_subject,
+            },
         }
     }
 
@@ -51,6 +85,7 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => String::new(),
             SinkConfig::Redis(redis) => redact_url(&redis.url),
+            SinkConfig::Nats(nats) => nats.shown(),
         }
     }
 
@@ -71,6 +106,7 @@ impl SinkConfig {
                     redis.url = SinkUrl(url);
                 }
             }
+            SinkConfig::Nats(nats) => nats.resolve(expand, &mut problems),
         }
         problems
     }
@@ -107,6 +143,39 @@ fn secret(
             ));
             None
         }
+    }
+}
+
+/// [`secret`] for a setting that may be left out: `None` when neither `value` nor `file` is
+/// given.
+fn optional_secret(
+    field: &str,
+    value: Option<&str>,
+    file: Option<String>,
+    expand: &dyn Fn(&str) -> Result<String, String>,
+    problems: &mut Vec<(String, String)>,
+) -> Option<Secret> {
+    if value.is_none() && file.is_none() {
+        return None;
+    }
+    secret(field, value.unwrap_or_default(), file, expand, problems).map(Secret)
+}
+
+/// A secret setting (a token, a key seed); `Debug` shows `***`.
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
     }
 }
 
