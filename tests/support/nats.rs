@@ -58,7 +58,13 @@ pub async fn jetstream(server: &ServerProcess) -> jetstream::Context {
 pub fn stream_name(subject: &str) -> String {
     let name: String = subject
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     format!("T_{name}")
 }
@@ -102,7 +108,8 @@ pub async fn read_subjects(js: &jetstream::Context, subjects: &[String]) -> Vec<
     let mut out = Vec::new();
     for subject in subjects {
         let name = stream_name(subject);
-        let Ok(mut stream) = within(&format!("stream {name}"), DEADLINE, js.get_stream(&name)).await
+        let Ok(mut stream) =
+            within(&format!("stream {name}"), DEADLINE, js.get_stream(&name)).await
         else {
             continue;
         };
