@@ -449,3 +449,55 @@ async fn check_says_which_stream_takes_the_subjects() {
     .unwrap();
     check("subjects *.events go to stream EVENTS (duplicate window 120s").await;
 }
+
+/// The polling source publishes to NATS too: every event once, per key in order, and its row
+/// marked published only after the PubAck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_polling_source_publishes_to_nats() {
+    let setup = super::setup("nats_polling", &["Order", "Customer"]).await;
+    let kit = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
+    )
+    .unwrap();
+    let client = &setup.db.client;
+    client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
+    client.batch_execute(&kit).await.unwrap();
+    let destinations = setup.topics();
+    shared().prepare(&destinations).await;
+    let (_dir, args) = crate::run_with_config(&format!(
+        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"nats\"\n{sink}\n",
+        name = setup.slot,
+        url = setup.db.url(Auth::Trust),
+        sink = shared().sink_settings(),
+    ));
+    let relay = Relay::spawn(&args);
+    let (written, _) = write_events(client, 20, 3, &setup.types, 4, 0, Duration::ZERO).await;
+    let got = super::read_until(
+        shared(),
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &got, true);
+    wait_for(
+        "every row marked PUBLISHED",
+        Duration::from_secs(30),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0) == 0).then_some(())
+        },
+    )
+    .await;
+    drop(relay);
+}
