@@ -41,6 +41,10 @@ pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
 /// Headers starting with this steer JetStream (`Nats-Expected-Stream`, `Nats-Rollup`, ...).
 const RESERVED_PREFIX: &str = "Nats-";
 
+/// JetStream API error codes of a message over a limit: the stream's `max_msg_size`, 64 KiB of
+/// headers.
+const TOO_LARGE: [ErrorCode; 2] = [ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM, ErrorCode(10097)];
+
 /// JetStream API error codes that publishing again will not change.
 const PERMANENT: [ErrorCode; 5] = [
     ErrorCode::JETSTREAM_NOT_ENABLED,
@@ -115,7 +119,7 @@ impl NatsPublisher {
             let retryable = matches!(
                 e.kind(),
                 ConnectErrorKind::Dns | ConnectErrorKind::TimedOut | ConnectErrorKind::Io
-            );
+            ) && !refuses_certificate(&e);
             fail(e.to_string(), retryable)
         })?;
         let jetstream = jetstream::ContextBuilder::new()
@@ -144,6 +148,24 @@ impl NatsPublisher {
             .await
             .map_err(|e| format!("{}: listing JetStream streams: {e}", self.server))
     }
+}
+
+/// Whether TLS verification refused the server's certificate (an unknown issuer, a name
+/// mismatch, an expired certificate): connecting again will not change it.
+fn refuses_certificate(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let rustls = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if matches!(rustls, Some(rustls::Error::InvalidCertificate(_))) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 impl Publisher for NatsPublisher {
@@ -258,7 +280,7 @@ fn classify(e: &jetstream::context::PublishError, subject: &str, server: &str) -
             "{server}: no PubAck for subject {subject:?} within {} s",
             ACK_TIMEOUT.as_secs()
         )),
-        _ if code == Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
+        _ if code.is_some_and(|code| TOO_LARGE.contains(&code)) => {
             PublishError::too_large(format!("{server}: subject {subject:?}: {e}"))
         }
         PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {

@@ -39,13 +39,14 @@ pub async fn jetstream_with(
     server: &ServerProcess,
     options: async_nats::ConnectOptions,
 ) -> jetstream::Context {
-    let client = within(
-        "connecting to nats-server",
-        DEADLINE,
-        options.connect(nats_url(server)),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("connecting to {}: {e}", nats_url(server)));
+    jetstream_at(&nats_url(server), options).await
+}
+
+/// A JetStream context on the server at `url`. Panics if it does not connect within 30 s.
+pub async fn jetstream_at(url: &str, options: async_nats::ConnectOptions) -> jetstream::Context {
+    let client = within("connecting to nats-server", DEADLINE, options.connect(url))
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
     jetstream::new(client)
 }
 

@@ -501,3 +501,56 @@ async fn the_polling_source_publishes_to_nats() {
     .await;
     drop(relay);
 }
+
+/// `tls://` verifies the server with the system's trusted roots (here `SSL_CERT_FILE`, which
+/// the system's certificate loader reads): with the test CA among them the events flow;
+/// without it the relay stops (connecting again would not help) naming the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verifies_the_server_with_the_system_roots() {
+    let ca = crate::support::pg().ca_cert();
+    let certs = ca.parent().unwrap();
+    let (cert, key) = (certs.join("server.crt"), certs.join("server.key"));
+    let process: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &[
+            "--tls",
+            "--tlscert",
+            &cert.display().to_string(),
+            "--tlskey",
+            &key.display().to_string(),
+        ],
+    )));
+    let url = format!("tls://localhost:{}", process.port);
+    let js = crate::support::nats::jetstream_at(
+        &url,
+        async_nats::ConnectOptions::new().add_root_certificates(ca.clone()),
+    )
+    .await;
+    let setup = super::setup("nats_tls", &["Order"]).await;
+    let destinations = setup.topics();
+    create_stream(&js, &destinations[0], TWO_MINUTES, -1).await;
+    let (_dir, args) = nats_relay_args(&setup, &format!("url = \"{url}\""), "");
+    let ca_file = ca.display().to_string();
+    let relay = Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &ca_file)]);
+    setup.wait_streaming().await;
+    let one = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    wait_for("the event over TLS", Duration::from_secs(60), || async {
+        (!read_subjects(&js, &destinations).await.is_empty()).then_some(())
+    })
+    .await;
+    assert_delivered(&[one], &read_subjects(&js, &destinations).await, true);
+    drop(relay);
+
+    // An empty file of roots: the test CA is not trusted.
+    let empty = setup_file("no-roots.pem", "");
+    let mut relay =
+        Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &empty.1.display().to_string())]);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(!status.success(), "the relay exited with {status} on an untrusted server");
+    assert!(
+        log.contains(&url) && log.contains("invalid peer certificate"),
+        "the error names the server and TLS:\n{}",
+        crate::support::tail_lines(&log, 20)
+    );
+}
