@@ -64,8 +64,9 @@ pub struct NatsPublisher {
 }
 
 impl NatsPublisher {
-    /// Connects to the first server of `config.url` that answers (authenticating with the
-    /// URL's user, the token, the nkey or the credentials file).
+    /// Connects to one of the servers of `config.url` (the client tries them in turn and
+    /// reconnects by itself later), authenticating with the URL's user, the token, the nkey or
+    /// the credentials file.
     ///
     /// Returns a retryable [`ConnectError`] if no server can be reached, a permanent one if the
     /// URL or TLS setup is malformed, the credentials file cannot be read or the credentials
@@ -130,11 +131,6 @@ impl NatsPublisher {
             jetstream,
             server,
         })
-    }
-
-    /// The JetStream context, for `check`.
-    pub fn jetstream(&self) -> &jetstream::Context {
-        &self.jetstream
     }
 
     /// The streams of the account, for `check`: name, subjects and duplicate window.

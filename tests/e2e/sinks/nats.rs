@@ -124,29 +124,11 @@ async fn kill_9_while_draining(server: &Nats) -> (usize, usize) {
     let destinations = setup.topics();
     server.prepare(&destinations).await;
     let (_dir, args) = super::relay_args(&setup, server, "");
-    let released = |round: usize| {
-        let setup = &setup;
-        async move {
-            wait_for(
-                &format!("the slot to be released after kill -9 {round}"),
-                Duration::from_secs(30),
-                || async {
-                    setup
-                        .db
-                        .slot_active_pid(&setup.slot)
-                        .await
-                        .is_none()
-                        .then_some(())
-                },
-            )
-            .await
-        }
-    };
     // The slot first, then the backlog behind it.
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     relay.kill();
-    released(0).await;
+    setup.wait_released("the first relay's kill -9").await;
     let (written, before_commit) = write_events(
         &setup.db.client,
         10,
@@ -168,7 +150,7 @@ async fn kill_9_while_draining(server: &Nats) -> (usize, usize) {
         )
         .await;
         relay.kill();
-        released(round as usize).await;
+        setup.wait_released(&format!("kill -9 {round}")).await;
     }
     let relay = Relay::spawn(&args);
     setup
@@ -547,7 +529,10 @@ async fn tls_verifies_the_server_with_the_system_roots() {
         Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &empty.1.display().to_string())]);
     let status = relay.wait(Duration::from_secs(60));
     let log = relay.log();
-    assert!(!status.success(), "the relay exited with {status} on an untrusted server");
+    assert!(
+        !status.success(),
+        "the relay exited with {status} on an untrusted server"
+    );
     assert!(
         log.contains(&url) && log.contains("invalid peer certificate"),
         "the error names the server and TLS:\n{}",
