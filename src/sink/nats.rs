@@ -11,8 +11,10 @@
 //! - `Nats-Msg-Id`: the event id, so a stream's duplicate window (2 minutes by default) drops
 //!   the copies that a crash or a lost PubAck makes (the PubAck then says `duplicate`).
 //!
-//! A PubAck means the stream stored the message (on disk for file storage, after its replicas
-//! agreed for a replicated stream). No stream taking the subject ("no responders") is a
+//! A PubAck means the stream stored the message (a replicated stream: a quorum of its
+//! replicas did; file storage writes to the operating system and flushes to disk periodically,
+//! so an unreplicated stream can lose the last acknowledged messages if its machine crashes).
+//! No stream taking the subject ("no responders") is a
 //! refusal naming the subject: streams are the operator's to create. Before sending, a record
 //! is refused (never sent) if a header cannot be a NATS header (a name outside printable
 //! ASCII or with `:`, a value with a line break, a name starting with `Nats-`, which steers
