@@ -297,6 +297,29 @@ mod tests {
     }
 
     #[test]
+    fn a_sink_table_of_kind_nats_reads_its_settings() {
+        #[derive(Deserialize)]
+        struct Holder {
+            sink: SinkConfig,
+        }
+        let h: Holder = toml::from_str(
+            "[sink]\nkind = \"nats\"\nurl = \"tls://n1:4222\"\ncredentials_file = \"/run/relay.creds\"\nmax_concurrency = 8",
+        )
+        .unwrap();
+        let SinkConfig::Nats(nats) = h.sink else {
+            panic!("not nats")
+        };
+        assert_eq!(&*nats.url, "tls://n1:4222");
+        assert_eq!(nats.credentials_file.as_deref(), Some("/run/relay.creds"));
+        assert_eq!(nats.max_concurrency, 8);
+        assert_eq!(nats.delivery_timeout_ms, DEFAULT_DELIVERY_TIMEOUT_MS);
+        let e = toml::from_str::<Holder>("[sink]\nkind = \"nats\"\nuser = \"x\"")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("user"), "{e}");
+    }
+
+    #[test]
     fn subjects_follow_the_nats_rules() {
         for good in [
             "Order.events",
