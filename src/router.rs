@@ -37,8 +37,9 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, TableName, TopicCase,
-    ValueFormat, SinkConfig};
+    ConfigError, ConfigErrors, DestinationRules, NullPayload, PipelineConfig, Placement, TableName,
+    TopicCase, ValueFormat,
+};
 use crate::sink::{DeliveryError, Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
@@ -55,14 +56,15 @@ pub const TOPIC_HEADER: &str = "outbox_relay_topic";
 /// transaction, or dead-letters it (`on_bad_event`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RouteError {
-    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which {reason}")]
+    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal {destination}: {reason}")]
     IllegalTopic {
         event_id: String,
         /// The aggregate type, or the `route.by_field` column's value.
         value: String,
         topic: String,
-        /// What the sink kind's rules say of it ([`SinkConfig::destination_problem`]).
-        reason: String,
+        /// What the sink's destinations are (`Kafka topic name`, `NATS subject`).
+        destination: &'static str,
+        reason: &'static str,
     },
     #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
     Headers { event_id: String, reason: String },
@@ -214,11 +216,17 @@ impl Template {
 
     /// The topic with `x` for every placeholder, to check the literal parts.
     pub fn sample(&self) -> String {
+        self.sample_with("x")
+    }
+
+    /// The topic with `placeholder` for every placeholder: what is known of every event's
+    /// topic before any event.
+    pub fn sample_with(&self, placeholder: &str) -> String {
         self.parts
             .iter()
             .map(|p| match p {
                 Part::Literal(text) => text.as_str(),
-                _ => "x",
+                _ => placeholder,
             })
             .collect()
     }
@@ -247,8 +255,8 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
-    /// Whose rules a destination follows.
-    sink: SinkConfig,
+    /// The sink's rules for topic names.
+    destinations: DestinationRules,
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -332,7 +340,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
-            sink: config.sink.clone(),
+            destinations: config.sink.destinations(),
         })
     }
 
@@ -531,16 +539,17 @@ impl Router {
                 }
             }
         }
-        let problem = if value.is_empty() {
-            Some("is not usable: the routing value is empty".to_owned())
+        let valid = if value.is_empty() {
+            Err("the routing value is empty")
         } else {
-            self.sink.destination_problem(&topic)
+            (self.destinations.check)(&topic)
         };
-        if let Some(reason) = problem {
+        if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {
                 event_id: event_id(),
                 value: value.into_owned(),
                 topic,
+                destination: self.destinations.name,
                 reason,
             });
         }
@@ -887,6 +896,52 @@ mod tests {
         }
         assert!(validate_topic("..").is_err());
         assert!(validate_topic("a-b_c.D9").is_ok());
+    }
+
+    #[test]
+    fn the_sink_kind_decides_which_topics_are_legal() {
+        let mut config = pipeline();
+        config.sink = crate::config::SinkConfig::Nats(Default::default());
+        let nats = Router::new(&config).unwrap();
+        // Legal for Kafka, not a NATS subject (an empty token), and the other way round.
+        assert!(Router::default().route(&event("a..b"), 0).is_ok());
+        let err = nats.route(&event("a..b"), 0).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("not a legal NATS subject: a token is empty"),
+            "{err}"
+        );
+        assert_eq!(
+            nats.route(&event("Bestellung:ü"), 0).unwrap().topic,
+            "Bestellung:ü.events"
+        );
+        for bad in ["a b", "*", "a.>", "$JS.API"] {
+            assert!(
+                matches!(
+                    nats.route(&event(bad), 0),
+                    Err(RouteError::IllegalTopic {
+                        destination: "NATS subject",
+                        ..
+                    })
+                ),
+                "{bad:?} passed"
+            );
+        }
+        // At start: the template's literal parts and the dead-letter subject.
+        config.route.topic_template = "events.>.${routedByValue}".into();
+        config.on_bad_event = crate::config::OnBadEvent::DeadLetter;
+        config.dead_letter_topic = Some("dead letters".into());
+        let problems = Router::new(&config).unwrap_err().0;
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["route.topic_template", "dead_letter_topic"],
+            "{problems:?}"
+        );
+        assert!(
+            problems[0].problem.contains("gives no legal NATS subject"),
+            "{problems:?}"
+        );
     }
 
     use crate::config::{AdditionalPlacement, RouteConfig};

@@ -2,7 +2,10 @@
 //! the destinations and the durability of an acknowledgement.
 
 use super::{check_kafka, finding, Finding, Verdict};
-use crate::config::{PipelineConfig, SinkConfig};
+use crate::config::{NatsConfig, PipelineConfig, SinkConfig};
+use crate::router::Template;
+use crate::sink::nats::coverage::{self, Coverage};
+use crate::sink::nats::NatsPublisher;
 use crate::sink::redis::RedisPublisher;
 
 /// The findings about `config.sink`.
@@ -24,5 +27,56 @@ pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
                 )],
             },
         },
+        SinkConfig::Nats(nats) => check_nats(config, nats).await,
     }
+}
+
+/// NATS: connects and authenticates, lists the streams, and says which stream takes the
+/// subjects of the topic template and of `dead_letter_topic`.
+async fn check_nats(config: &PipelineConfig, nats: &NatsConfig) -> Vec<Finding> {
+    let publisher = match NatsPublisher::connect(nats).await {
+        Ok(publisher) => publisher,
+        Err(e) => return vec![finding("nats", Verdict::Fail, e.to_string())],
+    };
+    let streams = match publisher.streams().await {
+        Ok(streams) => streams,
+        Err(e) => return vec![finding("nats", Verdict::Fail, e)],
+    };
+    let mut findings = vec![finding(
+        "nats",
+        Verdict::Ok,
+        format!(
+            "{} reachable, JetStream answers ({} streams)",
+            nats.shown(),
+            streams.len()
+        ),
+    )];
+    let mut subjects = Vec::new();
+    if let Ok(template) = Template::parse(&config.route.topic_template) {
+        subjects.push(("route.topic_template", coverage::pattern(&template)));
+    }
+    if let Some(topic) = &config.dead_letter_topic {
+        subjects.push(("dead_letter_topic", topic.clone()));
+    }
+    for (field, subject) in subjects {
+        let (verdict, detail) = match coverage::coverage(&streams, &subject) {
+            Coverage::Full { stream, duplicate_window } => (
+                Verdict::Ok,
+                format!("{field}: subjects {subject} go to stream {stream} (duplicate window {duplicate_window:?}: copies of an event published again within it are dropped)"),
+            ),
+            Coverage::Partial { streams } => (
+                Verdict::Warn,
+                format!(
+                    "{field}: only some subjects {subject} go to a stream ({}); an event whose subject no stream takes stops the pipeline (or is dead-lettered)",
+                    streams.iter().map(|(name, subject)| format!("{name}: {subject}")).collect::<Vec<_>>().join(", ")
+                ),
+            ),
+            Coverage::None => (
+                Verdict::Fail,
+                format!("{field}: no stream takes subjects {subject}: create one whose subjects cover them (e.g. nats stream add OUTBOX --subjects '{subject}')"),
+            ),
+        };
+        findings.push(finding("nats stream", verdict, detail));
+    }
+    findings
 }

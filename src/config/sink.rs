@@ -16,7 +16,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::redact_url;
+use super::{redact_url, validate_topic};
+
+mod nats;
+pub use nats::{
+    validate_subject, NatsConfig, NatsServer, NatsUrl, DEFAULT_NATS_MAX_CONCURRENCY,
+    MAX_SUBJECT_LEN,
+};
 
 /// How long an ordered sink retries one record before the session fails over it (the
 /// supervisor then reconnects): long enough to ride out a server restart, short enough that
@@ -35,6 +41,18 @@ pub enum SinkConfig {
     Kafka,
     /// Redis Streams: one `XADD` per record.
     Redis(RedisConfig),
+    /// NATS JetStream: one publish per record, acknowledged by the stream's PubAck.
+    Nats(NatsConfig),
+}
+
+/// Which destination names a sink kind takes: the router checks the template and
+/// `dead_letter_topic` against them at start, and each event's routed destination.
+#[derive(Clone, Copy, Debug)]
+pub struct DestinationRules {
+    /// What a destination is, for errors: `Kafka topic name`, `NATS subject`.
+    pub name: &'static str,
+    /// Returns the rule a destination breaks.
+    pub check: fn(&str) -> Result<(), &'static str>,
 }
 
 impl SinkConfig {
@@ -43,21 +61,25 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => "kafka",
             SinkConfig::Redis(_) => "redis",
+            SinkConfig::Nats(_) => "nats",
         }
     }
 
-    /// What is wrong with `destination` (a routed topic, stream, subject, ...) by this kind's
-    /// rules, as a phrase after the name ("is not a legal Kafka topic name: ..."); `None` if
-    /// it is usable.
-    pub fn destination_problem(&self, destination: &str) -> Option<String> {
+    /// The rules of this kind's destination names.
+    pub fn destinations(&self) -> DestinationRules {
         match self {
-            SinkConfig::Kafka => super::validate_topic(destination)
-                .err()
-                .map(|reason| format!("is not a legal Kafka topic name: {reason}")),
-            // Any byte string is a stream key.
-            SinkConfig::Redis(_) => destination
-                .is_empty()
-                .then(|| "is not a usable Redis stream key: empty".to_owned()),
+            SinkConfig::Kafka => DestinationRules {
+                name: "Kafka topic name",
+                check: validate_topic,
+            },
+            SinkConfig::Redis(_) => DestinationRules {
+                name: "Redis stream key",
+                check: validate_stream_key,
+            },
+            SinkConfig::Nats(_) => DestinationRules {
+                name: "NATS subject",
+                check: validate_subject,
+            },
         }
     }
 
@@ -78,12 +100,10 @@ impl SinkConfig {
                         format!("{:?}: expected redis://, rediss:// (TLS) or redis+unix://", redact_url(&redis.url)),
                     );
                 }
-                if redis.max_concurrency == 0 {
-                    problem("max_concurrency", "must be greater than 0".into());
-                }
-                if redis.delivery_timeout_ms == 0 {
-                    problem("delivery_timeout_ms", "must be greater than 0".into());
-                }
+                delivery_problems(redis.max_concurrency, redis.delivery_timeout_ms, &mut problem);
+            }
+            SinkConfig::Nats(nats) => {
+                delivery_problems(nats.max_concurrency, nats.delivery_timeout_ms, &mut problem);
             }
         }
         problems
@@ -94,6 +114,7 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => String::new(),
             SinkConfig::Redis(redis) => redact_url(&redis.url),
+            SinkConfig::Nats(nats) => nats.shown(),
         }
     }
 
@@ -114,9 +135,32 @@ impl SinkConfig {
                     redis.url = SinkUrl(url);
                 }
             }
+            SinkConfig::Nats(nats) => nats.resolve(expand, &mut problems),
         }
         problems
     }
+}
+
+/// The ordered sink's settings every kind but Kafka has: both must be above 0.
+fn delivery_problems(
+    max_concurrency: usize,
+    delivery_timeout_ms: u64,
+    problem: &mut impl FnMut(&str, String),
+) {
+    if max_concurrency == 0 {
+        problem("max_concurrency", "must be greater than 0".into());
+    }
+    if delivery_timeout_ms == 0 {
+        problem("delivery_timeout_ms", "must be greater than 0".into());
+    }
+}
+
+/// Any byte string but the empty one is a Redis key (`orders:events` included).
+fn validate_stream_key(key: &str) -> Result<(), &'static str> {
+    if key.is_empty() {
+        return Err("empty");
+    }
+    Ok(())
 }
 
 /// `value` with `${NAME}` references expanded, or the contents of `file` (trimmed) when one is
@@ -150,6 +194,39 @@ fn secret(
             ));
             None
         }
+    }
+}
+
+/// [`secret`] for a setting that may be left out: `None` when neither `value` nor `file` is
+/// given.
+fn optional_secret(
+    field: &str,
+    value: Option<&str>,
+    file: Option<String>,
+    expand: &dyn Fn(&str) -> Result<String, String>,
+    problems: &mut Vec<(String, String)>,
+) -> Option<Secret> {
+    if value.is_none() && file.is_none() {
+        return None;
+    }
+    secret(field, value.unwrap_or_default(), file, expand, problems).map(Secret)
+}
+
+/// A secret setting (a token, a key seed); `Debug` shows `***`.
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::ops::Deref for Secret {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
     }
 }
 

@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 
 use super::{compile_topic_regex, Template};
-use crate::config::{
-    ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
-};
+use crate::config::{ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat};
 
 /// Checks a pipeline's routing and record options (`route`, `columns.timestamp`,
 /// `additional_placement`, `value_format`, `on_bad_event`, `dead_letter_topic`).
@@ -18,6 +16,7 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
     let no_columns =
         "cannot be combined with message_prefix: logical messages carry no such column";
     let route = &config.route;
+    let destinations = config.sink.destinations();
     if route.by_field.as_deref() == Some("") {
         problem("route.by_field", "must not be empty".into());
     }
@@ -47,11 +46,10 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                         format!("${{column:...}} {no_columns}"),
                     );
                 }
-                let sample = template.sample();
-                if let Some(reason) = config.sink.destination_problem(&sample) {
+                if let Err(reason) = (destinations.check)(&template.sample()) {
                     problem(
                         "route.topic_template",
-                        format!("gives {sample:?}, which {reason}"),
+                        format!("gives no legal {}: {reason}", destinations.name),
                     );
                 }
             }
@@ -110,8 +108,11 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
             "required when on_bad_event = \"dead_letter\"".into(),
         ),
         (OnBadEvent::DeadLetter, Some(topic)) => {
-            if let Some(reason) = config.sink.destination_problem(topic) {
-                problem("dead_letter_topic", format!("{topic:?} {reason}"));
+            if let Err(reason) = (destinations.check)(topic) {
+                problem(
+                    "dead_letter_topic",
+                    format!("{topic:?} is not a legal {}: {reason}", destinations.name),
+                );
             }
         }
         (OnBadEvent::Halt, Some(_)) => problem(

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::kafka::{KafkaSink, ProducerError};
 use super::ordered::{OrderedSettings, OrderedSink};
-use super::{redis, Delivery, InFlight, Record, SendError, Sink};
+use super::{nats, redis, Delivery, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
 use crate::config::{OnBadEvent, PipelineConfig, SinkConfig};
 use crate::error::Error;
@@ -51,6 +51,14 @@ impl AnySink {
                     OrderedSettings {
                         max_concurrency: redis.max_concurrency,
                         delivery_timeout: redis.delivery_timeout(),
+                        hold_on_refusal,
+                    },
+                )),
+                SinkConfig::Nats(nats) => Ok(OrderedSink::new(
+                    nats::NatsPublisher::connect(nats).await?,
+                    OrderedSettings {
+                        max_concurrency: nats.max_concurrency,
+                        delivery_timeout: nats.delivery_timeout(),
                         hold_on_refusal,
                     },
                 )),

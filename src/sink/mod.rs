@@ -12,6 +12,7 @@
 
 mod any;
 pub mod kafka;
+pub mod nats;
 pub mod ordered;
 pub mod producer;
 pub mod redis;

@@ -362,6 +362,17 @@ impl Setup {
         })
         .await;
     }
+
+    /// Waits until no walsender holds the slot (after a `kill -9`, before the next relay can
+    /// stream); `after` says after what, for the timeout's message.
+    async fn wait_released(&self, after: &str) {
+        wait_for(
+            &format!("the slot to be released after {after}"),
+            Duration::from_secs(30),
+            || async { self.db.slot_active_pid(&self.slot).await.is_none().then_some(()) },
+        )
+        .await;
+    }
 }
 
 /// Writes `toml` to `relay.toml` in a new temporary directory; returns the directory (the

@@ -19,6 +19,7 @@
 
 pub mod http;
 pub mod kafka;
+pub mod nats;
 pub mod pg;
 pub mod redis;
 pub mod relay;

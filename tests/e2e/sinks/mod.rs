@@ -7,6 +7,7 @@
 //! mid-stream, a record the server refuses (halt: nothing confirmed past it; dead letter: the
 //! rest flows), an aggregate type the sink cannot route to, and the polling source's main job.
 
+mod nats;
 mod redis;
 
 use std::time::{Duration, Instant};
@@ -174,8 +175,9 @@ pub(crate) async fn server_restart_mid_stream(server: &impl SinkServer) {
 }
 
 /// `kill -9` of the relay at moments of a stream of transactions, five times: every event
-/// arrives at least once, per key in commit order.
-pub(crate) async fn kill_9_mid_stream(server: &impl SinkServer) {
+/// arrives at least once, per key in commit order. Returns the records that arrived and the
+/// events written.
+pub(crate) async fn kill_9_mid_stream(server: &impl SinkServer) -> (usize, usize) {
     let setup = setup(&format!("{}_kill9", server.kind()), &["Order"]).await;
     let destinations = setup.topics();
     server.prepare(&destinations).await;
@@ -216,6 +218,7 @@ pub(crate) async fn kill_9_mid_stream(server: &impl SinkServer) {
     eprintln!("{} records for {} events after 5 kill -9s", got.len(), written.len());
     assert_delivered(&written, &got, false);
     drop(relay);
+    (got.len(), written.len())
 }
 
 /// The server refuses one destination: with `on_bad_event = "halt"` the relay stops naming

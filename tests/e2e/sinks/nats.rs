@@ -1,0 +1,541 @@
+//! The NATS JetStream sink against a real nats-server (JetStream, file storage), one stream per
+//! destination subject as an operator would create them; and what is NATS's own: the
+//! duplicate window against the copies of a `kill -9`, a message over the stream's size
+//! limit, credentials, `check`.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::support::nats::{create_stream, jetstream, nats_url, read_subjects, start, stream_name};
+use crate::support::server::ServerProcess;
+use crate::support::{free_port, wait_for, within, Auth, Consumed, Relay};
+use crate::{assert_delivered, insert, write_events, Setup};
+
+use super::{sink_scenarios, SinkServer};
+
+/// JetStream's default duplicate window.
+const TWO_MINUTES: Duration = Duration::from_secs(120);
+
+/// A nats-server and the duplicate window of the streams [`SinkServer::prepare`] creates.
+struct Nats {
+    process: &'static ServerProcess,
+    duplicate_window: Duration,
+}
+
+/// The run's NATS server, started on first use.
+fn shared_process() -> &'static ServerProcess {
+    static SERVER: OnceLock<ServerProcess> = OnceLock::new();
+    SERVER.get_or_init(|| start(free_port(), &[]))
+}
+
+/// The run's NATS server with streams of the default duplicate window.
+fn shared() -> &'static Nats {
+    static NATS: OnceLock<Nats> = OnceLock::new();
+    NATS.get_or_init(|| Nats {
+        process: shared_process(),
+        duplicate_window: TWO_MINUTES,
+    })
+}
+
+/// A server of the test's own (the restart test stops it; it is killed at the run's end).
+fn private() -> Nats {
+    Nats {
+        process: Box::leak(Box::new(start(free_port(), &[]))),
+        duplicate_window: TWO_MINUTES,
+    }
+}
+
+impl SinkServer for Nats {
+    fn kind(&self) -> &'static str {
+        "nats"
+    }
+
+    fn sink_settings(&self) -> String {
+        format!("url = \"{}\"", nats_url(self.process))
+    }
+
+    async fn prepare(&self, destinations: &[String]) {
+        let js = jetstream(self.process).await;
+        for subject in destinations {
+            create_stream(&js, subject, self.duplicate_window, -1).await;
+        }
+    }
+
+    async fn read(&self, destinations: &[String]) -> Vec<Consumed> {
+        read_subjects(&jetstream(self.process).await, destinations).await
+    }
+
+    async fn refuse(&self, destination: &str) {
+        // No stream takes the subject any more: JetStream answers "no responders".
+        let js = jetstream(self.process).await;
+        let name = stream_name(destination);
+        within(
+            &format!("deleting stream {name}"),
+            Duration::from_secs(30),
+            js.delete_stream(&name),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("deleting stream {name}: {e}"));
+    }
+
+    fn stop(&self) {
+        self.process.stop();
+    }
+
+    fn start(&self) {
+        self.process.start();
+    }
+
+    fn invalid_aggregate_type(&self) -> &'static str {
+        // A legal Kafka topic name, not a NATS subject (an empty token).
+        "Orders..v2"
+    }
+}
+
+sink_scenarios!(shared(), private(), bad_routing_input);
+
+/// Events in the stream of `subject` (copies included).
+async fn stored(js: &async_nats::jetstream::Context, subject: &str) -> u64 {
+    let name = stream_name(subject);
+    let mut stream = within(
+        &format!("stream {name}"),
+        Duration::from_secs(30),
+        js.get_stream(&name),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("stream {name}: {e}"));
+    within(
+        &format!("info of {name}"),
+        Duration::from_secs(30),
+        stream.info(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("info of {name}: {e}"))
+    .state
+    .messages
+}
+
+/// A backlog of 10 transactions of 500 events drained by a relay killed with `kill -9` five
+/// times, each when the stream holds about half a transaction more than the last time (so
+/// acknowledged events of an unconfirmed transaction are published again); then drained to
+/// the end. Returns the records in the stream and the events written.
+async fn kill_9_while_draining(server: &Nats) -> (usize, usize) {
+    let setup = super::setup("nats_dupes", &["Order"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let (_dir, args) = super::relay_args(&setup, server, "");
+    // The slot first, then the backlog behind it.
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    relay.kill();
+    setup.wait_released("the first relay's kill -9").await;
+    let (written, before_commit) = write_events(
+        &setup.db.client,
+        10,
+        500,
+        &setup.types,
+        50,
+        0,
+        Duration::ZERO,
+    )
+    .await;
+    let js = jetstream(server.process).await;
+    for round in 1..=5u64 {
+        let threshold = (round - 1) * 1000 + 250;
+        let mut relay = Relay::spawn(&args);
+        wait_for(
+            &format!("{threshold} messages in the stream before kill -9 {round}"),
+            Duration::from_secs(60),
+            || async { (stored(&js, &destinations[0]).await >= threshold).then_some(()) },
+        )
+        .await;
+        relay.kill();
+        setup.wait_released(&format!("kill -9 {round}")).await;
+    }
+    let relay = Relay::spawn(&args);
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "the slot to be confirmed past the backlog",
+            Duration::from_secs(120),
+        )
+        .await;
+    let got = read_subjects(&js, &destinations).await;
+    assert_delivered(&written, &got, false);
+    drop(relay);
+    (got.len(), written.len())
+}
+
+/// The copies that `kill -9`s make: none stay in a stream whose duplicate window covers the
+/// test (the default 2 minutes; `Nats-Msg-Id` is the event id), some with the shortest window
+/// JetStream takes (100 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_window_drops_the_copies_a_kill_9_makes() {
+    let without = Nats {
+        process: shared_process(),
+        duplicate_window: Duration::from_millis(100),
+    };
+    let (copies, events_without) = kill_9_while_draining(&without).await;
+    let with = Nats {
+        process: shared_process(),
+        duplicate_window: TWO_MINUTES,
+    };
+    let (records, events) = kill_9_while_draining(&with).await;
+    eprintln!(
+        "kill -9 x5 while draining: duplicate window 100 ms: {copies} records for {events_without} events; 2 min: {records} records for {events} events"
+    );
+    assert!(
+        copies > events_without,
+        "the kills made no copies ({copies} records for {events_without} events): the test shows nothing"
+    );
+    assert_eq!(
+        records, events,
+        "a 2 minute duplicate window leaves one copy of each event"
+    );
+}
+
+/// `run --config` for one pipeline on `setup` with the sink table `sink` (TOML lines after
+/// `kind = "nats"`) and `extra` pipeline keys.
+fn nats_relay_args(setup: &Setup, sink: &str, extra: &str) -> (tempfile::TempDir, Vec<String>) {
+    crate::run_with_config(&format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n{extra}\n[pipelines.sink]\nkind = \"nats\"\n{sink}\n",
+        slot = setup.slot,
+        url = setup.db.url(Auth::Trust),
+    ))
+}
+
+/// A message over the stream's `max_msg_size` is refused by JetStream, one over the server's
+/// `max_payload` by the relay before sending (the server would close the connection): both
+/// are dead-lettered without their value, naming the sizes, and the events after them flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_records_are_refused_by_the_stream_or_before_sending() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 8192\n").unwrap();
+    let process: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &["-c", &conf.display().to_string()],
+    )));
+    let setup = super::setup("nats_big", &["Order", "Big"]).await;
+    let destinations = setup.topics();
+    let dead_letter = format!("{}.dead-letter", setup.slot);
+    let js = jetstream(process).await;
+    create_stream(&js, &destinations[0], TWO_MINUTES, -1).await;
+    create_stream(&js, &destinations[1], TWO_MINUTES, 1024).await;
+    create_stream(&js, &dead_letter, TWO_MINUTES, -1).await;
+    let (_dir, args) = nats_relay_args(
+        &setup,
+        &format!("url = \"{}\"", nats_url(process)),
+        &format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dead_letter}\""),
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let client = &setup.db.client;
+    let big = |n: usize| format!(r#"{{"pad": "{}"}}"#, "x".repeat(n));
+    let first = insert(client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    let over_stream = insert(client, &setup.types[1], "k1", &big(2000)).await;
+    let over_server = insert(client, &setup.types[0], "k1", &big(10_000)).await;
+    let last = insert(client, &setup.types[0], "k1", r#"{"n": 4}"#).await;
+    let dead = super::read_until(
+        &Nats {
+            process,
+            duplicate_window: TWO_MINUTES,
+        },
+        std::slice::from_ref(&dead_letter),
+        2,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    let got = read_subjects(&js, &destinations[..1]).await;
+    assert_delivered(&[first, last], &got, true);
+    let reason = |id: &str| {
+        let record = dead
+            .iter()
+            .find(|r| r.header_str("id").as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("{id} not dead-lettered: {dead:?}"));
+        assert_eq!(
+            record.value.as_deref(),
+            Some(&b""[..]),
+            "a too-large copy carries no value"
+        );
+        record.header_str("outbox_relay_error").unwrap_or_default()
+    };
+    let by_stream = reason(&over_stream.id);
+    assert!(
+        by_stream.contains("message size exceeds maximum"),
+        "{by_stream}"
+    );
+    let by_server = reason(&over_server.id);
+    assert!(
+        by_server.contains("exceed the server's max_payload of 8192 bytes"),
+        "{by_server}"
+    );
+    drop(relay);
+}
+
+/// Credentials from the environment (a password in the URL) and from a file (a token) reach
+/// the server and never the log; refused credentials stop the relay with an error naming the
+/// server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_come_from_the_environment_or_files_and_stay_out_of_the_log() {
+    const PASSWORD: &str = "pw-0f3a9c";
+    const TOKEN: &str = "tok-77d1e2";
+    let with_password: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &["--user", "relay", "--pass", PASSWORD],
+    )));
+    let with_token: &'static ServerProcess =
+        Box::leak(Box::new(start(free_port(), &["--auth", TOKEN])));
+    let setup = super::setup("nats_auth", &["Order"]).await;
+    let destinations = setup.topics();
+    let options =
+        async_nats::ConnectOptions::with_user_and_password("relay".into(), PASSWORD.into());
+    let js_password = crate::support::nats::jetstream_with(with_password, options).await;
+    create_stream(&js_password, &destinations[0], TWO_MINUTES, -1).await;
+    let js_token = crate::support::nats::jetstream_with(
+        with_token,
+        async_nats::ConnectOptions::with_token(TOKEN.into()),
+    )
+    .await;
+    create_stream(&js_token, &destinations[0], TWO_MINUTES, -1).await;
+
+    let url = format!(
+        "url = \"nats://relay:${{NATS_PASSWORD}}@127.0.0.1:{}\"",
+        with_password.port
+    );
+    let (_dir, args) = nats_relay_args(&setup, &url, "");
+    let relay = Relay::spawn_with_env(&args, &[("NATS_PASSWORD", PASSWORD), ("RUST_LOG", "debug")]);
+    setup.wait_streaming().await;
+    let one = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    wait_for(
+        "the event in the password server's stream",
+        Duration::from_secs(60),
+        || async { (!read_subjects(&js_password, &destinations).await.is_empty()).then_some(()) },
+    )
+    .await;
+    assert_delivered(
+        &[one],
+        &read_subjects(&js_password, &destinations).await,
+        true,
+    );
+    let log = relay.log();
+    drop(relay);
+    assert!(
+        !log.contains(PASSWORD),
+        "the password is in the log:\n{log}"
+    );
+
+    let token_file = setup_file("token", TOKEN);
+    let (_dir, args) = nats_relay_args(
+        &setup,
+        &format!(
+            "url = \"nats://127.0.0.1:{}\"\ntoken_file = \"{}\"",
+            with_token.port,
+            token_file.1.display()
+        ),
+        "",
+    );
+    let relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
+    let two = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 2}"#).await;
+    // The first event went to the other server (and the slot past it).
+    wait_for(
+        "the event in the token server's stream",
+        Duration::from_secs(60),
+        || async { (!read_subjects(&js_token, &destinations).await.is_empty()).then_some(()) },
+    )
+    .await;
+    assert_delivered(&[two], &read_subjects(&js_token, &destinations).await, true);
+    let log = relay.log();
+    drop(relay);
+    assert!(!log.contains(TOKEN), "the token is in the log:\n{log}");
+
+    let url = format!(
+        "url = \"nats://relay:wrong-{PASSWORD}@127.0.0.1:{}\"",
+        with_password.port
+    );
+    let (_dir, args) = nats_relay_args(&setup, &url, "");
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "the relay exited with {status} on refused credentials"
+    );
+    assert!(
+        log.contains(&format!(
+            "nats://relay:***@127.0.0.1:{}",
+            with_password.port
+        )) && log.contains("authorization violation"),
+        "the error names the server and the refusal:\n{}",
+        crate::support::tail_lines(&log, 20)
+    );
+    assert!(
+        !log.contains(PASSWORD),
+        "the password is in the log:\n{log}"
+    );
+}
+
+/// A file in a directory that lives as long as the returned handle.
+fn setup_file(name: &str, contents: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    (dir, path)
+}
+
+/// `check` says which stream takes the template's subjects: none on a server without streams
+/// (a failure naming the subjects), some with a stream per aggregate type (a warning), all
+/// with a stream for `*.events`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_which_stream_takes_the_subjects() {
+    let process: &'static ServerProcess = Box::leak(Box::new(start(free_port(), &[])));
+    let setup = super::setup("nats_check", &["Order"]).await;
+    let (_dir, mut args) = nats_relay_args(&setup, &format!("url = \"{}\"", nats_url(process)), "");
+    args[0] = "check".into();
+    let check = |expect: &'static str| {
+        let args = args.clone();
+        async move {
+            let mut check = Relay::spawn(&args);
+            check.wait(Duration::from_secs(60));
+            let out = check.log();
+            assert!(
+                out.lines()
+                    .any(|l| l.contains("nats stream") && l.contains(expect)),
+                "no `nats stream` line with {expect:?}:\n{out}"
+            );
+        }
+    };
+    check("no stream takes subjects *.events").await;
+    let js = jetstream(process).await;
+    create_stream(&js, &setup.topics()[0], TWO_MINUTES, -1).await;
+    check("only some subjects *.events go to a stream").await;
+    within(
+        "deleting the stream",
+        Duration::from_secs(30),
+        js.delete_stream(stream_name(&setup.topics()[0])),
+    )
+    .await
+    .unwrap();
+    let config = async_nats::jetstream::stream::Config {
+        name: "EVENTS".into(),
+        subjects: vec!["*.events".into()],
+        ..Default::default()
+    };
+    within(
+        "creating EVENTS",
+        Duration::from_secs(30),
+        js.create_stream(config),
+    )
+    .await
+    .unwrap();
+    check("subjects *.events go to stream EVENTS (duplicate window 120s").await;
+}
+
+/// The polling source publishes to NATS too: every event once, per key in order, and its row
+/// marked published only after the PubAck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_polling_source_publishes_to_nats() {
+    let setup = super::setup("nats_polling", &["Order", "Customer"]).await;
+    let kit = std::fs::read_to_string(
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
+    )
+    .unwrap();
+    let client = &setup.db.client;
+    client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
+    client.batch_execute(&kit).await.unwrap();
+    let destinations = setup.topics();
+    shared().prepare(&destinations).await;
+    let (_dir, args) = crate::run_with_config(&format!(
+        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"nats\"\n{sink}\n",
+        name = setup.slot,
+        url = setup.db.url(Auth::Trust),
+        sink = shared().sink_settings(),
+    ));
+    let relay = Relay::spawn(&args);
+    let (written, _) = write_events(client, 20, 3, &setup.types, 4, 0, Duration::ZERO).await;
+    let got = super::read_until(
+        shared(),
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &got, true);
+    wait_for(
+        "every row marked PUBLISHED",
+        Duration::from_secs(30),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0) == 0).then_some(())
+        },
+    )
+    .await;
+    drop(relay);
+}
+
+/// `tls://` verifies the server with the system's trusted roots (here `SSL_CERT_FILE`, which
+/// the system's certificate loader reads): with the test CA among them the events flow;
+/// without it the relay stops (connecting again would not help) naming the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verifies_the_server_with_the_system_roots() {
+    let ca = crate::support::pg().ca_cert();
+    let certs = ca.parent().unwrap();
+    let (cert, key) = (certs.join("server.crt"), certs.join("server.key"));
+    let process: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &[
+            "--tls",
+            "--tlscert",
+            &cert.display().to_string(),
+            "--tlskey",
+            &key.display().to_string(),
+        ],
+    )));
+    let url = format!("tls://localhost:{}", process.port);
+    let js = crate::support::nats::jetstream_at(
+        &url,
+        async_nats::ConnectOptions::new().add_root_certificates(ca.clone()),
+    )
+    .await;
+    let setup = super::setup("nats_tls", &["Order"]).await;
+    let destinations = setup.topics();
+    create_stream(&js, &destinations[0], TWO_MINUTES, -1).await;
+    let (_dir, args) = nats_relay_args(&setup, &format!("url = \"{url}\""), "");
+    let ca_file = ca.display().to_string();
+    let relay = Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &ca_file)]);
+    setup.wait_streaming().await;
+    let one = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    wait_for("the event over TLS", Duration::from_secs(60), || async {
+        (!read_subjects(&js, &destinations).await.is_empty()).then_some(())
+    })
+    .await;
+    assert_delivered(&[one], &read_subjects(&js, &destinations).await, true);
+    drop(relay);
+
+    // An empty file of roots: the test CA is not trusted.
+    let empty = setup_file("no-roots.pem", "");
+    let mut relay =
+        Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &empty.1.display().to_string())]);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "the relay exited with {status} on an untrusted server"
+    );
+    assert!(
+        log.contains(&url) && log.contains("invalid peer certificate"),
+        "the error names the server and TLS:\n{}",
+        crate::support::tail_lines(&log, 20)
+    );
+}
