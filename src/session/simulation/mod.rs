@@ -132,6 +132,10 @@ pub(crate) struct Summary {
     pub sessions: usize,
     pub events: usize,
     pub records_written: usize,
+    /// Exactly-once: Kafka transactions with records of several PostgreSQL transactions,
+    /// committed and aborted.
+    pub batches_committed: usize,
+    pub batches_aborted: usize,
 }
 
 /// Runs the schedule of `seed`, exactly-once or not.
@@ -222,11 +226,16 @@ async fn schedule(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
                 .collect::<Vec<_>>()
         )),
         Some(violation) => Err(violation),
-        None => Ok(Summary {
-            sessions: n,
-            events: w.wal.txns.iter().map(|t| t.events().count()).sum(),
-            records_written: w.log.len(),
-        }),
+        None => {
+            let (batches_committed, batches_aborted) = w.coordinator.batches_of_several();
+            Ok(Summary {
+                sessions: n,
+                events: w.wal.txns.iter().map(|t| t.events().count()).sum(),
+                records_written: w.log.len(),
+                batches_committed,
+                batches_aborted,
+            })
+        }
     }
 }
 
@@ -312,7 +321,8 @@ async fn session(
             redo.forget_confirmed(start);
             Mode::ExactlyOnce(
                 ExactlyOnce::new(Box::new(transactions), checkpoint.map(Checkpoint))
-                    .with_redo(redo.clone()),
+                    .with_redo(redo.clone())
+                    .with_limits(world.lock().setup.batch),
             )
         }
     };
@@ -428,6 +438,8 @@ fn find_violation(
                 total.sessions += summary.sessions;
                 total.events += summary.events;
                 total.records_written += summary.records_written;
+                total.batches_committed += summary.batches_committed;
+                total.batches_aborted += summary.batches_aborted;
             }
             Err(violation) => return (ran, Some((seed, violation)), total),
         }
@@ -448,10 +460,12 @@ mod tests {
             );
         }
         println!(
-            "{ran} schedules ({} sessions, {} events, {} records written) in {:.1} s",
+            "{ran} schedules ({} sessions, {} events, {} records written; Kafka transactions of several PostgreSQL transactions: {} committed, {} aborted) in {:.1} s",
             total.sessions,
             total.events,
             total.records_written,
+            total.batches_committed,
+            total.batches_aborted,
             started.elapsed().as_secs_f64()
         );
     }
@@ -599,6 +613,17 @@ mod tests {
             Mutation::ConfirmSourcePosition,
             Guarantee::ExactlyOnce,
             "which is not committed",
+        );
+    }
+
+    /// A batch of several PostgreSQL transactions checkpointed at its first one's end: the
+    /// session after a crash passes over only that one and publishes the rest again.
+    #[test]
+    fn the_simulation_catches_a_batch_checkpointed_at_its_first_transaction() {
+        caught(
+            Mutation::CheckpointFirstTransaction,
+            Guarantee::ExactlyOnce,
+            "visible 2 times",
         );
     }
 }
