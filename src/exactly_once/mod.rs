@@ -1,17 +1,24 @@
 //! Exactly-once mode: a transactional capability of the sink, the checkpoint committed with
 //! each transaction, and the session's bookkeeping of both.
 //!
-//! Each PostgreSQL transaction with events gets one sink transaction: its records, then a
-//! checkpoint record (the commit's end LSN), then the commit, and only then does the ack
-//! tracker see the PostgreSQL commit, so the slot never passes a transaction whose sink
-//! transaction is not committed. No source item is read while a commit is pending. A new
-//! session fences the previous producer ([`Transactions::init`]), reads the checkpoint back
-//! ([`read_checkpoint`]), refuses it if it was written for another source
-//! ([`StoredCheckpoint::verify`]) and passes over the transactions at or below it: those
-//! committed before a crash that came before the slot's confirmation ([`start`]).
+//! Consecutive PostgreSQL transactions with events share one sink transaction, a [`batch`]:
+//! their records, then a checkpoint record (the last one's end LSN), then the commit. The ack
+//! tracker sees each PostgreSQL commit at once, but the position confirmed to the slot is held
+//! before the batch's first transaction until the sink transaction committed
+//! ([`ExactlyOnce::limit`]), so the slot never passes a transaction whose sink transaction is
+//! not committed. While a commit is pending, the next batch is read and routed, its records
+//! kept back until the next sink transaction began. A failed batch is aborted and redone from
+//! the slot, which stands before its first transaction. A new session fences the previous
+//! producer ([`Transactions::init`]), reads the checkpoint back ([`read_checkpoint`]), refuses
+//! it if it was written for another source ([`StoredCheckpoint::verify`]) and passes over the
+//! transactions at or below it: those committed before a crash that came before the slot's
+//! confirmation ([`start`]). Batches close only between PostgreSQL transactions, so the
+//! checkpoint never falls inside one.
 //!
 //! - [`TransactionalSink`] and [`Transactions`]: the capability (begin, commit with a
 //!   checkpoint, abort); [`kafka`] implements it for [`crate::sink::kafka::KafkaSink`].
+//! - [`batch`]: when a batch closes (count, bytes, linger, an idle source, shutdown) and what
+//!   it holds the flush LSN at.
 //! - [`checkpoint`]: the checkpoint's format and origin, and the decision whether one read
 //!   back belongs to this source.
 //! - [`ExactlyOnce`]: what the session loop keeps between those calls.

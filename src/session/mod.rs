@@ -3,14 +3,17 @@
 //!
 //! The invariant it keeps: the position confirmed to the source never passes an event the sink
 //! has not acknowledged (in exactly-once mode, committed), and never decreases. Positions come
-//! only from [`AckTracker::flush_lsn`]; the tracker sees a commit only once the sink
-//! transaction (if any) committed.
+//! only from [`AckTracker::flush_lsn`], in exactly-once mode held before the first source
+//! transaction whose sink transaction has not committed
+//! ([`crate::exactly_once::ExactlyOnce::limit`]).
 //!
 //! Memory stays bounded: no source item is read while the sink holds `max_in_flight_events`
 //! records or `max_in_flight_bytes` bytes without an outcome, while a record waits for room in
 //! the sink's queue, or while `max_in_flight_events` committed transactions wait behind an
-//! unacknowledged event in the ack tracker ([`AckTracker::unconfirmed_commits`]). Shutdown and
-//! confirmations stay live in all of these states.
+//! unacknowledged event in the ack tracker ([`AckTracker::unconfirmed_commits`]); in
+//! exactly-once mode the records of the next batch read while a commit is pending count as in
+//! flight, and reading stops once that batch is full. Shutdown and confirmations stay live in
+//! all of these states.
 //!
 //! The loop owns no IO: the caller builds the source and the sink and hands them over, so a
 //! test drives it with fakes.
@@ -47,8 +50,8 @@ const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
 pub enum Mode {
     /// Records are confirmed once acknowledged; a restart may publish them again.
     AtLeastOnce,
-    /// Each source transaction's records are committed in one sink transaction with a
-    /// checkpoint; built from a [`crate::exactly_once::TransactionalSink`].
+    /// Batches of consecutive source transactions are committed in one sink transaction each,
+    /// with a checkpoint; built from a [`crate::exactly_once::TransactionalSink`].
     ExactlyOnce(ExactlyOnce),
 }
 

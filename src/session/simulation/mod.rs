@@ -13,7 +13,11 @@
 //! (outbox inserts and transactional logical messages with the prefix, which are events;
 //! inserts into another table and messages with another prefix, which are not; a
 //! non-transactional message with the prefix now and then; overlapping transactions; one
-//! `ALTER TABLE` of the outbox that moves every column) committing at random times; then up to
+//! `ALTER TABLE` of the outbox that moves every column; exactly-once: up to 6 transactions,
+//! some in bursts a few ms apart) committing at random times; exactly-once: batch limits (1
+//! to 4 or 1000 transactions, 50-2000 bytes or none, a linger of 0-20 ms), so that Kafka
+//! transactions of several PostgreSQL transactions commit, fail, hang, and meet connection
+//! loss and shutdown while open (the run's summary counts those committed and aborted); then up to
 //! three sessions, each with its own faults: connection loss at a random time, a graceful
 //! shutdown at a random time, retryable record failures (the partition's later records time
 //! out too, as with the idempotent producer), records refused for good by the broker, records
