@@ -276,13 +276,16 @@ class Relay:
 
     extra_args = []
 
-    def __init__(self, work, cluster, broker, slot, extra=()):
+    def __init__(self, work, cluster, broker, slot, extra=(), config=None):
+        """`config`: a TOML config file to run instead of the single-pipeline flags (`extra` and
+        `Relay.extra_args` then unused)."""
         self.metrics = f"127.0.0.1:{free_port()}"
+        args = (["--config", str(config)] if config else
+                ["--source-url", cluster.url(), "--slot", slot, "--publication", "outbox_pub", "--table",
+                 "public.outbox", "--bootstrap-servers", broker.bootstrap, "--pipeline-name", "bench",
+                 "--no-create-slot", *Relay.extra_args, *extra])
         self.proc = subprocess.Popen(
-            [str(ROOT / "target/release/outbox-relay"), "run", "--source-url", cluster.url(), "--slot", slot,
-             "--publication", "outbox_pub", "--table", "public.outbox", "--bootstrap-servers", broker.bootstrap,
-             "--pipeline-name", "bench", "--no-create-slot", "--metrics-listen", self.metrics,
-             *Relay.extra_args, *extra],
+            [str(ROOT / "target/release/outbox-relay"), "run", *args, "--metrics-listen", self.metrics],
             stdout=open(work / f"relay-{slot}.log", "w"), stderr=subprocess.STDOUT,
             env={**os.environ, "RUST_LOG": "warn"})
 
@@ -862,15 +865,24 @@ def parse_lsn(text):
     return (int(high, 16) << 32) | int(low, 16)
 
 
-def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds):
+def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds, only_modes=None):
     """Scenario 6, what exactly-once costs: per round and mode (at-least-once and exactly-once,
     in alternating order), a fresh mock cluster (bench/mock_broker.rs: librdkafka's mock
     cluster, the one broker here with Kafka transactions) with Order.events and the checkpoint
     topic, a new slot, `txns` transactions of `per_txn` rows written while nothing reads, then
     the relay from its start until its confirmed flush LSN (outbox_relay_confirmed_flush_lsn_bytes)
     reaches the end of that WAL. Start-up is until the first event is published (exactly-once's
-    includes reading the checkpoint); the rate is over the rest."""
-    modes = {"at-least-once": [], "exactly-once": ["--exactly-once"]}
+    includes reading the checkpoint); the rate is over the rest. The walsender decodes the
+    backlog meanwhile, so a longer start-up gives the drain a head start: the total rate (relay
+    start to confirmation) is reported too. `only_modes`: run only these modes. Exactly-once runs with its
+    default batches, and once more with one PostgreSQL transaction per Kafka transaction
+    (`exactly_once_max_batch_transactions = 1`, no linger: the cost before batching, but
+    reading on while a commit is pending), from a config file."""
+    modes = {"at-least-once": [], "exactly-once": ["--exactly-once"],
+             "exactly-once-unbatched": {"exactly_once_max_batch_transactions": 1,
+                                        "exactly_once_batch_linger_ms": 0}}
+    if only_modes:
+        modes = {m: a for m, a in modes.items() if m in only_modes}
     runs = {m: [] for m in modes}
     events = txns * per_txn
     for r in range(rounds):
@@ -884,7 +896,15 @@ def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds):
                 cluster.sql(f"CALL fill_big({txns}, {per_txn}, 'outbox')")
                 endpos = parse_lsn(cluster.sql("SELECT pg_current_wal_lsn()"))
                 start = time.time()
-                relay = Relay(work, cluster, argparse.Namespace(bootstrap=bootstrap), slot, modes[mode])
+                config = None
+                if isinstance(modes[mode], dict):
+                    config = work / f"relay-{slot}.toml"
+                    options = "".join(f"{k} = {v}\n" for k, v in modes[mode].items())
+                    config.write_text(f"""[kafka]\nbootstrap_servers = "{bootstrap}"\n\n[[pipelines]]\nname = "bench"
+source_url = "{cluster.url()}"\nslot = "{slot}"\npublication = "outbox_pub"\ntable = "public.outbox"
+create_slot = false\nexactly_once = true\n{options}""")
+                relay = Relay(work, cluster, argparse.Namespace(bootstrap=bootstrap), slot,
+                              [] if config else modes[mode], config=config)
                 first_event = None
                 while True:
                     text = relay.metrics_text()
@@ -902,11 +922,13 @@ def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds):
                 first_event = first_event or end
                 run = {"startup_seconds": first_event - start, "drain_seconds": end - first_event,
                        "events_per_second": events / max(end - first_event, 1e-9),
+                       "total_events_per_second": events / max(end - start, 1e-9),
                        "ms_per_transaction": (end - first_event) * 1000 / txns,
                        "cpu_seconds": cpu_seconds(relay.proc.pid)}
                 runs[mode].append(run)
                 log(f"  round {r + 1}, {mode}: {run['events_per_second']:,.0f} events/s, "
-                    f"{run['ms_per_transaction']:.1f} ms per transaction, start-up {run['startup_seconds']:.1f} s")
+                    f"{run['ms_per_transaction']:.2f} ms per transaction, start-up {run['startup_seconds']:.1f} s, "
+                    f"{run['total_events_per_second']:,.0f} events/s from the relay's start")
             finally:
                 if relay:
                     relay.stop()
@@ -914,6 +936,7 @@ def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds):
             cluster.drop_slot(slot)
     return {"transactions": txns, "rows_per_transaction": per_txn,
             "modes": {m: {"events_per_second": median([x["events_per_second"] for x in rs]),
+                          "total_events_per_second": median([x["total_events_per_second"] for x in rs]),
                           "ms_per_transaction": median([x["ms_per_transaction"] for x in rs]),
                           "startup_seconds": median([x["startup_seconds"] for x in rs]),
                           "runs": rs} for m, rs in runs.items()}}
@@ -981,11 +1004,18 @@ def print_table(results, args):
               + " | ".join(cells) + " | - |")
     if "exactly_once_cost" in results:
         e = results["exactly_once_cost"]
-        cells = [f"{m}: {x['events_per_second']:,.0f} ev/s, {x['ms_per_transaction']:.1f} ms/txn"
+        cells = [f"{m}: {x['events_per_second']:,.0f} ev/s, {x['ms_per_transaction']:.2f} ms/txn"
+                 + (f", {x['total_events_per_second']:,.0f} ev/s from the start" if "total_events_per_second" in x else "")
                  for m, x in e["modes"].items()]
-        ratio = e["modes"]["exactly-once"]["events_per_second"] / e["modes"]["at-least-once"]["events_per_second"]
+        ratios = ""
+        if "exactly-once" in e["modes"] and "at-least-once" in e["modes"]:
+            eos, alo = e["modes"]["exactly-once"], e["modes"]["at-least-once"]
+            ratios = f" (exactly-once / at-least-once: {eos['events_per_second'] / alo['events_per_second']:.2f}"
+            if "total_events_per_second" in eos:
+                ratios += f", from the start {eos['total_events_per_second'] / alo['total_events_per_second']:.2f}"
+            ratios += ")"
         print(f"\n6. exactly-once cost, backlog of {e['transactions']} txns x {e['rows_per_transaction']} rows on the mock "
-              f"cluster: {'; '.join(cells)} (exactly-once / at-least-once: {ratio:.2f})")
+              f"cluster: {'; '.join(cells)}{ratios}")
     if "sinks" in results:
         print()
         sinks.print_rows(results["sinks"])
@@ -1012,6 +1042,8 @@ def main():
     ap.add_argument("--eos-rows", type=int, default=10, help="scenario 6: rows per transaction")
     ap.add_argument("--sink", action="append", default=[], choices=sorted(sinks.SINKS),
                     help="scenario 7: only these sink kinds (default: all)")
+    ap.add_argument("--eos-modes", default="at-least-once,exactly-once,exactly-once-unbatched",
+                    help="scenario 6: modes to run, comma-separated")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
@@ -1098,7 +1130,7 @@ def main():
             log(f"scenario 6: exactly-once against at-least-once, {args.eos_txns} txns x {args.eos_rows} rows "
                 "on the mock cluster")
             results["exactly_once_cost"] = exactly_once_cost_scenario(cluster, work, args.eos_txns, args.eos_rows,
-                                                                      args.rounds)
+                                                                      args.rounds, args.eos_modes.split(","))
             save()
         if run("sinks"):
             kinds = args.sink or sorted(sinks.SINKS)

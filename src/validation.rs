@@ -10,7 +10,10 @@
 use std::path::Path;
 
 use crate::config::file::{self, RelayConfig};
-use crate::config::{ConfigError, ConfigErrors, PipelineConfig};
+use crate::config::{
+    ConfigError, ConfigErrors, PipelineConfig, DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS,
+    DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES, DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS,
+};
 use crate::router::Router;
 
 /// Checks one pipeline: its own fields, its routing and record options, its source URL.
@@ -20,6 +23,7 @@ use crate::router::Router;
 /// the password).
 pub fn pipeline(config: &PipelineConfig) -> Vec<ConfigError> {
     let mut problems = config.problems();
+    problems.extend(exactly_once_batch_problems(config));
     if let Err(problem) = config.source_config() {
         problems.push(problem);
     }
@@ -30,6 +34,58 @@ pub fn pipeline(config: &PipelineConfig) -> Vec<ConfigError> {
         if let Err(problem) = standby.source_config() {
             problems.push(ConfigError::new("standby_url", problem.problem));
         }
+    }
+    problems
+}
+
+/// Longest batch linger in exactly-once mode: a Kafka transaction open longer holds
+/// `read_committed` consumers back (the last stable offset waits for it), and the
+/// coordinator aborts one open past `transaction.timeout.ms` (60 s by default).
+pub const MAX_EXACTLY_ONCE_BATCH_LINGER_MS: u64 = 10_000;
+
+/// Checks the batch options of exactly-once mode (`exactly_once_max_batch_transactions`,
+/// `exactly_once_max_batch_bytes`, `exactly_once_batch_linger_ms`).
+///
+/// Returns every problem found: a limit of 0, a linger over
+/// [`MAX_EXACTLY_ONCE_BATCH_LINGER_MS`], or one set without `exactly_once = true`.
+pub fn exactly_once_batch_problems(config: &PipelineConfig) -> Vec<ConfigError> {
+    let mut problems = Vec::new();
+    let fields = [
+        (
+            "exactly_once_max_batch_transactions",
+            config.exactly_once_max_batch_transactions as u64,
+            DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS as u64,
+        ),
+        (
+            "exactly_once_max_batch_bytes",
+            config.exactly_once_max_batch_bytes as u64,
+            DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES as u64,
+        ),
+        (
+            "exactly_once_batch_linger_ms",
+            config.exactly_once_batch_linger_ms,
+            DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS,
+        ),
+    ];
+    for (field, value, default) in fields {
+        if !config.exactly_once && value != default {
+            problems.push(ConfigError::new(
+                field,
+                "only used with exactly_once = true",
+            ));
+        }
+        if value == 0 && field != "exactly_once_batch_linger_ms" {
+            problems.push(ConfigError::new(field, "must be greater than 0"));
+        }
+    }
+    if config.exactly_once_batch_linger_ms > MAX_EXACTLY_ONCE_BATCH_LINGER_MS {
+        problems.push(ConfigError::new(
+            "exactly_once_batch_linger_ms",
+            format!(
+                "{} is too long: at most {MAX_EXACTLY_ONCE_BATCH_LINGER_MS}; an open Kafka transaction holds read_committed consumers back",
+                config.exactly_once_batch_linger_ms
+            ),
+        ));
     }
     problems
 }

@@ -33,6 +33,19 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 /// Compacted topic for exactly-once checkpoints: one per Kafka cluster, keyed by pipeline name,
 /// so several relays can share it.
 pub const DEFAULT_CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
+/// Most PostgreSQL transactions committed in one Kafka transaction in exactly-once mode: a
+/// Kafka commit costs a coordinator round trip (19 ms on librdkafka's mock cluster), so a
+/// backlog of small transactions needs hundreds per commit to keep up with at-least-once;
+/// more buys little (bench/run.py, scenario 6).
+pub const DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS: usize = 1_000;
+/// Most record bytes (keys, values, headers) in one Kafka transaction in exactly-once mode:
+/// bounds what an aborted batch sends again, well below `max_in_flight_bytes`.
+pub const DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// How long a Kafka transaction in exactly-once mode stays open for more PostgreSQL
+/// transactions after its first one committed (milliseconds): a few ms keeps the latency low
+/// at low rates, and a commit that is pending meanwhile fills the next batch anyway. A batch
+/// also closes at once when the walsender reports it sent everything (a keepalive).
+pub const DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS: u64 = 5;
 /// Creating a missing slot at start is what a first run needs; once the relay streamed from a
 /// slot, the slot record ([`DEFAULT_SLOT_RECORD`]) keeps a lost one from being created again.
 pub const DEFAULT_CREATE_SLOT: bool = true;
@@ -462,6 +475,28 @@ pub struct PipelineConfig {
     /// [`DEFAULT_CHECKPOINT_TOPIC`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_topic: Option<String>,
+    /// Exactly-once mode: most PostgreSQL transactions in one Kafka transaction
+    /// ([`DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS`]).
+    #[serde(
+        default = "default_exactly_once_max_batch_transactions",
+        skip_serializing_if = "is_default_exactly_once_max_batch_transactions"
+    )]
+    pub exactly_once_max_batch_transactions: usize,
+    /// Exactly-once mode: most record bytes in one Kafka transaction; a transaction that
+    /// passes it closes the batch after it ([`DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES`]).
+    #[serde(
+        default = "default_exactly_once_max_batch_bytes",
+        skip_serializing_if = "is_default_exactly_once_max_batch_bytes"
+    )]
+    pub exactly_once_max_batch_bytes: usize,
+    /// Exactly-once mode: milliseconds a Kafka transaction waits for more PostgreSQL
+    /// transactions after its first one committed; 0: one per Kafka transaction unless more
+    /// are read while a commit is pending ([`DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS`]).
+    #[serde(
+        default = "default_exactly_once_batch_linger_ms",
+        skip_serializing_if = "is_default_exactly_once_batch_linger_ms"
+    )]
+    pub exactly_once_batch_linger_ms: u64,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -489,6 +524,9 @@ defaults! {
     default_max_in_flight_events, is_default_max_in_flight_events: usize = DEFAULT_MAX_IN_FLIGHT_EVENTS;
     default_max_in_flight_bytes, is_default_max_in_flight_bytes: usize = DEFAULT_MAX_IN_FLIGHT_BYTES;
     default_shutdown_timeout_secs, is_default_shutdown_timeout_secs: u64 = DEFAULT_SHUTDOWN_TIMEOUT_SECS;
+    default_exactly_once_max_batch_transactions, is_default_exactly_once_max_batch_transactions: usize = DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS;
+    default_exactly_once_max_batch_bytes, is_default_exactly_once_max_batch_bytes: usize = DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES;
+    default_exactly_once_batch_linger_ms, is_default_exactly_once_batch_linger_ms: u64 = DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS;
 }
 
 impl PipelineConfig {
@@ -528,6 +566,9 @@ impl PipelineConfig {
             exactly_once: false,
             transactional_id: None,
             checkpoint_topic: None,
+            exactly_once_max_batch_transactions: DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS,
+            exactly_once_max_batch_bytes: DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES,
+            exactly_once_batch_linger_ms: DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS,
         }
     }
 

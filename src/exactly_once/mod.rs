@@ -1,22 +1,30 @@
 //! Exactly-once mode: a transactional capability of the sink, the checkpoint committed with
 //! each transaction, and the session's bookkeeping of both.
 //!
-//! Each PostgreSQL transaction with events gets one sink transaction: its records, then a
-//! checkpoint record (the commit's end LSN), then the commit, and only then does the ack
-//! tracker see the PostgreSQL commit, so the slot never passes a transaction whose sink
-//! transaction is not committed. No source item is read while a commit is pending. A new
-//! session fences the previous producer ([`Transactions::init`]), reads the checkpoint back
-//! ([`read_checkpoint`]), refuses it if it was written for another source
-//! ([`StoredCheckpoint::verify`]) and passes over the transactions at or below it: those
-//! committed before a crash that came before the slot's confirmation ([`start`]).
+//! Consecutive PostgreSQL transactions with events share one sink transaction, a [`batch`]:
+//! their records, then a checkpoint record (the last one's end LSN), then the commit. The ack
+//! tracker sees each PostgreSQL commit at once, but the position confirmed to the slot is held
+//! before the batch's first transaction until the sink transaction committed
+//! ([`ExactlyOnce::limit`]), so the slot never passes a transaction whose sink transaction is
+//! not committed. While a commit is pending, the next batch is read and routed, its records
+//! kept back until the next sink transaction began. A failed batch is aborted and redone from
+//! the slot, which stands before its first transaction. A new session fences the previous
+//! producer ([`Transactions::init`]), reads the checkpoint back ([`read_checkpoint`]), refuses
+//! it if it was written for another source ([`StoredCheckpoint::verify`]) and passes over the
+//! transactions at or below it: those committed before a crash that came before the slot's
+//! confirmation ([`start`]). Batches close only between PostgreSQL transactions, so the
+//! checkpoint never falls inside one.
 //!
 //! - [`TransactionalSink`] and [`Transactions`]: the capability (begin, commit with a
 //!   checkpoint, abort); [`kafka`] implements it for [`crate::sink::kafka::KafkaSink`].
+//! - [`batch`]: when a batch closes (count, bytes, linger, an idle source, shutdown) and what
+//!   it holds the flush LSN at.
 //! - [`checkpoint`]: the checkpoint's format and origin, and the decision whether one read
 //!   back belongs to this source.
 //! - [`ExactlyOnce`]: what the session loop keeps between those calls.
 //! - [`redo`]: events Kafka refused inside a transaction, dead-lettered when it is redone.
 
+pub mod batch;
 pub mod checkpoint;
 pub mod kafka;
 pub mod redo;
@@ -26,8 +34,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+pub use batch::{Batch, BatchLimits};
 pub use checkpoint::{Checkpoint, Origin, StoredCheckpoint, TimelineSwitch};
 pub use kafka::{read_checkpoint, KafkaTransactions, TransactionError};
 pub use redo::{Redo, RefusedEvent};
@@ -36,6 +45,7 @@ use crate::config::PipelineConfig;
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
+use crate::session::mutation::{active as mutated, Mutation};
 use crate::sink::{DeliveryError, Sink};
 use crate::source::replication::ReplicationClient;
 use crate::source::SourceError;
@@ -111,40 +121,63 @@ pub trait Transactions: Send {
     fn abort(&self, timeout: Duration) -> BoxFuture<'static, Result<(), TransactionError>>;
 }
 
-/// A session's exactly-once state, between the transaction calls.
+/// Where the records of the open PostgreSQL transaction go ([`ExactlyOnce::place`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Into the open Kafka transaction: send them, after [`ExactlyOnce::before_send`].
+    Transaction,
+    /// The open batch is closed for its commit: they wait in the session until the commit
+    /// returned and the next Kafka transaction began.
+    Next,
+}
+
+/// A session's exactly-once state, between the transaction calls: the batch in the open
+/// Kafka transaction and the one filling while it commits (see [`batch`]).
 pub struct ExactlyOnce {
     transactions: Box<dyn Transactions>,
     /// Read at session start: transactions it covers were committed already.
     checkpoint: Option<Checkpoint>,
+    limits: BatchLimits,
     /// The open PostgreSQL transaction is covered by the checkpoint: its events are passed over.
     skipping: bool,
-    /// A sink transaction is open: the current PostgreSQL transaction has records.
+    /// A Kafka transaction is open (begun, neither committed nor aborted).
     open: bool,
-    /// The end LSN of the PostgreSQL transaction whose commit is pending; no source item is
-    /// read and the ack tracker keeps the transaction open until the commit succeeded.
-    commit_at: Option<Lsn>,
-    /// The commit call, started once every record of the transaction was acknowledged.
+    /// The PostgreSQL transactions with records in the open Kafka transaction.
+    batch: Option<Batch>,
+    /// The batch is closed: its commit starts once every record of it was acknowledged.
+    closed: bool,
+    /// The commit call of the closed batch.
     committing: Option<BoxFuture<'static, Result<(), TransactionError>>>,
+    /// The PostgreSQL transactions read while the closed batch commits ([`Placement::Next`]).
+    next: Option<Batch>,
+    /// Where the open PostgreSQL transaction's records went, once it has one.
+    current: Option<Placement>,
     /// The commit LSN (Begin's `final_lsn`) of the open PostgreSQL transaction.
     commit_lsn: Lsn,
     /// Events refused in earlier sessions, sent straight to the dead-letter topic.
     redo: Redo,
-    /// LSN and id of each record in flight by event number, to name a refused one in a
-    /// [`RefusedEvent`]; bounded by the in-flight limit.
-    sent: HashMap<u64, (Lsn, Bytes)>,
+    /// Commit LSN of its transaction, LSN and id of each record not yet settled, by event
+    /// number, to name a refused one in a [`RefusedEvent`]; bounded by the in-flight limit.
+    sent: HashMap<u64, (Lsn, Lsn, Bytes)>,
 }
 
 impl ExactlyOnce {
     /// State for a session whose sink's transactions are `transactions` (already
-    /// [`Transactions::init`]ed) and whose checkpoint, read back at start, is `checkpoint`.
+    /// [`Transactions::init`]ed) and whose checkpoint, read back at start, is `checkpoint`;
+    /// one PostgreSQL transaction per Kafka transaction ([`BatchLimits::SINGLE`]) unless
+    /// [`ExactlyOnce::with_limits`] says otherwise.
     pub fn new(transactions: Box<dyn Transactions>, checkpoint: Option<Checkpoint>) -> Self {
         ExactlyOnce {
             transactions,
             checkpoint,
+            limits: BatchLimits::SINGLE,
             skipping: false,
             open: false,
-            commit_at: None,
+            batch: None,
+            closed: false,
             committing: None,
+            next: None,
+            current: None,
             commit_lsn: Lsn::ZERO,
             redo: Redo::default(),
             sent: HashMap::new(),
@@ -157,10 +190,17 @@ impl ExactlyOnce {
         self
     }
 
+    /// This state batching PostgreSQL transactions within `limits`.
+    pub fn with_limits(mut self, limits: BatchLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// A PostgreSQL transaction whose commit record starts at `final_lsn` begins.
     pub fn on_begin(&mut self, final_lsn: Lsn) {
         self.skipping = self.checkpoint.is_some_and(|c| c.covers(final_lsn));
         self.commit_lsn = final_lsn;
+        self.current = None;
     }
 
     /// The refused event at `lsn` with `id` if an earlier session saw Kafka refuse it: the
@@ -169,9 +209,28 @@ impl ExactlyOnce {
         self.redo.find(lsn, id)
     }
 
-    /// Notes that event number `event` (at `lsn`, with `id`) is sent.
+    /// Places a record of `bytes` of the open PostgreSQL transaction, the flush LSN being
+    /// `flush_lsn`: the transaction's records all go where its first went, into the open
+    /// Kafka transaction unless that is closed for its commit. A new batch holds the flush
+    /// LSN at `flush_lsn` until it committed.
+    pub fn place(&mut self, flush_lsn: Lsn, bytes: usize) -> Placement {
+        let placement = match self.current {
+            Some(placement) => placement,
+            None if self.closed => Placement::Next,
+            None => Placement::Transaction,
+        };
+        self.current = Some(placement);
+        let batch = match placement {
+            Placement::Transaction => &mut self.batch,
+            Placement::Next => &mut self.next,
+        };
+        batch.get_or_insert_with(|| Batch::new(flush_lsn)).bytes += bytes;
+        placement
+    }
+
+    /// Notes that event number `event` (at `lsn`, with `id`) is sent or waits to be.
     pub fn sent(&mut self, event: u64, lsn: Lsn, id: Bytes) {
-        self.sent.insert(event, (lsn, id));
+        self.sent.insert(event, (self.commit_lsn, lsn, id));
     }
 
     /// Event number `event` has its outcome.
@@ -183,12 +242,12 @@ impl ExactlyOnce {
     /// Returns what the redo needs to dead-letter it, or `None` if the event is not in flight
     /// or the redo holds [`redo::MAX_REDO_EVENTS`] already (then the pipeline halts on it).
     pub fn refused(&mut self, event: u64, error: &DeliveryError) -> Option<RefusedEvent> {
-        let (lsn, id) = self.sent.remove(&event)?;
+        let (commit_lsn, lsn, id) = self.sent.remove(&event)?;
         if self.redo.is_full() {
             return None;
         }
         Some(RefusedEvent {
-            commit_lsn: self.commit_lsn,
+            commit_lsn,
             lsn,
             id,
             topic: error.topic.clone(),
@@ -203,7 +262,8 @@ impl ExactlyOnce {
         self.skipping
     }
 
-    /// Opens a sink transaction unless one is open; call before sending a record.
+    /// Opens a Kafka transaction unless one is open; call before sending a record placed in
+    /// it ([`Placement::Transaction`]).
     ///
     /// Returns an error if the sink refuses to begin.
     pub async fn before_send(&mut self) -> Result<(), TransactionError> {
@@ -214,12 +274,12 @@ impl ExactlyOnce {
         Ok(())
     }
 
-    /// The PostgreSQL transaction ends at `end_lsn`. Returns `true` if the ack tracker may see
-    /// the commit now (no records: nothing to commit, or passed over), `false` if it waits for
-    /// the sink's commit ([`ExactlyOnce::committed`]).
+    /// The PostgreSQL transaction ends at `end_lsn`: it joins the batch its records went to
+    /// (the ack tracker may see its commit at once: [`ExactlyOnce::limit`] holds the flush
+    /// LSN until the batch committed).
     ///
     /// Returns an error if a passed-over transaction ends after the checkpoint.
-    pub fn on_commit(&mut self, end_lsn: Lsn) -> Result<bool, SourceError> {
+    pub fn on_commit(&mut self, end_lsn: Lsn) -> Result<(), SourceError> {
         if std::mem::take(&mut self.skipping) {
             if let Some(checkpoint) = self.checkpoint.filter(|c| end_lsn > c.0) {
                 return Err(SourceError::Protocol(format!(
@@ -227,51 +287,127 @@ impl ExactlyOnce {
                     checkpoint.0
                 )));
             }
-            return Ok(true);
+            return Ok(());
         }
-        if self.open {
-            self.commit_at = Some(end_lsn);
-            return Ok(false);
+        let batch = match self.current.take() {
+            Some(Placement::Transaction) => &mut self.batch,
+            Some(Placement::Next) => &mut self.next,
+            None => return Ok(()),
+        };
+        if let Some(batch) = batch {
+            batch.committed(end_lsn);
         }
-        Ok(true)
+        Ok(())
     }
 
-    /// Whether a commit is pending (started or waiting for the last acknowledgements).
-    pub fn commit_pending(&self) -> bool {
-        self.commit_at.is_some()
+    /// The source sent everything it had (a keepalive between transactions): the batches
+    /// need wait for no more.
+    pub fn on_idle(&mut self) {
+        for batch in [&mut self.batch, &mut self.next].into_iter().flatten() {
+            batch.idle = batch.transactions > 0;
+        }
     }
 
-    /// Starts the pending commit once `all_acknowledged` (nothing in flight).
-    pub fn start_commit(&mut self, all_acknowledged: bool) {
-        if let (Some(end_lsn), None, true) = (self.commit_at, &self.committing, all_acknowledged) {
+    /// Closes the open batch if it is due (between PostgreSQL transactions; at once when
+    /// `draining`), and starts its commit, with the last transaction's end LSN as the
+    /// checkpoint, once `all_acknowledged` (none of its records in flight or waiting).
+    pub fn step(&mut self, all_acknowledged: bool, draining: bool) {
+        if !self.closed
+            && self.current != Some(Placement::Transaction)
+            && self
+                .batch
+                .is_some_and(|batch| batch.due(&self.limits, draining))
+        {
+            self.closed = true;
+        }
+        if let (true, None, true, Some(batch)) =
+            (self.closed, &self.committing, all_acknowledged, &self.batch)
+        {
+            let end_lsn = match mutated(Mutation::CheckpointFirstTransaction) {
+                true => batch.first_end,
+                false => batch.last_end,
+            };
+            let end_lsn = end_lsn.expect("a closed batch has a committed transaction");
+            debug!(transactions = batch.transactions, bytes = batch.bytes, checkpoint_lsn = %end_lsn, "committing a kafka transaction");
             self.committing = Some(self.transactions.commit(Checkpoint(end_lsn)));
         }
     }
 
-    /// Waits for the commit in progress; never completes if there is none. Returns the end
-    /// LSN of the PostgreSQL transaction now committed, for the ack tracker.
+    /// Whether another source item may be read: not while the batch commits and the next
+    /// one is full already (a producer has one transaction at a time).
+    pub fn reads(&self) -> bool {
+        !(self.closed && self.next.is_some_and(|next| next.full(&self.limits)))
+    }
+
+    /// Whether a commit call is in progress.
+    pub fn committing(&self) -> bool {
+        self.committing.is_some()
+    }
+
+    /// Whether transactions with records wait for a Kafka commit.
+    pub fn uncommitted(&self) -> bool {
+        self.batch.is_some() || self.next.is_some()
+    }
+
+    /// When the open batch's linger ends, if it is to close then (not while a transaction of
+    /// it is open, nor once closed).
+    pub fn linger_until(&self) -> Option<tokio::time::Instant> {
+        match self.closed || self.current == Some(Placement::Transaction) {
+            true => None,
+            false => self.batch?.linger_until(&self.limits),
+        }
+    }
+
+    /// `flush_lsn` held at the flush LSN from before the first transaction not committed
+    /// to Kafka: what may be confirmed.
+    pub fn limit(&self, flush_lsn: Lsn) -> Lsn {
+        [&self.batch, &self.next]
+            .into_iter()
+            .flatten()
+            .map(|batch| batch.hold)
+            .fold(flush_lsn, Lsn::min)
+    }
+
+    /// Waits for the commit in progress; never completes if there is none. Once it
+    /// succeeded, the batch read meanwhile (if any) is the open one; its records wait for
+    /// [`ExactlyOnce::before_send`].
     ///
     /// Cancel-safe (the commit goes on and is polled again). Returns an error if the commit
     /// failed: the session ends, and the next one aborts what is open.
-    pub async fn committed(&mut self) -> Result<Lsn, TransactionError> {
+    pub async fn committed(&mut self) -> Result<(), TransactionError> {
         let result = match self.committing.as_mut() {
             Some(commit) => commit.await,
             None => std::future::pending().await,
         };
         self.committing = None;
         result?;
+        self.finish_commit();
+        Ok(())
+    }
+
+    /// The closed batch committed: the next one takes its place, in no Kafka transaction yet,
+    /// holding the flush LSN no lower than the committed batch's checkpoint (it was filled
+    /// before that batch's acknowledgements came; what lies between the two has no records).
+    fn finish_commit(&mut self) {
         self.open = false;
-        self.sent.clear();
-        Ok(self.commit_at.take().expect("a commit was pending"))
+        self.closed = false;
+        let committed = self.batch.take().and_then(|batch| batch.last_end);
+        self.batch = self.next.take().map(|mut next| {
+            next.hold = next.hold.max(committed.unwrap_or(Lsn::ZERO));
+            next
+        });
+        if self.current == Some(Placement::Next) {
+            self.current = Some(Placement::Transaction);
+        }
     }
 
     /// At the end of a session, by `deadline` (what is left of a shutdown's drain): lets a
     /// commit in progress finish (two transaction calls at once are refused), then aborts a
-    /// transaction still open, unless this producer was `fenced`. Returns the end LSN of a
-    /// transaction the finished commit committed.
+    /// Kafka transaction still open, unless this producer was `fenced`. What the finished
+    /// commit committed is no longer held ([`ExactlyOnce::limit`]).
     ///
     /// A commit still running at the deadline is abandoned: its outcome is unknown here, so
-    /// its transaction stays unconfirmed, and the next session's producer (registering the
+    /// its transactions stay unconfirmed, and the next session's producer (registering the
     /// transactional id fences this one) settles it and reads the checkpoint back. An abort
     /// that fails or runs out of time is left to the next session's producer likewise.
     pub async fn end(
@@ -279,25 +415,22 @@ impl ExactlyOnce {
         fenced: bool,
         metrics: &PipelineMetrics,
         deadline: tokio::time::Instant,
-    ) -> Option<Lsn> {
-        let mut committed = None;
+    ) {
         if let Some(commit) = self.committing.take() {
-            let end_lsn = self.commit_at.take();
             match tokio::time::timeout_at(deadline, commit).await {
                 Ok(Ok(())) => {
-                    self.open = false;
+                    self.finish_commit();
                     metrics.kafka_transaction("committed");
-                    committed = end_lsn;
                 }
                 Ok(Err(_)) => {}
                 Err(_) => {
                     warn!(pipeline = %metrics.name(), "the kafka commit did not finish by the shutdown deadline; its transaction stays unconfirmed and the next session settles it");
-                    return None;
+                    return;
                 }
             }
         }
         if !self.open || fenced {
-            return committed;
+            return;
         }
         self.open = false;
         let left = deadline
@@ -316,7 +449,6 @@ impl ExactlyOnce {
                 warn!(pipeline = %metrics.name(), "aborting the open kafka transaction did not finish by the shutdown deadline; the next session aborts it")
             }
         }
-        committed
     }
 }
 
@@ -366,7 +498,9 @@ pub async fn start(
         redone_dead_letters = redo.len(),
         "exactly-once mode: transactions before the checkpoint are passed over"
     );
-    Ok(ExactlyOnce::new(transactions, checkpoint).with_redo(redo))
+    Ok(ExactlyOnce::new(transactions, checkpoint)
+        .with_redo(redo)
+        .with_limits(BatchLimits::of(config)))
 }
 
 /// The timeline history of `timeline` (`TIMELINE_HISTORY`, docs 55.4 "Streaming Replication

@@ -3,14 +3,17 @@
 //!
 //! The invariant it keeps: the position confirmed to the source never passes an event the sink
 //! has not acknowledged (in exactly-once mode, committed), and never decreases. Positions come
-//! only from [`AckTracker::flush_lsn`]; the tracker sees a commit only once the sink
-//! transaction (if any) committed.
+//! only from [`AckTracker::flush_lsn`], in exactly-once mode held before the first source
+//! transaction whose sink transaction has not committed
+//! ([`crate::exactly_once::ExactlyOnce::limit`]).
 //!
 //! Memory stays bounded: no source item is read while the sink holds `max_in_flight_events`
 //! records or `max_in_flight_bytes` bytes without an outcome, while a record waits for room in
 //! the sink's queue, or while `max_in_flight_events` committed transactions wait behind an
-//! unacknowledged event in the ack tracker ([`AckTracker::unconfirmed_commits`]). Shutdown and
-//! confirmations stay live in all of these states.
+//! unacknowledged event in the ack tracker ([`AckTracker::unconfirmed_commits`]); in
+//! exactly-once mode the records of the next batch read while a commit is pending count as in
+//! flight, and reading stops once that batch is full. Shutdown and confirmations stay live in
+//! all of these states.
 //!
 //! The loop owns no IO: the caller builds the source and the sink and hands them over, so a
 //! test drives it with fakes.
@@ -25,7 +28,7 @@ use tracing::{debug, info, warn};
 use crate::ack::{AckTracker, EventToken, TrackerError};
 use crate::config::{OnBadEvent, PipelineConfig};
 use crate::error::{chain, Error, Recovery};
-use crate::exactly_once::{ExactlyOnce, TransactionError};
+use crate::exactly_once::{ExactlyOnce, Placement, TransactionError};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::{RouteError, Router};
@@ -47,8 +50,8 @@ const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
 pub enum Mode {
     /// Records are confirmed once acknowledged; a restart may publish them again.
     AtLeastOnce,
-    /// Each source transaction's records are committed in one sink transaction with a
-    /// checkpoint; built from a [`crate::exactly_once::TransactionalSink`].
+    /// Batches of consecutive source transactions are committed in one sink transaction each,
+    /// with a checkpoint; built from a [`crate::exactly_once::TransactionalSink`].
     ExactlyOnce(ExactlyOnce),
 }
 
@@ -63,6 +66,10 @@ pub struct Session<'a, So: Source, Si: Sink> {
     eos: Option<ExactlyOnce>,
     /// Records the sink's queue had no room for, in send order, with their tokens.
     blocked: VecDeque<(Box<Record>, EventToken)>,
+    /// Exactly-once: records of the next batch, read while the closed one commits, and their
+    /// bytes; sent once the next Kafka transaction began.
+    waiting: VecDeque<(Box<Record>, EventToken)>,
+    waiting_bytes: usize,
     /// Commit time of the open transaction (Unix ms), from its Begin.
     commit_time_ms: Option<i64>,
     /// The last position the source reported, for error context.
@@ -113,6 +120,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 Mode::ExactlyOnce(eos) => Some(eos),
             },
             blocked: VecDeque::new(),
+            waiting: VecDeque::new(),
+            waiting_bytes: 0,
             commit_time_ms: None,
             position: start,
             confirmed: Lsn::ZERO,
@@ -145,10 +154,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout());
         if let Some(eos) = &mut self.eos {
             let fenced = matches!(&result, Err(Error::Transaction(e)) if e.is_fenced());
-            if let Some(end_lsn) = eos.end(fenced, self.metrics, end_by).await {
-                // Cannot fail: the transaction was open in the tracker.
-                let _ = self.tracker.commit(end_lsn);
-            }
+            eos.end(fenced, self.metrics, end_by).await;
         }
         if let Err(e) = &result {
             if e.recovery() != Recovery::Stop || matches!(e, Error::Delivery(_)) {
@@ -163,7 +169,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             warn!(pipeline = %self.config.name, error = %chain(&e), "could not send the final confirmation");
             return result.and(Err(e));
         }
-        let flush = self.tracker.flush_lsn();
+        let flush = self.flush_lsn();
         self.source.close().await;
         info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
         result
@@ -179,22 +185,27 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 
         loop {
             let in_flight = self.sink.in_flight();
-            // Exactly-once: once every record of the committed source transaction is
-            // acknowledged, commit its sink transaction (with the checkpoint record).
-            let committing = match &mut self.eos {
-                Some(eos) => {
-                    eos.start_commit(in_flight.events == 0 && self.blocked.is_empty());
-                    eos.commit_pending()
-                }
-                None => false,
-            };
             // While draining, finish the open transaction (so its events are confirmed and
             // not published again after restart) but start no new one.
             let draining = self.drain_deadline.is_some();
+            // Exactly-once: close the batch when it is due, and once every record of it is
+            // acknowledged, commit its sink transaction (with the checkpoint record).
+            let (committing, linger_until, eos_reads, uncommitted) = match &mut self.eos {
+                Some(eos) => {
+                    eos.step(in_flight.events == 0 && self.blocked.is_empty(), draining);
+                    (
+                        eos.committing(),
+                        eos.linger_until(),
+                        eos.reads(),
+                        eos.uncommitted(),
+                    )
+                }
+                None => (false, None, true, false),
+            };
             let read = self.has_capacity(in_flight)
                 && (!draining || self.tracker.in_transaction())
-                && !committing;
-            if draining && !self.tracker.in_transaction() && in_flight.events == 0 {
+                && eos_reads;
+            if draining && !self.tracker.in_transaction() && in_flight.events == 0 && !uncommitted {
                 break;
             }
 
@@ -218,21 +229,22 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 Some(delivery) = self.sink.next_delivery(), if in_flight.events > 0 => {
                     self.on_delivery(delivery)?;
                 }
-                // Exactly-once: the sink's commit, then the ack tracker sees the source's.
-                result = committed(&mut self.eos), if committing => self.on_committed(result)?,
+                // Exactly-once: the sink's commit, then the flush LSN may pass its batch.
+                result = committed(&mut self.eos), if committing => self.on_committed(result).await?,
                 // 3. Confirmations on a timer, also while no source item is read, and once
                 // the flush LSN moved (at most every MIN_CONFIRM_GAP).
                 _ = status_timer.tick() => self.confirm().await?,
-                _ = sleep_until(self.last_confirm + MIN_CONFIRM_GAP), if self.tracker.flush_lsn() > self.confirmed => {}
+                _ = sleep_until(self.last_confirm + MIN_CONFIRM_GAP), if self.flush_lsn() > self.confirmed => {}
                 // A record waits for room in the sink's queue, and no outcome will make some.
                 _ = sleep(QUEUE_FULL_RETRY), if !self.blocked.is_empty() && in_flight.events == 0 => {}
                 // 4. New source items, only while there is capacity.
                 item = self.source.next(), if read => self.on_item(item?).await?,
+                // Exactly-once: the open batch's linger ended (and no source item came).
+                _ = sleep_until(linger_until.unwrap_or_else(tokio::time::Instant::now)), if linger_until.is_some() => {}
             }
 
             self.send_blocked()?;
-            if (self.tracker.flush_lsn() > self.confirmed
-                && self.last_confirm.elapsed() >= MIN_CONFIRM_GAP)
+            if (self.flush_lsn() > self.confirmed && self.last_confirm.elapsed() >= MIN_CONFIRM_GAP)
                 || self.source.confirm_requested()
             {
                 self.confirm().await?;
@@ -242,12 +254,13 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         Ok(())
     }
 
-    /// Whether another source item may be read: the in-flight limits, the ack tracker's queue
-    /// of committed transactions (bounded by `max_in_flight_events` too: one entry each) and
-    /// the sink's queue.
+    /// Whether another source item may be read: the in-flight limits (exactly-once: counting
+    /// the records waiting for the next Kafka transaction), the ack tracker's queue of
+    /// committed transactions (bounded by `max_in_flight_events` too: one entry each) and the
+    /// sink's queue.
     fn has_capacity(&self, in_flight: InFlight) -> bool {
-        in_flight.events < self.config.max_in_flight_events
-            && in_flight.bytes < self.config.max_in_flight_bytes
+        in_flight.events + self.waiting.len() < self.config.max_in_flight_events
+            && in_flight.bytes + self.waiting_bytes < self.config.max_in_flight_bytes
             && (self.tracker.unconfirmed_commits() < self.config.max_in_flight_events
                 || mutated(Mutation::NoTrackerBound))
             && (self.blocked.is_empty() || mutated(Mutation::Overtake))
@@ -286,33 +299,42 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 self.position = self.position.max(end_lsn);
                 self.commit_time_ms = None;
                 self.metrics.transactions.inc();
-                let now = match &mut self.eos {
-                    Some(eos) => eos.on_commit(end_lsn)?,
-                    None => true,
-                };
-                // Otherwise the tracker sees the commit once the sink committed.
-                if now {
-                    self.tracker
-                        .commit(end_lsn)
-                        .map_err(|source| tracker_error(end_lsn, source))?;
+                // Exactly-once: the flush LSN stays held before its batch until the batch's
+                // sink transaction committed.
+                if let Some(eos) = &mut self.eos {
+                    eos.on_commit(end_lsn)?;
                 }
+                self.tracker
+                    .commit(end_lsn)
+                    .map_err(|source| tracker_error(end_lsn, source))?;
             }
             SourceItem::Idle(position) => {
                 self.position = self.position.max(position);
                 self.tracker.idle(position);
+                if let Some(eos) = &mut self.eos {
+                    eos.on_idle();
+                }
             }
         }
         Ok(())
     }
 
-    /// Exactly-once: the sink transaction of the source transaction ending at the returned
-    /// LSN committed (or failed: the session ends, and the next one aborts what is open).
-    fn on_committed(&mut self, result: Result<Lsn, TransactionError>) -> Result<(), Error> {
-        let end_lsn = result?;
+    /// Exactly-once: the sink transaction of the closed batch committed (or failed: the
+    /// session ends, and the next one aborts what is open). The records read meanwhile go
+    /// to the sink in the next sink transaction, in order.
+    ///
+    /// Returns an error if the commit failed or the next transaction cannot begin.
+    async fn on_committed(&mut self, result: Result<(), TransactionError>) -> Result<(), Error> {
+        result?;
         self.metrics.kafka_transaction("committed");
-        self.tracker
-            .commit(end_lsn)
-            .map_err(|source| tracker_error(end_lsn, source))?;
+        if self.waiting.is_empty() {
+            return Ok(());
+        }
+        if let Some(eos) = &mut self.eos {
+            eos.before_send().await?;
+        }
+        self.blocked.append(&mut self.waiting);
+        self.waiting_bytes = 0;
         Ok(())
     }
 
@@ -356,17 +378,40 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 });
                 record = Router::dead_letter_refused(record, &refused.delivery_error(), topic);
             }
-            eos.before_send().await?;
             eos.sent(number, lsn, event.id.clone());
+            if eos.place(self.tracker.flush_lsn(), record.size()) == Placement::Next {
+                let token = self.track_event(number, lsn)?;
+                self.waiting_bytes += record.size();
+                self.waiting.push_back((Box::new(record), token));
+                return Ok(());
+            }
+            eos.before_send().await?;
         }
-        let token = self
-            .tracker
-            .track_event()
-            .map_err(|source| tracker_error(lsn, source))?
-            .with_event(number);
+        let token = self.track_event(number, lsn)?;
         self.send(record, token).map_err(Error::Rejected)?;
         self.update_in_flight_gauges();
         Ok(())
+    }
+
+    /// The ack tracker's token for event number `number` at `lsn` of the open transaction.
+    ///
+    /// Returns an error if no transaction is open.
+    fn track_event(&mut self, number: u64, lsn: Lsn) -> Result<EventToken, Error> {
+        Ok(self
+            .tracker
+            .track_event()
+            .map_err(|source| tracker_error(lsn, source))?
+            .with_event(number))
+    }
+
+    /// The flush LSN that may be confirmed: the ack tracker's (exactly-once: held before the
+    /// first transaction whose sink transaction has not committed).
+    fn flush_lsn(&self) -> Lsn {
+        let flush = self.tracker.flush_lsn();
+        match &self.eos {
+            Some(eos) => eos.limit(flush),
+            None => flush,
+        }
     }
 
     /// Hands `record` to the sink, or queues it behind the records waiting for room.
@@ -542,7 +587,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 
     /// Confirms the tracker's flush LSN to the source.
     async fn confirm(&mut self) -> Result<(), Error> {
-        let mut flush = self.tracker.flush_lsn();
+        let mut flush = self.flush_lsn();
         if mutated(Mutation::ConfirmSourcePosition) {
             flush = flush.max(self.position);
         }
@@ -578,7 +623,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 }
 
 /// Waits for the sink commit in progress; never completes if there is none. Cancel-safe.
-async fn committed(eos: &mut Option<ExactlyOnce>) -> Result<Lsn, TransactionError> {
+async fn committed(eos: &mut Option<ExactlyOnce>) -> Result<(), TransactionError> {
     match eos {
         Some(eos) => eos.committed().await,
         None => std::future::pending().await,
@@ -640,7 +685,7 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 /// Deliberate defects for the simulation to catch: `mutated` is `false` outside tests.
-mod mutation;
+pub(crate) mod mutation;
 use mutation::{active as mutated, Mutation};
 
 #[cfg(test)]

@@ -39,6 +39,10 @@ pub(crate) enum Mutation {
     /// The fake broker reports records acknowledged that it never wrote (a fake that confirms
     /// early).
     AckUnwritten,
+    /// Exactly-once: a batch of several PostgreSQL transactions is committed with the first
+    /// one's end LSN as its checkpoint, not the last one's: a redo after a crash publishes the
+    /// later ones again.
+    CheckpointFirstTransaction,
 }
 
 #[cfg(test)]

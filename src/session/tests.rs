@@ -450,8 +450,8 @@ async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_aft
     assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e1.0", "e1.1"]);
     let log = log.lock().unwrap();
     assert_eq!(
-        log.begins, 2,
-        "no source item is read while a commit is pending"
+        log.begins, 3,
+        "the next transaction is read while a commit is pending (its records are not sent: the commit failed)"
     );
     assert!(
         log.confirmations.iter().all(|&lsn| lsn <= commit_end(0)),
@@ -461,6 +461,83 @@ async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_aft
     assert!(
         log.confirmations.contains(&commit_end(0)),
         "the committed transaction is confirmed: {:?}",
+        log.confirmations
+    );
+}
+
+/// Exactly-once with batches: consecutive source transactions share one sink transaction,
+/// committed with the last one's end LSN; the next batch is read (not sent) while a commit is
+/// pending; nothing is confirmed inside a batch or past one whose commit failed; a batch that
+/// is not full closes when its linger ends.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_commits_several_transactions_in_one_sink_transaction() {
+    let config = config();
+    let items = (0..7).flat_map(|i| transaction(i, 2)).collect();
+    let (source, log) = FakeSource::new(items);
+    let (sink, sent) = FakeSink::new(usize::MAX, 0);
+    let transactions = Arc::new(Mutex::new(TransactionLog::default()));
+    let fake = FakeTransactions {
+        log: transactions.clone(),
+        fail_commit: Some(2),
+    };
+    let limits = crate::exactly_once::BatchLimits {
+        max_transactions: 3,
+        max_bytes: usize::MAX,
+        linger: Duration::from_secs(1),
+    };
+    let metrics = Metrics::new().pipeline(&config.name);
+    let progress = SessionProgress::new(metrics.clone());
+    let router = Router::new(&config).unwrap();
+    let session = Session::new(
+        &config,
+        &metrics,
+        source,
+        sink,
+        router,
+        Mode::ExactlyOnce(ExactlyOnce::new(Box::new(fake), None).with_limits(limits)),
+        START,
+        &progress,
+    );
+    let shutdown = CancellationToken::new();
+    let started = tokio::time::Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(600),
+        session.run(&shutdown, config.status_interval()),
+    )
+    .await
+    .expect("a failed commit ends the session");
+    let error = result.expect_err("a failed commit is an error");
+    assert!(matches!(error, Error::Transaction(_)), "{error:?}");
+    // Two commits of 500 ms, then the last batch's linger of 1 s and its commit.
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_000),
+        "the last batch did not linger: {:?}",
+        started.elapsed()
+    );
+    let transactions = transactions.lock().unwrap();
+    assert_eq!(
+        transactions.calls,
+        ["begin", "commit", "begin", "commit", "begin", "commit", "abort"]
+    );
+    assert_eq!(
+        transactions.checkpoints,
+        [commit_end(2), commit_end(5), commit_end(6)]
+    );
+    let expected: Vec<String> = (0..7)
+        .flat_map(|i| (0..2).map(move |n| format!("e{i}.{n}")))
+        .collect();
+    assert_eq!(*sent.lock().unwrap(), expected);
+    let log = log.lock().unwrap();
+    assert!(
+        log.confirmations
+            .iter()
+            .all(|lsn| [START, commit_end(2), commit_end(5)].contains(lsn)),
+        "confirmed inside a batch or past the failed one: {:?}",
+        log.confirmations
+    );
+    assert!(
+        log.confirmations.contains(&commit_end(2)) && log.confirmations.contains(&commit_end(5)),
+        "the committed batches are confirmed: {:?}",
         log.confirmations
     );
 }

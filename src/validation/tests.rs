@@ -478,3 +478,65 @@ fn loads_failover_and_standby_url_and_names_a_bad_standby_url() {
         polling.problems()
     );
 }
+
+#[test]
+fn exactly_once_batch_options_are_checked_with_their_field() {
+    let eos = PipelineConfig {
+        exactly_once: true,
+        ..config()
+    };
+    assert_eq!(pipeline(&eos), vec![]);
+    let tuned = PipelineConfig {
+        exactly_once_max_batch_transactions: 50,
+        exactly_once_max_batch_bytes: 1 << 20,
+        exactly_once_batch_linger_ms: 0,
+        ..eos.clone()
+    };
+    assert_eq!(pipeline(&tuned), vec![]);
+    let fields = |c: &PipelineConfig| -> Vec<(String, String)> {
+        pipeline(c)
+            .into_iter()
+            .map(|e| (e.field, e.problem))
+            .collect()
+    };
+    let zero = PipelineConfig {
+        exactly_once_max_batch_transactions: 0,
+        exactly_once_max_batch_bytes: 0,
+        ..eos.clone()
+    };
+    assert_eq!(
+        fields(&zero),
+        [
+            (
+                "exactly_once_max_batch_transactions".into(),
+                "must be greater than 0".into()
+            ),
+            (
+                "exactly_once_max_batch_bytes".into(),
+                "must be greater than 0".into()
+            ),
+        ]
+    );
+    let long = PipelineConfig {
+        exactly_once_batch_linger_ms: 10_001,
+        ..eos
+    };
+    assert_eq!(
+        fields(&long),
+        [(
+            "exactly_once_batch_linger_ms".into(),
+            "10001 is too long: at most 10000; an open Kafka transaction holds read_committed consumers back".into()
+        )]
+    );
+    let unused = PipelineConfig {
+        exactly_once_batch_linger_ms: 20,
+        ..config()
+    };
+    assert_eq!(
+        fields(&unused),
+        [(
+            "exactly_once_batch_linger_ms".into(),
+            "only used with exactly_once = true".into()
+        )]
+    );
+}

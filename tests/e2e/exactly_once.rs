@@ -171,12 +171,21 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         "the start line names the checkpoint found:\n{}",
         relay.log()
     );
-    // The first relay's two checkpoints, the test's, then C's.
-    let values = checkpoint_values(&bootstrap, &setup.slot, 4).await;
+    // The first relay's checkpoints (its two transactions in one Kafka transaction or two),
+    // the test's, then C's.
+    let values = checkpoint_values(&bootstrap, &setup.slot, 3).await;
     let lsns: Vec<u64> = values.iter().map(|v| checkpoint_lsn(v)).collect();
-    assert_eq!(lsns.len(), 4, "{lsns:?}");
-    assert_eq!(lsns[2], checkpoint);
-    assert!(lsns[3] > before_last[0] && lsns[3] > checkpoint, "{lsns:?}");
+    assert!(lsns.len() == 3 || lsns.len() == 4, "{lsns:?}");
+    let n = lsns.len();
+    assert!(
+        lsns[n - 3] > before[1],
+        "the first relay's last checkpoint: {lsns:?}"
+    );
+    assert_eq!(lsns[n - 2], checkpoint);
+    assert!(
+        lsns[n - 1] > before_last[0] && lsns[n - 1] > checkpoint,
+        "{lsns:?}"
+    );
     // The test's checkpoint is in the old format (a bare LSN): taken with a warning naming
     // it, and C's commit wrote the new format with this source's origin.
     let old_format = format!("checkpoint_lsn={}", support::pg::format_lsn(checkpoint));
@@ -192,10 +201,10 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         .query_one_value("SELECT system_identifier FROM pg_control_system()")
         .await;
     assert_eq!(
-        values[3],
+        values[n - 1],
         format!(
             r#"{{"version":1,"lsn":"{}","system_id":"{system_id}","timeline":1,"slot":"{}"}}"#,
-            support::pg::format_lsn(lsns[3]),
+            support::pg::format_lsn(lsns[n - 1]),
             setup.slot
         )
     );
@@ -211,7 +220,7 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         out.lines().any(|l| l.starts_with("  ok    checkpoint")
             && l.ends_with(&format!(
                 "{CHECKPOINT_TOPIC}: last checkpoint {} (the topic must have cleanup.policy=compact)",
-                support::pg::format_lsn(lsns[3])
+                support::pg::format_lsn(lsns[n - 1])
             ))),
         "{out}"
     );
@@ -307,25 +316,37 @@ async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
         .await;
     logs.push(relay.log());
 
-    // Each PostgreSQL transaction was committed to Kafka once: one checkpoint each, in commit
-    // order, between its COMMIT's start and the next transaction's.
-    let lsns = checkpoints(&bootstrap, &setup.slot, before_commit.len()).await;
+    // Each PostgreSQL transaction was committed to Kafka once, in a batch of consecutive
+    // ones: the checkpoints (one per Kafka transaction, its last PostgreSQL transaction's
+    // end) in commit order, each between a COMMIT's start and the next transaction's, the
+    // last one past the last transaction.
+    let lsns = checkpoints(&bootstrap, &setup.slot, 1).await;
     assert!(
         lsns.windows(2).all(|w| w[0] < w[1]),
-        "checkpoints not strictly increasing (a transaction committed twice): {lsns:?}"
+        "checkpoints not strictly increasing (a transaction committed twice): {lsns:X?}"
     );
-    assert_eq!(
+    assert!(
+        !lsns.is_empty() && lsns.len() <= before_commit.len(),
+        "{} checkpoints for {} transactions",
         lsns.len(),
-        before_commit.len(),
-        "one checkpoint per transaction"
+        before_commit.len()
     );
-    for (i, (lsn, before)) in lsns.iter().zip(&before_commit).enumerate() {
+    for lsn in &lsns {
+        let i = before_commit
+            .iter()
+            .rposition(|before| before < lsn)
+            .unwrap_or_else(|| panic!("checkpoint {lsn:X} is before the first transaction"));
         let next = before_commit.get(i + 1).copied().unwrap_or(u64::MAX);
         assert!(
-            *before < *lsn && *lsn <= next,
-            "checkpoint {i} ({lsn:X}) is not transaction {i}'s end ({before:X}..{next:X})"
+            *lsn <= next,
+            "checkpoint {lsn:X} is not transaction {i}'s end ({:X}..{next:X})",
+            before_commit[i]
         );
     }
+    assert!(
+        lsns.last().unwrap() > before_commit.last().unwrap(),
+        "the last checkpoint is not past the last transaction: {lsns:X?}"
+    );
 
     let topics: Vec<String> = types.iter().map(|t| format!("{t}.events")).collect();
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
@@ -340,7 +361,8 @@ async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
     .await;
     assert_delivered(&written, &consumed, false);
     // Duplicates only from the one Kafka transaction each kill left open (aborted; on a broker
-    // with transactions invisible to this consumer).
+    // with transactions invisible to this consumer): a batch of consecutive transactions, so
+    // at most one run of consecutive transactions per kill.
     let txn_of: HashMap<&str, usize> = written
         .iter()
         .enumerate()
@@ -359,10 +381,13 @@ async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
         .collect();
     duplicated_txns.sort_unstable();
     duplicated_txns.dedup();
+    let runs = 1 + duplicated_txns
+        .windows(2)
+        .filter(|w| w[1] != w[0] + 1)
+        .count();
     assert!(
-        duplicated_txns.len() <= kills,
-        "events of {} transactions published twice after {kills} kills: {duplicated_txns:?}",
-        duplicated_txns.len()
+        duplicated_txns.is_empty() || runs <= kills,
+        "events of {runs} runs of transactions published twice after {kills} kills: {duplicated_txns:?}"
     );
     let uncommitted = support::consume_with(
         &bootstrap,
@@ -947,4 +972,146 @@ async fn exactly_once_after_a_failover_takes_a_checkpoint_before_the_switch_poin
         before_refusal,
         "the refused relay confirmed something"
     );
+}
+
+/// Batches: a backlog of 40 transactions written while the relay is down is committed in a
+/// few Kafka transactions, each with the last PostgreSQL transaction's end as its
+/// checkpoint. Then a crash between those Kafka commits and the slot's confirmation (the
+/// slot put back where it stood before the backlog, as if the relay died before its status
+/// update reached PostgreSQL): the next relay must pass over every transaction of every
+/// batch by the checkpoint, so that a `read_committed` consumer sees each event once and none
+/// is lost. A checkpoint at a batch's first transaction would publish the rest again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_commits_a_backlog_in_batches_and_a_crash_before_the_confirmation_publishes_nothing_again(
+) {
+    let setup = Setup::new("eos_batch", &[], 1).await;
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let topic = format!("{}.events", types[0]);
+    let mock = mock_cluster(&types, 2);
+    let bootstrap = mock.bootstrap_servers();
+    let args = eos_args(&setup, &bootstrap);
+    let c = &setup.db.client;
+
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (mut written, before) = write_events(c, 1, 3, &types, 4, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    wait_for(
+        "the slot to be released",
+        Duration::from_secs(30),
+        || async {
+            setup
+                .db
+                .slot_active_pid(&setup.slot)
+                .await
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    // Where the slot stands before the backlog, kept in a copy.
+    let before_backlog = format!("{}_before_backlog", setup.slot);
+    let copy = |from: &str, to: &str| {
+        format!("SELECT slot_name::text FROM pg_copy_logical_replication_slot('{from}', '{to}')")
+    };
+    let _: String = setup
+        .db
+        .query_one_value(&copy(&setup.slot, &before_backlog))
+        .await;
+
+    let txns = 40;
+    let (backlog, backlog_before_commit) =
+        write_events(c, txns, 3, &types, 4, 3, Duration::ZERO).await;
+    written.extend(backlog);
+    let mut relay = Relay::spawn(&args);
+    setup
+        .wait_confirmed_past(
+            *backlog_before_commit.last().unwrap(),
+            "confirmed_flush_lsn past the backlog",
+            Duration::from_secs(60),
+        )
+        .await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+    let first_log = relay.log();
+
+    // The first transaction's checkpoint, then the backlog's batches: fewer Kafka
+    // transactions than PostgreSQL transactions, each checkpoint a transaction's end, the
+    // last one the backlog's end.
+    let lsns = checkpoints(&bootstrap, &setup.slot, 2).await;
+    assert!(
+        lsns.windows(2).all(|w| w[0] < w[1]),
+        "checkpoints not strictly increasing: {lsns:X?}"
+    );
+    let batches = &lsns[1..];
+    assert!(
+        !batches.is_empty() && batches.len() <= txns / 2,
+        "{} Kafka transactions for {txns} PostgreSQL transactions written at once: {lsns:X?}",
+        batches.len()
+    );
+    for lsn in batches {
+        let i = backlog_before_commit
+            .iter()
+            .rposition(|before| before < lsn)
+            .unwrap_or_else(|| panic!("checkpoint {lsn:X} is before the backlog"));
+        let next = backlog_before_commit
+            .get(i + 1)
+            .copied()
+            .unwrap_or(u64::MAX);
+        assert!(
+            *lsn <= next,
+            "checkpoint {lsn:X} is not a transaction's end ({:X}..{next:X})",
+            backlog_before_commit[i]
+        );
+    }
+    assert!(
+        *batches.last().unwrap() > *backlog_before_commit.last().unwrap(),
+        "the last checkpoint is the last transaction's end: {lsns:X?}"
+    );
+
+    // The crash before the confirmation: the slot back before the backlog.
+    setup.db.drop_slot(&setup.slot).await;
+    let _: String = setup
+        .db
+        .query_one_value(&copy(&before_backlog, &setup.slot))
+        .await;
+    setup.db.drop_slot(&before_backlog).await;
+    assert!(setup.confirmed_flush().await < backlog_before_commit[0]);
+    let (last, last_before_commit) =
+        write_events(c, 1, 3, &types, 4, 3 + 3 * txns, Duration::ZERO).await;
+    written.extend(last);
+    let relay = Relay::spawn(&args);
+    setup
+        .wait_confirmed_past(
+            last_before_commit[0],
+            "confirmed_flush_lsn past the transaction after the backlog",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        relay.log().contains(&format!(
+            "checkpoint_lsn={}",
+            support::pg::format_lsn(*batches.last().unwrap())
+        )),
+        "the restart names the last batch's checkpoint:\n{}",
+        relay.log()
+    );
+    let consumed = read_committed(
+        &bootstrap,
+        &[&topic],
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    eprintln!(
+        "{txns} transactions in {} Kafka transactions; first relay's log:\n{first_log}",
+        batches.len()
+    );
+    drop(relay);
 }

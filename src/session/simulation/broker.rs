@@ -11,7 +11,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::wal::DEAD_LETTER_TOPIC;
-use super::world::{LateCommit, Shared, TxnStatus, Written};
+use super::world::{txn_of, LateCommit, Shared, TxnStatus, Written};
 use crate::ack::EventToken;
 use crate::exactly_once::{Checkpoint, TransactionError, Transactions};
 use crate::session::mutation::{self, Mutation};
@@ -146,10 +146,15 @@ impl Sink for SimSink {
         let txn = match w.setup.exactly_once {
             false => None,
             true => {
-                if w.coordinator.ongoing.is_none() {
-                    w.violate(format!("record {id} sent outside a Kafka transaction"));
+                let ongoing = w.coordinator.ongoing;
+                match (ongoing, txn_of(&id)) {
+                    (None, _) => w.violate(format!("record {id} sent outside a Kafka transaction")),
+                    (Some(txn), Some(pg)) => {
+                        w.coordinator.batches.entry(txn).or_default().insert(pg);
+                    }
+                    (Some(_), None) => {}
                 }
-                w.coordinator.ongoing
+                ongoing
             }
         };
         if let Outcome::Refused { .. } = outcome {

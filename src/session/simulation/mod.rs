@@ -13,7 +13,11 @@
 //! (outbox inserts and transactional logical messages with the prefix, which are events;
 //! inserts into another table and messages with another prefix, which are not; a
 //! non-transactional message with the prefix now and then; overlapping transactions; one
-//! `ALTER TABLE` of the outbox that moves every column) committing at random times; then up to
+//! `ALTER TABLE` of the outbox that moves every column; exactly-once: up to 6 transactions,
+//! some in bursts a few ms apart) committing at random times; exactly-once: batch limits (1
+//! to 4 or 1000 transactions, 50-2000 bytes or none, a linger of 0-20 ms), so that Kafka
+//! transactions of several PostgreSQL transactions commit, fail, hang, and meet connection
+//! loss and shutdown while open (the run's summary counts those committed and aborted); then up to
 //! three sessions, each with its own faults: connection loss at a random time, a graceful
 //! shutdown at a random time, retryable record failures (the partition's later records time
 //! out too, as with the idempotent producer), records refused for good by the broker, records
@@ -132,6 +136,10 @@ pub(crate) struct Summary {
     pub sessions: usize,
     pub events: usize,
     pub records_written: usize,
+    /// Exactly-once: Kafka transactions with records of several PostgreSQL transactions,
+    /// committed and aborted.
+    pub batches_committed: usize,
+    pub batches_aborted: usize,
 }
 
 /// Runs the schedule of `seed`, exactly-once or not.
@@ -222,11 +230,16 @@ async fn schedule(seed: u64, guarantee: Guarantee) -> Result<Summary, String> {
                 .collect::<Vec<_>>()
         )),
         Some(violation) => Err(violation),
-        None => Ok(Summary {
-            sessions: n,
-            events: w.wal.txns.iter().map(|t| t.events().count()).sum(),
-            records_written: w.log.len(),
-        }),
+        None => {
+            let (batches_committed, batches_aborted) = w.coordinator.batches_of_several();
+            Ok(Summary {
+                sessions: n,
+                events: w.wal.txns.iter().map(|t| t.events().count()).sum(),
+                records_written: w.log.len(),
+                batches_committed,
+                batches_aborted,
+            })
+        }
     }
 }
 
@@ -312,7 +325,8 @@ async fn session(
             redo.forget_confirmed(start);
             Mode::ExactlyOnce(
                 ExactlyOnce::new(Box::new(transactions), checkpoint.map(Checkpoint))
-                    .with_redo(redo.clone()),
+                    .with_redo(redo.clone())
+                    .with_limits(world.lock().setup.batch),
             )
         }
     };
@@ -428,6 +442,8 @@ fn find_violation(
                 total.sessions += summary.sessions;
                 total.events += summary.events;
                 total.records_written += summary.records_written;
+                total.batches_committed += summary.batches_committed;
+                total.batches_aborted += summary.batches_aborted;
             }
             Err(violation) => return (ran, Some((seed, violation)), total),
         }
@@ -448,10 +464,12 @@ mod tests {
             );
         }
         println!(
-            "{ran} schedules ({} sessions, {} events, {} records written) in {:.1} s",
+            "{ran} schedules ({} sessions, {} events, {} records written; Kafka transactions of several PostgreSQL transactions: {} committed, {} aborted) in {:.1} s",
             total.sessions,
             total.events,
             total.records_written,
+            total.batches_committed,
+            total.batches_aborted,
             started.elapsed().as_secs_f64()
         );
     }
@@ -599,6 +617,17 @@ mod tests {
             Mutation::ConfirmSourcePosition,
             Guarantee::ExactlyOnce,
             "which is not committed",
+        );
+    }
+
+    /// A batch of several PostgreSQL transactions checkpointed at its first one's end: the
+    /// session after a crash passes over only that one and publishes the rest again.
+    #[test]
+    fn the_simulation_catches_a_batch_checkpointed_at_its_first_transaction() {
+        caught(
+            Mutation::CheckpointFirstTransaction,
+            Guarantee::ExactlyOnce,
+            "visible 2 times",
         );
     }
 }

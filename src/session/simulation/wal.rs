@@ -102,6 +102,9 @@ impl Txn {
 pub(super) struct WalShape {
     /// Bad events (an illegal topic name, payloads too large for the producer or the broker).
     pub bad_input: bool,
+    /// Exactly-once: up to two transactions more, and bursts of commits a few ms apart, so
+    /// that batches of several transactions form.
+    pub bursts: bool,
 }
 
 /// The whole WAL of a schedule.
@@ -114,7 +117,7 @@ pub(super) struct Wal {
 
 impl Wal {
     pub fn generate(rng: &mut Rng, shape: WalShape) -> Wal {
-        let count = rng.usize(1..=4);
+        let count = rng.usize(1..=4) + if shape.bursts { rng.usize(0..=2) } else { 0 };
         let schema_change = rng.usize(0..count + 2);
         let keys = rng.usize(1..=4);
         let mut txns: Vec<Txn> = Vec::with_capacity(count);
@@ -162,7 +165,10 @@ impl Wal {
             let change_lsns: Vec<Lsn> = (0..size as u64).map(|n| Lsn(first.0 + 0x10 * n)).collect();
             let final_lsn = Lsn((first.0 + 0x10 * (size as u64 + 1)).max(end.0 + 0x10));
             let end_lsn = Lsn(final_lsn.0 + 0x30);
-            at += Duration::from_millis(rng.u64(0..300));
+            at += Duration::from_millis(match shape.bursts && rng.bool() {
+                true => rng.u64(0..5),
+                false => rng.u64(0..300),
+            });
             let schema = u8::from(i >= schema_change);
             let non_transactional_before = rng.u8(0..10) == 0;
             let encoded = encode_txn(

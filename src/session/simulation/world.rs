@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::wal::{Wal, WalShape, START, TOPIC};
+use crate::exactly_once::BatchLimits;
 use crate::lsn::Lsn;
 use crate::session::mutation::{self, Mutation};
 use crate::sink::InFlight;
@@ -59,6 +60,8 @@ pub(super) struct Setup {
     /// Larger records the broker refuses after sending (the topic's `max.message.bytes`).
     pub broker_max_bytes: usize,
     pub partitions: usize,
+    /// Exactly-once: when a batch of PostgreSQL transactions closes.
+    pub batch: BatchLimits,
 }
 
 /// What goes wrong in one session, drawn at its start; nothing does in the final one.
@@ -123,6 +126,9 @@ pub(super) struct Coordinator {
     pub late: Vec<LateCommit>,
     /// Checkpoint records, by transaction, in the order written.
     pub checkpoints: Vec<(usize, Lsn)>,
+    /// The PostgreSQL transactions (numbers in the WAL) with records in each Kafka
+    /// transaction, for the run's summary.
+    pub batches: BTreeMap<usize, BTreeSet<usize>>,
     /// Commit requests refused because their epoch was fenced.
     pub fenced: u64,
     /// A record of this transaction failed: librdkafka's producer is in an abortable error
@@ -163,6 +169,18 @@ impl Coordinator {
         if self.ongoing == Some(txn) {
             self.ongoing = None;
         }
+    }
+
+    /// How many Kafka transactions with records of several PostgreSQL transactions were
+    /// committed, and how many aborted.
+    pub fn batches_of_several(&self) -> (usize, usize) {
+        let several = |status| {
+            self.batches
+                .iter()
+                .filter(|(txn, pg)| pg.len() > 1 && self.txns[**txn] == status)
+                .count()
+        };
+        (several(TxnStatus::Committed), several(TxnStatus::Aborted))
     }
 
     /// The last checkpoint a `read_committed` consumer reads.
@@ -243,6 +261,21 @@ impl World {
             producer_max_bytes: rng.usize(400..700),
             broker_max_bytes: rng.usize(300..800),
             partitions: rng.usize(1..=3),
+            batch: match exactly_once {
+                false => BatchLimits::SINGLE,
+                true => BatchLimits {
+                    max_transactions: match rng.u8(0..4) {
+                        0 => 1,
+                        1 => 1_000,
+                        _ => rng.usize(2..=4),
+                    },
+                    max_bytes: match rng.bool() {
+                        true => rng.usize(50..2_000),
+                        false => usize::MAX,
+                    },
+                    linger: Duration::from_millis(rng.u64(0..=20)),
+                },
+            },
         };
         // Exactly-once without a dead-letter topic: bad input that halts cannot be fixed by
         // the operator's restart.
@@ -250,6 +283,7 @@ impl World {
             &mut rng,
             WalShape {
                 bad_input: guarantee != Guarantee::ExactlyOnce,
+                bursts: exactly_once,
             },
         );
         World {
@@ -528,7 +562,7 @@ impl World {
 }
 
 /// The transaction number of event `e<txn>.<n>`, or of its dead-letter copy.
-fn txn_of(id: &str) -> Option<usize> {
+pub(super) fn txn_of(id: &str) -> Option<usize> {
     position_of(id).map(|(txn, _)| txn)
 }
 
