@@ -247,6 +247,8 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
+    /// The sink kind's rule for a destination ([`crate::config::SinkConfig::destination_rule`]).
+    destination_rule: fn(&str) -> Result<(), &'static str>,
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -330,6 +332,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
+            destination_rule: config.sink.destination_rule(),
         })
     }
 
@@ -531,7 +534,7 @@ impl Router {
         let valid = if value.is_empty() {
             Err("the routing value is empty")
         } else {
-            validate_topic(&topic)
+            (self.destination_rule)(&topic)
         };
         if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {

@@ -3,6 +3,7 @@
 
 use super::{check_kafka, finding, Finding, Verdict};
 use crate::config::{PipelineConfig, SinkConfig};
+use crate::sink::rabbitmq::RabbitMqPublisher;
 use crate::sink::redis::RedisPublisher;
 
 /// The findings about `config.sink`.
@@ -23,6 +24,21 @@ pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
                     format!("{} reachable; {persistence}", config.sink.server()),
                 )],
             },
+        },
+        SinkConfig::RabbitMq(rabbitmq) => match RabbitMqPublisher::connect(rabbitmq).await {
+            Err(e) => vec![finding("rabbitmq", Verdict::Fail, e.to_string())],
+            Ok(_publisher) => vec![finding(
+                "rabbitmq",
+                Verdict::Ok,
+                format!(
+                    "{} reachable, authenticated; {}; messages are persistent and confirmed, a message no queue is bound for is refused",
+                    config.sink.server(),
+                    match rabbitmq.exchange.as_str() {
+                        "" => "the default exchange (routing key = queue name)".to_owned(),
+                        name => format!("exchange {name:?} exists (sink.exchange)"),
+                    }
+                ),
+            )],
         },
     }
 }

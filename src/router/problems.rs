@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::{compile_topic_regex, Template};
 use crate::config::{
-    validate_topic, ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
+    ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
 };
 
 /// Checks a pipeline's routing and record options (`route`, `columns.timestamp`,
@@ -47,7 +47,7 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                         format!("${{column:...}} {no_columns}"),
                     );
                 }
-                if let Err(reason) = validate_topic(&template.sample()) {
+                if let Err(reason) = config.sink.validate_destination(&template.sample()) {
                     problem(
                         "route.topic_template",
                         format!("gives no legal topic name: {reason}"),
@@ -109,7 +109,7 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
             "required when on_bad_event = \"dead_letter\"".into(),
         ),
         (OnBadEvent::DeadLetter, Some(topic)) => {
-            if let Err(reason) = validate_topic(topic) {
+            if let Err(reason) = config.sink.validate_destination(topic) {
                 problem(
                     "dead_letter_topic",
                     format!("{topic:?} is not a legal topic name: {reason}"),

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::kafka::{KafkaSink, ProducerError};
 use super::ordered::{OrderedSettings, OrderedSink};
-use super::{redis, Delivery, InFlight, Record, SendError, Sink};
+use super::{rabbitmq, redis, Delivery, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
 use crate::config::{PipelineConfig, SinkConfig};
 use crate::error::Error;
@@ -50,6 +50,13 @@ impl AnySink {
                     OrderedSettings {
                         max_concurrency: redis.max_concurrency,
                         delivery_timeout: redis.delivery_timeout(),
+                    },
+                )),
+                SinkConfig::RabbitMq(rabbitmq) => Ok(OrderedSink::new(
+                    rabbitmq::RabbitMqPublisher::connect(rabbitmq).await?,
+                    OrderedSettings {
+                        max_concurrency: rabbitmq.max_concurrency,
+                        delivery_timeout: rabbitmq.delivery_timeout(),
                     },
                 )),
             }

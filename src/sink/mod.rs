@@ -14,6 +14,7 @@ mod any;
 pub mod kafka;
 pub mod ordered;
 pub mod producer;
+pub mod rabbitmq;
 pub mod redis;
 
 pub use any::{AnySink, ConnectError};
