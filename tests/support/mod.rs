@@ -20,6 +20,7 @@
 pub mod http;
 pub mod kafka;
 pub mod pg;
+pub mod rabbitmq;
 pub mod redis;
 pub mod relay;
 mod run;
