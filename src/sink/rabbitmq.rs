@@ -26,7 +26,9 @@ use futures::future::BoxFuture;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+use lapin::uri::AMQPUri;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 use tokio::sync::Mutex;
 
 use super::ordered::{PublishError, Publisher};
@@ -73,9 +75,15 @@ impl RabbitMqPublisher {
             .with_connection_name("outbox-relay".into())
             .with_executor(tokio_executor_trait::Tokio::current())
             .with_reactor(tokio_reactor_trait::Tokio);
-        let connection = Connection::connect(&config.url, properties)
+        let uri: AMQPUri = config.url.parse().map_err(|_| {
+            error(
+                false,
+                "sink.url does not parse as amqp[s]://[user:password@]host[:port][/vhost]".into(),
+            )
+        })?;
+        let connection = Connection::connect_uri(uri, properties)
             .await
-            .map_err(|e| error(e.is_io_error(), e.to_string()))?;
+            .map_err(|e| error(connect_retryable(&e), e.to_string()))?;
         let channel = open_channel(&connection)
             .await
             .map_err(|e| error(true, format!("opening a channel: {e}")))?;
@@ -110,6 +118,21 @@ impl RabbitMqPublisher {
             max_message_bytes: config.max_message_bytes,
             server,
         })
+    }
+}
+
+/// Whether connecting again may succeed: not after the server refused the login
+/// (`ACCESS_REFUSED`) or the vhost (`NOT_ALLOWED`), nor with another protocol version; yes
+/// for anything about reaching the server (refused, reset, closed while it shuts down).
+fn connect_retryable(e: &lapin::Error) -> bool {
+    match e.kind() {
+        ErrorKind::ProtocolError(amqp) => !matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+                | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
+        ),
+        ErrorKind::InvalidProtocolVersion(_) => false,
+        _ => true,
     }
 }
 

@@ -113,3 +113,14 @@ fn a_returned_message_is_a_refusal_naming_where_it_went_and_a_nack_is_retried() 
         Failure::Broken
     );
 }
+
+#[test]
+fn a_refused_login_or_vhost_is_permanent_and_an_unreachable_server_is_not() {
+    use lapin::protocol::AMQPError;
+    let protocol = |kind| lapin::Error::from(ErrorKind::ProtocolError(AMQPError::new(kind, "x".into())));
+    assert!(!connect_retryable(&protocol(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED))));
+    assert!(!connect_retryable(&protocol(AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED))));
+    assert!(connect_retryable(&protocol(AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED))));
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    assert!(connect_retryable(&lapin::Error::from(refused)));
+}

@@ -159,6 +159,20 @@ async fn check_finds_the_exchange_and_refuses_bad_credentials() {
     assert!(!ok, "check passed with a wrong password:\n{out}");
     assert!(out.contains("FAIL  rabbitmq") && out.contains(&server.server.port.to_string()), "{}", tail_lines(&out, 20));
     assert!(!out.contains("not-the-password"), "the password is in the output:\n{out}");
+
+    // `run` with it stops the pipeline (retrying cannot fix a refused login), password hidden.
+    let toml_settings = format!("url = \"{bad}\"\nexchange = \"{EXCHANGE}\"");
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{toml_settings}\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(!status.success(), "run succeeded with a wrong password:\n{log}");
+    assert!(log.contains("ACCESS") && !log.contains("not-the-password"), "{}", tail_lines(&log, 20));
 }
 
 /// The polling source publishes through the RabbitMQ sink too, and marks rows only once
