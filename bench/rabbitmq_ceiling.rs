@@ -34,8 +34,13 @@ async fn main() {
     let properties = ConnectionProperties::default()
         .with_executor(tokio_executor_trait::Tokio::current())
         .with_reactor(tokio_reactor_trait::Tokio);
-    let connection = Connection::connect(url, properties).await.expect("connecting");
-    let channel = connection.create_channel().await.expect("opening a channel");
+    let connection = Connection::connect(url, properties)
+        .await
+        .expect("connecting");
+    let channel = connection
+        .create_channel()
+        .await
+        .expect("opening a channel");
     match command.as_str() {
         "declare" => {
             let durable = ExchangeDeclareOptions {
@@ -43,26 +48,46 @@ async fn main() {
                 ..ExchangeDeclareOptions::default()
             };
             channel
-                .exchange_declare(exchange, ExchangeKind::Topic, durable, FieldTable::default())
+                .exchange_declare(
+                    exchange,
+                    ExchangeKind::Topic,
+                    durable,
+                    FieldTable::default(),
+                )
                 .await
                 .expect("declaring the exchange");
             let durable = QueueDeclareOptions {
                 durable: true,
                 ..QueueDeclareOptions::default()
             };
-            channel.queue_declare(key, durable, FieldTable::default()).await.expect("declaring the queue");
             channel
-                .queue_bind(key, exchange, key, QueueBindOptions::default(), FieldTable::default())
+                .queue_declare(key, durable, FieldTable::default())
+                .await
+                .expect("declaring the queue");
+            channel
+                .queue_bind(
+                    key,
+                    exchange,
+                    key,
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
                 .await
                 .expect("binding the queue");
         }
         "purge" => {
-            channel.queue_purge(key, QueuePurgeOptions::default()).await.expect("purging the queue");
+            channel
+                .queue_purge(key, QueuePurgeOptions::default())
+                .await
+                .expect("purging the queue");
         }
         "count" => {
             let n: u64 = rest.first().and_then(|v| v.parse().ok()).expect("count N");
             let in_flight: usize = rest.get(1).map_or(256, |v| v.parse().expect("IN_FLIGHT"));
-            channel.confirm_select(ConfirmSelectOptions::default()).await.expect("confirm mode");
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .expect("confirm mode");
             let start = Instant::now();
             let mut pending = FuturesUnordered::new();
             let mut confirmed = 0u64;
@@ -76,7 +101,10 @@ async fn main() {
                 let mut headers = FieldTable::default();
                 headers.insert("id".into(), AMQPValue::LongString(id.clone().into()));
                 headers.insert("event_type".into(), AMQPValue::LongString("Created".into()));
-                headers.insert("key".into(), AMQPValue::LongString(format!("key-{}", i % 1000).into()));
+                headers.insert(
+                    "key".into(),
+                    AMQPValue::LongString(format!("key-{}", i % 1000).into()),
+                );
                 let properties = BasicProperties::default()
                     .with_delivery_mode(2)
                     .with_message_id(id.into())

@@ -4,9 +4,7 @@
 use std::collections::HashSet;
 
 use super::{compile_topic_regex, Template};
-use crate::config::{
-    ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
-};
+use crate::config::{ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat};
 
 /// Checks a pipeline's routing and record options (`route`, `columns.timestamp`,
 /// `additional_placement`, `value_format`, `on_bad_event`, `dead_letter_topic`).

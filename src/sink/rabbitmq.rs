@@ -24,9 +24,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 use tokio::sync::Mutex;
@@ -139,7 +139,9 @@ fn connect_retryable(e: &lapin::Error) -> bool {
 /// A channel of `connection` in confirm mode.
 async fn open_channel(connection: &Connection) -> lapin::Result<Channel> {
     let channel = connection.create_channel().await?;
-    channel.confirm_select(ConfirmSelectOptions::default()).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
     Ok(channel)
 }
 
@@ -157,10 +159,12 @@ impl Drop for RabbitMqPublisher {
 
 impl Publisher for RabbitMqPublisher {
     fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
-        let prepared = message(record, self.content_type.as_ref(), self.max_message_bytes)
-            .map_err(|e| PublishError {
-                reason: format!("{}: {}", self.server, e.reason),
-                ..e
+        let prepared =
+            message(record, self.content_type.as_ref(), self.max_message_bytes).map_err(|e| {
+                PublishError {
+                    reason: format!("{}: {}", self.server, e.reason),
+                    ..e
+                }
             });
         let (connection, channel) = (Arc::clone(&self.connection), Arc::clone(&self.channel));
         let (exchange, server) = (self.exchange.clone(), self.server.clone());
@@ -168,7 +172,8 @@ impl Publisher for RabbitMqPublisher {
         let body = record.value.clone().unwrap_or_default();
         Box::pin(async move {
             let properties = prepared?;
-            let where_to = || format!("{server}: exchange {exchange:?}, routing key {routing_key:?}");
+            let where_to =
+                || format!("{server}: exchange {exchange:?}, routing key {routing_key:?}");
             let channel = {
                 let mut current = channel.lock().await;
                 if !current.status().connected() {
@@ -178,7 +183,10 @@ impl Publisher for RabbitMqPublisher {
                         )));
                     }
                     *current = open_channel(&connection).await.map_err(|e| {
-                        lost(&connection, format!("{server}: opening a channel again: {e}"))
+                        lost(
+                            &connection,
+                            format!("{server}: opening a channel again: {e}"),
+                        )
                     })?;
                 }
                 current.clone()
@@ -283,7 +291,10 @@ fn message(
         add_header(&mut headers, name, value);
     }
     if let Some(key) = &record.key {
-        headers.insert(KEY_HEADER.into(), AMQPValue::LongString(key.to_vec().into()));
+        headers.insert(
+            KEY_HEADER.into(),
+            AMQPValue::LongString(key.to_vec().into()),
+        );
     }
     let mut properties = BasicProperties::default()
         .with_delivery_mode(2)

@@ -96,7 +96,10 @@ pub async fn channel(server: &ServerProcess) -> (Connection, Channel) {
     )
     .await
     .unwrap_or_else(|e| panic!("connecting to rabbitmq-server on {}: {e}", server.port));
-    let channel = connection.create_channel().await.expect("opening a channel");
+    let channel = connection
+        .create_channel()
+        .await
+        .expect("opening a channel");
     (connection, channel)
 }
 
@@ -109,7 +112,12 @@ pub async fn declare(server: &ServerProcess, destinations: &[String]) {
         ..ExchangeDeclareOptions::default()
     };
     channel
-        .exchange_declare(EXCHANGE, ExchangeKind::Topic, durable, FieldTable::default())
+        .exchange_declare(
+            EXCHANGE,
+            ExchangeKind::Topic,
+            durable,
+            FieldTable::default(),
+        )
         .await
         .expect("declaring the exchange");
     for queue in destinations {
@@ -122,7 +130,13 @@ pub async fn declare(server: &ServerProcess, destinations: &[String]) {
             .await
             .unwrap_or_else(|e| panic!("declaring queue {queue}: {e}"));
         channel
-            .queue_bind(queue, EXCHANGE, queue, QueueBindOptions::default(), FieldTable::default())
+            .queue_bind(
+                queue,
+                EXCHANGE,
+                queue,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .unwrap_or_else(|e| panic!("binding queue {queue}: {e}"));
     }
@@ -171,10 +185,14 @@ impl Taken {
                 };
                 let delivery = message.delivery;
                 let properties = delivery.properties.clone();
-                fresh
-                    .entry(queue.clone())
-                    .or_default()
-                    .push((consumed(&delivery.routing_key.to_string(), &properties, delivery.data), properties));
+                fresh.entry(queue.clone()).or_default().push((
+                    consumed(
+                        &delivery.routing_key.to_string(),
+                        &properties,
+                        delivery.data,
+                    ),
+                    properties,
+                ));
             }
         }
         let _ = connection.close(200, "read").await;

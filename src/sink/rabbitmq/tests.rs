@@ -38,8 +38,14 @@ fn a_message_is_persistent_with_the_event_id_headers_and_key() {
     )
     .unwrap();
     assert_eq!(properties.delivery_mode(), &Some(2));
-    assert_eq!(properties.message_id().as_ref().map(|s| s.as_str()), Some("e-1"));
-    assert_eq!(properties.content_type().as_ref().map(|s| s.as_str()), Some("application/json"));
+    assert_eq!(
+        properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("e-1")
+    );
+    assert_eq!(
+        properties.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/json")
+    );
     assert_eq!(properties.timestamp(), &Some(1_700_000_000));
     assert_eq!(header(&properties, "id"), Some(long(b"e-1")));
     assert_eq!(header(&properties, "event_type"), Some(long(b"Created")));
@@ -75,7 +81,9 @@ fn a_name_given_twice_keeps_both_values_in_order() {
     .unwrap();
     assert_eq!(
         header(&properties, "tenant"),
-        Some(AMQPValue::FieldArray(vec![long(b"a"), long(b"b"), AMQPValue::Void].into()))
+        Some(AMQPValue::FieldArray(
+            vec![long(b"a"), long(b"b"), AMQPValue::Void].into()
+        ))
     );
     assert_eq!(properties.content_type(), &None);
 }
@@ -89,7 +97,10 @@ fn too_large_records_and_long_names_are_refused_before_sending() {
 
     let long_name = "h".repeat(256);
     let e = message(
-        &record(vec![(long_name.clone().into(), Some(Bytes::from_static(b"v")))]),
+        &record(vec![(
+            long_name.clone().into(),
+            Some(Bytes::from_static(b"v")),
+        )]),
         None,
         1 << 20,
     )
@@ -109,7 +120,9 @@ fn a_returned_message_is_a_refusal_naming_where_it_went_and_a_nack_is_retried() 
     let e = outcome(Confirmation::Nack(None), "h: exchange \"\"").unwrap_err();
     assert_eq!(e.failure, Failure::Retry);
     assert_eq!(
-        outcome(Confirmation::NotRequested, "x").unwrap_err().failure,
+        outcome(Confirmation::NotRequested, "x")
+            .unwrap_err()
+            .failure,
         Failure::Broken
     );
 }
@@ -117,10 +130,17 @@ fn a_returned_message_is_a_refusal_naming_where_it_went_and_a_nack_is_retried() 
 #[test]
 fn a_refused_login_or_vhost_is_permanent_and_an_unreachable_server_is_not() {
     use lapin::protocol::AMQPError;
-    let protocol = |kind| lapin::Error::from(ErrorKind::ProtocolError(AMQPError::new(kind, "x".into())));
-    assert!(!connect_retryable(&protocol(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED))));
-    assert!(!connect_retryable(&protocol(AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED))));
-    assert!(connect_retryable(&protocol(AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED))));
+    let protocol =
+        |kind| lapin::Error::from(ErrorKind::ProtocolError(AMQPError::new(kind, "x".into())));
+    assert!(!connect_retryable(&protocol(AMQPErrorKind::Soft(
+        AMQPSoftError::ACCESSREFUSED
+    ))));
+    assert!(!connect_retryable(&protocol(AMQPErrorKind::Hard(
+        AMQPHardError::NOTALLOWED
+    ))));
+    assert!(connect_retryable(&protocol(AMQPErrorKind::Hard(
+        AMQPHardError::CONNECTIONFORCED
+    ))));
     let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
     assert!(connect_retryable(&lapin::Error::from(refused)));
 }

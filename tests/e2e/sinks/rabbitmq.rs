@@ -42,7 +42,10 @@ impl SinkServer for RabbitMq {
     }
 
     fn sink_settings(&self) -> String {
-        format!("url = \"{}\"\nexchange = \"{EXCHANGE}\"", amqp_url(&self.server))
+        format!(
+            "url = \"{}\"\nexchange = \"{EXCHANGE}\"",
+            amqp_url(&self.server)
+        )
     }
 
     async fn prepare(&self, destinations: &[String]) {
@@ -87,7 +90,10 @@ async fn messages_are_persistent_with_id_headers_and_any_routing_key() {
     let (_dir, args) = relay_args(&setup, server, "");
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
-    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let row = setup
         .db
         .client
@@ -100,7 +106,14 @@ async fn messages_are_persistent_with_id_headers_and_any_routing_key() {
         .await
         .unwrap();
     let id: String = row.get(0);
-    let got = read_until(server, &destinations, 1, Duration::ZERO, Duration::from_secs(60)).await;
+    let got = read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
     let taken = server.taken.read(&server.server, &destinations).await;
     let (record, properties) = &taken[0];
     assert_eq!(got.len(), 1, "{got:?}");
@@ -108,18 +121,44 @@ async fn messages_are_persistent_with_id_headers_and_any_routing_key() {
     assert_eq!(record.key.as_deref(), Some(&b"o-1"[..]));
     assert_eq!(record.value.as_deref(), Some(&br#"{"n": 1}"#[..]));
     assert_eq!(properties.delivery_mode(), &Some(2), "persistent");
-    assert_eq!(properties.message_id().as_ref().map(|s| s.to_string()), Some(id.clone()));
     assert_eq!(
-        properties.content_type().as_ref().map(|s| s.to_string()).as_deref(),
+        properties.message_id().as_ref().map(|s| s.to_string()),
+        Some(id.clone())
+    );
+    assert_eq!(
+        properties
+            .content_type()
+            .as_ref()
+            .map(|s| s.to_string())
+            .as_deref(),
         Some("application/json")
     );
     let at = properties.timestamp().expect("a timestamp");
-    assert!(at + 1 >= before && at <= before + 60, "commit time {at}, test started {before}");
-    for (name, value) in [("id", id.as_str()), ("event_type", "Created"), ("trace", "t-1"), ("header.key", "clash")] {
-        assert_eq!(record.header_str(name).as_deref(), Some(value), "header {name}: {:?}", record.headers);
+    assert!(
+        at + 1 >= before && at <= before + 60,
+        "commit time {at}, test started {before}"
+    );
+    for (name, value) in [
+        ("id", id.as_str()),
+        ("event_type", "Created"),
+        ("trace", "t-1"),
+        ("header.key", "clash"),
+    ] {
+        assert_eq!(
+            record.header_str(name).as_deref(),
+            Some(value),
+            "header {name}: {:?}",
+            record.headers
+        );
     }
     assert!(
-        matches!(properties.headers().as_ref().and_then(|h| h.inner().get("key").cloned()), Some(AMQPValue::LongString(_))),
+        matches!(
+            properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("key").cloned()),
+            Some(AMQPValue::LongString(_))
+        ),
         "the aggregate id as a long string header"
     );
     drop(relay);
@@ -147,18 +186,32 @@ async fn check_finds_the_exchange_and_refuses_bad_credentials() {
     };
     let (ok, out) = check(server.sink_settings());
     assert!(ok, "{out}");
-    assert!(out.contains("ok    rabbitmq") && out.contains("exchange \"outbox\" exists"), "{out}");
+    assert!(
+        out.contains("ok    rabbitmq") && out.contains("exchange \"outbox\" exists"),
+        "{out}"
+    );
 
     let url = amqp_url(&server.server);
     let (ok, out) = check(format!("url = \"{url}\"\nexchange = \"no-such-exchange\""));
     assert!(!ok, "check passed with a missing exchange:\n{out}");
-    assert!(out.contains("FAIL  rabbitmq") && out.contains("no-such-exchange"), "{}", tail_lines(&out, 20));
+    assert!(
+        out.contains("FAIL  rabbitmq") && out.contains("no-such-exchange"),
+        "{}",
+        tail_lines(&out, 20)
+    );
 
     let bad = url.replace("guest:guest", "guest:not-the-password");
     let (ok, out) = check(format!("url = \"{bad}\"\nexchange = \"{EXCHANGE}\""));
     assert!(!ok, "check passed with a wrong password:\n{out}");
-    assert!(out.contains("FAIL  rabbitmq") && out.contains(&server.server.port.to_string()), "{}", tail_lines(&out, 20));
-    assert!(!out.contains("not-the-password"), "the password is in the output:\n{out}");
+    assert!(
+        out.contains("FAIL  rabbitmq") && out.contains(&server.server.port.to_string()),
+        "{}",
+        tail_lines(&out, 20)
+    );
+    assert!(
+        !out.contains("not-the-password"),
+        "the password is in the output:\n{out}"
+    );
 
     // `run` with it stops the pipeline (retrying cannot fix a refused login), password hidden.
     let toml_settings = format!("url = \"{bad}\"\nexchange = \"{EXCHANGE}\"");
@@ -171,8 +224,15 @@ async fn check_finds_the_exchange_and_refuses_bad_credentials() {
     let mut relay = Relay::spawn(&args);
     let status = relay.wait(Duration::from_secs(60));
     let log = relay.log();
-    assert!(!status.success(), "run succeeded with a wrong password:\n{log}");
-    assert!(log.contains("ACCESS") && !log.contains("not-the-password"), "{}", tail_lines(&log, 20));
+    assert!(
+        !status.success(),
+        "run succeeded with a wrong password:\n{log}"
+    );
+    assert!(
+        log.contains("ACCESS") && !log.contains("not-the-password"),
+        "{}",
+        tail_lines(&log, 20)
+    );
 }
 
 /// The polling source publishes through the RabbitMQ sink too, and marks rows only once
@@ -186,13 +246,24 @@ async fn the_polling_source_publishes_to_rabbitmq() {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
     )
     .unwrap();
-    client.batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;").await.unwrap();
+    client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
     client.batch_execute(&kit).await.unwrap();
     let destinations = setup.topics();
     server.prepare(&destinations).await;
     let mut written = Vec::new();
     for n in 0..20 {
-        written.push(insert(client, &setup.types[0], &format!("k{}", n % 3), &format!(r#"{{"n": {n}}}"#)).await);
+        written.push(
+            insert(
+                client,
+                &setup.types[0],
+                &format!("k{}", n % 3),
+                &format!(r#"{{"n": {n}}}"#),
+            )
+            .await,
+        );
     }
     let toml = format!(
         "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{settings}\n",
@@ -202,15 +273,26 @@ async fn the_polling_source_publishes_to_rabbitmq() {
     );
     let (_dir, args) = run_with_config(&toml);
     let relay = Relay::spawn(&args);
-    let got = read_until(server, &destinations, written.len(), Duration::from_secs(1), Duration::from_secs(60)).await;
+    let got = read_until(
+        server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&written, &got, true);
-    crate::support::wait_for("every row marked PUBLISHED", Duration::from_secs(30), || async {
-        let pending: i64 = setup
-            .db
-            .query_one_value("SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'")
-            .await;
-        (pending == 0).then_some(())
-    })
+    crate::support::wait_for(
+        "every row marked PUBLISHED",
+        Duration::from_secs(30),
+        || async {
+            let pending: i64 = setup
+                .db
+                .query_one_value("SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'")
+                .await;
+            (pending == 0).then_some(())
+        },
+    )
     .await;
     drop(relay);
 }
