@@ -56,6 +56,12 @@ Scenarios:
 7. sinks: the backlog of scenario 1 drained into each sink kind other than Kafka (--sink, default
    all), against that sink's bare client as its ceiling: bench/sinks.py.
 
+7. rabbitmq backlog: scenario 1's backlog drained by the relay into a rabbitmq-server node of
+   the bench's own (`kind = "rabbitmq"`, a durable topic exchange and queue, persistent messages
+   with publisher confirms), against bench/rabbitmq_ceiling.rs: a bare lapin publisher of the
+   same number of like messages with confirms, 256 awaiting their confirm (the relay's
+   `max_concurrency`) and no per-key order. Ratio: the relay's events/s over the ceiling's.
+
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
 import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
@@ -71,11 +77,13 @@ VENV = ROOT / "bench" / ".venv"
 PY_DEPS = {"psycopg2": "psycopg2-binary", "confluent_kafka": "confluent-kafka", "sqlalchemy": "sqlalchemy"}
 CEILING = ROOT / "target" / "release" / "examples" / "producer_ceiling"
 MOCK_BROKER = ROOT / "target" / "release" / "examples" / "mock_broker"
+RABBITMQ_CEILING = ROOT / "target" / "release" / "examples" / "rabbitmq_ceiling"
 BROKERS = {"tansu": "tansu (memory storage)",
            "mock": "librdkafka's mock cluster (bench/mock_broker.rs: next to no broker latency; not a real broker)"}
 PAD = "x" * 200  # ~300-byte outbox rows with the other columns
 
 RECV, CEIL, RELAY, CDC, POLL = "pg_recvlogical", "producer ceiling", "outbox-relay", "wal2json relay", "polling relay"
+RABBITMQ_CEIL = "rabbitmq ceiling"
 LIMITS = (RECV, CEIL)
 CONTENDERS = (RECV, CEIL, RELAY, CDC, POLL)
 SELECTED = set(CONTENDERS)  # --contender narrows it
@@ -331,6 +339,119 @@ class Relay:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(60)
+
+
+class ConfigRelay(Relay):
+    """The relay from a config file (a sink other than Kafka), with its metrics endpoint."""
+
+    def __init__(self, work, config, name):
+        self.metrics = f"127.0.0.1:{free_port()}"
+        self.proc = subprocess.Popen(
+            [str(ROOT / "target/release/outbox-relay"), "run", "--config", str(config),
+             "--metrics-listen", self.metrics],
+            stdout=open(work / f"relay-{name}.log", "w"), stderr=subprocess.STDOUT,
+            env={**os.environ, "RUST_LOG": "warn"})
+
+
+def wait_port(port, seconds, what):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{what} did not accept connections on 127.0.0.1:{port} within {seconds} s")
+
+
+class RabbitNode:
+    """A rabbitmq-server node of the bench's own, as tests/support/rabbitmq.rs starts one: its
+    own epmd, node name, ports and Mnesia under the work directory, no plugins."""
+
+    def __init__(self, work):
+        self.dir = work / "rabbitmq"
+        for sub in ("home", "mnesia", "log"):
+            (self.dir / sub).mkdir(parents=True)
+        epmd, self.port, dist = free_port(), free_port(), free_port()
+        out = open(self.dir / "server.log", "a")
+        self.epmd = subprocess.Popen(["epmd", "-port", str(epmd)], stdout=out, stderr=subprocess.STDOUT)
+        wait_port(epmd, 30, "epmd")
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n")
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        env = {**os.environ, "RUNNING_UNDER_SYSTEMD": "true", "HOME": str(self.dir / "home"),
+               "ERL_EPMD_PORT": str(epmd), "RABBITMQ_NODENAME": f"bench-{self.port}@localhost",
+               "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.port),
+               "RABBITMQ_DIST_PORT": str(dist), "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+               "RABBITMQ_LOG_BASE": str(self.dir / "log"), "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins")}
+        self.proc = subprocess.Popen(["/usr/lib/rabbitmq/bin/rabbitmq-server"], env=env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+        wait_port(self.port, 120, "rabbitmq-server")
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2f"
+
+    def ceiling(self, queue, *command):
+        """bench/rabbitmq_ceiling.rs on exchange "outbox" and `queue` (= its routing key)."""
+        return subprocess.run([str(RABBITMQ_CEILING), self.url, "outbox", queue, *map(str, command)],
+                              check=True, capture_output=True, text=True).stdout
+
+    def stop(self):
+        stop_process(self.proc)
+        stop_process(self.epmd)
+
+
+def rabbitmq_scenario(cluster, work, events, rounds):
+    """Scenario 7: the backlog drained into RabbitMQ by the relay and by the bare publisher."""
+    node = RabbitNode(work)
+    contenders = [RABBITMQ_CEIL, RELAY]
+    runs = {c: [] for c in contenders}
+    try:
+        node.ceiling("Order.events", "declare")
+        node.ceiling("ceiling.events", "declare")
+        for r in range(rounds):
+            cluster.sql("TRUNCATE outbox")
+            slot = f"rabbitmq_{r}_relay"
+            cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+            cluster.sql(f"CALL fill_single({events}, 'outbox')")
+            log(f"  round {r + 1}: wrote {events:,} events (load {' '.join(uptime())})")
+            for contender in ordered(contenders, r):
+                start = time.time()
+                run = {}
+                if contender == RABBITMQ_CEIL:
+                    run["own"] = json.loads(node.ceiling("ceiling.events", "count", events))
+                    elapsed = time.time() - start
+                    node.ceiling("ceiling.events", "purge")
+                else:
+                    config = work / f"rabbitmq-{r}.toml"
+                    config.write_text(f"""[[pipelines]]
+name = "bench"
+source_url = "{cluster.url()}"
+slot = "{slot}"
+publication = "outbox_pub"
+table = "public.outbox"
+[pipelines.sink]
+kind = "rabbitmq"
+url = "{node.url}"
+exchange = "outbox"
+""")
+                    relay = ConfigRelay(work, config, slot)
+                    relay.wait_published(events)
+                    elapsed = time.time() - start
+                    run["cpu_seconds"] = cpu_seconds(relay.proc.pid)
+                    relay.stop()
+                    node.ceiling("Order.events", "purge")
+                run.update(seconds=elapsed, events=events, events_per_second=events / elapsed)
+                runs[contender].append(run)
+                log(f"    {contender}: {elapsed:.2f} s ({run['events_per_second']:,.0f} events/s)")
+            cluster.drop_slot(slot)
+    finally:
+        node.stop()
+    out = {c: {"events_per_second": median([x["events_per_second"] for x in v]),
+               "seconds": median([x["seconds"] for x in v]), "runs": v} for c, v in runs.items()}
+    ceiling = out[RABBITMQ_CEIL]["events_per_second"]
+    out[RELAY]["ratio_to_ceiling"] = out[RELAY]["events_per_second"] / ceiling if ceiling else None
+    log(f"  outbox-relay / rabbitmq ceiling: {out[RELAY]['ratio_to_ceiling']:.2f}")
+    return out
 
 
 def recvlogical_cmd(cluster, slot, endpos=None):
@@ -1019,13 +1140,18 @@ def print_table(results, args):
     if "sinks" in results:
         print()
         sinks.print_rows(results["sinks"])
+    if "rabbitmq_backlog" in results:
+        q = results["rabbitmq_backlog"]
+        print(f"\n7. rabbitmq backlog, {args.backlog:,} single-row txns: outbox-relay "
+              f"{q[RELAY]['events_per_second']:,.0f} ev/s, bare lapin publisher {q[RABBITMQ_CEIL]['events_per_second']:,.0f} "
+              f"ev/s (relay / ceiling: {q[RELAY]['ratio_to_ceiling']:.2f})")
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
           f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; broker: {results.get('broker', BROKERS['tansu'])}; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
-SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks")
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "rabbitmq")
 
 
 def main():
@@ -1079,7 +1205,7 @@ def main():
     subprocess.run([str(ROOT / "tests" / "setup-deps.sh"), "--no-pg-matrix"], check=True, stdout=subprocess.DEVNULL)
     log("building outbox-relay and bench/producer_ceiling.rs (release)")
     subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling",
-                    "--example", "mock_broker"],
+                    "--example", "mock_broker", "--example", "rabbitmq_ceiling"],
                    cwd=ROOT, check=True)
     venv_python()  # the latency consumer, and the peers
     work = Path(tempfile.mkdtemp(prefix="outbox-relay-bench."))
@@ -1137,6 +1263,10 @@ def main():
             log(f"scenario 7: backlog of {args.backlog:,} single-row transactions into {', '.join(kinds)}")
             results["sinks"] = sinks.sink_scenario(ROOT, cluster, work, kinds, args.backlog, args.rounds, free_port,
                                                    cpu_seconds, parse_lsn, median, log)
+            save()
+        if run("rabbitmq"):
+            log(f"scenario 7: backlog of {args.backlog:,} single-row transactions into RabbitMQ")
+            results["rabbitmq_backlog"] = rabbitmq_scenario(cluster, work, args.backlog, args.rounds)
             save()
     finally:
         if broker:

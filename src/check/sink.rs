@@ -6,6 +6,7 @@ use crate::config::{NatsConfig, PipelineConfig, SinkConfig};
 use crate::router::Template;
 use crate::sink::nats::coverage::{self, Coverage};
 use crate::sink::nats::NatsPublisher;
+use crate::sink::rabbitmq::RabbitMqPublisher;
 use crate::sink::redis::RedisPublisher;
 
 /// The findings about `config.sink`.
@@ -28,6 +29,21 @@ pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
             },
         },
         SinkConfig::Nats(nats) => check_nats(config, nats).await,
+        SinkConfig::RabbitMq(rabbitmq) => match RabbitMqPublisher::connect(rabbitmq).await {
+            Err(e) => vec![finding("rabbitmq", Verdict::Fail, e.to_string())],
+            Ok(_publisher) => vec![finding(
+                "rabbitmq",
+                Verdict::Ok,
+                format!(
+                    "{} reachable, authenticated; {}; messages are persistent and confirmed, a message no queue is bound for is refused",
+                    config.sink.server(),
+                    match rabbitmq.exchange.as_str() {
+                        "" => "the default exchange (routing key = queue name)".to_owned(),
+                        name => format!("exchange {name:?} exists (sink.exchange)"),
+                    }
+                ),
+            )],
+        },
     }
 }
 

@@ -17,7 +17,7 @@ pub mod sink;
 mod table;
 
 pub use polling::{MarkMode, PollingConfig, SourceKind};
-pub use sink::{DestinationRules, NatsConfig, RedisConfig, SinkConfig, SinkUrl};
+pub use sink::{DestinationRules, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl};
 pub use table::{quote_ident, TableName};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s

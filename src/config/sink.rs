@@ -31,6 +31,16 @@ pub const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 60_000;
 /// Records published concurrently by a Redis sink (different keys: one key's records go one
 /// at a time). The multiplexed connection pipelines them.
 pub const DEFAULT_REDIS_MAX_CONCURRENCY: usize = 256;
+/// Records published concurrently by a RabbitMQ sink (different keys) on its one channel:
+/// enough to keep publisher confirms, which the server batches, flowing.
+pub const DEFAULT_RABBITMQ_MAX_CONCURRENCY: usize = 256;
+/// RabbitMQ's own default `max_message_size` (3.8+): 128 MiB. A larger record is refused
+/// before it is sent (the server would close the channel over it).
+pub const DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES: usize = 128 * 1024 * 1024;
+/// The content type of each message: the outbox payload is `jsonb` by default.
+pub const DEFAULT_RABBITMQ_CONTENT_TYPE: &str = "application/json";
+/// AMQP's limit on a routing key (a short string): 255 bytes.
+pub const MAX_ROUTING_KEY_BYTES: usize = 255;
 
 /// A pipeline's `sink` table (the `kind` key chooses the variant).
 #[derive(Clone, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -43,6 +53,9 @@ pub enum SinkConfig {
     Redis(RedisConfig),
     /// NATS JetStream: one publish per record, acknowledged by the stream's PubAck.
     Nats(NatsConfig),
+    /// RabbitMQ: one persistent message per record, with publisher confirms.
+    #[serde(rename = "rabbitmq")]
+    RabbitMq(RabbitMqConfig),
 }
 
 /// Which destination names a sink kind takes: the router checks the template and
@@ -62,6 +75,7 @@ impl SinkConfig {
             SinkConfig::Kafka => "kafka",
             SinkConfig::Redis(_) => "redis",
             SinkConfig::Nats(_) => "nats",
+            SinkConfig::RabbitMq(_) => "rabbitmq",
         }
     }
 
@@ -79,6 +93,10 @@ impl SinkConfig {
             SinkConfig::Nats(_) => DestinationRules {
                 name: "NATS subject",
                 check: validate_subject,
+            },
+            SinkConfig::RabbitMq(_) => DestinationRules {
+                name: "RabbitMQ routing key",
+                check: validate_routing_key,
             },
         }
     }
@@ -105,6 +123,9 @@ impl SinkConfig {
             SinkConfig::Nats(nats) => {
                 delivery_problems(nats.max_concurrency, nats.delivery_timeout_ms, &mut problem);
             }
+            SinkConfig::RabbitMq(rabbitmq) => {
+                delivery_problems(rabbitmq.max_concurrency, rabbitmq.delivery_timeout_ms, &mut problem);
+            }
         }
         problems
     }
@@ -115,6 +136,7 @@ impl SinkConfig {
             SinkConfig::Kafka => String::new(),
             SinkConfig::Redis(redis) => redact_url(&redis.url),
             SinkConfig::Nats(nats) => nats.shown(),
+            SinkConfig::RabbitMq(rabbitmq) => redact_url(&rabbitmq.url),
         }
     }
 
@@ -136,6 +158,28 @@ impl SinkConfig {
                 }
             }
             SinkConfig::Nats(nats) => nats.resolve(expand, &mut problems),
+            SinkConfig::RabbitMq(rabbitmq) => {
+                if let Some(url) =
+                    secret("url", &rabbitmq.url, rabbitmq.url_file.take(), expand, &mut problems)
+                {
+                    rabbitmq.url = SinkUrl(url);
+                    if !(rabbitmq.url.starts_with("amqp://") || rabbitmq.url.starts_with("amqps://")) {
+                        problems.push((
+                            "sink.url".into(),
+                            format!("{:?} is not an amqp:// or amqps:// URL", redact_url(&rabbitmq.url)),
+                        ));
+                    }
+                }
+                if rabbitmq.exchange.len() > MAX_ROUTING_KEY_BYTES {
+                    problems.push((
+                        "sink.exchange".into(),
+                        format!("longer than {MAX_ROUTING_KEY_BYTES} bytes"),
+                    ));
+                }
+                if rabbitmq.max_message_bytes == 0 {
+                    problems.push(("sink.max_message_bytes".into(), "must be at least 1".into()));
+                }
+            }
         }
         problems
     }
@@ -291,6 +335,70 @@ impl RedisConfig {
     }
 }
 
+/// `kind = "rabbitmq"`: RabbitMQ (AMQP 0-9-1).
+///
+/// Each record is a persistent message published with `mandatory` to `exchange`, its routing
+/// key the routed destination (`<aggregate_type>.events` by default): with a topic exchange,
+/// consumers bind `Order.#`, `*.events` and so on. The server's publisher confirm is the
+/// acknowledgement; a message no queue takes (returned) is refused. README, "RabbitMQ".
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RabbitMqConfig {
+    /// `amqp://[user:password@]host[:port][/vhost]` (`amqps://` for TLS); `${NAME}` references
+    /// are resolved from the environment.
+    pub url: SinkUrl,
+    /// A file holding `url` (a mounted secret), instead of `url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url_file: Option<String>,
+    /// The exchange every record is published to, declared by the operator (`check` verifies
+    /// it exists); `""` (the default): the default exchange, which routes to the queue named
+    /// like the routing key.
+    pub exchange: String,
+    /// The `content_type` property of each message ([`DEFAULT_RABBITMQ_CONTENT_TYPE`]); `""`:
+    /// none. A tombstone never has one.
+    pub content_type: String,
+    /// [`DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES`]: match the server's `max_message_size`.
+    pub max_message_bytes: usize,
+    /// [`DEFAULT_RABBITMQ_MAX_CONCURRENCY`].
+    pub max_concurrency: usize,
+    /// [`DEFAULT_DELIVERY_TIMEOUT_MS`].
+    pub delivery_timeout_ms: u64,
+}
+
+impl Default for RabbitMqConfig {
+    fn default() -> Self {
+        RabbitMqConfig {
+            url: SinkUrl::default(),
+            url_file: None,
+            exchange: String::new(),
+            content_type: DEFAULT_RABBITMQ_CONTENT_TYPE.into(),
+            max_message_bytes: DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES,
+            max_concurrency: DEFAULT_RABBITMQ_MAX_CONCURRENCY,
+            delivery_timeout_ms: DEFAULT_DELIVERY_TIMEOUT_MS,
+        }
+    }
+}
+
+impl RabbitMqConfig {
+    pub fn delivery_timeout(&self) -> Duration {
+        Duration::from_millis(self.delivery_timeout_ms)
+    }
+}
+
+/// Checks an AMQP routing key: not empty (the router's rule for every destination) and at most
+/// [`MAX_ROUTING_KEY_BYTES`] bytes; any bytes are allowed.
+///
+/// Returns the rule `key` breaks.
+pub fn validate_routing_key(key: &str) -> Result<(), &'static str> {
+    if key.is_empty() {
+        return Err("empty");
+    }
+    if key.len() > MAX_ROUTING_KEY_BYTES {
+        return Err("longer than 255 bytes (AMQP's limit on a routing key)");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,5 +482,90 @@ mod tests {
         });
         let problems = sink.resolve(&expand);
         assert_eq!(problems[0].0, "sink.url", "{problems:?}");
+    }
+
+    #[test]
+    fn rabbitmq_settings_have_defaults_and_the_url_must_be_amqp() {
+        let h: Holder =
+            toml::from_str("[sink]\nkind = \"rabbitmq\"\nurl = \"amqp://u:${P}@h/vhost\"\nexchange = \"outbox\"")
+                .unwrap();
+        let mut sink = h.sink;
+        let SinkConfig::RabbitMq(rabbitmq) = &sink else {
+            panic!("not rabbitmq: {sink:?}")
+        };
+        assert_eq!(rabbitmq.exchange, "outbox");
+        assert_eq!(rabbitmq.content_type, DEFAULT_RABBITMQ_CONTENT_TYPE);
+        assert_eq!(rabbitmq.max_message_bytes, DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES);
+        assert_eq!(rabbitmq.max_concurrency, DEFAULT_RABBITMQ_MAX_CONCURRENCY);
+        assert_eq!(sink.kind(), "rabbitmq");
+        let expand = |v: &str| Ok::<_, String>(v.replace("${P}", "secret"));
+        assert!(sink.resolve(&expand).is_empty());
+        assert_eq!(sink.server(), "amqp://u:***@h/vhost");
+        assert!(!format!("{sink:?}").contains("secret"), "{sink:?}");
+
+        let mut sink = SinkConfig::RabbitMq(RabbitMqConfig {
+            url: SinkUrl("http://u:pw@h".into()),
+            exchange: "e".repeat(256),
+            max_message_bytes: 0,
+            ..RabbitMqConfig::default()
+        });
+        let problems = sink.resolve(&expand);
+        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(fields, ["sink.url", "sink.exchange", "sink.max_message_bytes"], "{problems:?}");
+        assert!(!problems[0].1.contains("pw"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_routing_key_takes_any_text_up_to_255_bytes_and_kafka_keeps_its_topic_rules() {
+        let rabbitmq = SinkConfig::RabbitMq(RabbitMqConfig::default());
+        for good in ["Order.events", "has space", "a/b", "ünicode", &"x".repeat(255)] {
+            assert_eq!((rabbitmq.destinations().check)(good), Ok(()), "{good:?}");
+        }
+        assert!((rabbitmq.destinations().check)(&"x".repeat(256)).is_err());
+        assert!((rabbitmq.destinations().check)("").is_err());
+        assert!((SinkConfig::Kafka.destinations().check)("a/b").is_err());
+        assert!((SinkConfig::Kafka.destinations().check)("Order.events").is_ok());
+    }
+
+    #[test]
+    fn the_router_checks_destinations_by_the_sink_kinds_rule() {
+        use crate::config::{OnBadEvent, PipelineConfig, TableName};
+        use crate::router::{RouteError, Router};
+        let table = TableName {
+            schema: "public".into(),
+            name: "outbox".into(),
+        };
+        let mut config = PipelineConfig::new("p", table);
+        config.sink = SinkConfig::RabbitMq(RabbitMqConfig::default());
+        config.route.topic_template = "orders/${routedByValue}".into();
+        config.on_bad_event = OnBadEvent::DeadLetter;
+        config.dead_letter_topic = Some("dead letters".into());
+        let router = Router::new(&config).expect("a routing key may hold '/' and spaces");
+        let event = |aggregate_type: &str| crate::source::outbox::OutboxEvent {
+            id: bytes::Bytes::from_static(b"e-1"),
+            aggregate_type: bytes::Bytes::copy_from_slice(aggregate_type.as_bytes()),
+            aggregate_id: None,
+            event_type: None,
+            payload: None,
+            headers: None,
+            routed_by: None,
+            payload_kind: crate::source::outbox::ValueKind::Json,
+            columns: Vec::new(),
+            lsn: crate::lsn::Lsn(1),
+        };
+        assert_eq!(router.route(&event("Order Line"), 0).unwrap().topic, "orders/Order Line");
+        let err = router.route(&event(&"x".repeat(250)), 0).unwrap_err();
+        assert!(
+            matches!(&err, RouteError::IllegalTopic { event_id, reason, .. } if event_id == "e-1" && reason.contains("255")),
+            "{err}"
+        );
+
+        config.dead_letter_topic = Some("d".repeat(256));
+        let e = Router::new(&config).err().expect("a dead-letter routing key over 255 bytes");
+        assert!(e.to_string().contains("dead_letter_topic"), "{e}");
+        config.sink = SinkConfig::Kafka;
+        config.dead_letter_topic = Some("dead-letters".into());
+        let e = Router::new(&config).err().expect("Kafka: '/' is no topic name");
+        assert!(e.to_string().contains("route.topic_template"), "{e}");
     }
 }

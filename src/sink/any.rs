@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::kafka::{KafkaSink, ProducerError};
 use super::ordered::{OrderedSettings, OrderedSink};
-use super::{nats, redis, Delivery, InFlight, Record, SendError, Sink};
+use super::{nats, rabbitmq, redis, Delivery, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
 use crate::config::{OnBadEvent, PipelineConfig, SinkConfig};
 use crate::error::Error;
@@ -59,6 +59,14 @@ impl AnySink {
                     OrderedSettings {
                         max_concurrency: nats.max_concurrency,
                         delivery_timeout: nats.delivery_timeout(),
+                        hold_on_refusal,
+                    },
+                )),
+                SinkConfig::RabbitMq(rabbitmq) => Ok(OrderedSink::new(
+                    rabbitmq::RabbitMqPublisher::connect(rabbitmq).await?,
+                    OrderedSettings {
+                        max_concurrency: rabbitmq.max_concurrency,
+                        delivery_timeout: rabbitmq.delivery_timeout(),
                         hold_on_refusal,
                     },
                 )),

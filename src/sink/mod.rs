@@ -15,6 +15,7 @@ pub mod kafka;
 pub mod nats;
 pub mod ordered;
 pub mod producer;
+pub mod rabbitmq;
 pub mod redis;
 
 pub use any::{AnySink, ConnectError};

@@ -21,6 +21,7 @@ pub mod http;
 pub mod kafka;
 pub mod nats;
 pub mod pg;
+pub mod rabbitmq;
 pub mod redis;
 pub mod relay;
 mod run;

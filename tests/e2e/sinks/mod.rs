@@ -8,6 +8,7 @@
 //! rest flows), an aggregate type the sink cannot route to, and the polling source's main job.
 
 mod nats;
+mod rabbitmq;
 mod redis;
 
 use std::time::{Duration, Instant};

@@ -1,0 +1,327 @@
+//! The RabbitMQ sink: one persistent message per record on one channel in confirm mode
+//! (lapin, on tokio).
+//!
+//! Each record is `basic.publish` to the configured `exchange` (`""`: the default exchange)
+//! with `mandatory` set, the routing key being the routed destination
+//! (`<aggregate_type>.events` by default), and:
+//! - the body: the record value (empty for a tombstone, which also has no `content_type`);
+//! - properties: `delivery_mode` 2 (persistent), `message_id` = the event id, `content_type`
+//!   as configured (`application/json` by default), `timestamp` = the commit time (seconds);
+//! - headers (an AMQP field table, so unordered): each record header as a long string (a null
+//!   value as void, a name given twice as an array of its values), then `key` = the aggregate
+//!   id (absent for a null key); a record header named `key` is written as `header.key`.
+//!
+//! Acknowledged means the server's publisher confirm (`basic.ack`): the message was routed and,
+//! being persistent, written to disk by every durable queue that took it (for quorum queues,
+//! by a majority of their members). A `basic.nack` is retried. A message no queue took comes
+//! back (`basic.return`, then its ack): a refusal naming exchange and routing key, never a
+//! silent drop. A closed connection is broken: lapin does not reconnect, the next session
+//! connects again; a channel the server closed (say, the exchange was deleted) is opened again
+//! and the record retried.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+use lapin::publisher_confirm::Confirmation;
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::uri::AMQPUri;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
+use tokio::sync::Mutex;
+
+use super::ordered::{PublishError, Publisher};
+use super::{ConnectError, Record};
+use crate::config::sink::MAX_ROUTING_KEY_BYTES;
+use crate::config::{redact_url, RabbitMqConfig};
+
+/// How long one message may wait for its confirm before the attempt counts as failed (and is
+/// retried): a server under a memory or disk alarm blocks publishers for as long as it lasts.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The header the aggregate id goes in; a record header of that name gets a `header.` prefix.
+pub const KEY_HEADER: &str = "key";
+
+/// A RabbitMQ connection publishing records as persistent messages with confirms.
+pub struct RabbitMqPublisher {
+    connection: Arc<Connection>,
+    /// The confirm-mode channel, opened again when the server closed it.
+    channel: Arc<Mutex<Channel>>,
+    exchange: String,
+    /// `None`: no `content_type`.
+    content_type: Option<ShortString>,
+    max_message_bytes: usize,
+    /// The server without credentials, for errors.
+    server: String,
+}
+
+impl RabbitMqPublisher {
+    /// Connects to `config.url`, authenticates, checks that `config.exchange` exists (a
+    /// passive declare; the default exchange always does) and opens a channel in confirm mode.
+    ///
+    /// Returns a retryable [`ConnectError`] if the server cannot be reached, a permanent one if
+    /// the URL is malformed, the credentials or the vhost are refused, or the exchange does not
+    /// exist.
+    pub async fn connect(config: &RabbitMqConfig) -> Result<Self, ConnectError> {
+        let server = redact_url(&config.url);
+        let error = |retryable: bool, reason: String| ConnectError {
+            kind: "rabbitmq",
+            server: server.clone(),
+            retryable,
+            reason,
+        };
+        let properties = ConnectionProperties::default()
+            .with_connection_name("outbox-relay".into())
+            .with_executor(tokio_executor_trait::Tokio::current())
+            .with_reactor(tokio_reactor_trait::Tokio);
+        let uri: AMQPUri = config.url.parse().map_err(|_| {
+            error(
+                false,
+                "sink.url does not parse as amqp[s]://[user:password@]host[:port][/vhost]".into(),
+            )
+        })?;
+        let connection = Connection::connect_uri(uri, properties)
+            .await
+            .map_err(|e| error(connect_retryable(&e), e.to_string()))?;
+        let channel = open_channel(&connection)
+            .await
+            .map_err(|e| error(true, format!("opening a channel: {e}")))?;
+        if !config.exchange.is_empty() {
+            channel
+                .exchange_declare(
+                    &config.exchange,
+                    ExchangeKind::Topic,
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| {
+                    error(
+                        false,
+                        format!(
+                            "exchange {:?} (setting sink.exchange): {e} (the operator declares it; the relay does not)",
+                            config.exchange
+                        ),
+                    )
+                })?;
+        }
+        Ok(RabbitMqPublisher {
+            connection: Arc::new(connection),
+            channel: Arc::new(Mutex::new(channel)),
+            exchange: config.exchange.clone(),
+            content_type: (!config.content_type.is_empty())
+                .then(|| config.content_type.as_str().into()),
+            max_message_bytes: config.max_message_bytes,
+            server,
+        })
+    }
+}
+
+/// Whether connecting again may succeed: not after the server refused the login
+/// (`ACCESS_REFUSED`) or the vhost (`NOT_ALLOWED`), nor with another protocol version; yes
+/// for anything about reaching the server (refused, reset, closed while it shuts down).
+fn connect_retryable(e: &lapin::Error) -> bool {
+    match e.kind() {
+        ErrorKind::ProtocolError(amqp) => !matches!(
+            amqp.kind(),
+            AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
+                | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED)
+        ),
+        ErrorKind::InvalidProtocolVersion(_) => false,
+        _ => true,
+    }
+}
+
+/// A channel of `connection` in confirm mode.
+async fn open_channel(connection: &Connection) -> lapin::Result<Channel> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+impl Drop for RabbitMqPublisher {
+    fn drop(&mut self) {
+        // lapin keeps a connection open until it is closed: close it (the session ended).
+        let connection = Arc::clone(&self.connection);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = connection.close(200, "outbox-relay session ended").await;
+            });
+        }
+    }
+}
+
+impl Publisher for RabbitMqPublisher {
+    fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
+        let prepared =
+            message(record, self.content_type.as_ref(), self.max_message_bytes).map_err(|e| {
+                PublishError {
+                    reason: format!("{}: {}", self.server, e.reason),
+                    ..e
+                }
+            });
+        let (connection, channel) = (Arc::clone(&self.connection), Arc::clone(&self.channel));
+        let (exchange, server) = (self.exchange.clone(), self.server.clone());
+        let routing_key = record.topic.clone();
+        let body = record.value.clone().unwrap_or_default();
+        Box::pin(async move {
+            let properties = prepared?;
+            let where_to =
+                || format!("{server}: exchange {exchange:?}, routing key {routing_key:?}");
+            let channel = {
+                let mut current = channel.lock().await;
+                if !current.status().connected() {
+                    if !connection.status().connected() {
+                        return Err(PublishError::broken(format!(
+                            "{server}: the connection is closed"
+                        )));
+                    }
+                    *current = open_channel(&connection).await.map_err(|e| {
+                        lost(
+                            &connection,
+                            format!("{server}: opening a channel again: {e}"),
+                        )
+                    })?;
+                }
+                current.clone()
+            };
+            let publishing = async {
+                let confirm = channel
+                    .basic_publish(
+                        &exchange,
+                        &routing_key,
+                        BasicPublishOptions {
+                            mandatory: true,
+                            immediate: false,
+                        },
+                        &body,
+                        properties,
+                    )
+                    .await
+                    .map_err(|e| lost(&connection, format!("{}: {e}", where_to())))?;
+                confirm
+                    .await
+                    .map_err(|e| lost(&connection, format!("{}: {e}", where_to())))
+            };
+            let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, publishing)
+                .await
+                .map_err(|_| {
+                    PublishError::retry(format!(
+                        "{}: no publisher confirm within {} s",
+                        where_to(),
+                        CONFIRM_TIMEOUT.as_secs()
+                    ))
+                })??;
+            outcome(confirmation, &where_to())
+        })
+    }
+}
+
+/// A failed publish or confirm: broken if the connection is gone, else retryable (the channel
+/// was closed and is opened again by the next attempt).
+fn lost(connection: &Connection, reason: String) -> PublishError {
+    if connection.status().connected() {
+        PublishError::retry(reason)
+    } else {
+        PublishError::broken(reason)
+    }
+}
+
+/// What a confirm says about the message: acknowledged, returned (refused) or nacked (retried).
+fn outcome(confirmation: Confirmation, where_to: &str) -> Result<(), PublishError> {
+    match confirmation {
+        Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+            Err(PublishError::refused(format!(
+                "{where_to}: returned unroutable ({} {}): no queue is bound for it",
+                returned.reply_code, returned.reply_text
+            )))
+        }
+        Confirmation::Ack(None) => Ok(()),
+        Confirmation::Nack(None) => Err(PublishError::retry(format!(
+            "{where_to}: the server nacked the message (basic.nack)"
+        ))),
+        Confirmation::NotRequested => Err(PublishError::broken(format!(
+            "{where_to}: the channel is not in confirm mode"
+        ))),
+    }
+}
+
+/// The properties of `record`'s message (see the module docs), or the refusal saying why it
+/// cannot be one: larger than `max_message_bytes` (too large), a routing key, event id or
+/// header name over AMQP's 255 bytes.
+fn message(
+    record: &Record,
+    content_type: Option<&ShortString>,
+    max_message_bytes: usize,
+) -> Result<BasicProperties, PublishError> {
+    if record.size() > max_message_bytes {
+        return Err(PublishError::too_large(format!(
+            "a message of {} bytes is larger than sink.max_message_bytes ({max_message_bytes})",
+            record.size()
+        )));
+    }
+    let short = |what: &str, text: &str| {
+        if text.len() > MAX_ROUTING_KEY_BYTES {
+            Err(PublishError::refused(format!(
+                "{what} is longer than {MAX_ROUTING_KEY_BYTES} bytes (AMQP's short string)"
+            )))
+        } else {
+            Ok(ShortString::from(text))
+        }
+    };
+    short("the routing key", &record.topic)?;
+    let mut headers = FieldTable::default();
+    for (name, value) in &record.headers {
+        let name = if name == KEY_HEADER {
+            format!("header.{name}")
+        } else {
+            name.to_string()
+        };
+        let value = match value {
+            Some(bytes) => AMQPValue::LongString(LongString::from(bytes.to_vec())),
+            None => AMQPValue::Void,
+        };
+        let name = short(&format!("header {name:?}"), &name)?;
+        add_header(&mut headers, name, value);
+    }
+    if let Some(key) = &record.key {
+        headers.insert(
+            KEY_HEADER.into(),
+            AMQPValue::LongString(key.to_vec().into()),
+        );
+    }
+    let mut properties = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_message_id(short("the event id", &record.event_id())?)
+        .with_headers(headers);
+    if let (Some(content_type), Some(_)) = (content_type, &record.value) {
+        properties = properties.with_content_type(content_type.clone());
+    }
+    if let Some(ms) = record.timestamp_ms.and_then(|ms| u64::try_from(ms).ok()) {
+        properties = properties.with_timestamp(ms / 1000);
+    }
+    Ok(properties)
+}
+
+/// Adds `name` = `value`; a name already there becomes an array of its values, in order.
+fn add_header(headers: &mut FieldTable, name: ShortString, value: AMQPValue) {
+    let merged = match headers.inner().get(name.as_str()) {
+        None => value,
+        Some(AMQPValue::FieldArray(values)) => {
+            let mut values = values.clone();
+            values.push(value);
+            AMQPValue::FieldArray(values)
+        }
+        Some(first) => AMQPValue::FieldArray(FieldArray::from(vec![first.clone(), value])),
+    };
+    headers.insert(name, merged);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! The RabbitMQ sink against a real rabbitmq-server 3.10 node: the shared scenarios (a queue
+//! unbound from the exchange makes its routing key unroutable: the refusal), a routing key over
+//! AMQP's 255 bytes as bad routing input, and what RabbitMQ adds: message properties, a
+//! routing key Kafka would refuse, `check`, and the polling source.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lapin::types::AMQPValue;
+
+use crate::support::rabbitmq::{amqp_url, declare, start, unbind, Taken, EXCHANGE};
+use crate::support::server::ServerProcess;
+use crate::support::{free_port, tail_lines, Consumed, Relay};
+use crate::{assert_delivered, insert, run_with_config};
+
+use super::{read_until, relay_args, setup, sink_scenarios, SinkServer};
+
+struct RabbitMq {
+    server: ServerProcess,
+    taken: Taken,
+}
+
+impl RabbitMq {
+    fn new(port: u16) -> RabbitMq {
+        RabbitMq {
+            server: start(port),
+            taken: Taken::default(),
+        }
+    }
+}
+
+/// The run's RabbitMQ node, started on first use.
+fn shared() -> &'static RabbitMq {
+    static SERVER: OnceLock<RabbitMq> = OnceLock::new();
+    SERVER.get_or_init(|| RabbitMq::new(free_port()))
+}
+
+impl SinkServer for RabbitMq {
+    fn kind(&self) -> &'static str {
+        "rabbitmq"
+    }
+
+    fn sink_settings(&self) -> String {
+        format!(
+            "url = \"{}\"\nexchange = \"{EXCHANGE}\"",
+            amqp_url(&self.server)
+        )
+    }
+
+    async fn prepare(&self, destinations: &[String]) {
+        declare(&self.server, destinations).await;
+    }
+
+    async fn read(&self, destinations: &[String]) -> Vec<Consumed> {
+        let got = self.taken.read(&self.server, destinations).await;
+        got.into_iter().map(|(record, _)| record).collect()
+    }
+
+    async fn refuse(&self, destination: &str) {
+        // No queue bound for the routing key: the message comes back (mandatory), for good.
+        unbind(&self.server, destination).await;
+    }
+
+    fn stop(&self) {
+        self.server.stop();
+    }
+
+    fn start(&self) {
+        self.server.start();
+    }
+
+    fn invalid_aggregate_type(&self) -> &'static str {
+        // `<aggregate type>.events` is over AMQP's 255 bytes for a routing key.
+        static LONG: OnceLock<String> = OnceLock::new();
+        LONG.get_or_init(|| "A".repeat(250))
+    }
+}
+
+sink_scenarios!(shared(), RabbitMq::new(free_port()), bad_routing_input);
+
+/// A persistent message with the event id as `message_id`, JSON content type, the commit time
+/// and every header; its routing key has a space, which no Kafka topic may have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_are_persistent_with_id_headers_and_any_routing_key() {
+    let server = shared();
+    let setup = setup("rabbitmq_props", &["Order Line"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let (_dir, args) = relay_args(&setup, server, "");
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let row = setup
+        .db
+        .client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ($1, 'o-1', 'Created', '{\"n\": 1}', '{\"trace\": \"t-1\", \"key\": \"clash\"}')
+             RETURNING id::text",
+            &[&setup.types[0]],
+        )
+        .await
+        .unwrap();
+    let id: String = row.get(0);
+    let got = read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    let taken = server.taken.read(&server.server, &destinations).await;
+    let (record, properties) = &taken[0];
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(record.topic, destinations[0]);
+    assert_eq!(record.key.as_deref(), Some(&b"o-1"[..]));
+    assert_eq!(record.value.as_deref(), Some(&br#"{"n": 1}"#[..]));
+    assert_eq!(properties.delivery_mode(), &Some(2), "persistent");
+    assert_eq!(
+        properties.message_id().as_ref().map(|s| s.to_string()),
+        Some(id.clone())
+    );
+    assert_eq!(
+        properties
+            .content_type()
+            .as_ref()
+            .map(|s| s.to_string())
+            .as_deref(),
+        Some("application/json")
+    );
+    let at = properties.timestamp().expect("a timestamp");
+    assert!(
+        at + 1 >= before && at <= before + 60,
+        "commit time {at}, test started {before}"
+    );
+    for (name, value) in [
+        ("id", id.as_str()),
+        ("event_type", "Created"),
+        ("trace", "t-1"),
+        ("header.key", "clash"),
+    ] {
+        assert_eq!(
+            record.header_str(name).as_deref(),
+            Some(value),
+            "header {name}: {:?}",
+            record.headers
+        );
+    }
+    assert!(
+        matches!(
+            properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get("key").cloned()),
+            Some(AMQPValue::LongString(_))
+        ),
+        "the aggregate id as a long string header"
+    );
+    drop(relay);
+}
+
+/// `check`: reachable, authenticated, the exchange exists; a missing exchange and a refused
+/// password fail, naming the exchange and the server, never the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_finds_the_exchange_and_refuses_bad_credentials() {
+    let server = shared();
+    let setup = setup("rabbitmq_check", &["Order"]).await;
+    server.prepare(&setup.topics()).await;
+    let check = |settings: String| {
+        let toml = format!(
+            "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{settings}\n",
+            slot = setup.slot,
+            url = setup.db.url(crate::support::Auth::Trust),
+        );
+        let (dir, mut args) = run_with_config(&toml);
+        args[0] = "check".into();
+        let mut relay = Relay::spawn(&args);
+        let ok = relay.wait(Duration::from_secs(60)).success();
+        drop(dir);
+        (ok, relay.log())
+    };
+    let (ok, out) = check(server.sink_settings());
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("ok    rabbitmq") && out.contains("exchange \"outbox\" exists"),
+        "{out}"
+    );
+
+    let url = amqp_url(&server.server);
+    let (ok, out) = check(format!("url = \"{url}\"\nexchange = \"no-such-exchange\""));
+    assert!(!ok, "check passed with a missing exchange:\n{out}");
+    assert!(
+        out.contains("FAIL  rabbitmq") && out.contains("no-such-exchange"),
+        "{}",
+        tail_lines(&out, 20)
+    );
+
+    let bad = url.replace("guest:guest", "guest:not-the-password");
+    let (ok, out) = check(format!("url = \"{bad}\"\nexchange = \"{EXCHANGE}\""));
+    assert!(!ok, "check passed with a wrong password:\n{out}");
+    assert!(
+        out.contains("FAIL  rabbitmq") && out.contains(&server.server.port.to_string()),
+        "{}",
+        tail_lines(&out, 20)
+    );
+    assert!(
+        !out.contains("not-the-password"),
+        "the password is in the output:\n{out}"
+    );
+
+    // `run` with it stops the pipeline (retrying cannot fix a refused login), password hidden.
+    let toml_settings = format!("url = \"{bad}\"\nexchange = \"{EXCHANGE}\"");
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{toml_settings}\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "run succeeded with a wrong password:\n{log}"
+    );
+    assert!(
+        log.contains("ACCESS") && !log.contains("not-the-password"),
+        "{}",
+        tail_lines(&log, 20)
+    );
+}
+
+/// The polling source publishes through the RabbitMQ sink too, and marks rows only once
+/// confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_polling_source_publishes_to_rabbitmq() {
+    let server = shared();
+    let setup = setup("rabbitmq_polling", &["Order"]).await;
+    let client = &setup.db.client;
+    let kit = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
+    )
+    .unwrap();
+    client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
+    client.batch_execute(&kit).await.unwrap();
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let mut written = Vec::new();
+    for n in 0..20 {
+        written.push(
+            insert(
+                client,
+                &setup.types[0],
+                &format!("k{}", n % 3),
+                &format!(r#"{{"n": {n}}}"#),
+            )
+            .await,
+        );
+    }
+    let toml = format!(
+        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{settings}\n",
+        name = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+        settings = server.sink_settings(),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    let got = read_until(
+        server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &got, true);
+    crate::support::wait_for(
+        "every row marked PUBLISHED",
+        Duration::from_secs(30),
+        || async {
+            let pending: i64 = setup
+                .db
+                .query_one_value("SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'")
+                .await;
+            (pending == 0).then_some(())
+        },
+    )
+    .await;
+    drop(relay);
+}
