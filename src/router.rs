@@ -37,8 +37,8 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, TableName, TopicCase,
-    ValueFormat,
+    ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
+    TopicCase, ValueFormat,
 };
 use crate::sink::{DeliveryError, Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
@@ -56,12 +56,14 @@ pub const TOPIC_HEADER: &str = "outbox_relay_topic";
 /// transaction, or dead-letters it (`on_bad_event`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RouteError {
-    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal Kafka topic name: {reason}")]
+    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal {noun}: {reason}")]
     IllegalTopic {
         event_id: String,
         /// The aggregate type, or the `route.by_field` column's value.
         value: String,
         topic: String,
+        /// What the sink's destinations are ([`SinkConfig::destination_noun`]).
+        noun: &'static str,
         reason: &'static str,
     },
     #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
@@ -247,6 +249,8 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
+    /// Whose rules a destination must follow.
+    sink: SinkConfig,
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -330,6 +334,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
+            sink: config.sink.clone(),
         })
     }
 
@@ -531,13 +536,14 @@ impl Router {
         let valid = if value.is_empty() {
             Err("the routing value is empty")
         } else {
-            validate_topic(&topic)
+            self.sink.check_destination(&topic)
         };
         if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {
                 event_id: event_id(),
                 value: value.into_owned(),
                 topic,
+                noun: self.sink.destination_noun(),
                 reason,
             });
         }
@@ -884,6 +890,27 @@ mod tests {
         }
         assert!(validate_topic("..").is_err());
         assert!(validate_topic("a-b_c.D9").is_ok());
+    }
+
+    #[test]
+    fn the_sink_kind_decides_which_destinations_are_legal() {
+        let mut config = pipeline();
+        config.sink = SinkConfig::Http(crate::config::HttpConfig {
+            url: crate::config::SinkUrl("https://h/hooks/{destination}".into()),
+            ..Default::default()
+        });
+        let router = Router::new(&config).unwrap();
+        let record = router.route(&event("has space/ünicode"), 0).unwrap();
+        assert_eq!(record.topic, "has space/ünicode.events");
+        let err = router.route(&event("tab\there"), 0).unwrap_err();
+        assert!(
+            matches!(&err, RouteError::IllegalTopic { noun: "webhook destination", .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("00000000-0000-0000-0000-000000000001"), "{err}");
+        // Kafka's rules for Kafka.
+        let err = Router::default().route(&event("has space"), 0).unwrap_err();
+        assert!(err.to_string().contains("not a legal Kafka topic name"), "{err}");
     }
 
     use crate::config::{AdditionalPlacement, RouteConfig};

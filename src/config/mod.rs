@@ -17,7 +17,7 @@ pub mod sink;
 mod table;
 
 pub use polling::{MarkMode, PollingConfig, SourceKind};
-pub use sink::{RedisConfig, SinkConfig, SinkUrl};
+pub use sink::{HttpConfig, RedisConfig, SinkConfig, SinkSecret, SinkUrl, DESTINATION_PLACEHOLDER};
 pub use table::{quote_ident, TableName};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
@@ -630,6 +630,7 @@ impl PipelineConfig {
             ));
         }
         problems.extend(self.exactly_once_problems());
+        problems.extend(self.sink.problems());
         if self.sink != SinkConfig::Kafka && self.exactly_once {
             problems.push(ConfigError::new(
                 "exactly_once",

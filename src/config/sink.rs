@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::redact_url;
+use super::{redact_url, validate_topic, ConfigError};
+
+mod http;
+pub use http::{HttpConfig, SinkSecret, DESTINATION_PLACEHOLDER};
 
 /// How long an ordered sink retries one record before the session fails over it (the
 /// supervisor then reconnects): long enough to ride out a server restart, short enough that
@@ -35,6 +38,8 @@ pub enum SinkConfig {
     Kafka,
     /// Redis Streams: one `XADD` per record.
     Redis(RedisConfig),
+    /// Webhooks: one `POST` per record.
+    Http(HttpConfig),
 }
 
 impl SinkConfig {
@@ -43,6 +48,7 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => "kafka",
             SinkConfig::Redis(_) => "redis",
+            SinkConfig::Http(_) => "http",
         }
     }
 
@@ -51,6 +57,48 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => String::new(),
             SinkConfig::Redis(redis) => redact_url(&redis.url),
+            SinkConfig::Http(http) => redact_url(&http.url),
+        }
+    }
+
+    /// What a destination of this sink is called, for errors ("Kafka topic name").
+    pub fn destination_noun(&self) -> &'static str {
+        match self {
+            SinkConfig::Kafka | SinkConfig::Redis(_) => "Kafka topic name",
+            SinkConfig::Http(_) => "webhook destination",
+        }
+    }
+
+    /// Checks that the sink can take `destination` (a routed topic, or the sample of the
+    /// topic template at start): Kafka's topic name rules, or the kind's own.
+    ///
+    /// Returns the rule it breaks.
+    pub fn check_destination(&self, destination: &str) -> Result<(), &'static str> {
+        match self {
+            SinkConfig::Kafka | SinkConfig::Redis(_) => validate_topic(destination),
+            SinkConfig::Http(http) => http.check_destination(destination),
+        }
+    }
+
+    /// Checks `dead_letter_topic` for this sink.
+    ///
+    /// Returns the problem, naming the topic.
+    pub fn check_dead_letter(&self, topic: &str) -> Result<(), String> {
+        match self {
+            SinkConfig::Http(http) => http.check_dead_letter(topic),
+            _ => self.check_destination(topic).map_err(|reason| {
+                format!("{topic:?} is not a legal {}: {reason}", self.destination_noun())
+            }),
+        }
+    }
+
+    /// Checks the kind's settings (after [`SinkConfig::resolve`]).
+    ///
+    /// Returns every problem, each with its field under `sink.`.
+    pub fn problems(&self) -> Vec<ConfigError> {
+        match self {
+            SinkConfig::Kafka | SinkConfig::Redis(_) => Vec::new(),
+            SinkConfig::Http(http) => http.problems(),
         }
     }
 
@@ -69,6 +117,18 @@ impl SinkConfig {
                     secret("url", &redis.url, redis.url_file.take(), expand, &mut problems)
                 {
                     redis.url = SinkUrl(url);
+                }
+            }
+            SinkConfig::Http(http) => {
+                if let Some(url) =
+                    secret("url", &http.url, http.url_file.take(), expand, &mut problems)
+                {
+                    http.url = SinkUrl(url);
+                }
+                if let Some(value) =
+                    secret("secret", &http.secret.0, http.secret_file.take(), expand, &mut problems)
+                {
+                    http.secret = SinkSecret(value);
                 }
             }
         }
@@ -192,6 +252,41 @@ mod tests {
         assert_eq!(&*redis.url, "redis://h");
         assert_eq!(redis.max_len, Some(5));
         assert_eq!(redis.max_concurrency, DEFAULT_REDIS_MAX_CONCURRENCY);
+    }
+
+    #[test]
+    fn http_takes_its_url_and_secret_from_the_environment_or_files() {
+        let h: Holder = toml::from_str(
+            "[sink]\nkind = \"http\"\nurl = \"https://h/${P}/{destination}\"\nsecret = \"${P}\"",
+        )
+        .unwrap();
+        let mut sink = h.sink;
+        let expand = |v: &str| Ok::<_, String>(v.replace("${P}", "secret"));
+        assert!(sink.resolve(&expand).is_empty());
+        let SinkConfig::Http(http) = &sink else {
+            panic!("not http")
+        };
+        assert_eq!(&*http.url, "https://h/secret/{destination}");
+        assert_eq!(http.secret.0, "secret");
+        assert_eq!(http.max_concurrency, http::DEFAULT_HTTP_MAX_CONCURRENCY);
+        assert!(!format!("{sink:?}").contains("secret\""), "{sink:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "whsec_Zm9v\n").unwrap();
+        let mut sink = SinkConfig::Http(HttpConfig {
+            url: SinkUrl("https://h/".into()),
+            secret_file: Some(path.display().to_string()),
+            ..HttpConfig::default()
+        });
+        assert!(sink.resolve(&expand).is_empty());
+        let SinkConfig::Http(http) = &sink else { unreachable!() };
+        assert_eq!(http.secret.0, "whsec_Zm9v");
+        let mut sink = SinkConfig::Http(HttpConfig {
+            secret_file: Some("/nonexistent/secret".into()),
+            ..HttpConfig::default()
+        });
+        assert_eq!(sink.resolve(&expand)[0].0, "sink.secret_file");
     }
 
     #[test]

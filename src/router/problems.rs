@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::{compile_topic_regex, Template};
 use crate::config::{
-    validate_topic, ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
+    ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
 };
 
 /// Checks a pipeline's routing and record options (`route`, `columns.timestamp`,
@@ -47,10 +47,10 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                         format!("${{column:...}} {no_columns}"),
                     );
                 }
-                if let Err(reason) = validate_topic(&template.sample()) {
+                if let Err(reason) = config.sink.check_destination(&template.sample()) {
                     problem(
                         "route.topic_template",
-                        format!("gives no legal topic name: {reason}"),
+                        format!("gives no legal {}: {reason}", config.sink.destination_noun()),
                     );
                 }
             }
@@ -109,11 +109,8 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
             "required when on_bad_event = \"dead_letter\"".into(),
         ),
         (OnBadEvent::DeadLetter, Some(topic)) => {
-            if let Err(reason) = validate_topic(topic) {
-                problem(
-                    "dead_letter_topic",
-                    format!("{topic:?} is not a legal topic name: {reason}"),
-                );
+            if let Err(e) = config.sink.check_dead_letter(topic) {
+                problem("dead_letter_topic", e);
             }
         }
         (OnBadEvent::Halt, Some(_)) => problem(
