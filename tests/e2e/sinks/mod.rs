@@ -7,6 +7,7 @@
 //! mid-stream, a record the server refuses (halt: nothing confirmed past it; dead letter: the
 //! rest flows), and an aggregate type the sink cannot route to.
 
+mod http;
 mod redis;
 
 use std::time::{Duration, Instant};
