@@ -47,7 +47,8 @@
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
 //! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
 //!   options with their field paths.
-//! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer.
+//! - [`sink`]: the [`sink::Sink`] trait and the Kafka producer; the other kinds behind
+//!   [`sink::ordered::OrderedSink`], among them [`sink::http`] (webhooks).
 //! - [`exactly_once`]: the transactional capability of a sink, the checkpoint (with its
 //!   origin: system identifier, timeline, slot) and its read-back, and the redo that
 //!   dead-letters a record Kafka refused inside a transaction.

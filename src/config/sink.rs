@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{redact_url, validate_topic, ConfigError};
 
-mod http;
+pub mod http;
 pub use http::{HttpConfig, SinkSecret, DESTINATION_PLACEHOLDER};
 
 /// How long an ordered sink retries one record before the session fails over it (the

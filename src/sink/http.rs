@@ -35,7 +35,10 @@ use reqwest::{Client, StatusCode};
 use self::signature::SigningKey;
 use super::ordered::{PublishError, Publisher};
 use super::{ConnectError, Record};
+// With its causes: reqwest's own message is only "error sending request", the cause says
+// "connection refused".
 use crate::config::{redact_url, HttpConfig, DESTINATION_PLACEHOLDER};
+use crate::error::chain;
 use crate::source::tls::{SslMode, TlsSettings};
 
 /// The longest `Retry-After` the relay waits for before trying again (a longer one is cut to
@@ -293,19 +296,6 @@ fn quote(body: &Bytes) -> String {
         .take(BODY_IN_ERROR)
         .collect();
     format!(": {text:?}")
-}
-
-/// An error and its causes, `: `-separated (reqwest's own message is only "error sending
-/// request"; the cause says "connection refused").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

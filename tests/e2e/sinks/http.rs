@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use outbox_relay::sink::http::signature::SigningKey;
 
 use crate::support::webhook::{Received, WebhookServer};
-use crate::support::{free_port, pg, unique_name, wait_for, Auth, Consumed, Relay};
+use crate::support::{free_port, unique_name, wait_for, Auth, Consumed, Relay};
 use crate::{assert_delivered, insert, run_with_config, write_events};
 
 use super::{read_until, relay_args, setup, sink_scenarios, SinkServer};
@@ -301,16 +301,7 @@ async fn too_large_goes_to_a_dead_letter_url_of_its_own() {
 async fn polling_source_posts_every_row_and_marks_it() {
     let server = shared();
     let name = unique_name("http_polling");
-    let db = pg().create_database(&name).await;
-    let kit = std::fs::read_to_string(
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
-    )
-    .unwrap();
-    db.client
-        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
-        .await
-        .unwrap();
-    db.client.batch_execute(&kit).await.unwrap();
+    let db = crate::polling::polling_database(&name).await;
     let aggregate_type = format!("Order_{name}");
     let destination = format!("{aggregate_type}.events");
     let toml = format!(
