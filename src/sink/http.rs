@@ -35,9 +35,9 @@ use reqwest::{Client, StatusCode};
 use self::signature::SigningKey;
 use super::ordered::{PublishError, Publisher};
 use super::{ConnectError, Record};
-// With its causes: reqwest's own message is only "error sending request", the cause says
-// "connection refused".
 use crate::config::{redact_url, HttpConfig, DESTINATION_PLACEHOLDER};
+// Errors with their causes: reqwest's own message is only "error sending request", the cause
+// says "connection refused".
 use crate::error::chain;
 use crate::source::tls::{SslMode, TlsSettings};
 

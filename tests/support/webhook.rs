@@ -2,14 +2,17 @@
 //! runtime of its own (so it outlives each test's runtime, and stopping it is dropping that
 //! runtime: connections cut, as when a receiver's process dies). It records every request it
 //! acknowledges, answers a chosen status per path instead (a refusal, a 503), and starts again
-//! on the same port keeping what it recorded.
+//! on the same port keeping what it recorded. With a certificate it serves `https`.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::runtime::Runtime;
 
 /// How long a stopped receiver's port may take to be free again.
@@ -49,6 +52,35 @@ pub struct WebhookServer {
     pub port: u16,
     recorded: Arc<Recorded>,
     runtime: Mutex<Option<Runtime>>,
+    /// `https` with this server configuration; `None`: plain `http`.
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// A TLS listener for axum: each accepted connection's handshake done before it is served (a
+/// failed one, such as a client that does not trust the certificate, is dropped).
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((stream, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(tls) = self.acceptor.accept(stream).await {
+                return (tls, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
 }
 
 impl WebhookServer {
@@ -58,14 +90,45 @@ impl WebhookServer {
             port,
             recorded: Arc::default(),
             runtime: Mutex::new(None),
+            tls: None,
         };
         server.start();
         server
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// Starts an `https` receiver on `port` with the certificate `cert` (PEM chain) and its
+    /// key `key` (PEM).
+    pub fn spawn_tls(port: u16, cert: &Path, key: &Path) -> WebhookServer {
+        let certs = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .unwrap_or_else(|e| panic!("reading {}: {e}", cert.display()));
+        let key = PrivateKeyDer::from_pem_file(key)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", key.display()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("a server certificate and its key");
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let server = WebhookServer {
+            port,
+            recorded: Arc::default(),
+            runtime: Mutex::new(None),
+            tls: Some(Arc::new(config)),
+        };
+        server.start();
+        server
+    }
+
+    /// `http://127.0.0.1:<port>` (`https://localhost:<port>` with TLS: the test certificate
+    /// is for that name).
     pub fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        match self.tls {
+            None => format!("http://127.0.0.1:{}", self.port),
+            Some(_) => format!("https://localhost:{}", self.port),
+        }
     }
 
     /// Starts it again (after [`WebhookServer::stop`]); a no-op while it runs. Panics if the
@@ -100,10 +163,16 @@ impl WebhookServer {
             },
         );
         let _entered = runtime.enter();
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        runtime.spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let tcp = tokio::net::TcpListener::from_std(listener).unwrap();
+        match self.tls.clone() {
+            None => runtime.spawn(async move {
+                let _ = axum::serve(tcp, app).await;
+            }),
+            Some(config) => runtime.spawn(async move {
+                let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                let _ = axum::serve(TlsListener { tcp, acceptor }, app).await;
+            }),
+        };
         *slot = Some(runtime);
     }
 

@@ -22,6 +22,8 @@ struct Webhooks {
     server: Arc<WebhookServer>,
     /// More `[pipelines.sink]` lines (TOML).
     extra: String,
+    /// The URL's scheme, host and port, if not the server's own [`WebhookServer::base_url`].
+    base_url: Option<String>,
 }
 
 impl Webhooks {
@@ -29,6 +31,7 @@ impl Webhooks {
         Webhooks {
             server: Arc::new(server),
             extra: String::new(),
+            base_url: None,
         }
     }
 
@@ -37,6 +40,7 @@ impl Webhooks {
         Webhooks {
             server: Arc::clone(&shared().server),
             extra: extra.to_owned(),
+            base_url: None,
         }
     }
 }
@@ -75,7 +79,9 @@ impl SinkServer for Webhooks {
     fn sink_settings(&self) -> String {
         format!(
             "url = \"{}{HOOKS}{{destination}}\"\nrequest_timeout_ms = 5000\n{}",
-            self.server.base_url(),
+            self.base_url
+                .clone()
+                .unwrap_or_else(|| self.server.base_url()),
             self.extra
         )
     }
@@ -351,6 +357,76 @@ async fn polling_source_posts_every_row_and_marks_it() {
     )
     .await;
     drop(relay);
+}
+
+/// `https` with `sslmode=verify-full`'s trust settings: delivered with the test CA as
+/// `tls_root_cert`; `check` fails, naming the certificate, with the system trust store (which
+/// does not hold the test CA) and with the CA but a host the certificate is not for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_trusts_tls_root_cert_and_checks_the_host_name() {
+    let ca = crate::support::pg().ca_cert();
+    let dir = ca.parent().unwrap();
+    let tls = Arc::new(WebhookServer::spawn_tls(
+        free_port(),
+        &dir.join("server.crt"),
+        &dir.join("server.key"),
+    ));
+    let with_ca = format!("tls_root_cert = \"{}\"", ca.display());
+    let server = Webhooks {
+        server: Arc::clone(&tls),
+        extra: with_ca.clone(),
+        base_url: None,
+    };
+    let setup = setup("http_tls", &["Order"]).await;
+    let destinations = setup.topics();
+    let (_dir, args) = relay_args(&setup, &server, "");
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 4, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let got = read_until(
+        &server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &got, false);
+    drop(relay);
+
+    let untrusted = Webhooks {
+        server: Arc::clone(&tls),
+        extra: String::new(),
+        base_url: None,
+    };
+    let wrong_host = Webhooks {
+        server: Arc::clone(&tls),
+        extra: with_ca,
+        base_url: Some(format!("https://127.0.0.1:{}", tls.port)),
+    };
+    for (server, expected) in [
+        (&server, "  ok    http"),
+        (&untrusted, "  FAIL  http"),
+        (&wrong_host, "  FAIL  http"),
+    ] {
+        let (_dir, mut args) = relay_args(&setup, server, "");
+        args[0] = "check".into();
+        let mut check = Relay::spawn(&args);
+        check.wait(Duration::from_secs(60));
+        let out = check.log();
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(expected))
+            .unwrap_or_else(|| panic!("no line starting {expected:?} in:\n{out}"));
+        eprintln!("{line}");
+        if expected.contains("FAIL") {
+            assert!(
+                line.contains("certificate"),
+                "the finding names the certificate: {line}"
+            );
+        }
+    }
 }
 
 /// `check` finds the receiver reachable without posting anything, and names the host when
