@@ -10,7 +10,7 @@ use outbox_relay::sink::http::signature::SigningKey;
 
 use crate::support::webhook::{Received, WebhookServer};
 use crate::support::{free_port, unique_name, wait_for, Auth, Consumed, Relay};
-use crate::{assert_delivered, insert, run_with_config, write_events};
+use crate::{assert_delivered, insert, run_with_config, write_events, Written};
 
 use super::{read_until, relay_args, setup, sink_scenarios, SinkServer};
 
@@ -69,6 +69,25 @@ fn consumed(record: &Received, destination: &str, offset: usize) -> Consumed {
         }
     }
     out
+}
+
+/// Waits (up to `deadline`) until as many records as `written` reached `destinations`, then
+/// checks that every event arrived, per key in order (duplicates allowed).
+async fn all_arrive(
+    server: &Webhooks,
+    destinations: &[String],
+    written: &[Written],
+    deadline: Duration,
+) {
+    let got = read_until(
+        server,
+        destinations,
+        written.len(),
+        Duration::from_secs(1),
+        deadline,
+    )
+    .await;
+    assert_delivered(written, &got, false);
 }
 
 impl SinkServer for Webhooks {
@@ -235,15 +254,7 @@ async fn busy_and_unavailable_answers_are_retried_until_taken() {
     );
     assert!(server.read(&destinations).await.is_empty());
     server.server.answer(&path, None);
-    let got = read_until(
-        server,
-        &destinations,
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(90),
-    )
-    .await;
-    assert_delivered(&written, &got, false);
+    all_arrive(server, &destinations, &written, Duration::from_secs(90)).await;
     setup
         .wait_confirmed_past(
             *before_commit.last().unwrap(),
@@ -331,15 +342,7 @@ async fn polling_source_posts_every_row_and_marks_it() {
         );
     }
     let destinations = [destination];
-    let got = read_until(
-        server,
-        &destinations,
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_delivered(&written, &got, false);
+    all_arrive(server, &destinations, &written, Duration::from_secs(60)).await;
     wait_for(
         "every row marked PUBLISHED",
         Duration::from_secs(30),
@@ -384,15 +387,7 @@ async fn https_trusts_tls_root_cert_and_checks_the_host_name() {
     setup.wait_streaming().await;
     let (written, _) =
         write_events(&setup.db.client, 4, 2, &setup.types, 2, 0, Duration::ZERO).await;
-    let got = read_until(
-        &server,
-        &destinations,
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_delivered(&written, &got, false);
+    all_arrive(&server, &destinations, &written, Duration::from_secs(60)).await;
     drop(relay);
 
     let untrusted = Webhooks {
