@@ -1080,7 +1080,7 @@ def main():
     ap.add_argument("--idle-wal-mb", type=int, default=500)
     ap.add_argument("--eos-txns", type=int, default=300, help="scenario 6: transactions in the backlog")
     ap.add_argument("--eos-rows", type=int, default=10, help="scenario 6: rows per transaction")
-    ap.add_argument("--http-events", type=int, default=20_000, help="scenario 7: events in the HTTP sink's backlog")
+    ap.add_argument("--http-events", type=int, default=50_000, help="scenario 7: events in the HTTP sink's backlog")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
