@@ -62,6 +62,11 @@ Scenarios:
    same number of like messages with confirms, 256 awaiting their confirm (the relay's
    `max_concurrency`) and no per-key order. Ratio: the relay's events/s over the ceiling's.
 
+7. the HTTP webhook sink (`--only http`): a backlog of --http-events single-row transactions
+   drained by the relay into bench/http_receiver.rs (200 to every POST), against the bare
+   client bench/http_ceiling.rs posting as many bodies of a row's size, 16 in flight (the
+   relay's default max_concurrency); the ratio is relay / client.
+
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
 import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
@@ -78,6 +83,8 @@ PY_DEPS = {"psycopg2": "psycopg2-binary", "confluent_kafka": "confluent-kafka", 
 CEILING = ROOT / "target" / "release" / "examples" / "producer_ceiling"
 MOCK_BROKER = ROOT / "target" / "release" / "examples" / "mock_broker"
 RABBITMQ_CEILING = ROOT / "target" / "release" / "examples" / "rabbitmq_ceiling"
+HTTP_RECEIVER = ROOT / "target" / "release" / "examples" / "http_receiver"
+HTTP_CEILING = ROOT / "target" / "release" / "examples" / "http_ceiling"
 BROKERS = {"tansu": "tansu (memory storage)",
            "mock": "librdkafka's mock cluster (bench/mock_broker.rs: next to no broker latency; not a real broker)"}
 PAD = "x" * 200  # ~300-byte outbox rows with the other columns
@@ -1063,6 +1070,71 @@ create_slot = false\nexactly_once = true\n{options}""")
                           "runs": rs} for m, rs in runs.items()}}
 
 
+def http_scenario(cluster, work, events, rounds):
+    """Scenario 7, the HTTP webhook sink: per round, in alternating order, the relay (sink kind
+    http, its default max_concurrency of 16) draining a backlog of `events` single-row
+    transactions into bench/http_receiver.rs (200 to every POST), and the bare client
+    bench/http_ceiling.rs posting as many bodies of a row's size with 16 requests in flight into
+    a fresh receiver. The relay's time runs from its start to the receiver's last count (start-up
+    included, as in scenario 1); the ratio is its events/s over the client's."""
+    runs = {"relay": [], "client": []}
+    for r in range(rounds):
+        for who in (["relay", "client"] if r % 2 == 0 else ["client", "relay"]):
+            port = free_port()
+            receiver = subprocess.Popen([str(HTTP_RECEIVER), str(port)], stdout=subprocess.DEVNULL,
+                                        stderr=open(work / "http-receiver.log", "a"))
+            count = lambda: int(urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=5).read() or 0)
+            deadline = time.time() + 30
+            while True:
+                try:
+                    count()
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        raise SystemExit("bench/http_receiver.rs did not start")
+                    time.sleep(0.05)
+            try:
+                if who == "client":
+                    out = subprocess.run([str(HTTP_CEILING), f"http://127.0.0.1:{port}/hooks/Order.events",
+                                          str(events), "16", "230"], check=True, capture_output=True, text=True).stdout
+                    run = json.loads(out)
+                else:
+                    slot = f"http_{r}"
+                    cluster.sql("TRUNCATE outbox")
+                    cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
+                    cluster.sql(f"CALL fill_single({events}, 'outbox')")
+                    config = work / f"relay-{slot}.toml"
+                    config.write_text(
+                        f'[[pipelines]]\nname = "bench"\nsource_url = "{cluster.url()}"\nslot = "{slot}"\n'
+                        f'publication = "outbox_pub"\ntable = "public.outbox"\ncreate_slot = false\n'
+                        f'[pipelines.sink]\nkind = "http"\nurl = "http://127.0.0.1:{port}/hooks/{{destination}}"\n')
+                    start = time.time()
+                    relay = subprocess.Popen([str(ROOT / "target/release/outbox-relay"), "run", "--config", str(config)],
+                                             stdout=open(work / f"relay-{slot}.log", "w"), stderr=subprocess.STDOUT,
+                                             env={**os.environ, "RUST_LOG": "warn"})
+                    try:
+                        while count() < events:
+                            if relay.poll() is not None:
+                                raise SystemExit(f"relay exited with {relay.returncode}: see {work}/relay-{slot}.log")
+                            if time.time() - start > 900:
+                                raise SystemExit(f"relay posted {count():,} of {events:,} within 900 s")
+                            time.sleep(0.01)
+                        seconds = time.time() - start
+                        run = {"seconds": seconds, "events_per_second": events / seconds,
+                               "cpu_seconds": cpu_seconds(relay.pid)}
+                    finally:
+                        stop_process(relay)
+                    cluster.drop_slot(slot)
+            finally:
+                stop_process(receiver)
+            runs[who].append(run)
+            log(f"  round {r + 1}, {who}: {run['seconds']:.2f} s ({run['events_per_second']:,.0f} events/s)")
+    out = {who: {"events_per_second": median([x["events_per_second"] for x in v]), "runs": v} for who, v in runs.items()}
+    out["events"] = events
+    out["ratio"] = out["relay"]["events_per_second"] / out["client"]["events_per_second"]
+    return out
+
+
 def fmt_eps(v, partial=False):
     return "-" if v is None else f"{v:,.0f} ev/s" + (" (partial)" if partial else "")
 
@@ -1145,13 +1217,18 @@ def print_table(results, args):
         print(f"\n7. rabbitmq backlog, {args.backlog:,} single-row txns: outbox-relay "
               f"{q[RELAY]['events_per_second']:,.0f} ev/s, bare lapin publisher {q[RABBITMQ_CEIL]['events_per_second']:,.0f} "
               f"ev/s (relay / ceiling: {q[RELAY]['ratio_to_ceiling']:.2f})")
+    if "http" in results:
+        h = results["http"]
+        print(f"\n7. HTTP webhook sink, backlog of {h['events']:,} single-row txns: relay "
+              f"{h['relay']['events_per_second']:,.0f} ev/s, bare client (16 in flight) "
+              f"{h['client']['events_per_second']:,.0f} ev/s (relay / client: {h['ratio']:.2f})")
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
           f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; broker: {results.get('broker', BROKERS['tansu'])}; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
-SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "rabbitmq")
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "rabbitmq", "http")
 
 
 def main():
@@ -1170,6 +1247,7 @@ def main():
                     help="scenario 7: only these sink kinds (default: all)")
     ap.add_argument("--eos-modes", default="at-least-once,exactly-once,exactly-once-unbatched",
                     help="scenario 6: modes to run, comma-separated")
+    ap.add_argument("--http-events", type=int, default=50_000, help="scenario 7: events in the HTTP sink's backlog")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
@@ -1205,7 +1283,8 @@ def main():
     subprocess.run([str(ROOT / "tests" / "setup-deps.sh"), "--no-pg-matrix"], check=True, stdout=subprocess.DEVNULL)
     log("building outbox-relay and bench/producer_ceiling.rs (release)")
     subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling",
-                    "--example", "mock_broker", "--example", "rabbitmq_ceiling"],
+                    "--example", "mock_broker", "--example", "rabbitmq_ceiling", "--example", "http_receiver",
+                    "--example", "http_ceiling"],
                    cwd=ROOT, check=True)
     venv_python()  # the latency consumer, and the peers
     work = Path(tempfile.mkdtemp(prefix="outbox-relay-bench."))
@@ -1267,6 +1346,10 @@ def main():
         if run("rabbitmq"):
             log(f"scenario 7: backlog of {args.backlog:,} single-row transactions into RabbitMQ")
             results["rabbitmq_backlog"] = rabbitmq_scenario(cluster, work, args.backlog, args.rounds)
+            save()
+        if run("http"):
+            log(f"scenario 7: the HTTP webhook sink, backlog of {args.http_events:,} single-row transactions")
+            results["http"] = http_scenario(cluster, work, args.http_events, args.rounds)
             save()
     finally:
         if broker:

@@ -37,7 +37,7 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    ConfigError, ConfigErrors, DestinationRules, NullPayload, PipelineConfig, Placement, TableName,
+    ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
     TopicCase, ValueFormat,
 };
 use crate::sink::{DeliveryError, Header, Record};
@@ -56,14 +56,14 @@ pub const TOPIC_HEADER: &str = "outbox_relay_topic";
 /// transaction, or dead-letters it (`on_bad_event`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RouteError {
-    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal {destination}: {reason}")]
+    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal {noun}: {reason}")]
     IllegalTopic {
         event_id: String,
         /// The aggregate type, or the `route.by_field` column's value.
         value: String,
         topic: String,
-        /// What the sink's destinations are (`Kafka topic name`, `NATS subject`).
-        destination: &'static str,
+        /// What the sink's destinations are ([`SinkConfig::destination_noun`]).
+        noun: &'static str,
         reason: &'static str,
     },
     #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
@@ -255,8 +255,8 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
-    /// The sink's rules for topic names.
-    destinations: DestinationRules,
+    /// Whose rules a destination must follow.
+    sink: SinkConfig,
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -340,7 +340,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
-            destinations: config.sink.destinations(),
+            sink: config.sink.clone(),
         })
     }
 
@@ -542,14 +542,14 @@ impl Router {
         let valid = if value.is_empty() {
             Err("the routing value is empty")
         } else {
-            (self.destinations.check)(&topic)
+            self.sink.check_destination(&topic)
         };
         if let Err(reason) = valid {
             return Err(RouteError::IllegalTopic {
                 event_id: event_id(),
                 value: value.into_owned(),
                 topic,
-                destination: self.destinations.name,
+                noun: self.sink.destination_noun(),
                 reason,
             });
         }
@@ -920,7 +920,7 @@ mod tests {
                 matches!(
                     nats.route(&event(bad), 0),
                     Err(RouteError::IllegalTopic {
-                        destination: "NATS subject",
+                        noun: "NATS subject",
                         ..
                     })
                 ),
@@ -942,6 +942,27 @@ mod tests {
             problems[0].problem.contains("gives no legal NATS subject"),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn the_sink_kind_decides_which_destinations_are_legal() {
+        let mut config = pipeline();
+        config.sink = SinkConfig::Http(crate::config::HttpConfig {
+            url: crate::config::SinkUrl("https://h/hooks/{destination}".into()),
+            ..Default::default()
+        });
+        let router = Router::new(&config).unwrap();
+        let record = router.route(&event("has space/ünicode"), 0).unwrap();
+        assert_eq!(record.topic, "has space/ünicode.events");
+        let err = router.route(&event("tab\there"), 0).unwrap_err();
+        assert!(
+            matches!(&err, RouteError::IllegalTopic { noun: "webhook destination", .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("00000000-0000-0000-0000-000000000001"), "{err}");
+        // Kafka's rules for Kafka.
+        let err = Router::default().route(&event("has space"), 0).unwrap_err();
+        assert!(err.to_string().contains("not a legal Kafka topic name"), "{err}");
     }
 
     use crate::config::{AdditionalPlacement, RouteConfig};

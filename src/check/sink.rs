@@ -2,8 +2,9 @@
 //! the destinations and the durability of an acknowledgement.
 
 use super::{check_kafka, finding, Finding, Verdict};
-use crate::config::{NatsConfig, PipelineConfig, SinkConfig};
+use crate::config::{HttpConfig, NatsConfig, PipelineConfig, SinkConfig};
 use crate::router::Template;
+use crate::sink::http::HttpPublisher;
 use crate::sink::nats::coverage::{self, Coverage};
 use crate::sink::nats::NatsPublisher;
 use crate::sink::rabbitmq::RabbitMqPublisher;
@@ -13,6 +14,32 @@ use crate::sink::redis::RedisPublisher;
 pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
     match &config.sink {
         SinkConfig::Kafka => vec![check_kafka(config).await],
+        SinkConfig::Http(http) => {
+            let dead_letter = config.dead_letter_topic.as_deref();
+            let publisher = match HttpPublisher::connect(http, dead_letter) {
+                Ok(publisher) => publisher,
+                Err(e) => return vec![finding("http", Verdict::Fail, e.to_string())],
+            };
+            let mut urls = vec![(&*http.url, "sink.url")];
+            urls.extend(
+                dead_letter
+                    .filter(|t| HttpConfig::is_absolute(t))
+                    .map(|t| (t, "dead_letter_topic")),
+            );
+            let mut findings = Vec::new();
+            for (url, setting) in urls {
+                findings.push(match publisher.probe(url, setting).await {
+                    Ok(detail) if http.secret.0.is_empty() => finding(
+                        "http",
+                        Verdict::Ok,
+                        format!("{detail}; requests are not signed (no sink.secret)"),
+                    ),
+                    Ok(detail) => finding("http", Verdict::Ok, detail),
+                    Err(e) => finding("http", Verdict::Fail, e),
+                });
+            }
+            findings
+        }
         SinkConfig::Redis(redis) => match RedisPublisher::connect(redis).await {
             Err(e) => vec![finding("redis", Verdict::Fail, e.to_string())],
             Ok(publisher) => match publisher.persistence().await {

@@ -17,7 +17,10 @@ pub mod sink;
 mod table;
 
 pub use polling::{MarkMode, PollingConfig, SourceKind};
-pub use sink::{DestinationRules, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl};
+pub use sink::{
+    HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkSecret, SinkUrl,
+    DESTINATION_PLACEHOLDER,
+};
 pub use table::{quote_ident, TableName};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
@@ -671,6 +674,7 @@ impl PipelineConfig {
             ));
         }
         problems.extend(self.exactly_once_problems());
+        problems.extend(self.sink.problems());
         if self.sink != SinkConfig::Kafka && self.exactly_once {
             problems.push(ConfigError::new(
                 "exactly_once",

@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{redact_url, validate_topic};
+use super::{redact_url, validate_topic, ConfigError};
 
+pub mod http;
 mod nats;
+pub use http::{HttpConfig, SinkSecret, DESTINATION_PLACEHOLDER};
 pub use nats::{
     validate_subject, NatsConfig, NatsServer, NatsUrl, DEFAULT_NATS_MAX_CONCURRENCY,
     MAX_SUBJECT_LEN,
@@ -56,16 +58,8 @@ pub enum SinkConfig {
     /// RabbitMQ: one persistent message per record, with publisher confirms.
     #[serde(rename = "rabbitmq")]
     RabbitMq(RabbitMqConfig),
-}
-
-/// Which destination names a sink kind takes: the router checks the template and
-/// `dead_letter_topic` against them at start, and each event's routed destination.
-#[derive(Clone, Copy, Debug)]
-pub struct DestinationRules {
-    /// What a destination is, for errors: `Kafka topic name`, `NATS subject`.
-    pub name: &'static str,
-    /// Returns the rule a destination breaks.
-    pub check: fn(&str) -> Result<(), &'static str>,
+    /// Webhooks: one `POST` per record.
+    Http(HttpConfig),
 }
 
 impl SinkConfig {
@@ -76,36 +70,15 @@ impl SinkConfig {
             SinkConfig::Redis(_) => "redis",
             SinkConfig::Nats(_) => "nats",
             SinkConfig::RabbitMq(_) => "rabbitmq",
-        }
-    }
-
-    /// The rules of this kind's destination names.
-    pub fn destinations(&self) -> DestinationRules {
-        match self {
-            SinkConfig::Kafka => DestinationRules {
-                name: "Kafka topic name",
-                check: validate_topic,
-            },
-            SinkConfig::Redis(_) => DestinationRules {
-                name: "Redis stream key",
-                check: validate_stream_key,
-            },
-            SinkConfig::Nats(_) => DestinationRules {
-                name: "NATS subject",
-                check: validate_subject,
-            },
-            SinkConfig::RabbitMq(_) => DestinationRules {
-                name: "RabbitMQ routing key",
-                check: validate_routing_key,
-            },
+            SinkConfig::Http(_) => "http",
         }
     }
 
     /// Checks the kind's settings; each problem names its field (`sink.url`, ...).
-    pub fn problems(&self) -> Vec<super::ConfigError> {
+    pub fn problems(&self) -> Vec<ConfigError> {
         let mut problems = Vec::new();
         let mut problem =
-            |field: &str, text: String| problems.push(super::ConfigError::new(&format!("sink.{field}"), text));
+            |field: &str, text: String| problems.push(ConfigError::new(&format!("sink.{field}"), text));
         match self {
             SinkConfig::Kafka => {}
             SinkConfig::Redis(redis) => {
@@ -126,6 +99,10 @@ impl SinkConfig {
             SinkConfig::RabbitMq(rabbitmq) => {
                 delivery_problems(rabbitmq.max_concurrency, rabbitmq.delivery_timeout_ms, &mut problem);
             }
+            SinkConfig::Http(http) => {
+                drop(problem);
+                problems.extend(http.problems());
+            }
         }
         problems
     }
@@ -137,6 +114,45 @@ impl SinkConfig {
             SinkConfig::Redis(redis) => redact_url(&redis.url),
             SinkConfig::Nats(nats) => nats.shown(),
             SinkConfig::RabbitMq(rabbitmq) => redact_url(&rabbitmq.url),
+            SinkConfig::Http(http) => redact_url(&http.url),
+        }
+    }
+
+    /// What a destination of this sink is called, for errors ("Kafka topic name").
+    pub fn destination_noun(&self) -> &'static str {
+        match self {
+            SinkConfig::Kafka => "Kafka topic name",
+            SinkConfig::Redis(_) => "Redis stream key",
+            SinkConfig::Nats(_) => "NATS subject",
+            SinkConfig::RabbitMq(_) => "RabbitMQ routing key",
+            SinkConfig::Http(_) => "webhook destination",
+        }
+    }
+
+    /// Checks that the sink can take `destination` (a routed topic, the sample of the topic
+    /// template at start, the dead-letter topic) by the kind's rules: the router checks the
+    /// template and `dead_letter_topic` at start, and each event's routed destination.
+    ///
+    /// Returns the rule it breaks.
+    pub fn check_destination(&self, destination: &str) -> Result<(), &'static str> {
+        match self {
+            SinkConfig::Kafka => validate_topic(destination),
+            SinkConfig::Redis(_) => validate_stream_key(destination),
+            SinkConfig::Nats(_) => validate_subject(destination),
+            SinkConfig::RabbitMq(_) => validate_routing_key(destination),
+            SinkConfig::Http(http) => http.check_destination(destination),
+        }
+    }
+
+    /// Checks `dead_letter_topic` for this sink.
+    ///
+    /// Returns the problem, naming the topic.
+    pub fn check_dead_letter(&self, topic: &str) -> Result<(), String> {
+        match self {
+            SinkConfig::Http(http) => http.check_dead_letter(topic),
+            _ => self.check_destination(topic).map_err(|reason| {
+                format!("{topic:?} is not a legal {}: {reason}", self.destination_noun())
+            }),
         }
     }
 
@@ -178,6 +194,18 @@ impl SinkConfig {
                 }
                 if rabbitmq.max_message_bytes == 0 {
                     problems.push(("sink.max_message_bytes".into(), "must be at least 1".into()));
+                }
+            }
+            SinkConfig::Http(http) => {
+                if let Some(url) =
+                    secret("url", &http.url, http.url_file.take(), expand, &mut problems)
+                {
+                    http.url = SinkUrl(url);
+                }
+                if let Some(value) =
+                    secret("secret", &http.secret.0, http.secret_file.take(), expand, &mut problems)
+                {
+                    http.secret = SinkSecret(value);
                 }
             }
         }
@@ -423,6 +451,41 @@ mod tests {
     }
 
     #[test]
+    fn http_takes_its_url_and_secret_from_the_environment_or_files() {
+        let h: Holder = toml::from_str(
+            "[sink]\nkind = \"http\"\nurl = \"https://h/${P}/{destination}\"\nsecret = \"${P}\"",
+        )
+        .unwrap();
+        let mut sink = h.sink;
+        let expand = |v: &str| Ok::<_, String>(v.replace("${P}", "secret"));
+        assert!(sink.resolve(&expand).is_empty());
+        let SinkConfig::Http(http) = &sink else {
+            panic!("not http")
+        };
+        assert_eq!(&*http.url, "https://h/secret/{destination}");
+        assert_eq!(http.secret.0, "secret");
+        assert_eq!(http.max_concurrency, http::DEFAULT_HTTP_MAX_CONCURRENCY);
+        assert!(!format!("{sink:?}").contains("secret\""), "{sink:?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::fs::write(&path, "whsec_Zm9v\n").unwrap();
+        let mut sink = SinkConfig::Http(HttpConfig {
+            url: SinkUrl("https://h/".into()),
+            secret_file: Some(path.display().to_string()),
+            ..HttpConfig::default()
+        });
+        assert!(sink.resolve(&expand).is_empty());
+        let SinkConfig::Http(http) = &sink else { unreachable!() };
+        assert_eq!(http.secret.0, "whsec_Zm9v");
+        let mut sink = SinkConfig::Http(HttpConfig {
+            secret_file: Some("/nonexistent/secret".into()),
+            ..HttpConfig::default()
+        });
+        assert_eq!(sink.resolve(&expand)[0].0, "sink.secret_file");
+    }
+
+    #[test]
     fn unknown_kinds_and_keys_are_refused() {
         let e = toml::from_str::<Holder>("[sink]\nkind = \"pulsar\"").err().unwrap();
         assert!(e.to_string().contains("pulsar"), "{e}");
@@ -519,12 +582,12 @@ mod tests {
     fn a_routing_key_takes_any_text_up_to_255_bytes_and_kafka_keeps_its_topic_rules() {
         let rabbitmq = SinkConfig::RabbitMq(RabbitMqConfig::default());
         for good in ["Order.events", "has space", "a/b", "ünicode", &"x".repeat(255)] {
-            assert_eq!((rabbitmq.destinations().check)(good), Ok(()), "{good:?}");
+            assert_eq!(rabbitmq.check_destination(good), Ok(()), "{good:?}");
         }
-        assert!((rabbitmq.destinations().check)(&"x".repeat(256)).is_err());
-        assert!((rabbitmq.destinations().check)("").is_err());
-        assert!((SinkConfig::Kafka.destinations().check)("a/b").is_err());
-        assert!((SinkConfig::Kafka.destinations().check)("Order.events").is_ok());
+        assert!(rabbitmq.check_destination(&"x".repeat(256)).is_err());
+        assert!(rabbitmq.check_destination("").is_err());
+        assert!(SinkConfig::Kafka.check_destination("a/b").is_err());
+        assert!(SinkConfig::Kafka.check_destination("Order.events").is_ok());
     }
 
     #[test]

@@ -16,7 +16,6 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
     let no_columns =
         "cannot be combined with message_prefix: logical messages carry no such column";
     let route = &config.route;
-    let destinations = config.sink.destinations();
     if route.by_field.as_deref() == Some("") {
         problem("route.by_field", "must not be empty".into());
     }
@@ -46,10 +45,10 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                         format!("${{column:...}} {no_columns}"),
                     );
                 }
-                if let Err(reason) = (destinations.check)(&template.sample()) {
+                if let Err(reason) = config.sink.check_destination(&template.sample()) {
                     problem(
                         "route.topic_template",
-                        format!("gives no legal {}: {reason}", destinations.name),
+                        format!("gives no legal {}: {reason}", config.sink.destination_noun()),
                     );
                 }
             }
@@ -108,11 +107,8 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
             "required when on_bad_event = \"dead_letter\"".into(),
         ),
         (OnBadEvent::DeadLetter, Some(topic)) => {
-            if let Err(reason) = (destinations.check)(topic) {
-                problem(
-                    "dead_letter_topic",
-                    format!("{topic:?} is not a legal {}: {reason}", destinations.name),
-                );
+            if let Err(e) = config.sink.check_dead_letter(topic) {
+                problem("dead_letter_topic", e);
             }
         }
         (OnBadEvent::Halt, Some(_)) => problem(

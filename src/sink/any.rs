@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::kafka::{KafkaSink, ProducerError};
 use super::ordered::{OrderedSettings, OrderedSink};
-use super::{nats, rabbitmq, redis, Delivery, InFlight, Record, SendError, Sink};
+use super::{http, nats, rabbitmq, redis, Delivery, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
 use crate::config::{OnBadEvent, PipelineConfig, SinkConfig};
 use crate::error::Error;
@@ -46,6 +46,14 @@ impl AnySink {
         let connecting = async {
             match &config.sink {
                 SinkConfig::Kafka => unreachable!("Kafka is not connected here"),
+                SinkConfig::Http(http) => Ok(OrderedSink::new(
+                    http::HttpPublisher::connect(http, config.dead_letter_topic.as_deref())?,
+                    OrderedSettings {
+                        max_concurrency: http.max_concurrency,
+                        delivery_timeout: http.delivery_timeout(),
+                        hold_on_refusal,
+                    },
+                )),
                 SinkConfig::Redis(redis) => Ok(OrderedSink::new(
                     redis::RedisPublisher::connect(redis).await?,
                     OrderedSettings {

@@ -11,6 +11,7 @@
 //! [`crate::exactly_once::TransactionalSink`].
 
 mod any;
+pub mod http;
 pub mod kafka;
 pub mod nats;
 pub mod ordered;

@@ -15,6 +15,23 @@ use std::time::Duration;
 use crate::support::{consume, kafka, pg, unique_name, Auth, Consumed, TestDb};
 use crate::{insert, writer_statement, Written};
 
+/// A database `name` with the polling schema (`sql/outbox_polling.sql`) instead of the
+/// log-tailing one.
+pub(crate) async fn polling_database(name: &str) -> TestDb {
+    let db = pg().create_database(name).await;
+    // create_database applies the log-tailing sql/outbox.sql; replace its table.
+    let kit = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
+    )
+    .unwrap();
+    db.client
+        .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
+        .await
+        .unwrap();
+    db.client.batch_execute(&kit).await.unwrap();
+    db
+}
+
 /// A test's database (polling schema), topics, and config files for its relays.
 struct Setup {
     db: TestDb,
@@ -26,17 +43,7 @@ struct Setup {
 impl Setup {
     async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
         let name = unique_name(prefix);
-        let db = pg().create_database(&name).await;
-        // create_database applies the log-tailing sql/outbox.sql; replace its table.
-        let kit = std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
-        )
-        .unwrap();
-        db.client
-            .batch_execute("DROP PUBLICATION outbox_pub; DROP TABLE outbox;")
-            .await
-            .unwrap();
-        db.client.batch_execute(&kit).await.unwrap();
+        let db = polling_database(&name).await;
         let types: Vec<String> = types.iter().map(|t| format!("{t}_{name}")).collect();
         for t in &types {
             kafka().create_topic(&format!("{t}.events"), partitions);

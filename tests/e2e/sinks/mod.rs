@@ -7,6 +7,7 @@
 //! mid-stream, a record the server refuses (halt: nothing confirmed past it; dead letter: the
 //! rest flows), an aggregate type the sink cannot route to, and the polling source's main job.
 
+mod http;
 mod nats;
 mod rabbitmq;
 mod redis;
