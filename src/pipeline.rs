@@ -3,7 +3,8 @@
 //! A *session* is one replication connection plus one producer, run by
 //! [`crate::session::Session`] over a [`LogicalSource`] and a [`KafkaSink`]. Any transient
 //! failure (the connection drops, the walsender restarts, Kafka gives up on a record) ends the
-//! session: the producer is dropped, and a new session resumes from the slot's
+//! session: the producer is dropped (one shared with other pipelines stays, see
+//! [`crate::sink::kafka::SharedProducers`]), and a new session resumes from the slot's
 //! `confirmed_flush_lsn` after an exponential backoff with jitter. Since the relay confirms
 //! only what Kafka acknowledged (see [`crate::ack`]), everything after that LSN is published
 //! again: duplicates are possible after a failure, loss is not (README, "What it guarantees").
