@@ -157,10 +157,11 @@ impl KafkaSink {
 
 impl Drop for KafkaSink {
     /// A shared producer outlives the session: what is still in flight in it counts against
-    /// the pipeline's limits until its reports come.
+    /// the pipeline's limits until its reports come, and a fresh producer the session wanted
+    /// goes to the next one.
     fn drop(&mut self) {
         if let Some(share) = &self.share {
-            share.adopt(std::mem::take(&mut self.pending));
+            share.adopt(std::mem::take(&mut self.pending), self.renew);
         }
     }
 }

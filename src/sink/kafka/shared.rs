@@ -176,6 +176,9 @@ struct ShareState {
     producer: Option<PolledProducer>,
     /// Records of ended sessions still in `producer`, without a delivery report yet.
     left_over: InFlight,
+    /// The last session ended wanting a fresh producer (a timed-out record, a fatal error):
+    /// the next one gets it, as a session of its own producer would.
+    renew: bool,
 }
 
 impl Share {
@@ -187,8 +190,10 @@ impl Share {
         let mut state = lock(&self.state);
         let producer = match &state.producer {
             Some(used) if state.left_over != InFlight::default() => used.clone(),
+            Some(used) if state.renew => self.group.renew(used)?,
             _ => self.group.current()?,
         };
+        state.renew = false;
         state.producer = Some(producer.clone());
         Ok(producer)
     }
@@ -218,7 +223,9 @@ impl Share {
     /// pipeline's limits until their delivery reports come, awaited on a task of their own
     /// (detached: it ends with the last report, which destroying the producer sends at the
     /// latest). Without a tokio runtime they are awaited on a thread.
-    pub(crate) fn adopt(self: &Arc<Self>, pending: FuturesUnordered<PendingDelivery>) {
+    /// `renew`: the session wanted a fresh producer, which the next one then gets.
+    pub(crate) fn adopt(self: &Arc<Self>, pending: FuturesUnordered<PendingDelivery>, renew: bool) {
+        lock(&self.state).renew |= renew;
         if pending.is_empty() {
             return;
         }
@@ -457,7 +464,8 @@ mod tests {
 
     /// A timed-out record renews its pipeline's producer; the other pipeline keeps the old one
     /// while it has records in flight there (two producers on one partition could reorder
-    /// them), and adopts the group's fresh one at its own renewal instead of making another.
+    /// them), and its next session, after its own timed-out record, adopts the group's fresh
+    /// one instead of making another.
     #[tokio::test]
     async fn a_renewed_producer_moves_the_others_only_when_they_renew() {
         let mock = cluster();
@@ -497,13 +505,39 @@ mod tests {
         while b.in_flight().events > 0 {
             next(&mut b, "pipeline b").await;
         }
-        mock.partition_leader("a", 0, Some(1)).unwrap();
-        b.send(record("b"), token(&mut tracker)).unwrap();
+        // b's session ends on it (log tailing): the next one gets the group's fresh producer.
+        drop(b);
+        let mut b = sink(&producers, "b");
         assert!(
             b.producer.same(&a.producer),
             "b's renewal made another producer"
         );
+        mock.partition_leader("a", 0, Some(1)).unwrap();
+        b.send(record("b"), token(&mut tracker)).unwrap();
         assert!(next(&mut b, "pipeline b").await.result.is_ok());
+    }
+
+    /// A log-tailing session ends on a timed-out record; its pipeline's next session gets a
+    /// fresh producer, as it did when each session had its own; the other pipeline stays.
+    #[tokio::test]
+    async fn the_session_after_a_timed_out_record_gets_a_fresh_producer() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let settings = [("message.timeout.ms", "300")];
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &settings),
+            pipeline("b", &bootstrap, &settings),
+        ]);
+        let (mut a, b) = (sink(&producers, "a"), sink(&producers, "b"));
+        let old = a.producer.clone();
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        assert!(next(&mut a, "pipeline a").await.result.is_err());
+        drop(a);
+        let a = sink(&producers, "a");
+        assert!(!a.producer.same(&old), "the next session kept the producer");
+        assert!(b.producer.same(&old), "b was moved");
     }
 
     /// A fatal idempotence error refuses every member's records: each renews, onto one fresh
