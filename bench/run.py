@@ -67,6 +67,14 @@ Scenarios:
    client bench/http_ceiling.rs posting as many bodies of a row's size, 16 in flight (the
    relay's default max_concurrency); the ratio is relay / client.
 
+7. pipelines (outbox-relay only): --pipelines (1, 10, 50) databases, each with its own outbox,
+   slot and [[pipelines]] entry in one config file, served by one relay process. Once /readyz
+   says every pipeline streams (and --pipelines-settle s more), the relay's CPU over
+   --pipelines-idle-secs with nothing written (utime + stime from /proc/<pid>/stat, % of a
+   core, and by thread kind from /proc/<pid>/task/*/stat), its threads (/proc/<pid>/status
+   Threads) and RSS (VmRSS); then --pipelines-burst single-row transactions in every database,
+   and RSS and threads again once all of them are published.
+
 Ratios: each contender's events/s over the lower of the two limits (scenarios 1, 2).
 """
 import argparse, json, os, re, resource, select, shutil, socket, statistics, subprocess, sys, tempfile, threading, time, urllib.request
@@ -85,6 +93,7 @@ MOCK_BROKER = ROOT / "target" / "release" / "examples" / "mock_broker"
 RABBITMQ_CEILING = ROOT / "target" / "release" / "examples" / "rabbitmq_ceiling"
 HTTP_RECEIVER = ROOT / "target" / "release" / "examples" / "http_receiver"
 HTTP_CEILING = ROOT / "target" / "release" / "examples" / "http_ceiling"
+RELAY_BIN = ROOT / "target" / "release" / "outbox-relay"  # --relay-bin replaces it
 BROKERS = {"tansu": "tansu (memory storage)",
            "mock": "librdkafka's mock cluster (bench/mock_broker.rs: next to no broker latency; not a real broker)"}
 PAD = "x" * 200  # ~300-byte outbox rows with the other columns
@@ -190,8 +199,9 @@ port = {self.port}
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '{self.dir}'
 wal_level = logical
-max_replication_slots = 20
-max_wal_senders = 20
+max_replication_slots = 64
+max_wal_senders = 64
+max_connections = 200
 fsync = off
 synchronous_commit = off
 full_page_writes = off
@@ -300,7 +310,7 @@ class Relay:
                  "public.outbox", "--bootstrap-servers", broker.bootstrap, "--pipeline-name", "bench",
                  "--no-create-slot", *Relay.extra_args, *extra])
         self.proc = subprocess.Popen(
-            [str(ROOT / "target/release/outbox-relay"), "run", *args, "--metrics-listen", self.metrics],
+            [str(RELAY_BIN), "run", *args, "--metrics-listen", self.metrics],
             stdout=open(work / f"relay-{slot}.log", "w"), stderr=subprocess.STDOUT,
             env={**os.environ, "RUST_LOG": "warn"})
 
@@ -988,6 +998,123 @@ SETUP_SQL = [
 ]
 
 
+def process_status(pid):
+    """Threads, VmRSS and VmHWM (MiB) of a process, from /proc/<pid>/status."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "Threads":
+            out["threads"] = int(value)
+        elif key in ("VmRSS", "VmHWM"):
+            out[key] = int(value.split()[0]) / 1024
+    return {"threads": out["threads"], "rss_mib": out["VmRSS"], "peak_rss_mib": out["VmHWM"]}
+
+
+def threads_by_kind(pid):
+    """Thread count by thread name without digits."""
+    kinds = {}
+    for name, _ in thread_cpu_seconds(pid).values():
+        kind = re.sub(r"[-_]?\d+$", "", name)
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+
+def pipelines_run(cluster, broker, work, n, seconds, settle, burst, kafka_properties):
+    """One relay process with `n` pipelines: idle CPU, threads and RSS, then after a burst."""
+    dbs = [f"pipe_{n}_{i}" for i in range(n)]
+    metrics = f"127.0.0.1:{free_port()}"
+    toml = [f'[kafka]\nbootstrap_servers = "{broker.bootstrap}"\n']
+    if kafka_properties:
+        toml.append("[kafka.properties]\n" + "".join(f'"{k}" = "{v}"\n' for k, v in
+                                                    (p.split("=", 1) for p in kafka_properties)))
+    toml.append(f'[metrics]\nlisten = "{metrics}"\n')
+    for db in dbs:
+        cluster.sql(f"CREATE DATABASE {db}", db="postgres")
+        subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", cluster.url(db), "-f",
+                        str(ROOT / "sql" / "outbox.sql")], check=True, stdout=subprocess.DEVNULL)
+        cluster.sql(f"SELECT pg_create_logical_replication_slot('{db}', 'pgoutput')", db=db)
+        toml.append(f'[[pipelines]]\nname = "{db}"\nsource_url = "{cluster.url(db)}"\nslot = "{db}"\n'
+                    f'publication = "outbox_pub"\ntable = "public.outbox"\ncreate_slot = false\n')
+    config = work / f"pipelines-{n}.toml"
+    config.write_text("".join(toml))
+    proc = subprocess.Popen([str(RELAY_BIN), "run", "--config", str(config)],
+                            stdout=open(work / f"relay-pipelines-{n}.log", "w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "RUST_LOG": "warn"})
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(f"http://{metrics}/readyz", timeout=1).status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                raise SystemExit(f"relay with {n} pipelines exited with {proc.returncode}: "
+                                 f"see {work / f'relay-pipelines-{n}.log'}")
+            if time.time() > deadline:
+                raise SystemExit(f"/readyz of the relay with {n} pipelines not ready within 120 s")
+            time.sleep(0.2)
+        time.sleep(settle)
+        cpu0, threads0, start = cpu_seconds(proc.pid), thread_cpu_seconds(proc.pid), time.time()
+        time.sleep(seconds)
+        cpu1, threads1, elapsed = cpu_seconds(proc.pid), thread_cpu_seconds(proc.pid), time.time() - start
+        idle = process_status(proc.pid)
+        run = {"pipelines": n, "window_seconds": elapsed, "cpu_seconds": cpu1 - cpu0,
+               "core_percent": 100 * (cpu1 - cpu0) / elapsed, "idle": idle,
+               "cpu_seconds_by_thread": cpu_by_thread_kind(threads0, threads1),
+               "threads_by_kind": threads_by_kind(proc.pid)}
+        for db in dbs:
+            cluster.sql(f"DO $$ BEGIN FOR i IN 1..{burst} LOOP "
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES "
+                        f"('Order', 'key-' || (i % 1000), 'Created', jsonb_build_object('seq', i, 'pad', '{PAD}')); "
+                        "COMMIT; END LOOP; END $$", db=db)
+        deadline = time.time() + 300
+        while published_total(metrics) < n * burst:
+            if time.time() > deadline:
+                raise SystemExit(f"{published_total(metrics)} of {n * burst} events published within 300 s")
+            time.sleep(0.1)
+        run["after_burst"] = process_status(proc.pid)
+        log(f"    {n} pipelines: {run['cpu_seconds']:.2f} CPU s in {elapsed:.0f} s idle "
+            f"({run['core_percent']:.2f} % of a core), {idle['threads']} threads, {idle['rss_mib']:.1f} MiB RSS; "
+            f"after {n} x {burst} events {run['after_burst']['rss_mib']:.1f} MiB "
+            f"(peak {run['after_burst']['peak_rss_mib']:.1f}), {run['after_burst']['threads']} threads; "
+            f"CPU by thread: {run['cpu_seconds_by_thread']}; threads: {run['threads_by_kind']}")
+        return run
+    finally:
+        stop_process(proc, 60)
+        for db in dbs:
+            cluster.drop_slot(db)
+            cluster.sql(f"DROP DATABASE {db}", db="postgres")
+
+
+def published_total(metrics):
+    """The sum of outbox_relay_events_published_total over every pipeline (0 while it does not answer)."""
+    try:
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=1).read().decode()
+    except OSError:
+        return 0
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("outbox_relay_events_published_total"))
+
+
+def pipelines_scenario(cluster, broker, work, counts, seconds, settle, burst, rounds, kafka_properties):
+    """Scenario 7: per round, a relay for each pipeline count in `counts` (alternating order)."""
+    broker.fresh()
+    runs = {n: [] for n in counts}
+    for r in range(rounds):
+        for n in ordered(counts, r):
+            runs[n].append(pipelines_run(cluster, broker, work, n, seconds, settle, burst, kafka_properties))
+    med = lambda xs: median(xs)
+    return {"seconds": seconds, "burst": burst,
+            "counts": {str(n): {"core_percent": med([x["core_percent"] for x in v]),
+                                "threads": med([x["idle"]["threads"] for x in v]),
+                                "rss_mib": med([x["idle"]["rss_mib"] for x in v]),
+                                "rss_mib_after_burst": med([x["after_burst"]["rss_mib"] for x in v]),
+                                "peak_rss_mib": med([x["after_burst"]["peak_rss_mib"] for x in v]),
+                                "runs": v}
+                       for n, v in runs.items()}}
+
+
 def parse_lsn(text):
     high, low = text.split("/")
     return (int(high, 16) << 32) | int(low, 16)
@@ -1222,13 +1349,21 @@ def print_table(results, args):
         print(f"\n7. HTTP webhook sink, backlog of {h['events']:,} single-row txns: relay "
               f"{h['relay']['events_per_second']:,.0f} ev/s, bare client (16 in flight) "
               f"{h['client']['events_per_second']:,.0f} ev/s (relay / client: {h['ratio']:.2f})")
+    if "pipelines" in results:
+        p = results["pipelines"]
+        print(f"\n7. pipelines in one process, {p['seconds']} s idle; then {p['burst']} events per pipeline:\n")
+        print("| pipelines | idle CPU | threads | RSS idle | RSS after the burst (peak) |")
+        print("|---|---|---|---|---|")
+        for n, x in p["counts"].items():
+            print(f"| {n} | {x['core_percent']:.2f} % of a core | {x['threads']:.0f} | {x['rss_mib']:.1f} MiB | "
+                  f"{x['rss_mib_after_burst']:.1f} MiB ({x['peak_rss_mib']:.1f}) |")
     m = results["machine"]
     print(f"\n(medians of {args.rounds} alternating rounds, scenario 4 one round; {m['cores']} cores, load average "
           f"{' '.join(m['load_before'])} before and {' '.join(m['load_after'])} after; broker: {results.get('broker', BROKERS['tansu'])}; "
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
-SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "rabbitmq", "http")
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "rabbitmq", "http", "pipelines")
 
 
 def main():
@@ -1248,6 +1383,15 @@ def main():
     ap.add_argument("--eos-modes", default="at-least-once,exactly-once,exactly-once-unbatched",
                     help="scenario 6: modes to run, comma-separated")
     ap.add_argument("--http-events", type=int, default=50_000, help="scenario 7: events in the HTTP sink's backlog")
+    ap.add_argument("--pipelines", default="1,10,50", help="scenario 7: pipeline counts, comma-separated")
+    ap.add_argument("--pipelines-idle-secs", type=int, default=60, help="scenario 7: the idle window")
+    ap.add_argument("--pipelines-settle", type=int, default=10,
+                    help="scenario 7: seconds after /readyz before the idle window")
+    ap.add_argument("--pipelines-burst", type=int, default=200, help="scenario 7: transactions per pipeline")
+    ap.add_argument("--relay-bin", type=Path, metavar="PATH",
+                    help="run this relay binary (e.g. an older build, side by side) instead of building one")
+    ap.add_argument("--no-setup-deps", action="store_true",
+                    help="do not run tests/setup-deps.sh (PostgreSQL 15 and tansu are there already)")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
     ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
@@ -1280,13 +1424,24 @@ def main():
         PERF_DIR.mkdir(parents=True, exist_ok=True)
     run = lambda s: s not in args.skip and (not args.only or s in args.only)
 
-    subprocess.run([str(ROOT / "tests" / "setup-deps.sh"), "--no-pg-matrix"], check=True, stdout=subprocess.DEVNULL)
-    log("building outbox-relay and bench/producer_ceiling.rs (release)")
-    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "outbox-relay", "--example", "producer_ceiling",
-                    "--example", "mock_broker", "--example", "rabbitmq_ceiling", "--example", "http_receiver",
-                    "--example", "http_ceiling"],
-                   cwd=ROOT, check=True)
-    venv_python()  # the latency consumer, and the peers
+    if not args.no_setup_deps:
+        subprocess.run([str(ROOT / "tests" / "setup-deps.sh"), "--no-pg-matrix"], check=True,
+                       stdout=subprocess.DEVNULL)
+    # Scenario 7 alone needs neither the examples nor bench/.venv.
+    relay_only = all(not run(s) or s == "pipelines" for s in SCENARIOS)
+    examples = [] if relay_only else ["--example", "producer_ceiling", "--example", "mock_broker",
+                                        "--example", "rabbitmq_ceiling", "--example", "http_receiver",
+                                        "--example", "http_ceiling"]
+    log("building outbox-relay" + ("" if relay_only else " and bench/producer_ceiling.rs") + " (release)")
+    if args.relay_bin:
+        global RELAY_BIN
+        RELAY_BIN = args.relay_bin.resolve()
+    if not args.relay_bin or examples:
+        subprocess.run(["cargo", "build", "--release", "--locked",
+                        *([] if args.relay_bin else ["--bin", "outbox-relay"]), *examples],
+                       cwd=ROOT, check=True)
+    if not relay_only:
+        venv_python()  # the latency consumer, and the peers
     work = Path(tempfile.mkdtemp(prefix="outbox-relay-bench."))
     cluster = broker = None
     results = {"machine": {"cores": os.cpu_count(), "load_before": uptime()}, "broker": BROKERS[args.broker],
@@ -1299,7 +1454,7 @@ def main():
         for statement in SETUP_SQL:
             cluster.sql(statement)
         broker = Broker(work)
-        peers = Peers(cluster, broker, work, not args.no_peers)
+        peers = Peers(cluster, broker, work, not args.no_peers and not relay_only)
         save = lambda: (ROOT / "bench" / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         log(f"contenders: {', '.join(selected([RECV, CEIL, RELAY, *peers.contenders()]))}")
         if run("backlog"):
@@ -1350,6 +1505,14 @@ def main():
         if run("http"):
             log(f"scenario 7: the HTTP webhook sink, backlog of {args.http_events:,} single-row transactions")
             results["http"] = http_scenario(cluster, work, args.http_events, args.rounds)
+            save()
+        if run("pipelines"):
+            counts = [int(n) for n in args.pipelines.split(",")]
+            log(f"scenario 7: {', '.join(map(str, counts))} pipelines in one process, "
+                f"{args.pipelines_idle_secs} s idle, then {args.pipelines_burst} events each")
+            results["pipelines"] = pipelines_scenario(cluster, broker, work, counts, args.pipelines_idle_secs,
+                                                      args.pipelines_settle, args.pipelines_burst, args.rounds,
+                                                      args.kafka_property)
             save()
     finally:
         if broker:

@@ -3,7 +3,8 @@
 //! A *session* is one replication connection plus one producer, run by
 //! [`crate::session::Session`] over a [`LogicalSource`] and a [`KafkaSink`]. Any transient
 //! failure (the connection drops, the walsender restarts, Kafka gives up on a record) ends the
-//! session: the producer is dropped, and a new session resumes from the slot's
+//! session: the producer is dropped (one shared with other pipelines stays, see
+//! [`crate::sink::kafka::SharedProducers`]), and a new session resumes from the slot's
 //! `confirmed_flush_lsn` after an exponential backoff with jitter. Since the relay confirms
 //! only what Kafka acknowledged (see [`crate::ack`]), everything after that LSN is published
 //! again: duplicates are possible after a failure, loss is not (README, "What it guarantees").
@@ -26,7 +27,7 @@ use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
 use crate::shutdown::AbortOnDrop;
-use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
@@ -42,6 +43,8 @@ const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a session's end waits for the slot record's last update: one small UPDATE.
 const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
+/// Its log-tailing sessions publish through the producer `producers` has for it, if any
+/// (pipelines with the same Kafka settings share one), else through one of their own.
 ///
 /// Both source kinds run under [`supervisor::supervise`]: transient errors restart the
 /// session with backoff; each restart is logged with its reason and counted in
@@ -49,6 +52,7 @@ const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn run(
     config: PipelineConfig,
     metrics: PipelineMetrics,
+    producers: SharedProducers,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     debug_assert!(config.problems().is_empty(), "validated at start");
@@ -67,6 +71,7 @@ pub async fn run(
         slot_seen: false,
         holder_watch: HolderWatch::default(),
         redo: Redo::default(),
+        producers: &producers,
     };
     supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await
 }
@@ -82,6 +87,7 @@ struct LogTailing<'a> {
     /// Exactly-once: events Kafka refused for good, dead-lettered in the redo of their
     /// transaction.
     redo: Redo,
+    producers: &'a SharedProducers,
 }
 
 impl supervisor::Sessions for LogTailing<'_> {
@@ -98,6 +104,7 @@ impl supervisor::Sessions for LogTailing<'_> {
             progress,
             &mut self.holder_watch,
             &mut self.redo,
+            self.producers,
         )
         .await;
         self.slot_seen |= progress.is_streaming();
@@ -310,6 +317,7 @@ impl HolderWatch {
 }
 
 /// One session: check the slot, connect, stream until shutdown or an error.
+#[allow(clippy::too_many_arguments)] // what the supervisor keeps between sessions, by part
 async fn run_session(
     config: &PipelineConfig,
     metrics: &PipelineMetrics,
@@ -318,6 +326,7 @@ async fn run_session(
     progress: &SessionProgress,
     holder_watch: &mut HolderWatch,
     redo: &mut Redo,
+    producers: &SharedProducers,
 ) -> Result<(), Error> {
     let (client, connection) = slot::connect(config).await?;
     let conninfo = config.source_config()?;
@@ -424,7 +433,10 @@ async fn run_session(
             (AnySink::Kafka(sink), Mode::ExactlyOnce(eos))
         }
         None => (
-            AnySink::connect(config, || kafka(None)).await?,
+            AnySink::connect(config, || {
+                KafkaSink::new_or_shared(producers, &config.name, || kafka(None))
+            })
+            .await?,
             Mode::AtLeastOnce,
         ),
     };

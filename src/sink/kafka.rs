@@ -6,10 +6,17 @@
 //!
 //! In exactly-once mode the producer is transactional as well: its transaction calls and the
 //! checkpoint's read-back are in [`crate::exactly_once`].
+//!
+//! At-least-once pipelines with the same Kafka settings share one producer ([`shared`]).
+
+mod shared;
+
+pub use shared::SharedProducers;
 
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -44,6 +51,9 @@ pub struct KafkaSink {
     /// partition's sequence, so the next record goes through a fresh producer once nothing is
     /// in flight. Never set for a transactional producer (its transactions hold it).
     renew: bool,
+    /// The pipeline's part of a shared producer ([`shared`]); `None`: the producer is the
+    /// sink's own.
+    share: Option<Arc<shared::Share>>,
 }
 
 impl KafkaSink {
@@ -83,7 +93,76 @@ impl KafkaSink {
             in_flight: InFlight::default(),
             client,
             renew: false,
+            share: None,
         })
+    }
+
+    /// A session's sink on the producer pipeline `name` shares with others (see [`shared`]),
+    /// or [`KafkaSink::new`]'s own producer when it shares none.
+    ///
+    /// Returns an error if librdkafka rejects the configuration.
+    pub fn new_or_shared(
+        producers: &SharedProducers,
+        name: &str,
+        own: impl FnOnce() -> Result<KafkaSink, ProducerError>,
+    ) -> Result<Self, ProducerError> {
+        let Some(share) = producers.share(name) else {
+            return own();
+        };
+        let client = share.group.client.clone();
+        Ok(KafkaSink {
+            message_max_bytes: client
+                .get("message.max.bytes")
+                .unwrap_or("1000000")
+                .to_owned(),
+            producer: share.producer().map_err(ProducerError)?,
+            pending: FuturesUnordered::new(),
+            in_flight: InFlight::default(),
+            client,
+            renew: false,
+            share: Some(share),
+        })
+    }
+
+    /// A fresh producer after a failure, once nothing is in flight (see `renew`): the sink's
+    /// own, or the group's.
+    fn renew_producer(&mut self) {
+        let fresh = match &self.share {
+            None => Some(PolledProducer::new(&self.client)),
+            // Records of an ended session still in the producer: not yet.
+            Some(share) => share.renew(&self.producer),
+        };
+        match fresh {
+            None => return,
+            Some(Ok(producer)) => self.producer = producer,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "cannot create a fresh producer after a timed-out record; keeping the old one")
+            }
+        }
+        self.renew = false;
+    }
+
+    /// Whether records of the pipeline's ended sessions, still in a shared producer, leave no
+    /// room under its in-flight limits for another record.
+    fn left_over_fills_the_limits(&self) -> bool {
+        let Some(share) = &self.share else {
+            return false;
+        };
+        let left_over = share.left_over();
+        left_over != InFlight::default()
+            && (self.in_flight.events + left_over.events >= share.limit.events
+                || self.in_flight.bytes + left_over.bytes >= share.limit.bytes)
+    }
+}
+
+impl Drop for KafkaSink {
+    /// A shared producer outlives the session: what is still in flight in it counts against
+    /// the pipeline's limits until its reports come, and a fresh producer the session wanted
+    /// goes to the next one.
+    fn drop(&mut self) {
+        if let Some(share) = &self.share {
+            share.adopt(std::mem::take(&mut self.pending), self.renew);
+        }
     }
 }
 
@@ -153,7 +232,7 @@ fn producer_config(
 }
 
 /// librdkafka's default `message.max.bytes`.
-const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+pub(crate) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// librdkafka's default `queue.buffering.max.kbytes` (1 GiB): never set lower.
 const DEFAULT_QUEUE_KBYTES: usize = 1_048_576;
 /// librdkafka's largest `queue.buffering.max.kbytes`.
@@ -169,13 +248,10 @@ impl KafkaSink {
 impl Sink for KafkaSink {
     fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
         if self.renew && self.pending.is_empty() {
-            self.renew = false;
-            match PolledProducer::new(&self.client) {
-                Ok(producer) => self.producer = producer,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot create a fresh producer after a timed-out record; keeping the old one")
-                }
-            }
+            self.renew_producer();
+        }
+        if self.left_over_fills_the_limits() {
+            return Err(SendError::Full(Box::new(record)));
         }
         let size = record.size();
         let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
@@ -304,17 +380,17 @@ impl KafkaSink {
 type DeliveryOutcome = Result<DeliveryReport, futures::channel::oneshot::Canceled>;
 
 /// A delivery future tagged with the record's token and size.
-struct PendingDelivery {
+pub(crate) struct PendingDelivery {
     future: DeliveryFuture,
-    meta: RecordMeta,
+    pub(crate) meta: RecordMeta,
 }
 
 /// What the sink keeps of a record while it is in flight.
 #[derive(Clone)]
-struct RecordMeta {
+pub(crate) struct RecordMeta {
     token: EventToken,
     topic: String,
-    size: usize,
+    pub(crate) size: usize,
     sent: Instant,
     timestamp_ms: Option<i64>,
 }

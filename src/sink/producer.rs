@@ -173,6 +173,11 @@ impl PolledProducer {
         )
     }
 
+    /// Whether `self` and `other` are clones of one producer.
+    pub fn same(&self, other: &PolledProducer) -> bool {
+        Arc::ptr_eq(&self.producer, &other.producer)
+    }
+
     /// The producer, for the calls of rdkafka's [`rdkafka::producer::Producer`] trait
     /// (transactions, flush, ...).
     pub fn inner(&self) -> &BaseProducer<DeliveryContext> {

@@ -41,6 +41,14 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         },
     )
     .await;
+    // The three pipelines have the same Kafka settings: one producer (one librdkafka main
+    // thread) serves them all.
+    let producers = std::fs::read_dir(format!("/proc/{}/task", relay.pid()))
+        .expect("the relay's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "rdk:main")
+        .count();
+    assert_eq!(producers, 1, "librdkafka producers in the relay process");
     let mut written = Vec::new();
     for s in &setups {
         written.push(

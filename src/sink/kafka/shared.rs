@@ -1,0 +1,584 @@
+//! One producer for the at-least-once pipelines of a process that have the same Kafka settings.
+//!
+//! Each librdkafka producer costs a main thread, a thread per broker, an internal broker thread
+//! and the relay's delivery report thread, and each wakes up on its own timers: with 50
+//! pipelines that was most of the process's threads and half its idle CPU (README,
+//! Performance). Pipelines whose `kafka` settings are equal share one producer instead, and
+//! keep what separate producers gave them:
+//!
+//! - **Queue space.** librdkafka's queue limits are the sum of the members' in-flight limits
+//!   (plus one record each), and each member is held to its own: its session to
+//!   `max_in_flight_events` / `max_in_flight_bytes` as before, and records an earlier session
+//!   left in the producer (a session that ended with records in flight no longer destroys its
+//!   producer) count against the pipeline's limits until their delivery reports come
+//!   ([`Share`]). So one pipeline's backlog, or a pipeline whose records are stuck, never
+//!   takes another's room.
+//! - **A stuck partition or topic.** librdkafka queues per partition: records of a partition
+//!   without a leader, or of a topic without metadata, wait without holding up other
+//!   partitions' records, whichever pipeline sent them.
+//! - **Order.** A pipeline changes producer only with nothing of its own in flight or left
+//!   over, so its records of one partition never go through two producers at once. When a
+//!   member renews its producer (a timed-out record, a fatal idempotence error), the fresh
+//!   producer becomes the group's; the other members keep the one they use until they renew
+//!   too (a fatal error makes every member's next record fail, so all do) or until their next
+//!   session has nothing left over in it.
+//!
+//! Exactly-once pipelines keep their own transactional producer, the polling source builds its
+//! own, and a pipeline alone with its settings keeps a producer of its own per session (as
+//! before: destroyed, and its queue purged, when the session ends).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+
+use super::{producer_config, PendingDelivery, DEFAULT_MESSAGE_MAX_BYTES};
+use crate::config::{KafkaConfig, PipelineConfig, SinkConfig, SourceKind};
+use crate::sink::producer::PolledProducer;
+use crate::sink::InFlight;
+
+/// `client.id` of a shared producer: it speaks for several pipelines (an operator's
+/// `client.id` property still wins).
+pub const SHARED_CLIENT_ID: &str = "outbox-relay";
+
+/// The producers the pipelines of one process share, by pipeline name. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct SharedProducers {
+    shares: Arc<Vec<(String, Arc<Share>)>>,
+}
+
+impl SharedProducers {
+    /// Groups the at-least-once log-tailing Kafka pipelines of `pipelines` by equal `kafka`
+    /// settings; each group of two or more gets one producer (created at its first session),
+    /// with queue limits that hold every member's in-flight limits at once.
+    pub fn for_pipelines(pipelines: &[PipelineConfig]) -> SharedProducers {
+        let mut groups: Vec<(&KafkaConfig, Vec<&PipelineConfig>)> = Vec::new();
+        for pipeline in pipelines.iter().filter(|p| shares_its_producer(p)) {
+            match groups
+                .iter_mut()
+                .find(|(kafka, _)| **kafka == pipeline.kafka)
+            {
+                Some((_, members)) => members.push(pipeline),
+                None => groups.push((&pipeline.kafka, vec![pipeline])),
+            }
+        }
+        let mut shares = Vec::new();
+        for (kafka, members) in groups.into_iter().filter(|(_, m)| m.len() > 1) {
+            let group = Arc::new(Group::new(kafka, &members));
+            for member in members {
+                shares.push((
+                    member.name.clone(),
+                    Arc::new(Share {
+                        group: Arc::clone(&group),
+                        limit: InFlight {
+                            events: member.max_in_flight_events,
+                            bytes: member.max_in_flight_bytes,
+                        },
+                        state: Mutex::new(ShareState::default()),
+                    }),
+                ));
+            }
+        }
+        SharedProducers {
+            shares: Arc::new(shares),
+        }
+    }
+
+    /// The share of pipeline `name`; `None` when it has a producer of its own.
+    pub(crate) fn share(&self, name: &str) -> Option<Arc<Share>> {
+        self.shares
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, share)| Arc::clone(share))
+    }
+}
+
+/// Whether a pipeline's sessions may use a shared producer: at-least-once, log tailing, Kafka.
+fn shares_its_producer(pipeline: &PipelineConfig) -> bool {
+    pipeline.sink == SinkConfig::Kafka
+        && !pipeline.exactly_once
+        && pipeline.source_kind == SourceKind::LogTailing
+}
+
+/// Pipelines with equal Kafka settings and their producer.
+pub(crate) struct Group {
+    /// librdkafka's properties, queue limits summed over the members.
+    pub(crate) client: ClientConfig,
+    /// The producer new members' sessions get; `None` until the first session.
+    current: Mutex<Option<PolledProducer>>,
+}
+
+impl Group {
+    fn new(kafka: &KafkaConfig, members: &[&PipelineConfig]) -> Group {
+        let message_max_bytes = kafka
+            .properties
+            .iter()
+            .rev()
+            .find(|(key, _)| key == "message.max.bytes")
+            .and_then(|(_, v)| v.parse::<usize>().ok())
+            .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
+        let events = members
+            .iter()
+            .map(|m| m.max_in_flight_events.saturating_add(1))
+            .fold(0usize, usize::saturating_add);
+        // Each member may go one record past its byte limit (KafkaSink::new's docs).
+        let bytes = members
+            .iter()
+            .map(|m| m.max_in_flight_bytes.saturating_add(message_max_bytes))
+            .fold(0usize, usize::saturating_add);
+        Group {
+            client: producer_config(kafka, SHARED_CLIENT_ID, events, bytes, None),
+            current: Mutex::new(None),
+        }
+    }
+
+    /// The group's producer, created on first use.
+    ///
+    /// Returns an error if librdkafka rejects the configuration.
+    fn current(&self) -> Result<PolledProducer, KafkaError> {
+        let mut current = lock(&self.current);
+        if let Some(producer) = &*current {
+            return Ok(producer.clone());
+        }
+        let producer = PolledProducer::new(&self.client)?;
+        *current = Some(producer.clone());
+        Ok(producer)
+    }
+
+    /// A fresh producer in place of `old`, or the group's current one if a member renewed
+    /// `old` already (one fresh producer per failure, not one per member).
+    ///
+    /// Returns an error if librdkafka rejects the configuration.
+    fn renew(&self, old: &PolledProducer) -> Result<PolledProducer, KafkaError> {
+        let mut current = lock(&self.current);
+        if let Some(producer) = current.as_ref().filter(|p| !p.same(old)) {
+            return Ok(producer.clone());
+        }
+        let producer = PolledProducer::new(&self.client)?;
+        *current = Some(producer.clone());
+        Ok(producer)
+    }
+}
+
+/// One pipeline's part of a [`Group`]: its limits and what it has in the producer.
+pub(crate) struct Share {
+    pub(crate) group: Arc<Group>,
+    /// The pipeline's `max_in_flight_events` and `max_in_flight_bytes`.
+    pub(crate) limit: InFlight,
+    state: Mutex<ShareState>,
+}
+
+#[derive(Default)]
+struct ShareState {
+    /// The producer the pipeline's sessions use; `None` before the first.
+    producer: Option<PolledProducer>,
+    /// Records of ended sessions still in `producer`, without a delivery report yet.
+    left_over: InFlight,
+    /// The last session ended wanting a fresh producer (a timed-out record, a fatal error):
+    /// the next one gets it, as a session of its own producer would.
+    renew: bool,
+}
+
+impl Share {
+    /// The producer for a new session: the one the pipeline used last, unless nothing of its
+    /// own is left in it and the group moved on to a fresh one.
+    ///
+    /// Returns an error if librdkafka rejects the configuration.
+    pub(crate) fn producer(&self) -> Result<PolledProducer, KafkaError> {
+        let mut state = lock(&self.state);
+        let producer = match &state.producer {
+            Some(used) if state.left_over != InFlight::default() => used.clone(),
+            Some(used) if state.renew => self.group.renew(used)?,
+            _ => self.group.current()?,
+        };
+        state.renew = false;
+        state.producer = Some(producer.clone());
+        Ok(producer)
+    }
+
+    /// A fresh producer in place of `old` ([`Group::renew`]); `None` while records of an
+    /// ended session are still in `old` (they must not be overtaken).
+    ///
+    /// Returns an error if librdkafka rejects the configuration.
+    pub(crate) fn renew(&self, old: &PolledProducer) -> Option<Result<PolledProducer, KafkaError>> {
+        let mut state = lock(&self.state);
+        if state.left_over != InFlight::default() {
+            return None;
+        }
+        let renewed = self.group.renew(old);
+        if let Ok(producer) = &renewed {
+            state.producer = Some(producer.clone());
+        }
+        Some(renewed)
+    }
+
+    /// Records of ended sessions still in the producer.
+    pub(crate) fn left_over(&self) -> InFlight {
+        lock(&self.state).left_over
+    }
+
+    /// Takes over the records a dropped session left in flight: they count against the
+    /// pipeline's limits until their delivery reports come, awaited on a task of their own
+    /// (detached: it ends with the last report, which destroying the producer sends at the
+    /// latest). Without a tokio runtime they are awaited on a thread.
+    /// `renew`: the session wanted a fresh producer, which the next one then gets.
+    pub(crate) fn adopt(self: &Arc<Self>, pending: FuturesUnordered<PendingDelivery>, renew: bool) {
+        lock(&self.state).renew |= renew;
+        if pending.is_empty() {
+            return;
+        }
+        {
+            let mut state = lock(&self.state);
+            for delivery in pending.iter() {
+                state.left_over.events += 1;
+                state.left_over.bytes += delivery.meta.size;
+            }
+        }
+        let share = Arc::clone(self);
+        let reports = async move {
+            let mut pending = pending;
+            while let Some((meta, _outcome)) = pending.next().await {
+                let mut state = lock(&share.state);
+                state.left_over.events -= 1;
+                state.left_over.bytes -= meta.size;
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(reports)),
+            Err(_) => drop(std::thread::spawn(move || {
+                futures::executor::block_on(reports)
+            })),
+        }
+    }
+}
+
+/// Locks `mutex`; a panic elsewhere while it was held leaves plain counters, still usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use futures::FutureExt;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
+
+    use super::*;
+    use crate::ack::{AckTracker, EventToken};
+    use crate::lsn::Lsn;
+    use crate::sink::kafka::{KafkaSink, ProducerError};
+    use crate::sink::{Delivery, Record, SendError, Sink};
+
+    /// Within it every delivery report of a healthy partition on the mock cluster comes.
+    const DEADLINE: Duration = Duration::from_secs(30);
+
+    fn pipeline(name: &str, bootstrap: &str, properties: &[(&str, &str)]) -> PipelineConfig {
+        let mut config = PipelineConfig::test_pipeline();
+        config.name = name.into();
+        config.kafka = KafkaConfig {
+            bootstrap_servers: bootstrap.into(),
+            properties: properties
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        config.max_in_flight_events = 5;
+        config.max_in_flight_bytes = 1 << 20;
+        config
+    }
+
+    /// A mock cluster with topics `a` and `b`, one partition each.
+    fn cluster() -> MockCluster<'static, DefaultProducerContext> {
+        let mock = MockCluster::new(1).expect("a librdkafka mock cluster");
+        mock.create_topic("a", 1, 1).unwrap();
+        mock.create_topic("b", 1, 1).unwrap();
+        mock
+    }
+
+    fn sink(producers: &SharedProducers, name: &str) -> KafkaSink {
+        KafkaSink::new_or_shared(producers, name, || {
+            Err(ProducerError(KafkaError::ClientCreation(format!(
+                "{name} shares no producer"
+            ))))
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn record(topic: &str) -> Record {
+        Record {
+            topic: topic.into(),
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"v")),
+            headers: vec![],
+            timestamp_ms: None,
+            partition: Some(0),
+        }
+    }
+
+    /// A tracker with one open transaction, for the records' tokens.
+    fn tracker() -> AckTracker {
+        let mut tracker = AckTracker::new(Lsn(0x100));
+        tracker.begin().unwrap();
+        tracker
+    }
+
+    fn token(tracker: &mut AckTracker) -> EventToken {
+        tracker.track_event().unwrap()
+    }
+
+    async fn next(sink: &mut KafkaSink, what: &str) -> Delivery {
+        tokio::time::timeout(DEADLINE, sink.next_delivery())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no delivery report within {DEADLINE:?}"))
+            .unwrap_or_else(|| panic!("{what}: nothing in flight"))
+    }
+
+    #[test]
+    fn at_least_once_pipelines_with_the_same_kafka_settings_share_a_producer() {
+        let mut a = pipeline("a", "k:9092", &[]);
+        a.max_in_flight_events = 200_000;
+        a.max_in_flight_bytes = 64 << 20;
+        let mut b = pipeline("b", "k:9092", &[]);
+        b.max_in_flight_events = 300_000;
+        b.max_in_flight_bytes = 32 << 20;
+        let other_settings = pipeline("c", "k:9092", &[("linger.ms", "0")]);
+        let mut exactly_once = pipeline("d", "k:9092", &[]);
+        exactly_once.exactly_once = true;
+        let mut polling = pipeline("e", "k:9092", &[]);
+        polling.source_kind = SourceKind::Polling;
+        let producers =
+            SharedProducers::for_pipelines(&[a, b, other_settings, exactly_once, polling]);
+        let (a, b) = (producers.share("a").unwrap(), producers.share("b").unwrap());
+        assert!(Arc::ptr_eq(&a.group, &b.group));
+        // Alone with its settings, or a producer of its own.
+        for name in ["c", "d", "e"] {
+            assert!(producers.share(name).is_none(), "{name}");
+        }
+        // librdkafka's queue holds both pipelines' limits at once (plus a record each).
+        let client = &a.group.client;
+        assert_eq!(client.get("queue.buffering.max.messages"), Some("500002"));
+        let kbytes: usize = client
+            .get("queue.buffering.max.kbytes")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            kbytes * 1024 >= (96 << 20) + 2 * DEFAULT_MESSAGE_MAX_BYTES,
+            "{kbytes}"
+        );
+        assert_eq!(client.get("client.id"), Some(SHARED_CLIENT_ID));
+        assert_eq!(client.get("enable.idempotence"), Some("true"));
+    }
+
+    /// One pipeline's partition without a leader holds its records, and only its records:
+    /// the other pipeline on the same producer gets its deliveries, up to its own limit.
+    #[tokio::test]
+    async fn a_stuck_partition_holds_up_only_the_pipeline_that_sends_to_it() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &[]),
+            pipeline("b", &bootstrap, &[]),
+        ]);
+        let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
+        assert!(
+            a.producer.same(&b.producer),
+            "the pipelines share no producer"
+        );
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        for _ in 0..5 {
+            a.send(record("a"), token(&mut tracker)).unwrap();
+        }
+        for _ in 0..5 {
+            b.send(record("b"), token(&mut tracker)).unwrap();
+        }
+        for i in 0..5 {
+            let delivery = next(&mut b, "pipeline b").await;
+            assert!(
+                delivery.result.is_ok(),
+                "record {i} of b: {:?}",
+                delivery.result
+            );
+        }
+        assert!(
+            a.next_delivery().now_or_never().is_none(),
+            "a record went to a partition without a leader"
+        );
+        assert_eq!(a.in_flight().events, 5);
+    }
+
+    /// A session that ends with records stuck in the shared producer leaves them there; they
+    /// count against its pipeline's limits (the next session's records wait: `Full`) and
+    /// nobody else's, until their reports come.
+    #[tokio::test]
+    async fn records_an_ended_session_left_in_flight_count_against_its_pipeline_only() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &[]),
+            pipeline("b", &bootstrap, &[]),
+        ]);
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        let mut a = sink(&producers, "a");
+        for _ in 0..5 {
+            a.send(record("a"), token(&mut tracker)).unwrap();
+        }
+        drop(a);
+        let mut a = sink(&producers, "a");
+        assert!(
+            matches!(
+                a.send(record("a"), token(&mut tracker)),
+                Err(SendError::Full(_))
+            ),
+            "the next session of a took room its last session's records still hold"
+        );
+        let mut b = sink(&producers, "b");
+        for _ in 0..5 {
+            b.send(record("b"), token(&mut tracker)).unwrap();
+        }
+        for _ in 0..5 {
+            assert!(next(&mut b, "pipeline b").await.result.is_ok());
+        }
+        // The partition gets its leader: the left-over records are delivered, which frees a's room.
+        mock.partition_leader("a", 0, Some(1)).unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        while let Err(e) = a.send(record("a"), token(&mut tracker)) {
+            assert!(matches!(e, SendError::Full(_)), "{e:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the left-over records of a were not delivered within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(next(&mut a, "pipeline a").await.result.is_ok());
+    }
+
+    /// A timed-out record renews its pipeline's producer; the other pipeline keeps the old one
+    /// while it has records in flight there (two producers on one partition could reorder
+    /// them), and its next session, after its own timed-out record, adopts the group's fresh
+    /// one instead of making another.
+    #[tokio::test]
+    async fn a_renewed_producer_moves_the_others_only_when_they_renew() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let settings = [("message.timeout.ms", "300")];
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &settings),
+            pipeline("b", &bootstrap, &settings),
+        ]);
+        let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
+        let old = a.producer.clone();
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        let timed_out = next(&mut a, "pipeline a").await;
+        assert!(
+            timed_out.result.as_ref().is_err_and(|e| e.retryable),
+            "{:?}",
+            timed_out.result
+        );
+        // b has a record in flight on the old producer when a renews.
+        b.send(record("a"), token(&mut tracker)).unwrap();
+        a.send(record("b"), token(&mut tracker)).unwrap();
+        assert!(
+            !a.producer.same(&old),
+            "a kept the producer its record timed out in"
+        );
+        assert!(b.producer.same(&old), "b was moved with a record in flight");
+        assert!(b.send(record("b"), token(&mut tracker)).is_ok());
+        assert!(b.producer.same(&old));
+        // b's record times out too; its next one goes through the group's fresh producer.
+        loop {
+            if next(&mut b, "pipeline b").await.result.is_err() {
+                break;
+            }
+        }
+        while b.in_flight().events > 0 {
+            next(&mut b, "pipeline b").await;
+        }
+        // b's session ends on it (log tailing): the next one gets the group's fresh producer.
+        drop(b);
+        let mut b = sink(&producers, "b");
+        assert!(
+            b.producer.same(&a.producer),
+            "b's renewal made another producer"
+        );
+        mock.partition_leader("a", 0, Some(1)).unwrap();
+        b.send(record("b"), token(&mut tracker)).unwrap();
+        assert!(next(&mut b, "pipeline b").await.result.is_ok());
+    }
+
+    /// A log-tailing session ends on a timed-out record; its pipeline's next session gets a
+    /// fresh producer, as it did when each session had its own; the other pipeline stays.
+    #[tokio::test]
+    async fn the_session_after_a_timed_out_record_gets_a_fresh_producer() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let settings = [("message.timeout.ms", "300")];
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &settings),
+            pipeline("b", &bootstrap, &settings),
+        ]);
+        let (mut a, b) = (sink(&producers, "a"), sink(&producers, "b"));
+        let old = a.producer.clone();
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        assert!(next(&mut a, "pipeline a").await.result.is_err());
+        drop(a);
+        let a = sink(&producers, "a");
+        assert!(!a.producer.same(&old), "the next session kept the producer");
+        assert!(b.producer.same(&old), "b was moved");
+    }
+
+    /// A fatal idempotence error refuses every member's records: each renews, onto one fresh
+    /// producer.
+    #[tokio::test]
+    async fn a_fatal_producer_is_replaced_once_for_every_member() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &[]),
+            pipeline("b", &bootstrap, &[]),
+        ]);
+        let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
+        let old = a.producer.clone();
+        let reason = std::ffi::CString::new("test").unwrap();
+        let code = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                rdkafka::producer::Producer::client(old.inner()).native_ptr(),
+                rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                reason.as_ptr(),
+            )
+        };
+        assert_eq!(
+            code,
+            rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+        let mut tracker = tracker();
+        for (name, sink) in [("a", &mut a), ("b", &mut b)] {
+            match sink.send(record(name), token(&mut tracker)) {
+                Err(SendError::Refused(e)) => assert!(e.retryable, "{e}"),
+                other => panic!("a fatal producer accepted a record of {name}: {other:?}"),
+            }
+            sink.send(record(name), token(&mut tracker))
+                .unwrap_or_else(|e| panic!("{name} kept the fatal producer: {e:?}"));
+        }
+        assert!(!a.producer.same(&old));
+        assert!(
+            a.producer.same(&b.producer),
+            "one fresh producer per member"
+        );
+        assert!(next(&mut a, "pipeline a").await.result.is_ok());
+        assert!(next(&mut b, "pipeline b").await.result.is_ok());
+    }
+}
