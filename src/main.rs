@@ -96,8 +96,8 @@ enum Command {
     /// Prints the outbox-relay config (TOML) equivalent to a Debezium PostgreSQL connector with
     /// the Outbox Event Router: the JSON posted to Kafka Connect, its bare config map, or a
     /// .properties file; or a Debezium Server application.properties (source, outbox transform
-    /// and sink: debezium.sink.type kafka or redis). Options it does not carry over go to
-    /// stderr, one per line, with the reason. Passwords are never printed: URLs refer to
+    /// and sink: debezium.sink.type kafka, redis, nats-jetstream, rabbitmq or http). Options it
+    /// does not carry over go to stderr, one per line, with the reason. Passwords are never printed: URLs refer to
     /// environment variables.
     ///
     ///   outbox-relay import-debezium orders-connector.json > relay.toml

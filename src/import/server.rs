@@ -8,14 +8,15 @@
 use std::collections::BTreeMap;
 
 use super::{render, translate_parts, Connector, ImportError, Imported, Note};
-use crate::config::{KafkaConfig, RedisConfig, SinkConfig, SinkUrl};
+use crate::config::sink::NatsUrl;
+use crate::config::{HttpConfig, KafkaConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl};
 
 const SOURCE: &str = "debezium.source.";
 const TRANSFORMS: &str = "debezium.transforms";
 const SINK: &str = "debezium.sink.";
 
 /// Sink types outbox-relay has, as Debezium Server names them.
-const SINK_TYPES: &[&str] = &["kafka", "redis"];
+const SINK_TYPES: &[&str] = &["kafka", "redis", "nats-jetstream", "rabbitmq", "http"];
 
 /// Whether `connector` is a Debezium Server file (it has `debezium.source.*` or
 /// `debezium.sink.type`) rather than a Kafka Connect connector.
@@ -114,8 +115,20 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
                 comments.retain(|c| !c.starts_with("[kafka] bootstrap_servers"));
             }
         }
-        "redis" => {
-            pipeline.sink = SinkConfig::Redis(sink.redis(&mut comments));
+        "redis" | "nats-jetstream" | "rabbitmq" | "http" => {
+            pipeline.sink = match kind.as_str() {
+                "redis" => SinkConfig::Redis(sink.redis(&mut comments)),
+                "nats-jetstream" => SinkConfig::Nats(sink.nats()),
+                "rabbitmq" => {
+                    let (rabbitmq, routing_key) = sink.rabbitmq(&mut comments);
+                    if let Some(key) = routing_key {
+                        // Debezium sent every message with this one routing key.
+                        pipeline.route.topic_template = key;
+                    }
+                    SinkConfig::RabbitMq(rabbitmq)
+                }
+                _ => SinkConfig::Http(sink.http()),
+            };
             drop_kafka(&mut file.kafka, &mut pipeline.kafka, &mut comments, &mut notes);
         }
         _ => unreachable!("checked against SINK_TYPES"),
@@ -245,6 +258,76 @@ impl SinkOptions {
             url: SinkUrl(format!("{scheme}://{credentials}{address}")),
             ..RedisConfig::default()
         }
+    }
+
+    /// `debezium.sink.nats-jetstream.*` as a NATS sink.
+    fn nats(&mut self) -> NatsConfig {
+        let url = self.take("url").unwrap_or_else(|| "nats://localhost:4222".into());
+        if let Some(create) = self.take("create-stream") {
+            let subjects = self.take("subjects").unwrap_or_default();
+            let storage = self.take("storage").unwrap_or_default();
+            self.note("create-stream", format!("{create}: outbox-relay never creates streams; create one that takes the pipeline's subjects (e.g. `nats stream add OUTBOX --subjects '*.events' --storage {}`; Debezium's subjects were {subjects:?}); `check` says whether one does", if storage.is_empty() { "file" } else { storage.as_str() }));
+        }
+        for option in ["auth.jwt", "auth.seed", "auth.user", "auth.password"] {
+            if self.take(option).is_some() {
+                self.note(option, "not copied: give the user and password in sink.url, or sink.token / nkey / credentials_file (README, NATS JetStream)");
+            }
+        }
+        NatsConfig {
+            url: NatsUrl(url),
+            ..NatsConfig::default()
+        }
+    }
+
+    /// `debezium.sink.rabbitmq.*` as a RabbitMQ sink, and the one routing key Debezium used
+    /// for every message, if it did (`routingKey` without `routingKeyFromTopicName`).
+    fn rabbitmq(&mut self, comments: &mut Vec<String>) -> (RabbitMqConfig, Option<String>) {
+        let host = self.take("connection.host").unwrap_or_else(|| "localhost".into());
+        let port = self.take("connection.port").unwrap_or_else(|| "5672".into());
+        let user = self.take("connection.username");
+        let password = self.password("connection.password", "RABBITMQ", comments);
+        let vhost = self.take("connection.virtual.host").unwrap_or_else(|| "/".into());
+        let credentials = match (user, password) {
+            (Some(user), Some(password)) => format!("{user}:{password}@"),
+            (Some(user), None) => format!("{user}@"),
+            (None, Some(password)) => format!("guest:{password}@"),
+            (None, None) => String::new(),
+        };
+        let vhost = percent_encoding::utf8_percent_encode(&vhost, percent_encoding::NON_ALPHANUMERIC);
+        let exchange = self.take("exchange").unwrap_or_default();
+        let from_topic = self
+            .take("routingKeyFromTopicName")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let routing_key = self.take("routingKey").filter(|key| !from_topic && !key.is_empty());
+        if routing_key.is_some() {
+            self.note("routingKey", "became route.topic_template: every message keeps that one routing key (outbox-relay's default is the routed destination, <aggregate_type>.events)");
+        }
+        (
+            RabbitMqConfig {
+                url: SinkUrl(format!("amqp://{credentials}{host}:{port}/{vhost}")),
+                exchange,
+                ..RabbitMqConfig::default()
+            },
+            routing_key,
+        )
+    }
+
+    /// `debezium.sink.http.*` as an HTTP sink (every event to the one URL, as Debezium did).
+    fn http(&mut self) -> HttpConfig {
+        let mut http = HttpConfig {
+            url: SinkUrl(self.take("url").unwrap_or_default()),
+            ..HttpConfig::default()
+        };
+        if let Some(prefix) = self.take("headers.prefix") {
+            http.header_prefix = prefix;
+        }
+        if let Some(ms) = self.take("timeout.ms").and_then(|ms| ms.parse().ok()) {
+            http.request_timeout_ms = ms;
+        }
+        if self.take("authentication.type").is_some() {
+            self.note("authentication.type", "outbox-relay signs each request (Standard Webhooks, sink.secret_file) instead of sending a JWT");
+        }
+        http
     }
 
     /// Notes every option left, with the reason.

@@ -92,3 +92,39 @@ fn a_connector_file_is_not_taken_for_a_server_file() {
     .unwrap();
     assert!(!is_server(&connector));
 }
+
+#[test]
+fn nats_rabbitmq_and_http_sinks_carry_their_server_and_note_the_rest() {
+    let nats = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=nats-jetstream\ndebezium.sink.nats-jetstream.url=nats://nats:4222\ndebezium.sink.nats-jetstream.create-stream=true\ndebezium.sink.nats-jetstream.subjects=*.events\n"
+    ))
+    .unwrap();
+    let file: crate::config::file::FileConfig = toml::from_str(&nats.toml).unwrap();
+    let SinkConfig::Nats(n) = &file.pipelines[0].sink else { panic!("{}", nats.toml) };
+    assert_eq!(&*n.url, "nats://nats:4222");
+    assert!(option_noted(&nats, "debezium.sink.nats-jetstream.create-stream"), "{:?}", nats.notes);
+
+    let rabbit = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\ndebezium.sink.rabbitmq.connection.username=relay\ndebezium.sink.rabbitmq.connection.password=s3cret\ndebezium.sink.rabbitmq.connection.virtual.host=/\ndebezium.sink.rabbitmq.exchange=outbox\ndebezium.sink.rabbitmq.routingKey=orders\ndebezium.sink.rabbitmq.ackTimeout=30000\n"
+    ))
+    .unwrap();
+    assert!(!rabbit.toml.contains("s3cret"), "{}", rabbit.toml);
+    let file: crate::config::file::FileConfig = toml::from_str(&rabbit.toml).unwrap();
+    let p = &file.pipelines[0];
+    let SinkConfig::RabbitMq(r) = &p.sink else { panic!("{}", rabbit.toml) };
+    assert_eq!(&*r.url, "amqp://relay:${ORDERS_RABBITMQ_PASSWORD}@mq:5672/%2F");
+    assert_eq!(r.exchange, "outbox");
+    assert_eq!(p.route.topic_template, "orders", "Debezium's one routing key");
+    assert!(option_noted(&rabbit, "debezium.sink.rabbitmq.ackTimeout"), "{:?}", rabbit.notes);
+
+    let http = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=http\ndebezium.sink.http.url=https://hooks.example.com/in\ndebezium.sink.http.timeout.ms=5000\ndebezium.sink.http.headers.prefix=X-DEBEZIUM-\ndebezium.sink.http.retries=5\n"
+    ))
+    .unwrap();
+    let file: crate::config::file::FileConfig = toml::from_str(&http.toml).unwrap();
+    let SinkConfig::Http(h) = &file.pipelines[0].sink else { panic!("{}", http.toml) };
+    assert_eq!(&*h.url, "https://hooks.example.com/in");
+    assert_eq!(h.request_timeout_ms, 5000);
+    assert_eq!(h.header_prefix, "X-DEBEZIUM-");
+    assert!(option_noted(&http, "debezium.sink.http.retries"), "{:?}", http.notes);
+}
