@@ -47,27 +47,25 @@ Scenarios:
    its slot retains at the end (current LSN - restart_lsn) and its confirmed lag (current LSN
    - confirmed_flush_lsn), again 20 s later. The contenders run side by side in one window
    (CPU seconds of one process and one slot's position do not depend on the others' order).
-
 6. exactly-once cost (outbox-relay only, always on librdkafka's mock cluster, the one broker
    here with Kafka transactions): --eos-txns transactions of --eos-rows rows from a backlog,
    with and without --exactly-once; events/s and ms per transaction from the first published
    event until the confirmed flush LSN reaches the end of the backlog, and the start-up before.
    `--kafka-property linger.ms=0` measures it without librdkafka's 5 ms batching delay.
-7. sinks: the backlog of scenario 1 drained into each sink kind other than Kafka (--sink, default
-   all), against that sink's bare client as its ceiling: bench/sinks.py.
-
-7. rabbitmq backlog: scenario 1's backlog drained by the relay into a rabbitmq-server node of
+7. sinks other than Kafka, each against a bare client of that sink as its ceiling:
+ a. `--only sinks` (bench/sinks.py; Redis Streams, --sink picks among its kinds): the backlog
+    of scenario 1 drained into redis-server, against redis-benchmark pipelining XADD.
+ b. `--only rabbitmq`: scenario 1's backlog drained by the relay into a rabbitmq-server node of
    the bench's own (`kind = "rabbitmq"`, a durable topic exchange and queue, persistent messages
    with publisher confirms), against bench/rabbitmq_ceiling.rs: a bare lapin publisher of the
    same number of like messages with confirms, 256 awaiting their confirm (the relay's
    `max_concurrency`) and no per-key order. Ratio: the relay's events/s over the ceiling's.
-
-7. the HTTP webhook sink (`--only http`): a backlog of --http-events single-row transactions
+ c. `--only http`: a backlog of --http-events single-row transactions
    drained by the relay into bench/http_receiver.rs (200 to every POST), against the bare
    client bench/http_ceiling.rs posting as many bodies of a row's size, 16 in flight (the
    relay's default max_concurrency); the ratio is relay / client.
 
-7. pipelines (outbox-relay only): --pipelines (1, 10, 50) databases, each with its own outbox,
+8. pipelines (outbox-relay only): --pipelines (1, 10, 50) databases, each with its own outbox,
    slot and [[pipelines]] entry in one config file, served by one relay process. Once /readyz
    says every pipeline streams (and --pipelines-settle s more), the relay's CPU over
    --pipelines-idle-secs with nothing written (utime + stime from /proc/<pid>/stat, % of a
@@ -1351,7 +1349,7 @@ def print_table(results, args):
               f"{h['client']['events_per_second']:,.0f} ev/s (relay / client: {h['ratio']:.2f})")
     if "pipelines" in results:
         p = results["pipelines"]
-        print(f"\n7. pipelines in one process, {p['seconds']} s idle; then {p['burst']} events per pipeline:\n")
+        print(f"\n8. pipelines in one process, {p['seconds']} s idle; then {p['burst']} events per pipeline:\n")
         print("| pipelines | idle CPU | threads | RSS idle | RSS after the burst (peak) |")
         print("|---|---|---|---|---|")
         for n, x in p["counts"].items():
@@ -1379,15 +1377,15 @@ def main():
     ap.add_argument("--eos-txns", type=int, default=300, help="scenario 6: transactions in the backlog")
     ap.add_argument("--eos-rows", type=int, default=10, help="scenario 6: rows per transaction")
     ap.add_argument("--sink", action="append", default=[], choices=sorted(sinks.SINKS),
-                    help="scenario 7: only these sink kinds (default: all)")
+                    help="scenario 7a: only these of bench/sinks.py's kinds (default: all)")
     ap.add_argument("--eos-modes", default="at-least-once,exactly-once,exactly-once-unbatched",
                     help="scenario 6: modes to run, comma-separated")
     ap.add_argument("--http-events", type=int, default=50_000, help="scenario 7: events in the HTTP sink's backlog")
-    ap.add_argument("--pipelines", default="1,10,50", help="scenario 7: pipeline counts, comma-separated")
-    ap.add_argument("--pipelines-idle-secs", type=int, default=60, help="scenario 7: the idle window")
+    ap.add_argument("--pipelines", default="1,10,50", help="scenario 8: pipeline counts, comma-separated")
+    ap.add_argument("--pipelines-idle-secs", type=int, default=60, help="scenario 8: the idle window")
     ap.add_argument("--pipelines-settle", type=int, default=10,
-                    help="scenario 7: seconds after /readyz before the idle window")
-    ap.add_argument("--pipelines-burst", type=int, default=200, help="scenario 7: transactions per pipeline")
+                    help="scenario 8: seconds after /readyz before the idle window")
+    ap.add_argument("--pipelines-burst", type=int, default=200, help="scenario 8: transactions per pipeline")
     ap.add_argument("--relay-bin", type=Path, metavar="PATH",
                     help="run this relay binary (e.g. an older build, side by side) instead of building one")
     ap.add_argument("--no-setup-deps", action="store_true",
@@ -1427,7 +1425,7 @@ def main():
     if not args.no_setup_deps:
         subprocess.run([str(ROOT / "tests" / "setup-deps.sh"), "--no-pg-matrix"], check=True,
                        stdout=subprocess.DEVNULL)
-    # Scenario 7 alone needs neither the examples nor bench/.venv.
+    # Scenario 8 alone needs neither the examples nor bench/.venv.
     relay_only = all(not run(s) or s == "pipelines" for s in SCENARIOS)
     examples = [] if relay_only else ["--example", "producer_ceiling", "--example", "mock_broker",
                                         "--example", "rabbitmq_ceiling", "--example", "http_receiver",
@@ -1508,7 +1506,7 @@ def main():
             save()
         if run("pipelines"):
             counts = [int(n) for n in args.pipelines.split(",")]
-            log(f"scenario 7: {', '.join(map(str, counts))} pipelines in one process, "
+            log(f"scenario 8: {', '.join(map(str, counts))} pipelines in one process, "
                 f"{args.pipelines_idle_secs} s idle, then {args.pipelines_burst} events each")
             results["pipelines"] = pipelines_scenario(cluster, broker, work, counts, args.pipelines_idle_secs,
                                                       args.pipelines_settle, args.pipelines_burst, args.rounds,

@@ -1,4 +1,5 @@
-"""Scenario 7 of bench/run.py: a backlog drained into each sink kind other than Kafka, against a
+"""Scenario 7a of bench/run.py: a backlog drained into a sink kind other than Kafka (Redis Streams;
+RabbitMQ and HTTP are scenarios 7b and 7c in run.py itself), against a
 bare client of that sink as its ceiling.
 
 Per sink and round: a fresh server of that kind (its data in the bench's work directory), a new

@@ -25,7 +25,7 @@
 //! ```
 //!
 //! The flush LSN sent to PostgreSQL never passes the commit of a transaction with an event
-//! Kafka has not acknowledged, so a crash or broker failure at any point loses nothing; the
+//! the sink has not acknowledged, so a crash or broker failure at any point loses nothing; the
 //! price is that events after the last confirmed LSN may be published again.
 //!
 //! # Layout
@@ -46,19 +46,21 @@
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
 //!   backoff reset only by progress, standby while another relay holds the slot, recovery
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
-//! - [`router`]: events to Kafka records; built from a pipeline's config, refusing bad routing
-//!   options with their field paths.
-//! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer, and the other sink kinds as
+//! - [`router`]: events to records, each destination checked by the sink kind's rules; built
+//!   from a pipeline's config, refusing bad routing options with their field paths.
+//! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer ([`sink::kafka::SharedProducers`]:
+//!   one producer for the pipelines with the same settings), and the other sink kinds as
 //!   [`sink::ordered::Publisher`]s behind [`sink::ordered::OrderedSink`] (per-key order,
 //!   retries, the delivery timeout); [`sink::AnySink`] is the one a pipeline chose.
 //! - [`exactly_once`]: the transactional capability of a sink, the checkpoint (with its
-//!   origin: system identifier, timeline, slot) and its read-back, and the redo that
-//!   dead-letters a record Kafka refused inside a transaction.
+//!   origin: system identifier, timeline, slot) and its read-back, [`exactly_once::batch`]
+//!   (several PostgreSQL transactions per Kafka transaction), and the redo that dead-letters
+//!   a record Kafka refused inside a transaction.
 //! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
 //!   sink of each session, and hands both source kinds to the supervisor.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
-//!   and the standby that keeps them.
+//!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby.
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.

@@ -681,7 +681,6 @@ impl PipelineConfig {
                 format!("needs Kafka transactions: not available with sink kind {:?}", self.sink.kind()),
             ));
         }
-        problems.extend(self.sink.problems());
         if self.sink == SinkConfig::Kafka && self.kafka.bootstrap_servers.trim().is_empty() {
             problems.push(ConfigError::new(
                 "kafka.bootstrap_servers",
