@@ -53,8 +53,9 @@ Scenarios:
    event until the confirmed flush LSN reaches the end of the backlog, and the start-up before.
    `--kafka-property linger.ms=0` measures it without librdkafka's 5 ms batching delay.
 7. sinks other than Kafka, each against a bare client of that sink as its ceiling:
- a. `--only sinks` (bench/sinks.py; Redis Streams, --sink picks among its kinds): the backlog
-    of scenario 1 drained into redis-server, against redis-benchmark pipelining XADD.
+ a. `--only sinks` (bench/sinks.py; Redis Streams and NATS JetStream, --sink picks): the
+    backlog of scenario 1 drained into redis-server (against redis-benchmark pipelining XADD)
+    and nats-server -js (against bench/nats_ceiling.rs, 256 awaiting their PubAck).
  b. `--only rabbitmq`: scenario 1's backlog drained by the relay into a rabbitmq-server node of
    the bench's own (`kind = "rabbitmq"`, a durable topic exchange and queue, persistent messages
    with publisher confirms), against bench/rabbitmq_ceiling.rs: a bare lapin publisher of the
@@ -1429,7 +1430,7 @@ def main():
     relay_only = all(not run(s) or s == "pipelines" for s in SCENARIOS)
     examples = [] if relay_only else ["--example", "producer_ceiling", "--example", "mock_broker",
                                         "--example", "rabbitmq_ceiling", "--example", "http_receiver",
-                                        "--example", "http_ceiling"]
+                                        "--example", "http_ceiling", "--example", "nats_ceiling"]
     log("building outbox-relay" + ("" if relay_only else " and bench/producer_ceiling.rs") + " (release)")
     if args.relay_bin:
         global RELAY_BIN

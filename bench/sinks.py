@@ -1,5 +1,5 @@
-"""Scenario 7a of bench/run.py: a backlog drained into a sink kind other than Kafka (Redis Streams;
-RabbitMQ and HTTP are scenarios 7b and 7c in run.py itself), against a
+"""Scenario 7a of bench/run.py: a backlog drained into a sink kind other than Kafka (Redis Streams,
+NATS JetStream; RabbitMQ and HTTP are scenarios 7b and 7c in run.py itself), against a
 bare client of that sink as its ceiling.
 
 Per sink and round: a fresh server of that kind (its data in the bench's work directory), a new
@@ -7,7 +7,8 @@ slot, N single-row transactions (scenario 1's rows) committed while nothing read
 - outbox-relay with that sink (a config file: `[pipelines.sink] kind = ...`) from its start
   until its confirmed flush LSN reaches the end of that WAL: every event acknowledged;
 - the ceiling: the sink's own benchmark client publishing N records of the same size with the
-  acknowledgement the relay waits for (Redis: `redis-benchmark` pipelining XADD).
+  acknowledgement the relay waits for (Redis: `redis-benchmark` pipelining XADD; NATS:
+  bench/nats_ceiling.rs, async-nats with 256 awaiting their PubAck).
 The two alternate (forward in even rounds, reversed in odd ones); the ratio is the relay's
 events/s over the ceiling's. The relay publishes one key's events one at a time (README,
 Sinks) and reads and decodes the WAL as well, so its ceiling is a bound, not a target.
@@ -73,7 +74,60 @@ class RedisSink:
         return int(out or 0)
 
 
-SINKS = {"redis": RedisSink}
+class NatsSink:
+    """nats-server with JetStream (file storage in the work directory); streams OUTBOX
+    (`*.events`, what the relay publishes) and CEILING (`ceiling`), made by
+    bench/nats_ceiling.rs; the ceiling publishes with 256 awaiting their PubAck."""
+    kind = "nats"
+
+    def __init__(self, free_port):
+        self.port = free_port()
+        self.proc = None
+        self.ceiling_bin = Path(__file__).resolve().parent.parent / "target/release/examples/nats_ceiling"
+
+    def url(self):
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, work):
+        self.dir = work / f"nats-{self.port}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir()
+        self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port),
+                                      "-sd", str(self.dir)],
+                                     stdout=open(work / "nats.log", "a"), stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while subprocess.run([str(self.ceiling_bin), self.url(), "create", "OUTBOX", "*.events"],
+                             capture_output=True).returncode != 0:
+            if time.time() > deadline:
+                raise SystemExit("nats-server did not start")
+            time.sleep(0.1)
+        subprocess.run([str(self.ceiling_bin), self.url(), "create", "CEILING", "ceiling"], check=True)
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(30)
+            self.proc = None
+
+    def settings(self):
+        return f'url = "{self.url()}"'
+
+    def ceiling(self, events, payload_bytes):
+        start = time.time()
+        subprocess.run([str(self.ceiling_bin), self.url(), "publish", "ceiling", str(events), "256"], check=True)
+        seconds = time.time() - start
+        if self.count("ceiling") < events:
+            raise SystemExit(f"the NATS ceiling stored {self.count('ceiling')} of {events} messages")
+        return seconds
+
+    def count(self, destination):
+        stream = "CEILING" if destination == "ceiling" else "OUTBOX"
+        out = subprocess.run([str(self.ceiling_bin), self.url(), "count", stream, destination],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        return int(out or 0)
+
+
+SINKS = {"redis": RedisSink, "nats": NatsSink}
 
 
 def relay_config(work, cluster, slot, sink, metrics):
