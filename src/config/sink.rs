@@ -97,6 +97,18 @@ impl SinkConfig {
                 delivery_problems(nats.max_concurrency, nats.delivery_timeout_ms, &mut problem);
             }
             SinkConfig::RabbitMq(rabbitmq) => {
+                if !(rabbitmq.url.starts_with("amqp://") || rabbitmq.url.starts_with("amqps://")) {
+                    problem(
+                        "url",
+                        format!("{:?} is not an amqp:// or amqps:// URL", redact_url(&rabbitmq.url)),
+                    );
+                }
+                if rabbitmq.exchange.len() > MAX_ROUTING_KEY_BYTES {
+                    problem("exchange", format!("longer than {MAX_ROUTING_KEY_BYTES} bytes"));
+                }
+                if rabbitmq.max_message_bytes == 0 {
+                    problem("max_message_bytes", "must be at least 1".into());
+                }
                 delivery_problems(rabbitmq.max_concurrency, rabbitmq.delivery_timeout_ms, &mut problem);
             }
             SinkConfig::Http(http) => {
@@ -179,21 +191,6 @@ impl SinkConfig {
                     secret("url", &rabbitmq.url, rabbitmq.url_file.take(), expand, &mut problems)
                 {
                     rabbitmq.url = SinkUrl(url);
-                    if !(rabbitmq.url.starts_with("amqp://") || rabbitmq.url.starts_with("amqps://")) {
-                        problems.push((
-                            "sink.url".into(),
-                            format!("{:?} is not an amqp:// or amqps:// URL", redact_url(&rabbitmq.url)),
-                        ));
-                    }
-                }
-                if rabbitmq.exchange.len() > MAX_ROUTING_KEY_BYTES {
-                    problems.push((
-                        "sink.exchange".into(),
-                        format!("longer than {MAX_ROUTING_KEY_BYTES} bytes"),
-                    ));
-                }
-                if rabbitmq.max_message_bytes == 0 {
-                    problems.push(("sink.max_message_bytes".into(), "must be at least 1".into()));
                 }
             }
             SinkConfig::Http(http) => {
@@ -566,16 +563,19 @@ mod tests {
         assert_eq!(sink.server(), "amqp://u:***@h/vhost");
         assert!(!format!("{sink:?}").contains("secret"), "{sink:?}");
 
-        let mut sink = SinkConfig::RabbitMq(RabbitMqConfig {
+        assert!(sink.problems().is_empty(), "{:?}", sink.problems());
+
+        // Checked in `problems`, so a config built in code is checked too.
+        let sink = SinkConfig::RabbitMq(RabbitMqConfig {
             url: SinkUrl("http://u:pw@h".into()),
             exchange: "e".repeat(256),
             max_message_bytes: 0,
             ..RabbitMqConfig::default()
         });
-        let problems = sink.resolve(&expand);
-        let fields: Vec<&str> = problems.iter().map(|(f, _)| f.as_str()).collect();
+        let problems = sink.problems();
+        let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
         assert_eq!(fields, ["sink.url", "sink.exchange", "sink.max_message_bytes"], "{problems:?}");
-        assert!(!problems[0].1.contains("pw"), "{problems:?}");
+        assert!(!problems[0].problem.contains("pw"), "{problems:?}");
     }
 
     #[test]
