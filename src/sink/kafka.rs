@@ -14,21 +14,17 @@ mod shared;
 pub use shared::SharedProducers;
 
 use std::borrow::Cow;
-use std::future::Future;
-use std::pin::Pin;
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::stream::FuturesUnordered;
-use futures::StreamExt;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::Message;
 
-use super::producer::{DeliveryFuture, DeliveryReport, PolledProducer};
+use super::producer::{DeliveryReport, PolledProducer, RecordMeta, ReportQueue, ReportTo};
 use super::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
 use crate::config::KafkaConfig;
@@ -41,7 +37,17 @@ pub struct ProducerError(#[source] pub KafkaError);
 /// An rdkafka producer ([`PolledProducer`]) as a [`Sink`].
 pub struct KafkaSink {
     producer: PolledProducer,
-    pending: FuturesUnordered<PendingDelivery>,
+    /// Where the delivery reports of this sink's records come.
+    reports: Arc<ReportQueue>,
+    /// Reports taken from `reports`, not yet returned by [`Sink::next_delivery`].
+    taken: Vec<(RecordMeta, DeliveryReport)>,
+    /// Accept times of the records sent, by `seq - first_seq`; `None` once reported.
+    sent: VecDeque<Option<Instant>>,
+    /// The `seq` of `sent`'s front; the next record's is `first_seq + sent.len()`.
+    first_seq: u64,
+    /// The topic of the record being sent (librdkafka copies it): its `RecordMeta` owns the
+    /// record's.
+    topic: String,
     in_flight: InFlight,
     /// librdkafka's `message.max.bytes`, named in size errors.
     message_max_bytes: String,
@@ -82,19 +88,8 @@ impl KafkaSink {
             queue_bytes,
             transactional_id,
         );
-        let message_max_bytes = client
-            .get("message.max.bytes")
-            .unwrap_or("1000000")
-            .to_owned();
-        Ok(KafkaSink {
-            message_max_bytes,
-            producer: PolledProducer::new(&client).map_err(ProducerError)?,
-            pending: FuturesUnordered::new(),
-            in_flight: InFlight::default(),
-            client,
-            renew: false,
-            share: None,
-        })
+        let producer = PolledProducer::new(&client).map_err(ProducerError)?;
+        Ok(KafkaSink::with_producer(producer, client, None))
     }
 
     /// A session's sink on the producer pipeline `name` shares with others (see [`shared`]),
@@ -109,19 +104,32 @@ impl KafkaSink {
         let Some(share) = producers.share(name) else {
             return own();
         };
+        let producer = share.producer().map_err(ProducerError)?;
         let client = share.group.client.clone();
-        Ok(KafkaSink {
+        Ok(KafkaSink::with_producer(producer, client, Some(share)))
+    }
+
+    fn with_producer(
+        producer: PolledProducer,
+        client: ClientConfig,
+        share: Option<Arc<shared::Share>>,
+    ) -> Self {
+        KafkaSink {
             message_max_bytes: client
                 .get("message.max.bytes")
                 .unwrap_or("1000000")
                 .to_owned(),
-            producer: share.producer().map_err(ProducerError)?,
-            pending: FuturesUnordered::new(),
+            producer,
+            reports: Arc::default(),
+            taken: Vec::new(),
+            sent: VecDeque::new(),
+            first_seq: 0,
+            topic: String::new(),
             in_flight: InFlight::default(),
             client,
             renew: false,
-            share: Some(share),
-        })
+            share,
+        }
     }
 
     /// A fresh producer after a failure, once nothing is in flight (see `renew`): the sink's
@@ -161,7 +169,13 @@ impl Drop for KafkaSink {
     /// goes to the next one.
     fn drop(&mut self) {
         if let Some(share) = &self.share {
-            share.adopt(std::mem::take(&mut self.pending), self.renew);
+            // Reports taken already came: what is left is the records without one.
+            let mut left = self.in_flight;
+            for (meta, _) in &self.taken {
+                left.events -= 1;
+                left.bytes -= meta.size;
+            }
+            share.adopt(&self.reports, left, self.renew);
         }
     }
 }
@@ -246,8 +260,8 @@ impl KafkaSink {
 }
 
 impl Sink for KafkaSink {
-    fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
-        if self.renew && self.pending.is_empty() {
+    fn send(&mut self, mut record: Record, token: EventToken) -> Result<(), SendError> {
+        if self.renew && self.in_flight.events == 0 {
             self.renew_producer();
         }
         if self.left_over_fills_the_limits() {
@@ -261,7 +275,19 @@ impl Sink for KafkaSink {
                 value: value.as_deref(),
             });
         }
-        let (mut kafka_record, future) = PolledProducer::record(&record.topic);
+        let seq = self.first_seq + self.sent.len() as u64;
+        let sent = Instant::now();
+        self.topic.clear();
+        self.topic.push_str(&record.topic);
+        let meta = RecordMeta {
+            token,
+            topic: std::mem::take(&mut record.topic),
+            size,
+            sent,
+            timestamp_ms: record.timestamp_ms,
+            seq,
+        };
+        let mut kafka_record = PolledProducer::queued_record(&self.topic, &self.reports, meta);
         kafka_record = kafka_record.headers(headers);
         if let Some(key) = &record.key {
             kafka_record = kafka_record.key(key.as_ref());
@@ -277,22 +303,19 @@ impl Sink for KafkaSink {
         }
         match self.producer.send(kafka_record) {
             Ok(()) => {
-                let meta = RecordMeta {
-                    token,
-                    topic: record.topic,
-                    size,
-                    sent: Instant::now(),
-                    timestamp_ms: record.timestamp_ms,
-                };
-                self.pending.push(PendingDelivery { future, meta });
+                self.sent.push_back(Some(sent));
                 self.in_flight.events += 1;
                 self.in_flight.bytes += size;
                 Ok(())
             }
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                Err(SendError::Full(Box::new(record)))
-            }
-            Err((error, _)) => {
+            Err((error, kafka_record)) => {
+                // The record's topic back from its metadata.
+                if let ReportTo::Queue(_, meta) = *kafka_record.delivery_opaque {
+                    record.topic = meta.topic;
+                }
+                if let KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) = error {
+                    return Err(SendError::Full(Box::new(record)));
+                }
                 let refused = self.refused(&error, size, record);
                 // A producer that refuses every record (a fatal idempotence error) is replaced,
                 // as after a timed-out record: a source that records the failure and goes on
@@ -306,9 +329,19 @@ impl Sink for KafkaSink {
     }
 
     async fn next_delivery(&mut self) -> Option<Delivery> {
-        let (meta, outcome) = self.pending.next().await?;
+        if self.in_flight.events == 0 {
+            return None;
+        }
+        if self.taken.is_empty() {
+            let (reports, taken) = (&self.reports, &mut self.taken);
+            std::future::poll_fn(|cx| reports.poll_take(cx, taken)).await;
+            // Oldest first: the front is the next to return.
+            self.taken.reverse();
+        }
+        let (meta, report) = self.taken.pop()?;
+        self.reported(meta.seq);
         let size = meta.size;
-        let delivery = self.describe_outcome(meta, outcome);
+        let delivery = self.describe_outcome(meta, report);
         if delivery.result.as_ref().is_err_and(|e| e.retryable)
             && self.client.get("transactional.id").is_none()
         {
@@ -323,8 +356,9 @@ impl Sink for KafkaSink {
         self.in_flight
     }
 
+    /// Constant time: the front of the accept times still awaiting their report.
     fn oldest_in_flight(&self) -> Option<Instant> {
-        self.pending.iter().map(|p| p.meta.sent).min()
+        self.sent.front().copied().flatten()
     }
 }
 
@@ -351,21 +385,27 @@ impl KafkaSink {
         }
     }
 
-    fn describe_outcome(&self, meta: RecordMeta, outcome: DeliveryOutcome) -> Delivery {
+    /// Record `seq` has its report: it no longer counts for [`Sink::oldest_in_flight`].
+    fn reported(&mut self, seq: u64) {
+        if let Some(sent) = seq
+            .checked_sub(self.first_seq)
+            .and_then(|i| self.sent.get_mut(i as usize))
+        {
+            *sent = None;
+        }
+        while self.sent.front().is_some_and(Option::is_none) {
+            self.sent.pop_front();
+            self.first_seq += 1;
+        }
+    }
+
+    fn describe_outcome(&self, meta: RecordMeta, report: DeliveryReport) -> Delivery {
         let size = meta.size;
-        let result = match outcome {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((error, message))) => {
+        let result = match report {
+            Ok(()) => Ok(()),
+            Err((error, message)) => {
                 Err(self.refused(&error, size, returned_record(&message, meta.timestamp_ms)))
             }
-            Err(_canceled) => Err(DeliveryError {
-                event_id: String::new(),
-                topic: String::new(),
-                retryable: true,
-                too_large: false,
-                reason: "the producer was dropped before the delivery report".into(),
-                record: None,
-            }),
         };
         Delivery {
             token: meta.token,
@@ -374,38 +414,6 @@ impl KafkaSink {
             latency: meta.sent.elapsed(),
             timestamp_ms: meta.timestamp_ms,
         }
-    }
-}
-
-type DeliveryOutcome = Result<DeliveryReport, futures::channel::oneshot::Canceled>;
-
-/// A delivery future tagged with the record's token and size.
-pub(crate) struct PendingDelivery {
-    future: DeliveryFuture,
-    pub(crate) meta: RecordMeta,
-}
-
-/// What the sink keeps of a record while it is in flight.
-#[derive(Clone)]
-pub(crate) struct RecordMeta {
-    token: EventToken,
-    topic: String,
-    pub(crate) size: usize,
-    sent: Instant,
-    timestamp_ms: Option<i64>,
-}
-
-impl Future for PendingDelivery {
-    type Output = (RecordMeta, DeliveryOutcome);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let outcome = std::task::ready!(Pin::new(&mut self.future).poll(cx));
-        // Polled to completion once (FuturesUnordered drops it then): take the meta.
-        let meta = RecordMeta {
-            topic: std::mem::take(&mut self.meta.topic),
-            ..self.meta.clone()
-        };
-        Poll::Ready((meta, outcome))
     }
 }
 

@@ -29,14 +29,12 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures::stream::FuturesUnordered;
-use futures::StreamExt;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 
-use super::{producer_config, PendingDelivery, DEFAULT_MESSAGE_MAX_BYTES};
+use super::{producer_config, DEFAULT_MESSAGE_MAX_BYTES};
 use crate::config::{KafkaConfig, PipelineConfig, SinkConfig, SourceKind};
-use crate::sink::producer::PolledProducer;
+use crate::sink::producer::{PolledProducer, RecordMeta, ReportQueue};
 use crate::sink::InFlight;
 
 /// `client.id` of a shared producer: it speaks for several pipelines (an operator's
@@ -219,38 +217,23 @@ impl Share {
         lock(&self.state).left_over
     }
 
-    /// Takes over the records a dropped session left in flight: they count against the
-    /// pipeline's limits until their delivery reports come, awaited on a task of their own
-    /// (detached: it ends with the last report, which destroying the producer sends at the
-    /// latest). Without a tokio runtime they are awaited on a thread.
+    /// Takes over the records a dropped session left in flight (`left`, whose reports come into
+    /// `reports`): they count against the pipeline's limits until their delivery reports come
+    /// (destroying the producer sends the last ones at the latest).
     /// `renew`: the session wanted a fresh producer, which the next one then gets.
-    pub(crate) fn adopt(self: &Arc<Self>, pending: FuturesUnordered<PendingDelivery>, renew: bool) {
-        lock(&self.state).renew |= renew;
-        if pending.is_empty() {
-            return;
-        }
+    pub(crate) fn adopt(self: &Arc<Self>, reports: &ReportQueue, left: InFlight, renew: bool) {
         {
             let mut state = lock(&self.state);
-            for delivery in pending.iter() {
-                state.left_over.events += 1;
-                state.left_over.bytes += delivery.meta.size;
-            }
+            state.renew |= renew;
+            state.left_over.events += left.events;
+            state.left_over.bytes += left.bytes;
         }
         let share = Arc::clone(self);
-        let reports = async move {
-            let mut pending = pending;
-            while let Some((meta, _outcome)) = pending.next().await {
-                let mut state = lock(&share.state);
-                state.left_over.events -= 1;
-                state.left_over.bytes -= meta.size;
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(reports)),
-            Err(_) => drop(std::thread::spawn(move || {
-                futures::executor::block_on(reports)
-            })),
-        }
+        reports.close(Box::new(move |meta: &RecordMeta| {
+            let mut state = lock(&share.state);
+            state.left_over.events -= 1;
+            state.left_over.bytes -= meta.size;
+        }));
     }
 }
 
