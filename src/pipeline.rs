@@ -43,8 +43,9 @@ const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 /// How long a session's end waits for the slot record's last update: one small UPDATE.
 const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
-/// Its log-tailing sessions publish through the producer `producers` has for it, if any
-/// (pipelines with the same Kafka settings share one), else through one of their own.
+/// Its at-least-once Kafka sessions publish through the producer `producers` has for it, if
+/// any (pipelines of one source kind with the same Kafka settings share one), else through one
+/// of their own.
 ///
 /// Both source kinds run under [`supervisor::supervise`]: transient errors restart the
 /// session with backoff; each restart is logged with its reason and counted in
@@ -60,6 +61,7 @@ pub async fn run(
         let mut sessions = crate::source::polling::Polling {
             config: &config,
             metrics: &metrics,
+            producers: &producers,
         };
         return supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await;
     }

@@ -1,4 +1,5 @@
-//! One producer for the at-least-once pipelines of a process that have the same Kafka settings.
+//! One producer for the at-least-once pipelines of a process that have the same Kafka settings
+//! (and source kind).
 //!
 //! Each librdkafka producer costs a main thread, a thread per broker, an internal broker thread
 //! and the relay's delivery report thread, and each wakes up on its own timers: with 50
@@ -23,9 +24,15 @@
 //!   too (a fatal error makes every member's next record fail, so all do) or until their next
 //!   session has nothing left over in it.
 //!
-//! Exactly-once pipelines keep their own transactional producer, the polling source builds its
-//! own, and a pipeline alone with its settings keeps a producer of its own per session (as
-//! before: destroyed, and its queue purged, when the session ends).
+//! Polling pipelines share in the same way, among themselves: they are grouped by their
+//! effective settings (with the polling source's `message.timeout.ms` default applied), and a
+//! polling member's part of the queue is max(`max_in_flight_events`, `polling.batch_size`).
+//! A polling and a log-tailing pipeline never share a producer: a timed-out record ends a
+//! log-tailing session but is only recorded by the polling source, which goes on.
+//!
+//! Exactly-once pipelines keep their own transactional producer, and a pipeline alone with its
+//! settings keeps a producer of its own per session (as before: destroyed, and its queue
+//! purged, when the session ends).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -36,6 +43,7 @@ use super::{producer_config, DEFAULT_MESSAGE_MAX_BYTES};
 use crate::config::{KafkaConfig, PipelineConfig, SinkConfig, SourceKind};
 use crate::sink::producer::{PolledProducer, RecordMeta, ReportQueue};
 use crate::sink::InFlight;
+use crate::source::polling;
 
 /// `client.id` of a shared producer: it speaks for several pipelines (an operator's
 /// `client.id` property still wins).
@@ -48,23 +56,29 @@ pub struct SharedProducers {
 }
 
 impl SharedProducers {
-    /// Groups the at-least-once log-tailing Kafka pipelines of `pipelines` by equal `kafka`
-    /// settings; each group of two or more gets one producer (created at its first session),
-    /// with queue limits that hold every member's in-flight limits at once.
+    /// Groups the at-least-once Kafka pipelines of `pipelines` by source kind and equal
+    /// effective `kafka` settings (a polling pipeline's with its `message.timeout.ms` default,
+    /// [`polling::kafka_settings`]); each group of two or more gets one producer (created at
+    /// its first session), with queue limits that hold every member's limits at once.
+    ///
+    /// Polling and log-tailing pipelines never share one: a polling source records a
+    /// timed-out record's failure and goes on, a log-tailing session ends on it (and relies
+    /// on `message.timeout.ms = 0` unless the operator sets one).
     pub fn for_pipelines(pipelines: &[PipelineConfig]) -> SharedProducers {
-        let mut groups: Vec<(&KafkaConfig, Vec<&PipelineConfig>)> = Vec::new();
+        let mut groups: Vec<(SourceKind, KafkaConfig, Vec<&PipelineConfig>)> = Vec::new();
         for pipeline in pipelines.iter().filter(|p| shares_its_producer(p)) {
+            let kafka = effective_kafka(pipeline);
             match groups
                 .iter_mut()
-                .find(|(kafka, _)| **kafka == pipeline.kafka)
+                .find(|(kind, k, _)| *kind == pipeline.source_kind && *k == kafka)
             {
-                Some((_, members)) => members.push(pipeline),
-                None => groups.push((&pipeline.kafka, vec![pipeline])),
+                Some((_, _, members)) => members.push(pipeline),
+                None => groups.push((pipeline.source_kind, kafka, vec![pipeline])),
             }
         }
         let mut shares = Vec::new();
-        for (kafka, members) in groups.into_iter().filter(|(_, m)| m.len() > 1) {
-            let group = Arc::new(Group::new(kafka, &members));
+        for (_, kafka, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
+            let group = Arc::new(Group::new(&kafka, &members));
             for member in members {
                 shares.push((
                     member.name.clone(),
@@ -93,11 +107,27 @@ impl SharedProducers {
     }
 }
 
-/// Whether a pipeline's sessions may use a shared producer: at-least-once, log tailing, Kafka.
+/// Whether a pipeline's sessions may use a shared producer: at-least-once, Kafka (either
+/// source kind).
 fn shares_its_producer(pipeline: &PipelineConfig) -> bool {
-    pipeline.sink == SinkConfig::Kafka
-        && !pipeline.exactly_once
-        && pipeline.source_kind == SourceKind::LogTailing
+    pipeline.sink == SinkConfig::Kafka && !pipeline.exactly_once
+}
+
+/// The Kafka settings a pipeline's own producer would get from its source.
+fn effective_kafka(pipeline: &PipelineConfig) -> KafkaConfig {
+    match pipeline.source_kind {
+        SourceKind::LogTailing => pipeline.kafka.clone(),
+        SourceKind::Polling => polling::kafka_settings(pipeline),
+    }
+}
+
+/// Records librdkafka's queue holds for a member: its `max_in_flight_events`, for a polling
+/// pipeline at least its `polling.batch_size` ([`polling::queue_events`]).
+fn queue_events(pipeline: &PipelineConfig) -> usize {
+    match pipeline.source_kind {
+        SourceKind::LogTailing => pipeline.max_in_flight_events,
+        SourceKind::Polling => polling::queue_events(pipeline),
+    }
 }
 
 /// Pipelines with equal Kafka settings and their producer.
@@ -119,7 +149,7 @@ impl Group {
             .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
         let events = members
             .iter()
-            .map(|m| m.max_in_flight_events.saturating_add(1))
+            .map(|m| queue_events(m).saturating_add(1))
             .fold(0usize, usize::saturating_add);
         // Each member may go one record past its byte limit (KafkaSink::new's docs).
         let bytes = members
@@ -258,6 +288,7 @@ mod tests {
     use crate::lsn::Lsn;
     use crate::sink::kafka::{KafkaSink, ProducerError};
     use crate::sink::{Delivery, Record, SendError, Sink};
+    use crate::source::polling::DELIVERY_TIMEOUT_MS;
 
     /// Within it every delivery report of a healthy partition on the mock cluster comes.
     const DEADLINE: Duration = Duration::from_secs(30);
@@ -275,6 +306,120 @@ mod tests {
         config.max_in_flight_events = 5;
         config.max_in_flight_bytes = 1 << 20;
         config
+    }
+
+    fn polling_pipeline(
+        name: &str,
+        bootstrap: &str,
+        properties: &[(&str, &str)],
+    ) -> PipelineConfig {
+        let mut config = pipeline(name, bootstrap, properties);
+        config.source_kind = SourceKind::Polling;
+        config
+    }
+
+    /// Polling pipelines share by their effective settings (the polling source's timeout
+    /// default applied), among themselves only: a log-tailing pipeline whose settings equal a
+    /// polling group's effective ones still keeps its own producer.
+    #[test]
+    fn polling_pipelines_share_a_producer_among_themselves_only() {
+        let mut p = polling_pipeline("p", "k:9092", &[]);
+        p.max_in_flight_events = 200_000;
+        p.polling.batch_size = 300_000;
+        let mut q = polling_pipeline("q", "k:9092", &[]);
+        q.max_in_flight_events = 250_000;
+        q.polling.batch_size = 10;
+        // Its own timeout equals the default the others get: the same effective settings.
+        let timeout = DELIVERY_TIMEOUT_MS.to_string();
+        let mut s = polling_pipeline("s", "k:9092", &[("message.timeout.ms", &timeout)]);
+        s.max_in_flight_events = 5;
+        s.polling.batch_size = 1_000;
+        let log_tailing_same_settings =
+            pipeline("r", "k:9092", &[("message.timeout.ms", &timeout)]);
+        let (a, b) = (pipeline("a", "k:9092", &[]), pipeline("b", "k:9092", &[]));
+        let polling_other_settings = polling_pipeline("t", "k:9092", &[("linger.ms", "0")]);
+        let producers = SharedProducers::for_pipelines(&[
+            p,
+            a,
+            q,
+            log_tailing_same_settings,
+            b,
+            s,
+            polling_other_settings,
+        ]);
+        let share = |name: &str| {
+            producers
+                .share(name)
+                .unwrap_or_else(|| panic!("{name} shares no producer"))
+        };
+        let (p, q, s, a, b) = (share("p"), share("q"), share("s"), share("a"), share("b"));
+        assert!(Arc::ptr_eq(&p.group, &q.group));
+        assert!(Arc::ptr_eq(&p.group, &s.group));
+        assert!(Arc::ptr_eq(&a.group, &b.group));
+        assert!(
+            !Arc::ptr_eq(&p.group, &a.group),
+            "polling and log-tailing pipelines share a producer"
+        );
+        for name in ["r", "t"] {
+            assert!(producers.share(name).is_none(), "{name}");
+        }
+        let polling = &p.group.client;
+        assert_eq!(polling.get("message.timeout.ms"), Some(timeout.as_str()));
+        assert_eq!(a.group.client.get("message.timeout.ms"), Some("0"));
+        // max(max_in_flight_events, batch_size) + 1 each: 300,001 + 250,001 + 1,001.
+        assert_eq!(polling.get("queue.buffering.max.messages"), Some("551003"));
+        // Each session is still held to its pipeline's own in-flight limit.
+        assert_eq!(p.limit.events, 200_000);
+        assert_eq!(s.limit.events, 5);
+    }
+
+    /// Two polling pipelines on one producer: a partition without a leader times out only the
+    /// record sent to it, the other pipeline's records are delivered meanwhile, and the
+    /// pipeline that saw the timeout sends its next record (the polling source goes on)
+    /// through a fresh producer while the other keeps the one it uses.
+    #[tokio::test]
+    async fn a_polling_pipeline_renews_the_shared_producer_after_its_timed_out_record() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let settings = [("message.timeout.ms", "300")];
+        let producers = SharedProducers::for_pipelines(&[
+            polling_pipeline("a", &bootstrap, &settings),
+            polling_pipeline("b", &bootstrap, &settings),
+        ]);
+        let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
+        let old = a.producer.clone();
+        assert!(b.producer.same(&old), "the pipelines share no producer");
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        for _ in 0..3 {
+            b.send(record("b"), token(&mut tracker)).unwrap();
+        }
+        for i in 0..3 {
+            let delivery = next(&mut b, "pipeline b").await;
+            assert!(
+                delivery.result.is_ok(),
+                "record {i} of b: {:?}",
+                delivery.result
+            );
+        }
+        let timed_out = next(&mut a, "pipeline a").await;
+        assert!(
+            timed_out.result.as_ref().is_err_and(|e| e.retryable),
+            "{:?}",
+            timed_out.result
+        );
+        mock.partition_leader("a", 0, Some(1)).unwrap();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        assert!(
+            !a.producer.same(&old),
+            "a kept the producer its record timed out in"
+        );
+        assert!(b.producer.same(&old), "b was moved");
+        let retried = next(&mut a, "pipeline a").await;
+        assert!(retried.result.is_ok(), "{:?}", retried.result);
+        b.send(record("b"), token(&mut tracker)).unwrap();
+        assert!(next(&mut b, "pipeline b").await.result.is_ok());
     }
 
     /// A mock cluster with topics `a` and `b`, one partition each.
@@ -334,8 +479,7 @@ mod tests {
         let other_settings = pipeline("c", "k:9092", &[("linger.ms", "0")]);
         let mut exactly_once = pipeline("d", "k:9092", &[]);
         exactly_once.exactly_once = true;
-        let mut polling = pipeline("e", "k:9092", &[]);
-        polling.source_kind = SourceKind::Polling;
+        let polling = polling_pipeline("e", "k:9092", &[]);
         let producers =
             SharedProducers::for_pipelines(&[a, b, other_settings, exactly_once, polling]);
         let (a, b) = (producers.share("a").unwrap(), producers.share("b").unwrap());

@@ -71,7 +71,7 @@ use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
-use crate::sink::kafka::KafkaSink;
+use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
 use crate::source::replication::quote_ident;
 use crate::source::slot::{self, SqlConnection};
@@ -119,6 +119,8 @@ pub enum PollingError {
 pub(crate) struct Polling<'a> {
     pub(crate) config: &'a PipelineConfig,
     pub(crate) metrics: &'a PipelineMetrics,
+    /// The producers pipelines of the process share ([`new_sink`]).
+    pub(crate) producers: &'a SharedProducers,
 }
 
 impl crate::supervisor::Sessions for Polling<'_> {
@@ -127,7 +129,14 @@ impl crate::supervisor::Sessions for Polling<'_> {
         progress: &SessionProgress,
         shutdown: &CancellationToken,
     ) -> Result<(), Error> {
-        session(self.config, self.metrics, shutdown, progress).await
+        session(
+            self.config,
+            self.metrics,
+            self.producers,
+            shutdown,
+            progress,
+        )
+        .await
     }
 }
 
@@ -135,6 +144,7 @@ impl crate::supervisor::Sessions for Polling<'_> {
 async fn session(
     config: &PipelineConfig,
     metrics: &PipelineMetrics,
+    producers: &SharedProducers,
     shutdown: &CancellationToken,
     progress: &SessionProgress,
 ) -> Result<(), Error> {
@@ -149,7 +159,7 @@ async fn session(
     let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, router.columns()).await?;
     let source = PollingSource::new(config, metrics.clone(), client, driver, notified, sql);
-    let sink = new_sink(config).await?;
+    let sink = new_sink(config, producers).await?;
     info!(pipeline = %config.name, table = %config.table, mark = ?polling.mark, batch_size = polling.batch_size, notify = ?polling.notify_channel, "polling");
     progress.streaming();
     Session::new(
@@ -182,29 +192,47 @@ async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection, Arc<
     Ok((client, driver, notify))
 }
 
-/// The pipeline's sink; a Kafka producer gets [`DELIVERY_TIMEOUT_MS`] unless a timeout is
-/// configured.
-async fn new_sink(config: &PipelineConfig) -> Result<AnySink, Error> {
+/// The pipeline's sink: the producer it shares with the other polling pipelines of the same
+/// effective Kafka settings ([`SharedProducers`]), else one of its own with
+/// [`kafka_settings`] and a queue of [`queue_events`] records.
+///
+/// Returns an error if the sink's client rejects its configuration or cannot connect.
+async fn new_sink(config: &PipelineConfig, producers: &SharedProducers) -> Result<AnySink, Error> {
     AnySink::connect(config, || {
-        let mut kafka: KafkaConfig = config.kafka.clone();
-        if !kafka
-            .properties
-            .iter()
-            .any(|(k, _)| k == "message.timeout.ms" || k == "delivery.timeout.ms")
-        {
-            kafka
-                .properties
-                .push(("message.timeout.ms".into(), DELIVERY_TIMEOUT_MS.to_string()));
-        }
-        KafkaSink::new(
-            &kafka,
-            &format!("outbox-relay-{}", config.name),
-            config.max_in_flight_events.max(config.polling.batch_size),
-            config.max_in_flight_bytes,
-            None,
-        )
+        KafkaSink::new_or_shared(producers, &config.name, || {
+            KafkaSink::new(
+                &kafka_settings(config),
+                &format!("outbox-relay-{}", config.name),
+                queue_events(config),
+                config.max_in_flight_bytes,
+                None,
+            )
+        })
     })
     .await
+}
+
+/// The Kafka settings of a polling pipeline's producer: its own, with `message.timeout.ms` =
+/// [`DELIVERY_TIMEOUT_MS`] unless they set `message.timeout.ms` or `delivery.timeout.ms`.
+/// Polling pipelines share a producer when these are equal ([`SharedProducers`]).
+pub(crate) fn kafka_settings(config: &PipelineConfig) -> KafkaConfig {
+    let mut kafka = config.kafka.clone();
+    if !kafka
+        .properties
+        .iter()
+        .any(|(k, _)| k == "message.timeout.ms" || k == "delivery.timeout.ms")
+    {
+        kafka
+            .properties
+            .push(("message.timeout.ms".into(), DELIVERY_TIMEOUT_MS.to_string()));
+    }
+    kafka
+}
+
+/// Records librdkafka's queue of a polling pipeline's producer holds for it:
+/// max(`max_in_flight_events`, `polling.batch_size`), so a whole batch fits.
+pub(crate) fn queue_events(config: &PipelineConfig) -> usize {
+    config.max_in_flight_events.max(config.polling.batch_size)
 }
 
 /// What one cycle did.

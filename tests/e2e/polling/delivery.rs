@@ -305,3 +305,101 @@ async fn polling_sigterm_mid_stream_then_restart_publishes_each_event_once() {
     );
     drop(relay);
 }
+
+/// Two polling pipelines and a log-tailing one in one process, all with the file's Kafka
+/// settings: the polling two share one producer, the log-tailing one keeps its own (two
+/// librdkafka main threads, not three or one), and every pipeline delivers all its events
+/// in key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_pipelines_of_one_process_share_a_producer_but_not_with_log_tailing() {
+    let polling = [
+        Setup::new("poll_share_a", &["Order"], 2).await,
+        Setup::new("poll_share_b", &["Order"], 2).await,
+    ];
+    let tailing = crate::Setup::new("poll_share_c", &["Order"], 1).await;
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut toml = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n",
+        kafka().bootstrap()
+    );
+    for s in &polling {
+        toml.push_str(&format!(
+            "[[pipelines]]\nname = \"{0}\"\nsource_url = \"{1}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\nshutdown_timeout_secs = 5\n[pipelines.polling]\nbatch_size = 50\n",
+            s.name,
+            s.db.url(Auth::Trust)
+        ));
+    }
+    toml.push_str(&format!(
+        "[[pipelines]]\nname = \"tailing\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n",
+        tailing.db.url(Auth::Trust),
+        tailing.slot
+    ));
+    let (_dir, args) = crate::run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    // The log-tailing pipeline creates its slot: events written before it would not be in it.
+    wait_for(
+        "/readyz to report every pipeline streaming",
+        Duration::from_secs(60),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(status, _)| *status == 200)
+        },
+    )
+    .await;
+    let mut written = Vec::new();
+    for s in &polling {
+        written.push(write_events(&s.db.client, 20, 5, &s.types, 4).await);
+    }
+    let tailed = crate::write_events(
+        &tailing.db.client,
+        10,
+        2,
+        &tailing.types,
+        2,
+        0,
+        Duration::ZERO,
+    )
+    .await
+    .0;
+    for (s, w) in polling.iter().zip(&written) {
+        let consumed = s
+            .consume_all(w.len(), Duration::from_secs(1), Duration::from_secs(60))
+            .await;
+        assert_eq!(
+            assert_delivered(w, &consumed, 1),
+            0,
+            "pipeline {}: no duplicates\n{}",
+            s.name,
+            relay.log()
+        );
+    }
+    let topics = tailing.topics();
+    let consumed = support::consume(
+        &kafka().bootstrap(),
+        &[topics[0].as_str()],
+        tailed.len(),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    crate::assert_delivered(&tailed, &consumed, false);
+    // Every pipeline delivered, so each has its session's producer now.
+    let producers = std::fs::read_dir(format!("/proc/{}/task", relay.pid()))
+        .expect("the relay's threads")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "rdk:main")
+        .count();
+    assert_eq!(
+        producers,
+        2,
+        "librdkafka producers in the relay process (one for both polling pipelines, one for the log-tailing one)\n{}",
+        relay.log()
+    );
+    assert!(
+        !relay.log().contains("reconnecting"),
+        "no session ended:\n{}",
+        relay.log()
+    );
+    drop(relay);
+}

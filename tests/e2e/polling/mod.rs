@@ -1,6 +1,7 @@
 //! The polling source (`source_kind = "polling"`): the relay binary configured from a file,
 //! each test with its own database (with `sql/outbox_polling.sql`) and topics.
-//! - `delivery`: what arrives (two pollers, marking modes, hostile defaults, a restart);
+//! - `delivery`: what arrives (two pollers, marking modes, hostile defaults, a restart, a
+//!   producer shared by two polling pipelines);
 //! - `failures`: broker outages and backoff, poison and retryable events, `kill -9`, bad input.
 //!
 //! This file holds the polling tests' fixtures.
