@@ -522,6 +522,40 @@ mod tests {
         assert_eq!(sink.in_flight().events, 1);
     }
 
+    /// The oldest record in flight is the first one accepted that has no report yet, whatever
+    /// order the reports come in (they come per partition).
+    #[tokio::test]
+    async fn the_oldest_in_flight_is_the_first_accepted_without_a_report() {
+        // No broker: the records stay queued in librdkafka.
+        let mut sink = KafkaSink::new(&kafka(&[]), "oldest-test", 10, 1 << 20, None).unwrap();
+        let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
+        tracker.begin().unwrap();
+        let mut accepted = Vec::new();
+        for _ in 0..3 {
+            let record = Record {
+                topic: "t".into(),
+                key: Some(bytes::Bytes::from_static(b"k")),
+                value: None,
+                headers: vec![],
+                timestamp_ms: None,
+                partition: None,
+            };
+            sink.send(record, tracker.track_event().unwrap()).unwrap();
+            accepted.push(sink.sent.back().copied().flatten().unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(sink.oldest_in_flight(), Some(accepted[0]));
+        sink.reported(0);
+        assert_eq!(sink.oldest_in_flight(), Some(accepted[1]));
+        // Out of order: the third's report before the second's.
+        sink.reported(2);
+        assert_eq!(sink.oldest_in_flight(), Some(accepted[1]));
+        sink.reported(1);
+        assert_eq!(sink.oldest_in_flight(), None);
+        // Numbers go on from where they were.
+        assert_eq!(sink.first_seq, 3);
+    }
+
     #[test]
     fn refusals_that_publishing_again_cannot_fix_are_not_retried() {
         use RDKafkaErrorCode::*;
