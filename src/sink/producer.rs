@@ -345,7 +345,11 @@ mod tests {
         for seq in 0..3 {
             queue.push(meta(seq, 1), Ok(()));
         }
-        assert_eq!(counter.0.load(Ordering::SeqCst), 1, "woken once for three reports");
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            1,
+            "woken once for three reports"
+        );
         assert!(queue.poll_take(&mut cx, &mut taken).is_ready());
         let seqs: Vec<u64> = taken.iter().map(|(m, _)| m.seq).collect();
         assert_eq!(seqs, [0, 1, 2]);
