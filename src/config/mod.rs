@@ -18,7 +18,7 @@ mod table;
 
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use sink::{
-    HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkSecret, SinkUrl,
+    HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
     DESTINATION_PLACEHOLDER,
 };
 pub use table::{quote_ident, TableName};

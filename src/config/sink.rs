@@ -20,7 +20,7 @@ use super::{redact_url, validate_topic, ConfigError};
 
 pub mod http;
 mod nats;
-pub use http::{HttpConfig, SinkSecret, DESTINATION_PLACEHOLDER};
+pub use http::{HttpConfig, DESTINATION_PLACEHOLDER};
 pub use nats::{
     validate_subject, NatsConfig, NatsServer, NatsUrl, DEFAULT_NATS_MAX_CONCURRENCY,
     MAX_SUBJECT_LEN,
@@ -202,7 +202,7 @@ impl SinkConfig {
                 if let Some(value) =
                     secret("secret", &http.secret.0, http.secret_file.take(), expand, &mut problems)
                 {
-                    http.secret = SinkSecret(value);
+                    http.secret = Secret(value);
                 }
             }
         }
@@ -281,7 +281,8 @@ fn optional_secret(
     secret(field, value.unwrap_or_default(), file, expand, problems).map(Secret)
 }
 
-/// A secret setting (a token, a key seed); `Debug` shows `***`.
+/// A secret setting (a token, a key seed, a signing key); `Debug` shows `***`, or `""` when it
+/// is empty (not set).
 #[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct Secret(pub String);
@@ -295,7 +296,7 @@ impl std::ops::Deref for Secret {
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("\"***\"")
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
     }
 }
 

@@ -301,13 +301,13 @@ fn quote(body: &Bytes) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{SinkSecret, SinkUrl};
+    use crate::config::{Secret, SinkUrl};
     use crate::sink::ordered::Failure as PublishFailure;
 
     fn publisher(dead_letter: Option<&str>) -> HttpPublisher {
         let config = HttpConfig {
             url: SinkUrl("http://127.0.0.1:1/hooks/{destination}?token=t0ken".into()),
-            secret: SinkSecret("s3cret".into()),
+            secret: Secret("s3cret".into()),
             ..HttpConfig::default()
         };
         HttpPublisher::connect(&config, dead_letter).unwrap()

@@ -12,13 +12,12 @@
 //! byte but ASCII letters, digits and `-._~` as `%XX`. A URL without it receives every
 //! record. The request, the headers and the signature are described in [`crate::sink::http`].
 
-use std::fmt;
 use std::time::Duration;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
-use super::{SinkUrl, DEFAULT_DELIVERY_TIMEOUT_MS};
+use super::{Secret, SinkUrl, DEFAULT_DELIVERY_TIMEOUT_MS};
 use crate::config::ConfigError;
 
 /// Where the routed destination goes in `url`.
@@ -42,17 +41,6 @@ const DESTINATION_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// A secret (the signing key); `Debug` shows only whether it is set.
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(transparent)]
-pub struct SinkSecret(pub String);
-
-impl fmt::Debug for SinkSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"***\"" })
-    }
-}
-
 /// `kind = "http"`: webhooks (see the module docs and [`crate::sink::http`]).
 ///
 /// A 2xx answer is an acknowledgement; 408, 429, 5xx, timeouts and connection errors are
@@ -72,7 +60,7 @@ pub struct HttpConfig {
     /// `whsec_<base64>` is the key's bytes in base64, anything else is the key as is. Empty:
     /// requests are not signed. `${NAME}` references are resolved from the environment.
     #[serde(skip_serializing_if = "is_empty")]
-    pub secret: SinkSecret,
+    pub secret: Secret,
     /// A file holding `secret` (a mounted secret), instead of `secret`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_file: Option<String>,
@@ -97,7 +85,7 @@ pub struct HttpConfig {
     pub delivery_timeout_ms: u64,
 }
 
-fn is_empty(secret: &SinkSecret) -> bool {
+fn is_empty(secret: &Secret) -> bool {
     secret.0.is_empty()
 }
 
@@ -106,7 +94,7 @@ impl Default for HttpConfig {
         HttpConfig {
             url: SinkUrl::default(),
             url_file: None,
-            secret: SinkSecret::default(),
+            secret: Secret::default(),
             secret_file: None,
             header_prefix: DEFAULT_HEADER_PREFIX.into(),
             tls_root_cert: None,
@@ -323,7 +311,7 @@ mod tests {
     #[test]
     fn debug_hides_the_secret() {
         let mut http = config("https://u:pw@h/");
-        http.secret = SinkSecret("whsec_abc".into());
+        http.secret = Secret("whsec_abc".into());
         let debug = format!("{http:?}");
         assert!(!debug.contains("abc") && !debug.contains("pw"), "{debug}");
     }
