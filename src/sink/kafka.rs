@@ -1,4 +1,5 @@
-//! The Kafka sink: an rdkafka idempotent producer with one delivery future per record.
+//! The Kafka sink: an rdkafka idempotent producer whose delivery reports come into one queue per
+//! sink ([`ReportQueue`]).
 //!
 //! `enable.idempotence=true` with `acks=all` keeps each partition's records in send order
 //! without duplicates across librdkafka's internal retries; the partition is chosen from the
@@ -14,7 +15,7 @@ mod shared;
 pub use shared::SharedProducers;
 
 use std::borrow::Cow;
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,10 +42,11 @@ pub struct KafkaSink {
     reports: Arc<ReportQueue>,
     /// Reports taken from `reports`, not yet returned by [`Sink::next_delivery`].
     taken: Vec<(RecordMeta, DeliveryReport)>,
-    /// Accept times of the records sent, by `seq - first_seq`; `None` once reported.
-    sent: VecDeque<Option<Instant>>,
-    /// The `seq` of `sent`'s front; the next record's is `first_seq + sent.len()`.
-    first_seq: u64,
+    /// Accept times of the records without a report, by `seq`: as many as are in flight,
+    /// whatever order the reports come in.
+    sent: BTreeMap<u64, Instant>,
+    /// The next record's `seq`.
+    next_seq: u64,
     /// The topic of the record being sent (librdkafka copies it): its `RecordMeta` owns the
     /// record's.
     topic: String,
@@ -122,8 +124,8 @@ impl KafkaSink {
             producer,
             reports: Arc::default(),
             taken: Vec::new(),
-            sent: VecDeque::new(),
-            first_seq: 0,
+            sent: BTreeMap::new(),
+            next_seq: 0,
             topic: String::new(),
             in_flight: InFlight::default(),
             client,
@@ -275,7 +277,7 @@ impl Sink for KafkaSink {
                 value: value.as_deref(),
             });
         }
-        let seq = self.first_seq + self.sent.len() as u64;
+        let seq = self.next_seq;
         let sent = Instant::now();
         self.topic.clear();
         self.topic.push_str(&record.topic);
@@ -303,7 +305,8 @@ impl Sink for KafkaSink {
         }
         match self.producer.send(kafka_record) {
             Ok(()) => {
-                self.sent.push_back(Some(sent));
+                self.sent.insert(seq, sent);
+                self.next_seq += 1;
                 self.in_flight.events += 1;
                 self.in_flight.bytes += size;
                 Ok(())
@@ -356,9 +359,9 @@ impl Sink for KafkaSink {
         self.in_flight
     }
 
-    /// Constant time: the front of the accept times still awaiting their report.
+    /// Logarithmic in the records in flight: the first accepted without a report.
     fn oldest_in_flight(&self) -> Option<Instant> {
-        self.sent.front().copied().flatten()
+        self.sent.first_key_value().map(|(_, sent)| *sent)
     }
 }
 
@@ -387,16 +390,7 @@ impl KafkaSink {
 
     /// Record `seq` has its report: it no longer counts for [`Sink::oldest_in_flight`].
     fn reported(&mut self, seq: u64) {
-        if let Some(sent) = seq
-            .checked_sub(self.first_seq)
-            .and_then(|i| self.sent.get_mut(i as usize))
-        {
-            *sent = None;
-        }
-        while self.sent.front().is_some_and(Option::is_none) {
-            self.sent.pop_front();
-            self.first_seq += 1;
-        }
+        self.sent.remove(&seq);
     }
 
     fn describe_outcome(&self, meta: RecordMeta, report: DeliveryReport) -> Delivery {
@@ -523,9 +517,11 @@ mod tests {
     }
 
     /// The oldest record in flight is the first one accepted that has no report yet, whatever
-    /// order the reports come in (they come per partition).
-    #[tokio::test]
-    async fn the_oldest_in_flight_is_the_first_accepted_without_a_report() {
+    /// order the reports come in (they come per partition), and what is kept for it is bounded
+    /// by the records in flight (a review found a queue of accept times that one record
+    /// without a report made grow with every later one).
+    #[test]
+    fn the_oldest_in_flight_is_the_first_accepted_without_a_report() {
         // No broker: the records stay queued in librdkafka.
         let mut sink = KafkaSink::new(&kafka(&[]), "oldest-test", 10, 1 << 20, None).unwrap();
         let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
@@ -541,7 +537,7 @@ mod tests {
                 partition: None,
             };
             sink.send(record, tracker.track_event().unwrap()).unwrap();
-            accepted.push(sink.sent.back().copied().flatten().unwrap());
+            accepted.push(sink.sent[&(sink.next_seq - 1)]);
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         assert_eq!(sink.oldest_in_flight(), Some(accepted[0]));
@@ -552,8 +548,17 @@ mod tests {
         assert_eq!(sink.oldest_in_flight(), Some(accepted[1]));
         sink.reported(1);
         assert_eq!(sink.oldest_in_flight(), None);
-        // Numbers go on from where they were.
-        assert_eq!(sink.first_seq, 3);
+        // One record without a report, many after it reported: one accept time kept.
+        let stuck = sink.next_seq;
+        for seq in stuck..stuck + 1_000 {
+            sink.sent.insert(seq, Instant::now());
+        }
+        sink.next_seq += 1_000;
+        for seq in stuck + 1..stuck + 1_000 {
+            sink.reported(seq);
+        }
+        assert_eq!(sink.sent.len(), 1);
+        assert!(sink.sent.contains_key(&stuck));
     }
 
     #[test]

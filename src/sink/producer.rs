@@ -118,24 +118,21 @@ impl ReportQueue {
         }
     }
 
-    /// Moves every report that came into `into`; `Pending` (the task woken by the next
-    /// report) when none did.
+    /// Moves every report that came into `into`, which must be empty, oldest first; `Pending`
+    /// (the task woken by the next report) when none did.
     pub fn poll_take(
         &self,
         cx: &mut Context<'_>,
         into: &mut Vec<(RecordMeta, DeliveryReport)>,
     ) -> Poll<()> {
+        debug_assert!(into.is_empty(), "reports taken before are returned first");
         self.waker.register(cx.waker());
         let mut state = lock(&self.state);
         if state.reports.is_empty() {
             return Poll::Pending;
         }
         // The two buffers trade places: neither allocates again once grown.
-        if into.is_empty() {
-            std::mem::swap(into, &mut state.reports);
-        } else {
-            into.append(&mut state.reports);
-        }
+        std::mem::swap(into, &mut state.reports);
         Poll::Ready(())
     }
 
@@ -265,8 +262,9 @@ impl PolledProducer {
         Ok(producer)
     }
 
-    /// Queues `record` (made by [`PolledProducer::record`]); its future resolves with the
-    /// delivery report. On error the record is given back (`QueueFull` among them: wait for a
+    /// Queues `record` (made by [`PolledProducer::record`] or [`PolledProducer::queued_record`]);
+    /// its delivery report completes the future or goes into the queue. On error the record is
+    /// given back (`QueueFull` among them: wait for a
     /// delivery, then send it again).
     #[allow(clippy::result_large_err)] // the record is given back to be sent again
     pub fn send<'a>(
@@ -356,8 +354,9 @@ mod tests {
         // Taken: the next report wakes the sink again.
         queue.push(meta(3, 1), Ok(()));
         assert_eq!(counter.0.load(Ordering::SeqCst), 2);
+        taken.clear();
         assert!(queue.poll_take(&mut cx, &mut taken).is_ready());
-        assert_eq!(taken.len(), 4);
+        assert_eq!(taken.len(), 1);
     }
 
     /// After `close`, reports not taken and every later one go to the callback, none lost.

@@ -249,7 +249,7 @@ impl Share {
 
     /// Takes over the records a dropped session left in flight (`left`, whose reports come into
     /// `reports`): they count against the pipeline's limits until their delivery reports come
-    /// (destroying the producer sends the last ones at the latest).
+    /// (with `message.timeout.ms = 0`, for as long as the broker keeps them).
     /// `renew`: the session wanted a fresh producer, which the next one then gets.
     pub(crate) fn adopt(self: &Arc<Self>, reports: &ReportQueue, left: InFlight, renew: bool) {
         {
