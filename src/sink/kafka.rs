@@ -106,9 +106,11 @@ impl KafkaSink {
         let Some(share) = producers.share(name) else {
             return own();
         };
-        let producer = share.producer().map_err(ProducerError)?;
+        let (producer, renew) = share.producer().map_err(ProducerError)?;
         let client = share.group.client.clone();
-        Ok(KafkaSink::with_producer(producer, client, Some(share)))
+        let mut sink = KafkaSink::with_producer(producer, client, Some(share));
+        sink.renew = renew;
+        Ok(sink)
     }
 
     fn with_producer(

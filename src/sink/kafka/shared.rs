@@ -211,19 +211,21 @@ struct ShareState {
 
 impl Share {
     /// The producer for a new session: the one the pipeline used last, unless nothing of its
-    /// own is left in it and the group moved on to a fresh one.
+    /// own is left in it and the group moved on to a fresh one; and whether the session is to
+    /// renew it still (the last session wanted a fresh one, which records of its own left in
+    /// the old one hold back: [`Share::renew`] gives it once they are gone).
     ///
     /// Returns an error if librdkafka rejects the configuration.
-    pub(crate) fn producer(&self) -> Result<PolledProducer, KafkaError> {
+    pub(crate) fn producer(&self) -> Result<(PolledProducer, bool), KafkaError> {
         let mut state = lock(&self.state);
-        let producer = match &state.producer {
-            Some(used) if state.left_over != InFlight::default() => used.clone(),
-            Some(used) if state.renew => self.group.renew(used)?,
-            _ => self.group.current()?,
+        let (producer, renew) = match &state.producer {
+            Some(used) if state.left_over != InFlight::default() => (used.clone(), state.renew),
+            Some(used) if state.renew => (self.group.renew(used)?, false),
+            _ => (self.group.current()?, false),
         };
-        state.renew = false;
+        state.renew = renew;
         state.producer = Some(producer.clone());
-        Ok(producer)
+        Ok((producer, renew))
     }
 
     /// A fresh producer in place of `old` ([`Group::renew`]); `None` while records of an
@@ -238,6 +240,7 @@ impl Share {
         let renewed = self.group.renew(old);
         if let Ok(producer) = &renewed {
             state.producer = Some(producer.clone());
+            state.renew = false;
         }
         Some(renewed)
     }
@@ -642,6 +645,58 @@ mod tests {
         mock.partition_leader("a", 0, Some(1)).unwrap();
         b.send(record("b"), token(&mut tracker)).unwrap();
         assert!(next(&mut b, "pipeline b").await.result.is_ok());
+    }
+
+    /// A session that ended on a timed-out record while another of its records was still in
+    /// the producer: the next session keeps that producer while the record is there, and moves
+    /// to a fresh one once it is not (review: the wish for a fresh producer was dropped when the
+    /// left-over record made the next session keep the old one, and it stayed for good).
+    #[tokio::test]
+    async fn a_renewal_waits_for_the_left_over_records_and_is_not_forgotten() {
+        let mock = cluster();
+        let bootstrap = mock.bootstrap_servers();
+        let settings = [("message.timeout.ms", "300")];
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", &bootstrap, &settings),
+            pipeline("b", &bootstrap, &settings),
+        ]);
+        let mut a = sink(&producers, "a");
+        let old = a.producer.clone();
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // Still in flight when the first one times out and the session ends.
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        let timed_out = next(&mut a, "pipeline a").await;
+        assert!(
+            timed_out.result.as_ref().is_err_and(|e| e.retryable),
+            "{:?}",
+            timed_out.result
+        );
+        drop(a);
+        let share = producers.share("a").unwrap();
+        assert_eq!(share.left_over().events, 1);
+        let mut a = sink(&producers, "a");
+        assert!(
+            a.producer.same(&old),
+            "a moved with a left-over record in the old producer"
+        );
+        let deadline = Instant::now() + DEADLINE;
+        while share.left_over().events > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the left-over record got no report within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        mock.partition_leader("a", 0, Some(1)).unwrap();
+        a.send(record("b"), token(&mut tracker)).unwrap();
+        assert!(
+            !a.producer.same(&old),
+            "a kept the producer its record timed out in after the left-over record was gone"
+        );
+        assert!(next(&mut a, "pipeline a").await.result.is_ok());
     }
 
     /// A log-tailing session ends on a timed-out record; its pipeline's next session gets a
