@@ -15,7 +15,7 @@ mod shared;
 pub use shared::SharedProducers;
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,9 +42,10 @@ pub struct KafkaSink {
     reports: Arc<ReportQueue>,
     /// Reports taken from `reports`, not yet returned by [`Sink::next_delivery`].
     taken: Vec<(RecordMeta, DeliveryReport)>,
-    /// Accept times of the records without a report, by `seq`: as many as are in flight,
-    /// whatever order the reports come in.
-    sent: BTreeMap<u64, Instant>,
+    /// Accept times by `seq`, in send order, `None` once reported (reports come in any order
+    /// across partitions). Reported entries at the front go at once, the others once they
+    /// outnumber the records in flight: never more than twice those (plus [`SENT_SLACK`]).
+    sent: VecDeque<(u64, Option<Instant>)>,
     /// The next record's `seq`.
     next_seq: u64,
     /// The topic of the record being sent (librdkafka copies it): its `RecordMeta` owns the
@@ -126,7 +127,7 @@ impl KafkaSink {
             producer,
             reports: Arc::default(),
             taken: Vec::new(),
-            sent: BTreeMap::new(),
+            sent: VecDeque::new(),
             next_seq: 0,
             topic: String::new(),
             in_flight: InFlight::default(),
@@ -249,6 +250,10 @@ fn producer_config(
     client
 }
 
+/// Reported entries of [`KafkaSink`]'s accept times that may wait behind an unreported one
+/// beyond the records in flight before they are swept out.
+const SENT_SLACK: usize = 1024;
+
 /// librdkafka's default `message.max.bytes`.
 pub(crate) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 /// librdkafka's default `queue.buffering.max.kbytes` (1 GiB): never set lower.
@@ -307,7 +312,7 @@ impl Sink for KafkaSink {
         }
         match self.producer.send(kafka_record) {
             Ok(()) => {
-                self.sent.insert(seq, sent);
+                self.sent.push_back((seq, Some(sent)));
                 self.next_seq += 1;
                 self.in_flight.events += 1;
                 self.in_flight.bytes += size;
@@ -361,9 +366,9 @@ impl Sink for KafkaSink {
         self.in_flight
     }
 
-    /// Logarithmic in the records in flight: the first accepted without a report.
+    /// Constant time: the first accepted without a report.
     fn oldest_in_flight(&self) -> Option<Instant> {
-        self.sent.first_key_value().map(|(_, sent)| *sent)
+        self.sent.front().and_then(|(_, sent)| *sent)
     }
 }
 
@@ -392,7 +397,15 @@ impl KafkaSink {
 
     /// Record `seq` has its report: it no longer counts for [`Sink::oldest_in_flight`].
     fn reported(&mut self, seq: u64) {
-        self.sent.remove(&seq);
+        if let Ok(i) = self.sent.binary_search_by_key(&seq, |(seq, _)| *seq) {
+            self.sent[i].1 = None;
+        }
+        while self.sent.front().is_some_and(|(_, sent)| sent.is_none()) {
+            self.sent.pop_front();
+        }
+        if self.sent.len() > 2 * self.in_flight.events + SENT_SLACK {
+            self.sent.retain(|(_, sent)| sent.is_some());
+        }
     }
 
     fn describe_outcome(&self, meta: RecordMeta, report: DeliveryReport) -> Delivery {
@@ -539,7 +552,7 @@ mod tests {
                 partition: None,
             };
             sink.send(record, tracker.track_event().unwrap()).unwrap();
-            accepted.push(sink.sent[&(sink.next_seq - 1)]);
+            accepted.push(sink.sent.back().and_then(|(_, sent)| *sent).unwrap());
             std::thread::sleep(std::time::Duration::from_millis(2));
         }
         assert_eq!(sink.oldest_in_flight(), Some(accepted[0]));
@@ -550,17 +563,32 @@ mod tests {
         assert_eq!(sink.oldest_in_flight(), Some(accepted[1]));
         sink.reported(1);
         assert_eq!(sink.oldest_in_flight(), None);
-        // One record without a report, many after it reported: one accept time kept.
+        // One record without a report, many after it reported: what is kept stays within
+        // twice the records in flight (plus the slack), the stuck one still the oldest.
         let stuck = sink.next_seq;
-        for seq in stuck..stuck + 1_000 {
-            sink.sent.insert(seq, Instant::now());
+        let count = 10 * SENT_SLACK as u64;
+        for seq in stuck..stuck + count {
+            sink.sent.push_back((seq, Some(Instant::now())));
         }
-        sink.next_seq += 1_000;
-        for seq in stuck + 1..stuck + 1_000 {
+        sink.next_seq += count;
+        sink.in_flight.events = count as usize;
+        for seq in stuck + 1..stuck + count {
+            // As next_delivery does: the report, then the count.
             sink.reported(seq);
+            sink.in_flight.events -= 1;
+            assert!(
+                sink.sent.len() <= 2 * sink.in_flight.events + SENT_SLACK + 2,
+                "{} kept for {} in flight",
+                sink.sent.len(),
+                sink.in_flight.events
+            );
         }
-        assert_eq!(sink.sent.len(), 1);
-        assert!(sink.sent.contains_key(&stuck));
+        assert!(sink.sent.len() <= SENT_SLACK + 3, "{} kept", sink.sent.len());
+        assert_eq!(sink.sent.front().map(|(seq, _)| *seq), Some(stuck));
+        assert!(sink.oldest_in_flight().is_some());
+        sink.reported(stuck);
+        assert_eq!(sink.oldest_in_flight(), None);
+        sink.in_flight.events = 0;
     }
 
     #[test]
