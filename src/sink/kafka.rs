@@ -583,7 +583,11 @@ mod tests {
                 sink.in_flight.events
             );
         }
-        assert!(sink.sent.len() <= SENT_SLACK + 3, "{} kept", sink.sent.len());
+        assert!(
+            sink.sent.len() <= SENT_SLACK + 3,
+            "{} kept",
+            sink.sent.len()
+        );
         assert_eq!(sink.sent.front().map(|(seq, _)| *seq), Some(stuck));
         assert!(sink.oldest_in_flight().is_some());
         sink.reported(stuck);
