@@ -383,12 +383,7 @@ mod tests {
     #[tokio::test]
     async fn a_polling_pipeline_renews_the_shared_producer_after_its_timed_out_record() {
         let mock = cluster();
-        let bootstrap = mock.bootstrap_servers();
-        let settings = [("message.timeout.ms", "300")];
-        let producers = SharedProducers::for_pipelines(&[
-            polling_pipeline("a", &bootstrap, &settings),
-            polling_pipeline("b", &bootstrap, &settings),
-        ]);
+        let producers = timing_out_pair(&mock, polling_pipeline);
         let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
         let old = a.producer.clone();
         assert!(b.producer.same(&old), "the pipelines share no producer");
@@ -406,12 +401,7 @@ mod tests {
                 delivery.result
             );
         }
-        let timed_out = next(&mut a, "pipeline a").await;
-        assert!(
-            timed_out.result.as_ref().is_err_and(|e| e.retryable),
-            "{:?}",
-            timed_out.result
-        );
+        assert_timed_out(next(&mut a, "pipeline a").await);
         mock.partition_leader("a", 0, Some(1)).unwrap();
         a.send(record("a"), token(&mut tracker)).unwrap();
         assert!(
@@ -462,6 +452,28 @@ mod tests {
 
     fn token(tracker: &mut AckTracker) -> EventToken {
         tracker.track_event().unwrap()
+    }
+
+    /// Pipelines `a` and `b` (made by `kind`) sharing a producer on `mock` whose records time
+    /// out after 300 ms.
+    fn timing_out_pair(
+        mock: &MockCluster<'static, DefaultProducerContext>,
+        kind: fn(&str, &str, &[(&str, &str)]) -> PipelineConfig,
+    ) -> SharedProducers {
+        let bootstrap = mock.bootstrap_servers();
+        let settings = [("message.timeout.ms", "300")];
+        SharedProducers::for_pipelines(&[
+            kind("a", &bootstrap, &settings),
+            kind("b", &bootstrap, &settings),
+        ])
+    }
+
+    fn assert_timed_out(delivery: Delivery) {
+        assert!(
+            delivery.result.as_ref().is_err_and(|e| e.retryable),
+            "{:?}",
+            delivery.result
+        );
     }
 
     async fn next(sink: &mut KafkaSink, what: &str) -> Delivery {
@@ -599,23 +611,13 @@ mod tests {
     #[tokio::test]
     async fn a_renewed_producer_moves_the_others_only_when_they_renew() {
         let mock = cluster();
-        let bootstrap = mock.bootstrap_servers();
-        let settings = [("message.timeout.ms", "300")];
-        let producers = SharedProducers::for_pipelines(&[
-            pipeline("a", &bootstrap, &settings),
-            pipeline("b", &bootstrap, &settings),
-        ]);
+        let producers = timing_out_pair(&mock, pipeline);
         let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
         let old = a.producer.clone();
         mock.partition_leader("a", 0, None).unwrap();
         let mut tracker = tracker();
         a.send(record("a"), token(&mut tracker)).unwrap();
-        let timed_out = next(&mut a, "pipeline a").await;
-        assert!(
-            timed_out.result.as_ref().is_err_and(|e| e.retryable),
-            "{:?}",
-            timed_out.result
-        );
+        assert_timed_out(next(&mut a, "pipeline a").await);
         // b has a record in flight on the old producer when a renews.
         b.send(record("a"), token(&mut tracker)).unwrap();
         a.send(record("b"), token(&mut tracker)).unwrap();
@@ -654,12 +656,7 @@ mod tests {
     #[tokio::test]
     async fn a_renewal_waits_for_the_left_over_records_and_is_not_forgotten() {
         let mock = cluster();
-        let bootstrap = mock.bootstrap_servers();
-        let settings = [("message.timeout.ms", "300")];
-        let producers = SharedProducers::for_pipelines(&[
-            pipeline("a", &bootstrap, &settings),
-            pipeline("b", &bootstrap, &settings),
-        ]);
+        let producers = timing_out_pair(&mock, pipeline);
         let mut a = sink(&producers, "a");
         let old = a.producer.clone();
         mock.partition_leader("a", 0, None).unwrap();
@@ -668,12 +665,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(150)).await;
         // Still in flight when the first one times out and the session ends.
         a.send(record("a"), token(&mut tracker)).unwrap();
-        let timed_out = next(&mut a, "pipeline a").await;
-        assert!(
-            timed_out.result.as_ref().is_err_and(|e| e.retryable),
-            "{:?}",
-            timed_out.result
-        );
+        assert_timed_out(next(&mut a, "pipeline a").await);
         drop(a);
         let share = producers.share("a").unwrap();
         assert_eq!(share.left_over().events, 1);
@@ -704,12 +696,7 @@ mod tests {
     #[tokio::test]
     async fn the_session_after_a_timed_out_record_gets_a_fresh_producer() {
         let mock = cluster();
-        let bootstrap = mock.bootstrap_servers();
-        let settings = [("message.timeout.ms", "300")];
-        let producers = SharedProducers::for_pipelines(&[
-            pipeline("a", &bootstrap, &settings),
-            pipeline("b", &bootstrap, &settings),
-        ]);
+        let producers = timing_out_pair(&mock, pipeline);
         let (mut a, b) = (sink(&producers, "a"), sink(&producers, "b"));
         let old = a.producer.clone();
         mock.partition_leader("a", 0, None).unwrap();
