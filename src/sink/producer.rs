@@ -136,6 +136,12 @@ impl ReportQueue {
         Poll::Ready(())
     }
 
+    /// No report waits to be taken.
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        lock(&self.state).reports.is_empty()
+    }
+
     /// The sink has gone: reports not taken yet, and every later one, go to `orphaned`.
     pub fn close(&self, orphaned: Orphaned) {
         let mut state = lock(&self.state);

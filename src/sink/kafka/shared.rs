@@ -662,9 +662,20 @@ mod tests {
         mock.partition_leader("a", 0, None).unwrap();
         let mut tracker = tracker();
         a.send(record("a"), token(&mut tracker)).unwrap();
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        // Still in flight when the first one times out and the session ends.
+        // The first record times out; while its report waits untaken the sink wants no fresh
+        // producer yet, so the second goes into the same one and has its whole 300 ms timeout
+        // left when the session ends (a fixed sleep between the two sends left too little on
+        // a loaded machine: CI saw the second report come first).
+        let deadline = Instant::now() + DEADLINE;
+        while a.reports.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the first record did not time out within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         a.send(record("a"), token(&mut tracker)).unwrap();
+        assert!(a.producer.same(&old), "a renewed before taking its report");
         assert_timed_out(next(&mut a, "pipeline a").await);
         drop(a);
         let share = producers.share("a").unwrap();
@@ -688,7 +699,8 @@ mod tests {
             !a.producer.same(&old),
             "a kept the producer its record timed out in after the left-over record was gone"
         );
-        assert!(next(&mut a, "pipeline a").await.result.is_ok());
+        let delivery = next(&mut a, "pipeline a").await;
+        assert!(delivery.result.is_ok(), "{:?}", delivery.result);
     }
 
     /// A log-tailing session ends on a timed-out record; its pipeline's next session gets a
