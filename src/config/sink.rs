@@ -77,8 +77,9 @@ impl SinkConfig {
     /// Checks the kind's settings; each problem names its field (`sink.url`, ...).
     pub fn problems(&self) -> Vec<ConfigError> {
         let mut problems = Vec::new();
-        let mut problem =
-            |field: &str, text: String| problems.push(ConfigError::new(&format!("sink.{field}"), text));
+        let mut problem = |field: &str, text: String| {
+            problems.push(ConfigError::new(&format!("sink.{field}"), text))
+        };
         match self {
             SinkConfig::Kafka => {}
             SinkConfig::Redis(redis) => {
@@ -88,10 +89,17 @@ impl SinkConfig {
                 } else if !matches!(scheme, Some("redis" | "rediss" | "redis+unix" | "unix")) {
                     problem(
                         "url",
-                        format!("{:?}: expected redis://, rediss:// (TLS) or redis+unix://", redact_url(&redis.url)),
+                        format!(
+                            "{:?}: expected redis://, rediss:// (TLS) or redis+unix://",
+                            redact_url(&redis.url)
+                        ),
                     );
                 }
-                delivery_problems(redis.max_concurrency, redis.delivery_timeout_ms, &mut problem);
+                delivery_problems(
+                    redis.max_concurrency,
+                    redis.delivery_timeout_ms,
+                    &mut problem,
+                );
             }
             SinkConfig::Nats(nats) => {
                 delivery_problems(nats.max_concurrency, nats.delivery_timeout_ms, &mut problem);
@@ -100,21 +108,28 @@ impl SinkConfig {
                 if !(rabbitmq.url.starts_with("amqp://") || rabbitmq.url.starts_with("amqps://")) {
                     problem(
                         "url",
-                        format!("{:?} is not an amqp:// or amqps:// URL", redact_url(&rabbitmq.url)),
+                        format!(
+                            "{:?} is not an amqp:// or amqps:// URL",
+                            redact_url(&rabbitmq.url)
+                        ),
                     );
                 }
                 if rabbitmq.exchange.len() > MAX_ROUTING_KEY_BYTES {
-                    problem("exchange", format!("longer than {MAX_ROUTING_KEY_BYTES} bytes"));
+                    problem(
+                        "exchange",
+                        format!("longer than {MAX_ROUTING_KEY_BYTES} bytes"),
+                    );
                 }
                 if rabbitmq.max_message_bytes == 0 {
                     problem("max_message_bytes", "must be at least 1".into());
                 }
-                delivery_problems(rabbitmq.max_concurrency, rabbitmq.delivery_timeout_ms, &mut problem);
+                delivery_problems(
+                    rabbitmq.max_concurrency,
+                    rabbitmq.delivery_timeout_ms,
+                    &mut problem,
+                );
             }
-            SinkConfig::Http(http) => {
-                drop(problem);
-                problems.extend(http.problems());
-            }
+            SinkConfig::Http(http) => return http.problems(),
         }
         problems
     }
@@ -163,7 +178,10 @@ impl SinkConfig {
         match self {
             SinkConfig::Http(http) => http.check_dead_letter(topic),
             _ => self.check_destination(topic).map_err(|reason| {
-                format!("{topic:?} is not a legal {}: {reason}", self.destination_noun())
+                format!(
+                    "{topic:?} is not a legal {}: {reason}",
+                    self.destination_noun()
+                )
             }),
         }
     }
@@ -179,29 +197,45 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => {}
             SinkConfig::Redis(redis) => {
-                if let Some(url) =
-                    secret("url", &redis.url, redis.url_file.take(), expand, &mut problems)
-                {
+                if let Some(url) = secret(
+                    "url",
+                    &redis.url,
+                    redis.url_file.take(),
+                    expand,
+                    &mut problems,
+                ) {
                     redis.url = SinkUrl(url);
                 }
             }
             SinkConfig::Nats(nats) => nats.resolve(expand, &mut problems),
             SinkConfig::RabbitMq(rabbitmq) => {
-                if let Some(url) =
-                    secret("url", &rabbitmq.url, rabbitmq.url_file.take(), expand, &mut problems)
-                {
+                if let Some(url) = secret(
+                    "url",
+                    &rabbitmq.url,
+                    rabbitmq.url_file.take(),
+                    expand,
+                    &mut problems,
+                ) {
                     rabbitmq.url = SinkUrl(url);
                 }
             }
             SinkConfig::Http(http) => {
-                if let Some(url) =
-                    secret("url", &http.url, http.url_file.take(), expand, &mut problems)
-                {
+                if let Some(url) = secret(
+                    "url",
+                    &http.url,
+                    http.url_file.take(),
+                    expand,
+                    &mut problems,
+                ) {
                     http.url = SinkUrl(url);
                 }
-                if let Some(value) =
-                    secret("secret", &http.secret.0, http.secret_file.take(), expand, &mut problems)
-                {
+                if let Some(value) = secret(
+                    "secret",
+                    &http.secret.0,
+                    http.secret_file.take(),
+                    expand,
+                    &mut problems,
+                ) {
                     http.secret = Secret(value);
                 }
             }
@@ -252,7 +286,10 @@ fn secret(
         (true, Some(file)) => match std::fs::read_to_string(&file) {
             Ok(value) => Some(value.trim().to_owned()),
             Err(e) => {
-                problems.push((format!("sink.{field}_file"), format!("cannot read {file:?}: {e}")));
+                problems.push((
+                    format!("sink.{field}_file"),
+                    format!("cannot read {file:?}: {e}"),
+                ));
                 None
             }
         },
@@ -439,7 +476,8 @@ mod tests {
     fn kafka_is_the_default_and_kind_chooses_the_variant() {
         let h: Holder = toml::from_str("").unwrap();
         assert_eq!(h.sink, SinkConfig::Kafka);
-        let h: Holder = toml::from_str("[sink]\nkind = \"redis\"\nurl = \"redis://h\"\nmax_len = 5").unwrap();
+        let h: Holder =
+            toml::from_str("[sink]\nkind = \"redis\"\nurl = \"redis://h\"\nmax_len = 5").unwrap();
         let SinkConfig::Redis(redis) = h.sink else {
             panic!("not redis")
         };
@@ -474,7 +512,9 @@ mod tests {
             ..HttpConfig::default()
         });
         assert!(sink.resolve(&expand).is_empty());
-        let SinkConfig::Http(http) = &sink else { unreachable!() };
+        let SinkConfig::Http(http) = &sink else {
+            unreachable!()
+        };
         assert_eq!(http.secret.0, "whsec_Zm9v");
         let mut sink = SinkConfig::Http(HttpConfig {
             secret_file: Some("/nonexistent/secret".into()),
@@ -485,16 +525,24 @@ mod tests {
 
     #[test]
     fn unknown_kinds_and_keys_are_refused() {
-        let e = toml::from_str::<Holder>("[sink]\nkind = \"pulsar\"").err().unwrap();
+        let e = toml::from_str::<Holder>("[sink]\nkind = \"pulsar\"")
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("pulsar"), "{e}");
-        let e = toml::from_str::<Holder>("[sink]\nkind = \"redis\"\nurll = \"x\"").err().unwrap();
+        let e = toml::from_str::<Holder>("[sink]\nkind = \"redis\"\nurll = \"x\"")
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("urll"), "{e}");
     }
 
     #[test]
     fn bad_settings_are_problems_naming_the_field() {
         let fields = |redis: RedisConfig| -> Vec<String> {
-            SinkConfig::Redis(redis).problems().into_iter().map(|p| p.field).collect()
+            SinkConfig::Redis(redis)
+                .problems()
+                .into_iter()
+                .map(|p| p.field)
+                .collect()
         };
         assert_eq!(fields(RedisConfig::default()), ["sink.url"]);
         assert_eq!(
@@ -504,7 +552,11 @@ mod tests {
                 delivery_timeout_ms: 0,
                 ..RedisConfig::default()
             }),
-            ["sink.url", "sink.max_concurrency", "sink.delivery_timeout_ms"]
+            [
+                "sink.url",
+                "sink.max_concurrency",
+                "sink.delivery_timeout_ms"
+            ]
         );
         assert!(fields(RedisConfig {
             url: SinkUrl("rediss://u:p@h:6380/1".into()),
@@ -524,7 +576,9 @@ mod tests {
             ..RedisConfig::default()
         });
         assert!(sink.resolve(&expand).is_empty());
-        let SinkConfig::Redis(redis) = &sink else { unreachable!() };
+        let SinkConfig::Redis(redis) = &sink else {
+            unreachable!()
+        };
         assert_eq!(&*redis.url, "redis://:pw@h");
         assert!(!format!("{:?}", redis.url).contains("pw"));
 
@@ -533,7 +587,9 @@ mod tests {
             ..RedisConfig::default()
         });
         assert!(sink.resolve(&expand).is_empty());
-        let SinkConfig::Redis(redis) = &sink else { unreachable!() };
+        let SinkConfig::Redis(redis) = &sink else {
+            unreachable!()
+        };
         assert_eq!(&*redis.url, "redis://:secret@h");
 
         let mut sink = SinkConfig::Redis(RedisConfig {
@@ -547,16 +603,20 @@ mod tests {
 
     #[test]
     fn rabbitmq_settings_have_defaults_and_the_url_must_be_amqp() {
-        let h: Holder =
-            toml::from_str("[sink]\nkind = \"rabbitmq\"\nurl = \"amqp://u:${P}@h/vhost\"\nexchange = \"outbox\"")
-                .unwrap();
+        let h: Holder = toml::from_str(
+            "[sink]\nkind = \"rabbitmq\"\nurl = \"amqp://u:${P}@h/vhost\"\nexchange = \"outbox\"",
+        )
+        .unwrap();
         let mut sink = h.sink;
         let SinkConfig::RabbitMq(rabbitmq) = &sink else {
             panic!("not rabbitmq: {sink:?}")
         };
         assert_eq!(rabbitmq.exchange, "outbox");
         assert_eq!(rabbitmq.content_type, DEFAULT_RABBITMQ_CONTENT_TYPE);
-        assert_eq!(rabbitmq.max_message_bytes, DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES);
+        assert_eq!(
+            rabbitmq.max_message_bytes,
+            DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES
+        );
         assert_eq!(rabbitmq.max_concurrency, DEFAULT_RABBITMQ_MAX_CONCURRENCY);
         assert_eq!(sink.kind(), "rabbitmq");
         let expand = |v: &str| Ok::<_, String>(v.replace("${P}", "secret"));
@@ -575,14 +635,24 @@ mod tests {
         });
         let problems = sink.problems();
         let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
-        assert_eq!(fields, ["sink.url", "sink.exchange", "sink.max_message_bytes"], "{problems:?}");
+        assert_eq!(
+            fields,
+            ["sink.url", "sink.exchange", "sink.max_message_bytes"],
+            "{problems:?}"
+        );
         assert!(!problems[0].problem.contains("pw"), "{problems:?}");
     }
 
     #[test]
     fn a_routing_key_takes_any_text_up_to_255_bytes_and_kafka_keeps_its_topic_rules() {
         let rabbitmq = SinkConfig::RabbitMq(RabbitMqConfig::default());
-        for good in ["Order.events", "has space", "a/b", "ünicode", &"x".repeat(255)] {
+        for good in [
+            "Order.events",
+            "has space",
+            "a/b",
+            "ünicode",
+            &"x".repeat(255),
+        ] {
             assert_eq!(rabbitmq.check_destination(good), Ok(()), "{good:?}");
         }
         assert!(rabbitmq.check_destination(&"x".repeat(256)).is_err());
@@ -617,7 +687,10 @@ mod tests {
             columns: Vec::new(),
             lsn: crate::lsn::Lsn(1),
         };
-        assert_eq!(router.route(&event("Order Line"), 0).unwrap().topic, "orders/Order Line");
+        assert_eq!(
+            router.route(&event("Order Line"), 0).unwrap().topic,
+            "orders/Order Line"
+        );
         let err = router.route(&event(&"x".repeat(250)), 0).unwrap_err();
         assert!(
             matches!(&err, RouteError::IllegalTopic { event_id, reason, .. } if event_id == "e-1" && reason.contains("255")),
@@ -625,11 +698,15 @@ mod tests {
         );
 
         config.dead_letter_topic = Some("d".repeat(256));
-        let e = Router::new(&config).err().expect("a dead-letter routing key over 255 bytes");
+        let Err(e) = Router::new(&config) else {
+            panic!("a dead-letter routing key over 255 bytes")
+        };
         assert!(e.to_string().contains("dead_letter_topic"), "{e}");
         config.sink = SinkConfig::Kafka;
         config.dead_letter_topic = Some("dead-letters".into());
-        let e = Router::new(&config).err().expect("Kafka: '/' is no topic name");
+        let Err(e) = Router::new(&config) else {
+            panic!("Kafka: '/' is no topic name")
+        };
         assert!(e.to_string().contains("route.topic_template"), "{e}");
     }
 }

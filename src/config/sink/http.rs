@@ -203,15 +203,10 @@ impl HttpConfig {
                 "tls_client_cert and tls_client_key must be given together".into(),
             );
         }
-        for (field, value) in [
-            ("request_timeout_ms", self.request_timeout_ms),
-            ("max_concurrency", self.max_concurrency as u64),
-            ("delivery_timeout_ms", self.delivery_timeout_ms),
-        ] {
-            if value == 0 {
-                problem(field, "must be greater than 0".into());
-            }
+        if self.request_timeout_ms == 0 {
+            problem("request_timeout_ms", "must be greater than 0".into());
         }
+        super::delivery_problems(self.max_concurrency, self.delivery_timeout_ms, &mut problem);
         problems
     }
 }
