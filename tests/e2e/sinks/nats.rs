@@ -376,6 +376,75 @@ async fn credentials_come_from_the_environment_or_files_and_stay_out_of_the_log(
     );
 }
 
+/// An nkey seed from a file authenticates with a server that knows the user by its public key
+/// and never reaches the log; a seed the server does not know stops the relay with an error
+/// naming the server and the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let server_config = setup_file(
+        "nats.conf",
+        &format!(
+            "authorization {{\n  users = [ {{ nkey: \"{}\" }} ]\n}}\n",
+            user.public_key()
+        ),
+    );
+    let server: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &["-c", &server_config.1.display().to_string()],
+    )));
+    let setup = super::setup("nats_nkey", &["Order"]).await;
+    let destinations = setup.topics();
+    let js = crate::support::nats::jetstream_with(
+        server,
+        async_nats::ConnectOptions::with_nkey(seed.clone()),
+    )
+    .await;
+    create_stream(&js, &destinations[0], TWO_MINUTES, -1).await;
+
+    let seed_file = setup_file("relay.nk", &seed);
+    let settings = |seed_file: &std::path::Path| {
+        format!(
+            "url = \"nats://127.0.0.1:{}\"\nnkey_file = \"{}\"",
+            server.port,
+            seed_file.display()
+        )
+    };
+    let (_dir, args) = nats_relay_args(&setup, &settings(&seed_file.1), "");
+    let relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
+    setup.wait_streaming().await;
+    let one = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    wait_for(
+        "the event in the nkey server's stream",
+        Duration::from_secs(60),
+        || async { (!read_subjects(&js, &destinations).await.is_empty()).then_some(()) },
+    )
+    .await;
+    assert_delivered(&[one], &read_subjects(&js, &destinations).await, true);
+    let log = relay.log();
+    drop(relay);
+    assert!(!log.contains(&seed), "the seed is in the log:\n{log}");
+
+    let stranger = nkeys::KeyPair::new_user().seed().unwrap();
+    let stranger_file = setup_file("stranger.nk", &stranger);
+    let (_dir, args) = nats_relay_args(&setup, &settings(&stranger_file.1), "");
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "the relay exited with {status} on an nkey the server does not know"
+    );
+    assert!(
+        log.contains(&format!("nats://127.0.0.1:{}", server.port))
+            && log.contains("authorization violation"),
+        "the error names the server and the refusal:\n{}",
+        crate::support::tail_lines(&log, 20)
+    );
+    assert!(!log.contains(&stranger), "the seed is in the log:\n{log}");
+}
+
 /// A file in a directory that lives as long as the returned handle.
 fn setup_file(name: &str, contents: &str) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
