@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::support::{self, consume, kafka, pg, unique_name, wait_for, Auth, Relay};
+use crate::support::{self, kafka, pg, unique_name, wait_for, Auth, Relay};
 use crate::{assert_delivered, write_events, Setup};
 
 /// The relay's own parsing of a source URL (TLS parameters included; any host).
@@ -266,16 +266,7 @@ async fn tls_verify_full_streams_and_a_wrong_host_name_is_refused() {
     setup.wait_streaming().await;
     let (written, _) =
         write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
-    let topics = setup.topics();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &[topics[0].as_str()],
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_delivered(&written, &consumed, true);
+    setup.assert_first_topic(&written, true).await;
     assert!(
         !relay.log().contains(support::PASSWORD),
         "the password was logged"
@@ -316,16 +307,7 @@ async fn libpq_environment_and_password_file_are_honoured() {
     setup.wait_streaming().await;
     let (written, _) =
         write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
-    let topics = setup.topics();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &[topics[0].as_str()],
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_delivered(&written, &consumed, true);
+    setup.assert_first_topic(&written, true).await;
     assert!(
         !relay.log().contains(support::PASSWORD),
         "the password was logged"
@@ -365,16 +347,7 @@ async fn hostile_database_defaults_do_not_break_the_sessions() {
     let (more, before_commit) =
         write_events(&setup.db.client, 2, 2, &setup.types, 2, 4, Duration::ZERO).await;
     written.extend(more);
-    let topics = setup.topics();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &[topics[0].as_str()],
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_delivered(&written, &consumed, true);
+    setup.assert_first_topic(&written, true).await;
     setup
         .wait_confirmed_past(
             *before_commit.last().unwrap(),

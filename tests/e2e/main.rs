@@ -260,6 +260,27 @@ impl Setup {
         consume(&kafka().bootstrap(), &topics, expected, settle, deadline).await
     }
 
+    /// Reads this test's first topic until `written.len()` records came (with `exactly_once`,
+    /// and 1 s more without another, to see copies), within 60 s, and asserts them
+    /// ([`assert_delivered`]).
+    async fn assert_first_topic(&self, written: &[Written], exactly_once: bool) {
+        let settle = if exactly_once {
+            Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        };
+        let topics = self.topics();
+        let consumed = consume(
+            &kafka().bootstrap(),
+            &[topics[0].as_str()],
+            written.len(),
+            settle,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_delivered(written, &consumed, exactly_once);
+    }
+
     /// Waits until the slot's `confirmed_flush_lsn` is past `lsn` (a commit's start).
     async fn wait_confirmed_past(&self, lsn: u64, what: &str, deadline: Duration) {
         wait_for(what, deadline, || async {

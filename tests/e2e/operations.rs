@@ -111,16 +111,7 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
             .await
             .0;
         written[i].extend(more);
-        let topics = s.topics();
-        let consumed = consume(
-            &kafka().bootstrap(),
-            &[topics[0].as_str()],
-            written[i].len(),
-            Duration::ZERO,
-            Duration::from_secs(60),
-        )
-        .await;
-        assert_delivered(&written[i], &consumed, false);
+        s.assert_first_topic(&written[i], false).await;
     }
     let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
     assert!(
@@ -129,7 +120,11 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
     );
     let published_db0: f64 = text
         .lines()
-        .filter(|l| l.starts_with("outbox_relay_events_published_total{pipeline=\"db0\",sink=\"kafka\",topic="))
+        .filter(|l| {
+            l.starts_with(
+                "outbox_relay_events_published_total{pipeline=\"db0\",sink=\"kafka\",topic=",
+            )
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert_eq!(published_db0, 12.0, "{text}");
@@ -138,11 +133,15 @@ async fn one_config_file_three_databases_and_a_failing_one_degrades_only_itself(
         "{text}"
     );
     assert!(
-        text.contains("outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\",sink=\"kafka\"} 12"),
+        text.contains(
+            "outbox_relay_delivery_latency_seconds_count{pipeline=\"db0\",sink=\"kafka\"} 12"
+        ),
         "{text}"
     );
     assert!(
-        text.contains("outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\",sink=\"kafka\"} 12"),
+        text.contains(
+            "outbox_relay_commit_to_ack_latency_seconds_count{pipeline=\"db2\",sink=\"kafka\"} 12"
+        ),
         "{text}"
     );
     assert!(
@@ -260,16 +259,7 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
         write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
     run_args.push("--no-create-slot".into());
     let mut relay = Relay::spawn(&run_args);
-    let topics = setup.topics();
-    let consumed = consume(
-        &kafka().bootstrap(),
-        &[topics[0].as_str()],
-        written.len(),
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert_delivered(&written, &consumed, true);
+    setup.assert_first_topic(&written, true).await;
     relay.sigterm();
     assert!(relay.wait(Duration::from_secs(40)).success());
 

@@ -374,16 +374,7 @@ async fn polling_pipelines_of_one_process_share_a_producer_but_not_with_log_tail
             relay.log()
         );
     }
-    let topics = tailing.topics();
-    let consumed = support::consume(
-        &kafka().bootstrap(),
-        &[topics[0].as_str()],
-        tailed.len(),
-        Duration::ZERO,
-        Duration::from_secs(60),
-    )
-    .await;
-    crate::assert_delivered(&tailed, &consumed, false);
+    tailing.assert_first_topic(&tailed, false).await;
     // Every pipeline delivered, so each has its session's producer now.
     let producers = std::fs::read_dir(format!("/proc/{}/task", relay.pid()))
         .expect("the relay's threads")
