@@ -525,13 +525,13 @@ mod tests {
 
     #[test]
     fn unknown_kinds_and_keys_are_refused() {
-        let e = toml::from_str::<Holder>("[sink]\nkind = \"pulsar\"")
-            .err()
-            .unwrap();
+        let Err(e) = toml::from_str::<Holder>("[sink]\nkind = \"pulsar\"") else {
+            panic!("kind pulsar was taken");
+        };
         assert!(e.to_string().contains("pulsar"), "{e}");
-        let e = toml::from_str::<Holder>("[sink]\nkind = \"redis\"\nurll = \"x\"")
-            .err()
-            .unwrap();
+        let Err(e) = toml::from_str::<Holder>("[sink]\nkind = \"redis\"\nurll = \"x\"") else {
+            panic!("key urll was taken");
+        };
         assert!(e.to_string().contains("urll"), "{e}");
     }
 

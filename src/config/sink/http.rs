@@ -292,13 +292,15 @@ mod tests {
         http.tls_client_cert = Some("c.pem".into());
         http.request_timeout_ms = 0;
         http.max_concurrency = 0;
+        http.delivery_timeout_ms = 0;
         assert_eq!(
             fields(http),
             [
                 "sink.header_prefix",
                 "sink.tls_client_cert",
                 "sink.request_timeout_ms",
-                "sink.max_concurrency"
+                "sink.max_concurrency",
+                "sink.delivery_timeout_ms"
             ]
         );
     }

@@ -455,13 +455,14 @@ mod tests {
     }
 
     /// Pipelines `a` and `b` (made by `kind`) sharing a producer on `mock` whose records time
-    /// out after 300 ms.
+    /// out after 1 s: long enough for a fresh producer's first record (about 50 ms here) on a
+    /// loaded machine, and for a test thread to get on between two steps.
     fn timing_out_pair(
         mock: &MockCluster<'static, DefaultProducerContext>,
         kind: fn(&str, &str, &[(&str, &str)]) -> PipelineConfig,
     ) -> SharedProducers {
         let bootstrap = mock.bootstrap_servers();
-        let settings = [("message.timeout.ms", "300")];
+        let settings = [("message.timeout.ms", "1000")];
         SharedProducers::for_pipelines(&[
             kind("a", &bootstrap, &settings),
             kind("b", &bootstrap, &settings),
@@ -663,9 +664,9 @@ mod tests {
         let mut tracker = tracker();
         a.send(record("a"), token(&mut tracker)).unwrap();
         // The first record times out; while its report waits untaken the sink wants no fresh
-        // producer yet, so the second goes into the same one and has its whole 300 ms timeout
-        // left when the session ends (a fixed sleep between the two sends left too little on
-        // a loaded machine: CI saw the second report come first).
+        // producer yet, so the second goes into the same one and has its whole 1 s timeout left
+        // when the session ends (a fixed sleep between the two sends left too little on a
+        // loaded machine: in CI both reports came before the session ended).
         let deadline = Instant::now() + DEADLINE;
         while a.reports.is_empty() {
             assert!(

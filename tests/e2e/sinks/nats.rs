@@ -403,7 +403,8 @@ async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
     .await;
     create_stream(&js, &destinations[0], TWO_MINUTES, -1).await;
 
-    let seed_file = setup_file("relay.nk", &seed);
+    // As seed files are written: the seed on a line of its own.
+    let seed_file = setup_file("relay.nk", &format!("{seed}\n"));
     let settings = |seed_file: &std::path::Path| {
         format!(
             "url = \"nats://127.0.0.1:{}\"\nnkey_file = \"{}\"",
@@ -429,7 +430,7 @@ async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
     let stranger = nkeys::KeyPair::new_user().seed().unwrap();
     let stranger_file = setup_file("stranger.nk", &stranger);
     let (_dir, args) = nats_relay_args(&setup, &settings(&stranger_file.1), "");
-    let mut relay = Relay::spawn(&args);
+    let mut relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
     let status = relay.wait(Duration::from_secs(60));
     let log = relay.log();
     assert!(
