@@ -1,4 +1,4 @@
-//! The HTTP sink's ceiling for bench/run.py: a bare reqwest client posting `events` bodies of
+//! The HTTP sink's ceiling for bench/sinks.py: a bare reqwest client posting `events` bodies of
 //! `bytes` bytes to `url` with `concurrency` requests in flight (the relay's default
 //! `max_concurrency`), each waiting for its 2xx. Prints `{"seconds": ..., "events_per_second":
 //! ...}`.

@@ -1,13 +1,16 @@
-//! A webhook receiver for bench/run.py's HTTP sink scenario: answers every `POST` with 200 and
-//! counts them; `GET /count` answers the count. As little work per request as axum allows, so
-//! that the relay and the bare client (bench/http_ceiling.rs) are what is measured.
+//! A webhook receiver for bench/sinks.py's HTTP sink: answers every `POST` with 200 and counts
+//! them by path; a `GET` of a path answers how many `POST`s that path took (0 for none), so
+//! the relay's posts (`/hooks/Order.events`) and the bare client's (bench/http_ceiling.rs,
+//! `/hooks/ceiling`) are counted apart. As little work per request as axum allows (one
+//! uncontended lock and a map look-up), so that the relay and the bare client are what is
+//! measured.
 //!
 //! `http_receiver <port>`; serves until killed.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use axum::http::Method;
+use axum::http::{Method, Uri};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 1)]
 async fn main() {
@@ -15,16 +18,23 @@ async fn main() {
         .nth(1)
         .and_then(|p| p.parse().ok())
         .expect("usage: http_receiver <port>");
-    let count = Arc::new(AtomicU64::new(0));
-    let app = axum::Router::new().fallback(move |method: Method| {
-        let count = Arc::clone(&count);
+    let counts = Arc::new(Mutex::new(HashMap::<String, u64>::new()));
+    let app = axum::Router::new().fallback(move |method: Method, uri: Uri| {
+        let counts = Arc::clone(&counts);
         async move {
+            let mut counts = counts.lock().expect("the count map");
+            let path = uri.path();
             match method {
                 Method::POST => {
-                    count.fetch_add(1, Ordering::Relaxed);
+                    match counts.get_mut(path) {
+                        Some(n) => *n += 1,
+                        None => {
+                            counts.insert(path.to_owned(), 1);
+                        }
+                    }
                     String::new()
                 }
-                _ => count.load(Ordering::Relaxed).to_string(),
+                _ => counts.get(path).copied().unwrap_or(0).to_string(),
             }
         }
     });

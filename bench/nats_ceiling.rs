@@ -1,5 +1,5 @@
-//! The NATS JetStream ceiling for `bench/run.py` scenario 7a: a bare async-nats publisher of
-//! records like the relay's, without PostgreSQL and without per-key order.
+//! The NATS JetStream ceiling for bench/sinks.py (`bench/run.py` scenario 7): a bare async-nats
+//! publisher of records like the relay's, without PostgreSQL and without per-key order.
 //!
 //! ```sh
 //! cargo run --release --example nats_ceiling -- URL create STREAM SUBJECT...

@@ -1,18 +1,21 @@
-//! The RabbitMQ ceiling for `bench/run.py`: a bare lapin publisher with the relay's message
+//! The RabbitMQ ceiling for bench/sinks.py: a bare lapin publisher with the relay's message
 //! settings, without PostgreSQL and without per-key order.
 //!
 //! ```sh
 //! cargo run --release --example rabbitmq_ceiling -- URL EXCHANGE ROUTING_KEY declare
-//! cargo run --release --example rabbitmq_ceiling -- URL EXCHANGE ROUTING_KEY count N [IN_FLIGHT]
+//! cargo run --release --example rabbitmq_ceiling -- URL EXCHANGE ROUTING_KEY publish N [IN_FLIGHT]
+//! cargo run --release --example rabbitmq_ceiling -- URL EXCHANGE ROUTING_KEY count
 //! cargo run --release --example rabbitmq_ceiling -- URL EXCHANGE ROUTING_KEY purge
 //! ```
 //!
 //! `declare` makes a durable topic exchange and a durable queue named ROUTING_KEY bound to it
-//! with that key. `count N` publishes N persistent messages with `mandatory` on one channel in
+//! with that key. `publish N` publishes N persistent messages with `mandatory` on one channel in
 //! confirm mode, at most IN_FLIGHT (default 256, the relay's `max_concurrency`) awaiting their
 //! confirm, each like the relay's (a ~230-byte JSON body, `message_id`, headers `id`,
 //! `event_type`, `key`), and prints one JSON line: events, seconds (first publish to last
-//! confirm). It exits non-zero if a message is nacked or returned. `purge` empties the queue.
+//! confirm). It exits non-zero if a message is nacked or returned. `count` prints the number of
+//! messages in the queue (a passive declare; it exits non-zero if there is no such queue).
+//! `purge` empties the queue.
 
 use std::time::Instant;
 
@@ -29,7 +32,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties, ExchangeKind};
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [url, exchange, key, command, rest @ ..] = &args[..] else {
-        panic!("usage: URL EXCHANGE ROUTING_KEY declare|count N [IN_FLIGHT]|purge");
+        panic!("usage: URL EXCHANGE ROUTING_KEY declare|publish N [IN_FLIGHT]|count|purge");
     };
     let properties = ConnectionProperties::default()
         .with_executor(tokio_executor_trait::Tokio::current())
@@ -82,7 +85,18 @@ async fn main() {
                 .expect("purging the queue");
         }
         "count" => {
-            let n: u64 = rest.first().and_then(|v| v.parse().ok()).expect("count N");
+            let passive = QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            };
+            let queue = channel
+                .queue_declare(key, passive, FieldTable::default())
+                .await
+                .expect("declaring the queue passively");
+            println!("{}", queue.message_count());
+        }
+        "publish" => {
+            let n: u64 = rest.first().and_then(|v| v.parse().ok()).expect("publish N");
             let in_flight: usize = rest.get(1).map_or(256, |v| v.parse().expect("IN_FLIGHT"));
             channel
                 .confirm_select(ConfirmSelectOptions::default())

@@ -52,19 +52,17 @@ Scenarios:
    with and without --exactly-once; events/s and ms per transaction from the first published
    event until the confirmed flush LSN reaches the end of the backlog, and the start-up before.
    `--kafka-property linger.ms=0` measures it without librdkafka's 5 ms batching delay.
-7. sinks other than Kafka, each against a bare client of that sink as its ceiling:
- a. `--only sinks` (bench/sinks.py; Redis Streams and NATS JetStream, --sink picks): the
-    backlog of scenario 1 drained into redis-server (against redis-benchmark pipelining XADD)
-    and nats-server -js (against bench/nats_ceiling.rs, 256 awaiting their PubAck).
- b. `--only rabbitmq`: scenario 1's backlog drained by the relay into a rabbitmq-server node of
-   the bench's own (`kind = "rabbitmq"`, a durable topic exchange and queue, persistent messages
-   with publisher confirms), against bench/rabbitmq_ceiling.rs: a bare lapin publisher of the
-   same number of like messages with confirms, 256 awaiting their confirm (the relay's
-   `max_concurrency`) and no per-key order. Ratio: the relay's events/s over the ceiling's.
- c. `--only http`: a backlog of --http-events single-row transactions
-   drained by the relay into bench/http_receiver.rs (200 to every POST), against the bare
-   client bench/http_ceiling.rs posting as many bodies of a row's size, 16 in flight (the
-   relay's default max_concurrency); the ratio is relay / client.
+7. sinks other than Kafka (`--only sinks`, bench/sinks.py; --sink redis|nats|rabbitmq|http,
+   repeatable, default all four): scenario 1's backlog drained by the relay into a server of
+   each kind of the bench's own (redis-server, nats-server -js, rabbitmq-server, the 200-to-
+   every-POST bench/http_receiver.rs), from its start until its confirmed flush LSN passes the
+   backlog, then the sink's count of its events; against that sink's bare client sending as
+   many like records with the same acknowledgement into a destination of its own
+   (redis-benchmark pipelining XADD; bench/nats_ceiling.rs, 256 awaiting their PubAck;
+   bench/rabbitmq_ceiling.rs, lapin with confirms, 256 in flight; bench/http_ceiling.rs, 16
+   in flight), alternating per round. Ratio: the relay's events/s over the bare client's.
+   `--print` of results written before RabbitMQ and HTTP joined this scenario (keys
+   "rabbitmq_backlog", "http") leaves those rows out.
 
 8. pipelines (outbox-relay only): --pipelines (1, 10, 50) databases, each with its own outbox,
    slot and [[pipelines]] entry in one config file, served by one relay process. Once /readyz
@@ -89,16 +87,12 @@ VENV = ROOT / "bench" / ".venv"
 PY_DEPS = {"psycopg2": "psycopg2-binary", "confluent_kafka": "confluent-kafka", "sqlalchemy": "sqlalchemy"}
 CEILING = ROOT / "target" / "release" / "examples" / "producer_ceiling"
 MOCK_BROKER = ROOT / "target" / "release" / "examples" / "mock_broker"
-RABBITMQ_CEILING = ROOT / "target" / "release" / "examples" / "rabbitmq_ceiling"
-HTTP_RECEIVER = ROOT / "target" / "release" / "examples" / "http_receiver"
-HTTP_CEILING = ROOT / "target" / "release" / "examples" / "http_ceiling"
 RELAY_BIN = ROOT / "target" / "release" / "outbox-relay"  # --relay-bin replaces it
 BROKERS = {"tansu": "tansu (memory storage)",
            "mock": "librdkafka's mock cluster (bench/mock_broker.rs: next to no broker latency; not a real broker)"}
 PAD = "x" * 200  # ~300-byte outbox rows with the other columns
 
 RECV, CEIL, RELAY, CDC, POLL = "pg_recvlogical", "producer ceiling", "outbox-relay", "wal2json relay", "polling relay"
-RABBITMQ_CEIL = "rabbitmq ceiling"
 LIMITS = (RECV, CEIL)
 CONTENDERS = (RECV, CEIL, RELAY, CDC, POLL)
 SELECTED = set(CONTENDERS)  # --contender narrows it
@@ -355,119 +349,6 @@ class Relay:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(60)
-
-
-class ConfigRelay(Relay):
-    """The relay from a config file (a sink other than Kafka), with its metrics endpoint."""
-
-    def __init__(self, work, config, name):
-        self.metrics = f"127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen(
-            [str(ROOT / "target/release/outbox-relay"), "run", "--config", str(config),
-             "--metrics-listen", self.metrics],
-            stdout=open(work / f"relay-{name}.log", "w"), stderr=subprocess.STDOUT,
-            env={**os.environ, "RUST_LOG": "warn"})
-
-
-def wait_port(port, seconds, what):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{what} did not accept connections on 127.0.0.1:{port} within {seconds} s")
-
-
-class RabbitNode:
-    """A rabbitmq-server node of the bench's own, as tests/support/rabbitmq.rs starts one: its
-    own epmd, node name, ports and Mnesia under the work directory, no plugins."""
-
-    def __init__(self, work):
-        self.dir = work / "rabbitmq"
-        for sub in ("home", "mnesia", "log"):
-            (self.dir / sub).mkdir(parents=True)
-        epmd, self.port, dist = free_port(), free_port(), free_port()
-        out = open(self.dir / "server.log", "a")
-        self.epmd = subprocess.Popen(["epmd", "-port", str(epmd)], stdout=out, stderr=subprocess.STDOUT)
-        wait_port(epmd, 30, "epmd")
-        (self.dir / "rabbitmq.conf").write_text(
-            f"listeners.tcp.default = 127.0.0.1:{self.port}\nloopback_users = none\n")
-        (self.dir / "enabled_plugins").write_text("[].\n")
-        env = {**os.environ, "RUNNING_UNDER_SYSTEMD": "true", "HOME": str(self.dir / "home"),
-               "ERL_EPMD_PORT": str(epmd), "RABBITMQ_NODENAME": f"bench-{self.port}@localhost",
-               "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(self.port),
-               "RABBITMQ_DIST_PORT": str(dist), "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
-               "RABBITMQ_LOG_BASE": str(self.dir / "log"), "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
-               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins")}
-        self.proc = subprocess.Popen(["/usr/lib/rabbitmq/bin/rabbitmq-server"], env=env, stdout=out,
-                                     stderr=subprocess.STDOUT)
-        wait_port(self.port, 120, "rabbitmq-server")
-        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/%2f"
-
-    def ceiling(self, queue, *command):
-        """bench/rabbitmq_ceiling.rs on exchange "outbox" and `queue` (= its routing key)."""
-        return subprocess.run([str(RABBITMQ_CEILING), self.url, "outbox", queue, *map(str, command)],
-                              check=True, capture_output=True, text=True).stdout
-
-    def stop(self):
-        stop_process(self.proc)
-        stop_process(self.epmd)
-
-
-def rabbitmq_scenario(cluster, work, events, rounds):
-    """Scenario 7: the backlog drained into RabbitMQ by the relay and by the bare publisher."""
-    node = RabbitNode(work)
-    contenders = [RABBITMQ_CEIL, RELAY]
-    runs = {c: [] for c in contenders}
-    try:
-        node.ceiling("Order.events", "declare")
-        node.ceiling("ceiling.events", "declare")
-        for r in range(rounds):
-            cluster.sql("TRUNCATE outbox")
-            slot = f"rabbitmq_{r}_relay"
-            cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
-            cluster.sql(f"CALL fill_single({events}, 'outbox')")
-            log(f"  round {r + 1}: wrote {events:,} events (load {' '.join(uptime())})")
-            for contender in ordered(contenders, r):
-                start = time.time()
-                run = {}
-                if contender == RABBITMQ_CEIL:
-                    run["own"] = json.loads(node.ceiling("ceiling.events", "count", events))
-                    elapsed = time.time() - start
-                    node.ceiling("ceiling.events", "purge")
-                else:
-                    config = work / f"rabbitmq-{r}.toml"
-                    config.write_text(f"""[[pipelines]]
-name = "bench"
-source_url = "{cluster.url()}"
-slot = "{slot}"
-publication = "outbox_pub"
-table = "public.outbox"
-[pipelines.sink]
-kind = "rabbitmq"
-url = "{node.url}"
-exchange = "outbox"
-""")
-                    relay = ConfigRelay(work, config, slot)
-                    relay.wait_published(events)
-                    elapsed = time.time() - start
-                    run["cpu_seconds"] = cpu_seconds(relay.proc.pid)
-                    relay.stop()
-                    node.ceiling("Order.events", "purge")
-                run.update(seconds=elapsed, events=events, events_per_second=events / elapsed)
-                runs[contender].append(run)
-                log(f"    {contender}: {elapsed:.2f} s ({run['events_per_second']:,.0f} events/s)")
-            cluster.drop_slot(slot)
-    finally:
-        node.stop()
-    out = {c: {"events_per_second": median([x["events_per_second"] for x in v]),
-               "seconds": median([x["seconds"] for x in v]), "runs": v} for c, v in runs.items()}
-    ceiling = out[RABBITMQ_CEIL]["events_per_second"]
-    out[RELAY]["ratio_to_ceiling"] = out[RELAY]["events_per_second"] / ceiling if ceiling else None
-    log(f"  outbox-relay / rabbitmq ceiling: {out[RELAY]['ratio_to_ceiling']:.2f}")
-    return out
 
 
 def recvlogical_cmd(cluster, slot, endpos=None):
@@ -1196,71 +1077,6 @@ create_slot = false\nexactly_once = true\n{options}""")
                           "runs": rs} for m, rs in runs.items()}}
 
 
-def http_scenario(cluster, work, events, rounds):
-    """Scenario 7, the HTTP webhook sink: per round, in alternating order, the relay (sink kind
-    http, its default max_concurrency of 16) draining a backlog of `events` single-row
-    transactions into bench/http_receiver.rs (200 to every POST), and the bare client
-    bench/http_ceiling.rs posting as many bodies of a row's size with 16 requests in flight into
-    a fresh receiver. The relay's time runs from its start to the receiver's last count (start-up
-    included, as in scenario 1); the ratio is its events/s over the client's."""
-    runs = {"relay": [], "client": []}
-    for r in range(rounds):
-        for who in (["relay", "client"] if r % 2 == 0 else ["client", "relay"]):
-            port = free_port()
-            receiver = subprocess.Popen([str(HTTP_RECEIVER), str(port)], stdout=subprocess.DEVNULL,
-                                        stderr=open(work / "http-receiver.log", "a"))
-            count = lambda: int(urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=5).read() or 0)
-            deadline = time.time() + 30
-            while True:
-                try:
-                    count()
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        raise SystemExit("bench/http_receiver.rs did not start")
-                    time.sleep(0.05)
-            try:
-                if who == "client":
-                    out = subprocess.run([str(HTTP_CEILING), f"http://127.0.0.1:{port}/hooks/Order.events",
-                                          str(events), "16", "230"], check=True, capture_output=True, text=True).stdout
-                    run = json.loads(out)
-                else:
-                    slot = f"http_{r}"
-                    cluster.sql("TRUNCATE outbox")
-                    cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
-                    cluster.sql(f"CALL fill_single({events}, 'outbox')")
-                    config = work / f"relay-{slot}.toml"
-                    config.write_text(
-                        f'[[pipelines]]\nname = "bench"\nsource_url = "{cluster.url()}"\nslot = "{slot}"\n'
-                        f'publication = "outbox_pub"\ntable = "public.outbox"\ncreate_slot = false\n'
-                        f'[pipelines.sink]\nkind = "http"\nurl = "http://127.0.0.1:{port}/hooks/{{destination}}"\n')
-                    start = time.time()
-                    relay = subprocess.Popen([str(ROOT / "target/release/outbox-relay"), "run", "--config", str(config)],
-                                             stdout=open(work / f"relay-{slot}.log", "w"), stderr=subprocess.STDOUT,
-                                             env={**os.environ, "RUST_LOG": "warn"})
-                    try:
-                        while count() < events:
-                            if relay.poll() is not None:
-                                raise SystemExit(f"relay exited with {relay.returncode}: see {work}/relay-{slot}.log")
-                            if time.time() - start > 900:
-                                raise SystemExit(f"relay posted {count():,} of {events:,} within 900 s")
-                            time.sleep(0.01)
-                        seconds = time.time() - start
-                        run = {"seconds": seconds, "events_per_second": events / seconds,
-                               "cpu_seconds": cpu_seconds(relay.pid)}
-                    finally:
-                        stop_process(relay)
-                    cluster.drop_slot(slot)
-            finally:
-                stop_process(receiver)
-            runs[who].append(run)
-            log(f"  round {r + 1}, {who}: {run['seconds']:.2f} s ({run['events_per_second']:,.0f} events/s)")
-    out = {who: {"events_per_second": median([x["events_per_second"] for x in v]), "runs": v} for who, v in runs.items()}
-    out["events"] = events
-    out["ratio"] = out["relay"]["events_per_second"] / out["client"]["events_per_second"]
-    return out
-
-
 def fmt_eps(v, partial=False):
     return "-" if v is None else f"{v:,.0f} ev/s" + (" (partial)" if partial else "")
 
@@ -1338,16 +1154,6 @@ def print_table(results, args):
     if "sinks" in results:
         print()
         sinks.print_rows(results["sinks"])
-    if "rabbitmq_backlog" in results:
-        q = results["rabbitmq_backlog"]
-        print(f"\n7. rabbitmq backlog, {args.backlog:,} single-row txns: outbox-relay "
-              f"{q[RELAY]['events_per_second']:,.0f} ev/s, bare lapin publisher {q[RABBITMQ_CEIL]['events_per_second']:,.0f} "
-              f"ev/s (relay / ceiling: {q[RELAY]['ratio_to_ceiling']:.2f})")
-    if "http" in results:
-        h = results["http"]
-        print(f"\n7. HTTP webhook sink, backlog of {h['events']:,} single-row txns: relay "
-              f"{h['relay']['events_per_second']:,.0f} ev/s, bare client (16 in flight) "
-              f"{h['client']['events_per_second']:,.0f} ev/s (relay / client: {h['ratio']:.2f})")
     if "pipelines" in results:
         p = results["pipelines"]
         print(f"\n8. pipelines in one process, {p['seconds']} s idle; then {p['burst']} events per pipeline:\n")
@@ -1362,7 +1168,7 @@ def print_table(results, args):
           f"ratios in parentheses are to the lower of the two limits; bench/results.json)")
 
 
-SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "rabbitmq", "http", "pipelines")
+SCENARIOS = ("backlog", "bigtx", "steady", "onebig", "idle", "eoscost", "sinks", "pipelines")
 
 
 def main():
@@ -1377,11 +1183,10 @@ def main():
     ap.add_argument("--idle-wal-mb", type=int, default=500)
     ap.add_argument("--eos-txns", type=int, default=300, help="scenario 6: transactions in the backlog")
     ap.add_argument("--eos-rows", type=int, default=10, help="scenario 6: rows per transaction")
-    ap.add_argument("--sink", action="append", default=[], choices=sorted(sinks.SINKS),
-                    help="scenario 7a: only these of bench/sinks.py's kinds (default: all)")
+    ap.add_argument("--sink", action="append", default=[], choices=list(sinks.SINKS),
+                    help="scenario 7: only these sink kinds (repeatable; default: all four)")
     ap.add_argument("--eos-modes", default="at-least-once,exactly-once,exactly-once-unbatched",
                     help="scenario 6: modes to run, comma-separated")
-    ap.add_argument("--http-events", type=int, default=50_000, help="scenario 7: events in the HTTP sink's backlog")
     ap.add_argument("--pipelines", default="1,10,50", help="scenario 8: pipeline counts, comma-separated")
     ap.add_argument("--pipelines-idle-secs", type=int, default=60, help="scenario 8: the idle window")
     ap.add_argument("--pipelines-settle", type=int, default=10,
@@ -1492,18 +1297,10 @@ def main():
                                                                       args.rounds, args.eos_modes.split(","))
             save()
         if run("sinks"):
-            kinds = args.sink or sorted(sinks.SINKS)
+            kinds = list(dict.fromkeys(args.sink)) or list(sinks.SINKS)
             log(f"scenario 7: backlog of {args.backlog:,} single-row transactions into {', '.join(kinds)}")
             results["sinks"] = sinks.sink_scenario(ROOT, cluster, work, kinds, args.backlog, args.rounds, free_port,
                                                    cpu_seconds, parse_lsn, median, log)
-            save()
-        if run("rabbitmq"):
-            log(f"scenario 7: backlog of {args.backlog:,} single-row transactions into RabbitMQ")
-            results["rabbitmq_backlog"] = rabbitmq_scenario(cluster, work, args.backlog, args.rounds)
-            save()
-        if run("http"):
-            log(f"scenario 7: the HTTP webhook sink, backlog of {args.http_events:,} single-row transactions")
-            results["http"] = http_scenario(cluster, work, args.http_events, args.rounds)
             save()
         if run("pipelines"):
             counts = [int(n) for n in args.pipelines.split(",")]
