@@ -33,7 +33,10 @@ async fn main() {
         .tls_backend_preconfigured(tls)
         .build()
         .unwrap();
-    let body = bytes::Bytes::from(format!("{{\"pad\":\"{}\"}}", "x".repeat(bytes.saturating_sub(10))));
+    let body = bytes::Bytes::from(format!(
+        "{{\"pad\":\"{}\"}}",
+        "x".repeat(bytes.saturating_sub(10))
+    ));
     let start = Instant::now();
     let mut requests = futures::stream::iter(0..events)
         .map(|n| {

@@ -96,7 +96,10 @@ async fn main() {
             println!("{}", queue.message_count());
         }
         "publish" => {
-            let n: u64 = rest.first().and_then(|v| v.parse().ok()).expect("publish N");
+            let n: u64 = rest
+                .first()
+                .and_then(|v| v.parse().ok())
+                .expect("publish N");
             let in_flight: usize = rest.get(1).map_or(256, |v| v.parse().expect("IN_FLIGHT"));
             channel
                 .confirm_select(ConfirmSelectOptions::default())
