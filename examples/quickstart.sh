@@ -24,6 +24,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# An existing database given with --source-url keeps nothing of the demo's slot, even when
+# the run fails: a slot nobody reads holds WAL on that server for good.
+EXTERNAL_DB=0
+[ -n "$SOURCE_URL" ] && EXTERNAL_DB=1
+RELAY_PID=""
+SLOT_DROPPED=0
+
 step() { printf '\n== %s\n' "$*"; }
 # A port nothing listens on (a random one in 20000-59999 that refuses a connection).
 free_port() {
@@ -47,11 +54,44 @@ PIDS=()
 PGBIN=/usr/lib/postgresql/15/bin
 # initdb refuses to run as root: run the server as the postgres user (from /, which it can read).
 as_pg() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
+# Stops the relay with signal $1 (TERM: it drains in-flight deliveries and confirms the LSN;
+# KILL after a failure: the slot goes anyway), then drops slot quickstart and its row in the
+# slot record (see README, A slot is never silently replaced: the row would refuse a later
+# quickstart against the same database; the demo slot's loss is intended). Returns non-zero
+# if the slot or the row could not be dropped.
+drop_demo_slot() {
+  if [ -n "$RELAY_PID" ]; then
+    kill "-$1" "$RELAY_PID" 2>/dev/null || true
+    wait "$RELAY_PID" 2>/dev/null || true
+  fi
+  # Dropping fails while the walsender still holds the slot: try for 5 s.
+  local dropped=1
+  for _ in $(seq 50); do
+    "${PSQL[@]}" "$SOURCE_URL" -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = 'quickstart'" >/dev/null 2>&1 \
+      && { dropped=0; break; }
+    sleep 0.1
+  done
+  [ "$dropped" = 0 ] || return 1
+  "${PSQL[@]}" "$SOURCE_URL" >/dev/null 2>&1 <<'SQL' || return 1
+DO $$ BEGIN
+  IF to_regclass('outbox_relay.streamed_slots') IS NOT NULL THEN
+    DELETE FROM outbox_relay.streamed_slots WHERE slot_name = 'quickstart';
+  END IF;
+END $$;
+SQL
+  SLOT_DROPPED=1
+}
 cleanup() {
   if [ "$KEEP" = 1 ]; then
     printf '\nLeft running (--keep). Work dir: %s\nStop everything: kill %s; %s\n' "$WORK" "${PIDS[*]:-}" \
       "${PGDATA_STOP:-}"
     return
+  fi
+  if [ "$EXTERNAL_DB" = 1 ] && [ -n "$RELAY_PID" ] && [ "$SLOT_DROPPED" = 0 ]; then
+    # A second Ctrl-C must not leave the slot behind: this takes at most a few seconds.
+    trap '' INT
+    echo "the run did not finish: dropping slot quickstart and its slot record row" >&2
+    drop_demo_slot KILL || echo "could not drop them: run SELECT pg_drop_replication_slot('quickstart'); DELETE FROM outbox_relay.streamed_slots WHERE slot_name = 'quickstart'; on that database" >&2
   fi
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]:-}"; do [ -n "$pid" ] && wait "$pid" 2>/dev/null || true; done
@@ -143,14 +183,7 @@ done
 
 if [ "$KEEP" = 0 ]; then
   step "stopping (SIGTERM drains in-flight deliveries and confirms the LSN)"
-  kill -TERM "$RELAY_PID"; wait "$RELAY_PID" || true
+  drop_demo_slot TERM || { echo "could not drop slot quickstart or its slot record row" >&2; exit 1; }
   tail -n 2 "$WORK/relay.log"
-  for _ in $(seq 50); do
-    "${PSQL[@]}" "$SOURCE_URL" -c "SELECT pg_drop_replication_slot('quickstart')" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
-  # The slot record (see README, A slot is never silently replaced) would refuse a later
-  # quickstart against the same database: the demo slot's loss is intended.
-  "${PSQL[@]}" "$SOURCE_URL" -c "DELETE FROM outbox_relay.streamed_slots WHERE slot_name = 'quickstart'" >/dev/null
   echo "relay stopped, slot quickstart and its slot record dropped"
 fi
