@@ -304,50 +304,21 @@ async fn credentials_come_from_the_environment_or_files_and_stay_out_of_the_log(
         "url = \"nats://relay:${{NATS_PASSWORD}}@127.0.0.1:{}\"",
         with_password.port
     );
-    let (_dir, args) = nats_relay_args(&setup, &url, "");
-    let relay = Relay::spawn_with_env(&args, &[("NATS_PASSWORD", PASSWORD), ("RUST_LOG", "debug")]);
-    setup.wait_streaming().await;
-    let one = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
-    wait_for(
-        "the event in the password server's stream",
-        Duration::from_secs(60),
-        || async { (!read_subjects(&js_password, &destinations).await.is_empty()).then_some(()) },
-    )
-    .await;
-    assert_delivered(
-        &[one],
-        &read_subjects(&js_password, &destinations).await,
-        true,
-    );
-    let log = relay.log();
-    drop(relay);
+    let env = [("NATS_PASSWORD", PASSWORD)];
+    let log = deliver_one(&setup, &js_password, &url, &env, 1, "password").await;
     assert!(
         !log.contains(PASSWORD),
         "the password is in the log:\n{log}"
     );
 
     let token_file = setup_file("token", TOKEN);
-    let (_dir, args) = nats_relay_args(
-        &setup,
-        &format!(
-            "url = \"nats://127.0.0.1:{}\"\ntoken_file = \"{}\"",
-            with_token.port,
-            token_file.1.display()
-        ),
-        "",
+    let sink = format!(
+        "url = \"nats://127.0.0.1:{}\"\ntoken_file = \"{}\"",
+        with_token.port,
+        token_file.1.display()
     );
-    let relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
-    let two = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 2}"#).await;
-    // The first event went to the other server (and the slot past it).
-    wait_for(
-        "the event in the token server's stream",
-        Duration::from_secs(60),
-        || async { (!read_subjects(&js_token, &destinations).await.is_empty()).then_some(()) },
-    )
-    .await;
-    assert_delivered(&[two], &read_subjects(&js_token, &destinations).await, true);
-    let log = relay.log();
-    drop(relay);
+    // The first event went to the other server (and the slot past it): this one alone arrives.
+    let log = deliver_one(&setup, &js_token, &sink, &[], 2, "token").await;
     assert!(!log.contains(TOKEN), "the token is in the log:\n{log}");
 
     let url = format!(
@@ -412,19 +383,7 @@ async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
             seed_file.display()
         )
     };
-    let (_dir, args) = nats_relay_args(&setup, &settings(&seed_file.1), "");
-    let relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
-    setup.wait_streaming().await;
-    let one = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
-    wait_for(
-        "the event in the nkey server's stream",
-        Duration::from_secs(60),
-        || async { (!read_subjects(&js, &destinations).await.is_empty()).then_some(()) },
-    )
-    .await;
-    assert_delivered(&[one], &read_subjects(&js, &destinations).await, true);
-    let log = relay.log();
-    drop(relay);
+    let log = deliver_one(&setup, &js, &settings(&seed_file.1), &[], 1, "nkey").await;
     assert!(!log.contains(&seed), "the seed is in the log:\n{log}");
 
     let stranger = nkeys::KeyPair::new_user().seed().unwrap();
@@ -444,6 +403,36 @@ async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
         crate::support::tail_lines(&log, 20)
     );
     assert!(!log.contains(&stranger), "the seed is in the log:\n{log}");
+}
+
+/// Runs the relay with the sink settings `sink` and `env` (logging at debug), writes event `n`
+/// and waits until the `server` server's stream (`js`) holds it and nothing else; returns the
+/// relay's log, the relay stopped.
+async fn deliver_one(
+    setup: &Setup,
+    js: &async_nats::jetstream::Context,
+    sink: &str,
+    env: &[(&str, &str)],
+    n: u32,
+    server: &str,
+) -> String {
+    let destinations = setup.topics();
+    let (_dir, args) = nats_relay_args(setup, sink, "");
+    let env: Vec<(&str, &str)> = env.iter().copied().chain([("RUST_LOG", "debug")]).collect();
+    let relay = Relay::spawn_with_env(&args, &env);
+    setup.wait_streaming().await;
+    let payload = format!(r#"{{"n": {n}}}"#);
+    let event = insert(&setup.db.client, &setup.types[0], "k1", &payload).await;
+    wait_for(
+        &format!("the event in the {server} server's stream"),
+        Duration::from_secs(60),
+        || async { (!read_subjects(js, &destinations).await.is_empty()).then_some(()) },
+    )
+    .await;
+    assert_delivered(&[event], &read_subjects(js, &destinations).await, true);
+    let log = relay.log();
+    drop(relay);
+    log
 }
 
 /// A file in a directory that lives as long as the returned handle.
