@@ -197,38 +197,19 @@ impl SinkConfig {
         match self {
             SinkConfig::Kafka => {}
             SinkConfig::Redis(redis) => {
-                if let Some(url) = secret(
-                    "url",
-                    &redis.url,
-                    redis.url_file.take(),
-                    expand,
-                    &mut problems,
-                ) {
-                    redis.url = SinkUrl(url);
-                }
+                resolve_url(&mut redis.url, &mut redis.url_file, expand, &mut problems);
             }
             SinkConfig::Nats(nats) => nats.resolve(expand, &mut problems),
             SinkConfig::RabbitMq(rabbitmq) => {
-                if let Some(url) = secret(
-                    "url",
-                    &rabbitmq.url,
-                    rabbitmq.url_file.take(),
+                resolve_url(
+                    &mut rabbitmq.url,
+                    &mut rabbitmq.url_file,
                     expand,
                     &mut problems,
-                ) {
-                    rabbitmq.url = SinkUrl(url);
-                }
+                );
             }
             SinkConfig::Http(http) => {
-                if let Some(url) = secret(
-                    "url",
-                    &http.url,
-                    http.url_file.take(),
-                    expand,
-                    &mut problems,
-                ) {
-                    http.url = SinkUrl(url);
-                }
+                resolve_url(&mut http.url, &mut http.url_file, expand, &mut problems);
                 if let Some(value) = secret(
                     "secret",
                     &http.secret.0,
@@ -264,6 +245,19 @@ fn validate_stream_key(key: &str) -> Result<(), &'static str> {
         return Err("empty");
     }
     Ok(())
+}
+
+/// `url` from [`secret`] (`sink.url`, or `sink.url_file` read into it); unchanged after
+/// recording a problem.
+fn resolve_url(
+    url: &mut SinkUrl,
+    file: &mut Option<String>,
+    expand: &dyn Fn(&str) -> Result<String, String>,
+    problems: &mut Vec<(String, String)>,
+) {
+    if let Some(value) = secret("url", url, file.take(), expand, problems) {
+        *url = SinkUrl(value);
+    }
 }
 
 /// `value` with `${NAME}` references expanded, or the contents of `file` (trimmed) when one is
