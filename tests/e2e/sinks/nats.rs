@@ -325,22 +325,8 @@ async fn credentials_come_from_the_environment_or_files_and_stay_out_of_the_log(
         "url = \"nats://relay:wrong-{PASSWORD}@127.0.0.1:{}\"",
         with_password.port
     );
-    let (_dir, args) = nats_relay_args(&setup, &url, "");
-    let mut relay = Relay::spawn(&args);
-    let status = relay.wait(Duration::from_secs(60));
-    let log = relay.log();
-    assert!(
-        !status.success(),
-        "the relay exited with {status} on refused credentials"
-    );
-    assert!(
-        log.contains(&format!(
-            "nats://relay:***@127.0.0.1:{}",
-            with_password.port
-        )) && log.contains("authorization violation"),
-        "the error names the server and the refusal:\n{}",
-        crate::support::tail_lines(&log, 20)
-    );
+    let shown = format!("nats://relay:***@127.0.0.1:{}", with_password.port);
+    let log = refused_naming(&setup, &url, &shown);
     assert!(
         !log.contains(PASSWORD),
         "the password is in the log:\n{log}"
@@ -388,20 +374,8 @@ async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
 
     let stranger = nkeys::KeyPair::new_user().seed().unwrap();
     let stranger_file = setup_file("stranger.nk", &stranger);
-    let (_dir, args) = nats_relay_args(&setup, &settings(&stranger_file.1), "");
-    let mut relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
-    let status = relay.wait(Duration::from_secs(60));
-    let log = relay.log();
-    assert!(
-        !status.success(),
-        "the relay exited with {status} on an nkey the server does not know"
-    );
-    assert!(
-        log.contains(&format!("nats://127.0.0.1:{}", server.port))
-            && log.contains("authorization violation"),
-        "the error names the server and the refusal:\n{}",
-        crate::support::tail_lines(&log, 20)
-    );
+    let shown = format!("nats://127.0.0.1:{}", server.port);
+    let log = refused_naming(&setup, &settings(&stranger_file.1), &shown);
     assert!(!log.contains(&stranger), "the seed is in the log:\n{log}");
 }
 
@@ -432,6 +406,26 @@ async fn deliver_one(
     assert_delivered(&[event], &read_subjects(js, &destinations).await, true);
     let log = relay.log();
     drop(relay);
+    log
+}
+
+/// Runs the relay with the sink settings `sink` (logging at debug) and asserts that the server
+/// refuses its credentials: it stops with an error naming the server as `shown` and the
+/// refusal. Returns its log.
+fn refused_naming(setup: &Setup, sink: &str, shown: &str) -> String {
+    let (_dir, args) = nats_relay_args(setup, sink, "");
+    let mut relay = Relay::spawn_with_env(&args, &[("RUST_LOG", "debug")]);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "the relay exited with {status} on refused credentials"
+    );
+    assert!(
+        log.contains(shown) && log.contains("authorization violation"),
+        "the error names the server ({shown}) and the refusal:\n{}",
+        crate::support::tail_lines(&log, 20)
+    );
     log
 }
 
