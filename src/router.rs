@@ -956,13 +956,26 @@ mod tests {
         assert_eq!(record.topic, "has space/ünicode.events");
         let err = router.route(&event("tab\there"), 0).unwrap_err();
         assert!(
-            matches!(&err, RouteError::IllegalTopic { noun: "webhook destination", .. }),
+            matches!(
+                &err,
+                RouteError::IllegalTopic {
+                    noun: "webhook destination",
+                    ..
+                }
+            ),
             "{err:?}"
         );
-        assert!(err.to_string().contains("00000000-0000-0000-0000-000000000001"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("00000000-0000-0000-0000-000000000001"),
+            "{err}"
+        );
         // Kafka's rules for Kafka.
         let err = Router::default().route(&event("has space"), 0).unwrap_err();
-        assert!(err.to_string().contains("not a legal Kafka topic name"), "{err}");
+        assert!(
+            err.to_string().contains("not a legal Kafka topic name"),
+            "{err}"
+        );
     }
 
     use crate::config::{AdditionalPlacement, RouteConfig};

@@ -341,7 +341,10 @@ pub(crate) fn resolve(
         if p.sink != SinkConfig::Kafka && !p.kafka.properties.is_empty() {
             problem(
                 "kafka.properties",
-                format!("only used with sink kind \"kafka\", not {:?}", p.sink.kind()),
+                format!(
+                    "only used with sink kind \"kafka\", not {:?}",
+                    p.sink.kind()
+                ),
             );
         }
         let mut properties: BTreeMap<String, String> = match p.sink {
@@ -481,7 +484,10 @@ mod tests {
         );
         let figment = Figment::new().merge(Toml::string(&with_kafka_settings));
         let (_, problems) = resolve(figment, &env).unwrap();
-        assert_eq!(problems[0].field, "pipelines[0].kafka.properties", "{problems:?}");
+        assert_eq!(
+            problems[0].field, "pipelines[0].kafka.properties",
+            "{problems:?}"
+        );
     }
 
     #[test]

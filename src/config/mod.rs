@@ -678,7 +678,10 @@ impl PipelineConfig {
         if self.sink != SinkConfig::Kafka && self.exactly_once {
             problems.push(ConfigError::new(
                 "exactly_once",
-                format!("needs Kafka transactions: not available with sink kind {:?}", self.sink.kind()),
+                format!(
+                    "needs Kafka transactions: not available with sink kind {:?}",
+                    self.sink.kind()
+                ),
             ));
         }
         if self.sink == SinkConfig::Kafka && self.kafka.bootstrap_servers.trim().is_empty() {

@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 
 use super::{render, translate_parts, Connector, ImportError, Imported, Note};
 use crate::config::sink::NatsUrl;
-use crate::config::{HttpConfig, KafkaConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl};
+use crate::config::{
+    HttpConfig, KafkaConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl,
+};
 
 const SOURCE: &str = "debezium.source.";
 const TRANSFORMS: &str = "debezium.transforms";
@@ -47,10 +49,12 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
             other.push(key.clone());
         }
     }
-    let kind = sink.remove("type").ok_or_else(|| ImportError::Unsupported {
-        option: "debezium.sink.type".into(),
-        reason: "not set: Debezium Server needs a sink type".into(),
-    })?;
+    let kind = sink
+        .remove("type")
+        .ok_or_else(|| ImportError::Unsupported {
+            option: "debezium.sink.type".into(),
+            reason: "not set: Debezium Server needs a sink type".into(),
+        })?;
     if !SINK_TYPES.contains(&kind.as_str()) {
         return Err(ImportError::Unsupported {
             option: "debezium.sink.type".into(),
@@ -66,7 +70,9 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
     };
     let (mut file, mut comments, mut notes) = translate_parts(&connector)?;
     // Debezium Server has no converters: its value format is `debezium.format.value`.
-    notes.retain(|n| n.option != "value.converter" || connector.options.contains_key("value.converter"));
+    notes.retain(|n| {
+        n.option != "value.converter" || connector.options.contains_key("value.converter")
+    });
     for note in &mut notes {
         note.option = original_name(&note.option);
     }
@@ -129,7 +135,12 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
                 }
                 _ => SinkConfig::Http(sink.http()),
             };
-            drop_kafka(&mut file.kafka, &mut pipeline.kafka, &mut comments, &mut notes);
+            drop_kafka(
+                &mut file.kafka,
+                &mut pipeline.kafka,
+                &mut comments,
+                &mut notes,
+            );
         }
         _ => unreachable!("checked against SINK_TYPES"),
     }
@@ -236,7 +247,9 @@ impl SinkOptions {
 
     /// `debezium.sink.redis.*` as a Redis sink.
     fn redis(&mut self, comments: &mut Vec<String>) -> RedisConfig {
-        let address = self.take("address").unwrap_or_else(|| "localhost:6379".into());
+        let address = self
+            .take("address")
+            .unwrap_or_else(|| "localhost:6379".into());
         let user = self.take("user");
         let password = self.password("password", "REDIS", comments);
         let tls = self
@@ -262,7 +275,9 @@ impl SinkOptions {
 
     /// `debezium.sink.nats-jetstream.*` as a NATS sink.
     fn nats(&mut self) -> NatsConfig {
-        let url = self.take("url").unwrap_or_else(|| "nats://localhost:4222".into());
+        let url = self
+            .take("url")
+            .unwrap_or_else(|| "nats://localhost:4222".into());
         if let Some(create) = self.take("create-stream") {
             let subjects = self.take("subjects").unwrap_or_default();
             let storage = self.take("storage").unwrap_or_default();
@@ -282,23 +297,32 @@ impl SinkOptions {
     /// `debezium.sink.rabbitmq.*` as a RabbitMQ sink, and the one routing key Debezium used
     /// for every message, if it did (`routingKey` without `routingKeyFromTopicName`).
     fn rabbitmq(&mut self, comments: &mut Vec<String>) -> (RabbitMqConfig, Option<String>) {
-        let host = self.take("connection.host").unwrap_or_else(|| "localhost".into());
-        let port = self.take("connection.port").unwrap_or_else(|| "5672".into());
+        let host = self
+            .take("connection.host")
+            .unwrap_or_else(|| "localhost".into());
+        let port = self
+            .take("connection.port")
+            .unwrap_or_else(|| "5672".into());
         let user = self.take("connection.username");
         let password = self.password("connection.password", "RABBITMQ", comments);
-        let vhost = self.take("connection.virtual.host").unwrap_or_else(|| "/".into());
+        let vhost = self
+            .take("connection.virtual.host")
+            .unwrap_or_else(|| "/".into());
         let credentials = match (user, password) {
             (Some(user), Some(password)) => format!("{user}:{password}@"),
             (Some(user), None) => format!("{user}@"),
             (None, Some(password)) => format!("guest:{password}@"),
             (None, None) => String::new(),
         };
-        let vhost = percent_encoding::utf8_percent_encode(&vhost, percent_encoding::NON_ALPHANUMERIC);
+        let vhost =
+            percent_encoding::utf8_percent_encode(&vhost, percent_encoding::NON_ALPHANUMERIC);
         let exchange = self.take("exchange").unwrap_or_default();
         let from_topic = self
             .take("routingKeyFromTopicName")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let routing_key = self.take("routingKey").filter(|key| !from_topic && !key.is_empty());
+        let routing_key = self
+            .take("routingKey")
+            .filter(|key| !from_topic && !key.is_empty());
         if routing_key.is_some() {
             self.note("routingKey", "became route.topic_template: every message keeps that one routing key (outbox-relay's default is the routed destination, <aggregate_type>.events)");
         }

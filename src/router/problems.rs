@@ -48,7 +48,10 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                 if let Err(reason) = config.sink.check_destination(&template.sample()) {
                     problem(
                         "route.topic_template",
-                        format!("gives no legal {}: {reason}", config.sink.destination_noun()),
+                        format!(
+                            "gives no legal {}: {reason}",
+                            config.sink.destination_noun()
+                        ),
                     );
                 }
             }

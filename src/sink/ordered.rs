@@ -355,7 +355,9 @@ impl<P: Publisher> Driver<P> {
         let publisher = Arc::clone(&self.publisher);
         let delay = match attempt {
             0 => Duration::ZERO,
-            n => FIRST_RETRY.saturating_mul(1 << (n - 1).min(16)).min(MAX_RETRY),
+            n => FIRST_RETRY
+                .saturating_mul(1 << (n - 1).min(16))
+                .min(MAX_RETRY),
         };
         let timeout = self.settings.delivery_timeout;
         Box::pin(async move {
@@ -363,13 +365,14 @@ impl<P: Publisher> Driver<P> {
                 tokio::time::sleep(delay).await;
             }
             let deadline = job.accepted + timeout;
-            let result = match tokio::time::timeout_at(deadline, publisher.publish(&job.record)).await {
-                Ok(result) => result,
-                Err(_) => Err(PublishError::retry(format!(
-                    "no acknowledgement within delivery_timeout_ms ({} ms)",
-                    timeout.as_millis()
-                ))),
-            };
+            let result =
+                match tokio::time::timeout_at(deadline, publisher.publish(&job.record)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(PublishError::retry(format!(
+                        "no acknowledgement within delivery_timeout_ms ({} ms)",
+                        timeout.as_millis()
+                    ))),
+                };
             (job, attempt, result)
         })
     }

@@ -176,7 +176,10 @@ fn is_transient(e: &RedisError) -> bool {
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
-        || matches!(e.code(), Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "OOM"))
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "OOM")
+        )
 }
 
 /// An `XADD` failure as the ordered sink's [`PublishError`]:
@@ -189,8 +192,10 @@ fn is_transient(e: &RedisError) -> bool {
 fn classify(e: &RedisError, server: &str) -> PublishError {
     let reason = format!("{server}: {e}");
     let text = e.to_string();
-    if matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "NOAUTH" | "WRONGPASS"))
-        || e.kind() == redis::ErrorKind::AuthenticationFailed
+    if matches!(
+        e.code(),
+        Some("READONLY" | "MASTERDOWN" | "NOAUTH" | "WRONGPASS")
+    ) || e.kind() == redis::ErrorKind::AuthenticationFailed
     {
         PublishError::broken(reason)
     } else if is_transient(e) {
@@ -237,8 +242,23 @@ mod tests {
         assert_eq!(
             args(&xadd(&record, Some(1000))),
             [
-                "XADD", "Order.events", "MAXLEN", "~", "1000", "*", "id", "e-1", "event_type",
-                "Created", "header.key", "clash", "trace", "", "key", "o-1", "payload",
+                "XADD",
+                "Order.events",
+                "MAXLEN",
+                "~",
+                "1000",
+                "*",
+                "id",
+                "e-1",
+                "event_type",
+                "Created",
+                "header.key",
+                "clash",
+                "trace",
+                "",
+                "key",
+                "o-1",
+                "payload",
                 r#"{"a":1}"#
             ]
         );
@@ -255,15 +275,36 @@ mod tests {
     #[test]
     fn errors_are_classified_by_what_a_retry_can_change() {
         let cases = [
-            ("LOADING Redis is loading the dataset in memory", Failure::Retry),
-            ("OOM command not allowed when used memory > 'maxmemory'.", Failure::Retry),
-            ("READONLY You can't write against a read only replica.", Failure::Broken),
+            (
+                "LOADING Redis is loading the dataset in memory",
+                Failure::Retry,
+            ),
+            (
+                "OOM command not allowed when used memory > 'maxmemory'.",
+                Failure::Retry,
+            ),
+            (
+                "READONLY You can't write against a read only replica.",
+                Failure::Broken,
+            ),
             ("MASTERDOWN Link with MASTER is down", Failure::Broken),
             ("NOAUTH Authentication required.", Failure::Broken),
-            ("WRONGPASS invalid username-password pair or user is disabled.", Failure::Broken),
-            ("WRONGTYPE Operation against a key holding the wrong kind of value", Failure::Refused { too_large: false }),
-            ("NOPERM User relay has no permissions to run the 'xadd' command", Failure::Refused { too_large: false }),
-            ("ERR Protocol error: invalid bulk length", Failure::Refused { too_large: true }),
+            (
+                "WRONGPASS invalid username-password pair or user is disabled.",
+                Failure::Broken,
+            ),
+            (
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+                Failure::Refused { too_large: false },
+            ),
+            (
+                "NOPERM User relay has no permissions to run the 'xadd' command",
+                Failure::Refused { too_large: false },
+            ),
+            (
+                "ERR Protocol error: invalid bulk length",
+                Failure::Refused { too_large: true },
+            ),
         ];
         for (line, failure) in cases {
             let e = classify(&server_error(line), "cache:6379");

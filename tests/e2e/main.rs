@@ -390,7 +390,13 @@ impl Setup {
         wait_for(
             &format!("the slot to be released after {after}"),
             Duration::from_secs(30),
-            || async { self.db.slot_active_pid(&self.slot).await.is_none().then_some(()) },
+            || async {
+                self.db
+                    .slot_active_pid(&self.slot)
+                    .await
+                    .is_none()
+                    .then_some(())
+            },
         )
         .await;
     }

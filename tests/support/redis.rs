@@ -15,7 +15,14 @@ pub fn start(port: u16) -> ServerProcess {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--dir", &dir.display().to_string()])
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
             .args(["--protected-mode", "no", "--daemonize", "no"]);
         cmd
     })
@@ -87,11 +94,28 @@ pub fn start_tls(port: u16, certs: &std::path::Path) -> ServerProcess {
     ServerProcess::spawn("redis-server", port, Duration::from_secs(30), move || {
         let file = |name: &str| certs.join(name).display().to_string();
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--tls-cert-file", &file("server.crt"), "--tls-key-file", &file("server.key")])
-            .args(["--tls-ca-cert-file", &file("ca.crt"), "--tls-auth-clients", "no"])
-            .args(["--dir", &dir.display().to_string(), "--save", ""])
-            .args(["--protected-mode", "no", "--daemonize", "no"]);
+        cmd.args([
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ])
+        .args([
+            "--tls-cert-file",
+            &file("server.crt"),
+            "--tls-key-file",
+            &file("server.key"),
+        ])
+        .args([
+            "--tls-ca-cert-file",
+            &file("ca.crt"),
+            "--tls-auth-clients",
+            "no",
+        ])
+        .args(["--dir", &dir.display().to_string(), "--save", ""])
+        .args(["--protected-mode", "no", "--daemonize", "no"]);
         cmd
     })
 }

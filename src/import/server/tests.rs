@@ -43,19 +43,42 @@ fn a_kafka_sink_keeps_its_producer_settings_and_the_source_its_slot() {
     assert_eq!(p.slot, "dbz_orders");
     assert_eq!(p.publication, "dbz_pub");
     assert_eq!(p.route.topic_template, "${routedByValue}.events");
-    assert!(p.kafka.properties.contains(&("compression.type".into(), "zstd".into())));
-    assert!(p.source_url.contains(":${ORDERS_DB_PASSWORD}@"), "{:?}", p.source_url);
-    assert!(imported.toml.contains("Debezium Server configuration"), "{}", imported.toml);
-    assert!(!imported.toml.contains("KAFKA_BOOTSTRAP_SERVERS"), "{}", imported.toml);
+    assert!(p
+        .kafka
+        .properties
+        .contains(&("compression.type".into(), "zstd".into())));
+    assert!(
+        p.source_url.contains(":${ORDERS_DB_PASSWORD}@"),
+        "{:?}",
+        p.source_url
+    );
+    assert!(
+        imported.toml.contains("Debezium Server configuration"),
+        "{}",
+        imported.toml
+    );
+    assert!(
+        !imported.toml.contains("KAFKA_BOOTSTRAP_SERVERS"),
+        "{}",
+        imported.toml
+    );
     for option in [
         "debezium.sink.kafka.producer.key.serializer",
         "quarkus.log.level",
         "debezium.source.offset.storage.file.filename",
         "debezium.format.value",
     ] {
-        assert!(option_noted(&imported, option), "{option} not noted: {:?}", imported.notes);
+        assert!(
+            option_noted(&imported, option),
+            "{option} not noted: {:?}",
+            imported.notes
+        );
     }
-    assert!(!option_noted(&imported, "value.converter"), "{:?}", imported.notes);
+    assert!(
+        !option_noted(&imported, "value.converter"),
+        "{:?}",
+        imported.notes
+    );
 }
 
 #[test]
@@ -69,19 +92,38 @@ fn a_redis_sink_becomes_a_redis_url_with_its_password_from_the_environment() {
     let SinkConfig::Redis(redis) = &file.pipelines[0].sink else {
         panic!("not a redis sink: {}", imported.toml)
     };
-    assert_eq!(&*redis.url, "rediss://relay:${ORDERS_REDIS_PASSWORD}@cache:6380");
-    assert!(imported.toml.contains("set ORDERS_REDIS_PASSWORD"), "{}", imported.toml);
+    assert_eq!(
+        &*redis.url,
+        "rediss://relay:${ORDERS_REDIS_PASSWORD}@cache:6380"
+    );
+    assert!(
+        imported.toml.contains("set ORDERS_REDIS_PASSWORD"),
+        "{}",
+        imported.toml
+    );
     assert!(file.kafka.bootstrap_servers.is_empty(), "{}", imported.toml);
     assert!(option_noted(&imported, "debezium.sink.redis.batch.size"));
-    assert!(option_noted(&imported, "debezium.sink.redis.message.format"));
+    assert!(option_noted(
+        &imported,
+        "debezium.sink.redis.message.format"
+    ));
 }
 
 #[test]
 fn a_sink_type_outbox_relay_lacks_or_none_is_an_error_naming_the_option() {
-    let e = import(&format!("{SOURCE_AND_TRANSFORM}debezium.sink.type=pulsar\n")).unwrap_err();
-    assert!(e.to_string().starts_with("debezium.sink.type: \"pulsar\""), "{e}");
+    let e = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=pulsar\n"
+    ))
+    .unwrap_err();
+    assert!(
+        e.to_string().starts_with("debezium.sink.type: \"pulsar\""),
+        "{e}"
+    );
     let e = import(SOURCE_AND_TRANSFORM).unwrap_err();
-    assert!(e.to_string().starts_with("debezium.sink.type: not set"), "{e}");
+    assert!(
+        e.to_string().starts_with("debezium.sink.type: not set"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -100,9 +142,15 @@ fn nats_rabbitmq_and_http_sinks_carry_their_server_and_note_the_rest() {
     ))
     .unwrap();
     let file: crate::config::file::FileConfig = toml::from_str(&nats.toml).unwrap();
-    let SinkConfig::Nats(n) = &file.pipelines[0].sink else { panic!("{}", nats.toml) };
+    let SinkConfig::Nats(n) = &file.pipelines[0].sink else {
+        panic!("{}", nats.toml)
+    };
     assert_eq!(&*n.url, "nats://nats:4222");
-    assert!(option_noted(&nats, "debezium.sink.nats-jetstream.create-stream"), "{:?}", nats.notes);
+    assert!(
+        option_noted(&nats, "debezium.sink.nats-jetstream.create-stream"),
+        "{:?}",
+        nats.notes
+    );
 
     let rabbit = import(&format!(
         "{SOURCE_AND_TRANSFORM}debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\ndebezium.sink.rabbitmq.connection.username=relay\ndebezium.sink.rabbitmq.connection.password=s3cret\ndebezium.sink.rabbitmq.connection.virtual.host=/\ndebezium.sink.rabbitmq.exchange=outbox\ndebezium.sink.rabbitmq.routingKey=orders\ndebezium.sink.rabbitmq.ackTimeout=30000\n"
@@ -111,20 +159,38 @@ fn nats_rabbitmq_and_http_sinks_carry_their_server_and_note_the_rest() {
     assert!(!rabbit.toml.contains("s3cret"), "{}", rabbit.toml);
     let file: crate::config::file::FileConfig = toml::from_str(&rabbit.toml).unwrap();
     let p = &file.pipelines[0];
-    let SinkConfig::RabbitMq(r) = &p.sink else { panic!("{}", rabbit.toml) };
-    assert_eq!(&*r.url, "amqp://relay:${ORDERS_RABBITMQ_PASSWORD}@mq:5672/%2F");
+    let SinkConfig::RabbitMq(r) = &p.sink else {
+        panic!("{}", rabbit.toml)
+    };
+    assert_eq!(
+        &*r.url,
+        "amqp://relay:${ORDERS_RABBITMQ_PASSWORD}@mq:5672/%2F"
+    );
     assert_eq!(r.exchange, "outbox");
-    assert_eq!(p.route.topic_template, "orders", "Debezium's one routing key");
-    assert!(option_noted(&rabbit, "debezium.sink.rabbitmq.ackTimeout"), "{:?}", rabbit.notes);
+    assert_eq!(
+        p.route.topic_template, "orders",
+        "Debezium's one routing key"
+    );
+    assert!(
+        option_noted(&rabbit, "debezium.sink.rabbitmq.ackTimeout"),
+        "{:?}",
+        rabbit.notes
+    );
 
     let http = import(&format!(
         "{SOURCE_AND_TRANSFORM}debezium.sink.type=http\ndebezium.sink.http.url=https://hooks.example.com/in\ndebezium.sink.http.timeout.ms=5000\ndebezium.sink.http.headers.prefix=X-DEBEZIUM-\ndebezium.sink.http.retries=5\n"
     ))
     .unwrap();
     let file: crate::config::file::FileConfig = toml::from_str(&http.toml).unwrap();
-    let SinkConfig::Http(h) = &file.pipelines[0].sink else { panic!("{}", http.toml) };
+    let SinkConfig::Http(h) = &file.pipelines[0].sink else {
+        panic!("{}", http.toml)
+    };
     assert_eq!(&*h.url, "https://hooks.example.com/in");
     assert_eq!(h.request_timeout_ms, 5000);
     assert_eq!(h.header_prefix, "X-DEBEZIUM-");
-    assert!(option_noted(&http, "debezium.sink.http.retries"), "{:?}", http.notes);
+    assert!(
+        option_noted(&http, "debezium.sink.http.retries"),
+        "{:?}",
+        http.notes
+    );
 }

@@ -31,7 +31,10 @@ impl Publisher for Fake {
     fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
         let server = Arc::clone(&self.0);
         let payload = String::from_utf8(record.value.clone().unwrap().to_vec()).unwrap();
-        let key = record.key.as_ref().map(|k| String::from_utf8(k.to_vec()).unwrap());
+        let key = record
+            .key
+            .as_ref()
+            .map(|k| String::from_utf8(k.to_vec()).unwrap());
         Box::pin(async move {
             server.attempts.lock().unwrap().push((payload.clone(), key));
             {
@@ -178,7 +181,10 @@ async fn concurrency_is_bounded() {
     assert_eq!(got.len(), 50);
     assert!(got.iter().all(|(_, r)| r.is_ok()));
     let most = server.running.lock().unwrap().1;
-    assert!((1..=3).contains(&most), "{most} records were published at once; the limit is 3");
+    assert!(
+        (1..=3).contains(&most),
+        "{most} records were published at once; the limit is 3"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -186,7 +192,10 @@ async fn a_retryable_failure_is_retried_with_backoff_and_keeps_the_key_in_order(
     let server = Arc::new(Server::default());
     server.script.lock().unwrap().insert(
         "a1",
-        vec![Err(PublishError::retry("unavailable")), Err(PublishError::retry("unavailable"))],
+        vec![
+            Err(PublishError::retry("unavailable")),
+            Err(PublishError::retry("unavailable")),
+        ],
     );
     let mut sink = sink(&server, 8, Duration::from_secs(60));
     let start = tokio::time::Instant::now();
@@ -194,7 +203,13 @@ async fn a_retryable_failure_is_retried_with_backoff_and_keeps_the_key_in_order(
     let got = outcomes(&mut sink).await;
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|(_, r)| r.is_ok()), "{got:?}");
-    let attempts: Vec<String> = server.attempts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    let attempts: Vec<String> = server
+        .attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
     assert_eq!(attempts, ["a1", "a1", "a1", "a2"]);
     // 100 ms, then 200 ms.
     assert!(start.elapsed() >= FIRST_RETRY * 3, "{:?}", start.elapsed());
@@ -203,44 +218,66 @@ async fn a_retryable_failure_is_retried_with_backoff_and_keeps_the_key_in_order(
 #[tokio::test(start_paused = true)]
 async fn past_the_delivery_timeout_the_record_fails_and_its_key_stops() {
     let server = Arc::new(Server::default());
-    server
-        .script
-        .lock()
-        .unwrap()
-        .insert("a1", vec![Err(PublishError::retry("connection refused")); 1000]);
+    server.script.lock().unwrap().insert(
+        "a1",
+        vec![Err(PublishError::retry("connection refused")); 1000],
+    );
     let mut sink = sink(&server, 8, Duration::from_secs(10));
-    send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2"), (Some("b"), "b1")]);
+    send_all(
+        &mut sink,
+        &[(Some("a"), "a1"), (Some("a"), "a2"), (Some("b"), "b1")],
+    );
     let got = outcomes(&mut sink).await;
     assert_eq!(got.len(), 3);
     let failed: Vec<&DeliveryError> = got.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
     assert_eq!(failed.len(), 2, "{got:?}");
     assert!(failed.iter().all(|e| e.retryable));
     assert_eq!(failed[0].event_id, "a1");
-    assert!(failed[0].reason.contains("connection refused"), "{}", failed[0].reason);
+    assert!(
+        failed[0].reason.contains("connection refused"),
+        "{}",
+        failed[0].reason
+    );
     assert_eq!(failed[1].event_id, "a2");
-    assert!(failed[1].reason.contains("earlier record of its key"), "{}", failed[1].reason);
+    assert!(
+        failed[1].reason.contains("earlier record of its key"),
+        "{}",
+        failed[1].reason
+    );
     let attempts = server.attempts.lock().unwrap().clone();
-    assert!(!attempts.iter().any(|(p, _)| p == "a2"), "a2 was published after a1 failed: {attempts:?}");
-    assert!(attempts.iter().any(|(p, _)| p == "b1"), "another key is not held up");
+    assert!(
+        !attempts.iter().any(|(p, _)| p == "a2"),
+        "a2 was published after a1 failed: {attempts:?}"
+    );
+    assert!(
+        attempts.iter().any(|(p, _)| p == "b1"),
+        "another key is not held up"
+    );
 }
 
 #[tokio::test]
 async fn a_refusal_is_the_outcome_at_once_and_the_key_goes_on() {
     let server = Arc::new(Server::default());
-    server
-        .script
-        .lock()
-        .unwrap()
-        .insert("a1", vec![Err(PublishError::too_large("message exceeds 1 MiB"))]);
+    server.script.lock().unwrap().insert(
+        "a1",
+        vec![Err(PublishError::too_large("message exceeds 1 MiB"))],
+    );
     let mut sink = sink(&server, 8, Duration::from_secs(60));
     send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
     let got = outcomes(&mut sink).await;
     assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 1]);
     let refused = got[0].1.as_ref().unwrap_err();
     assert!(!refused.retryable && refused.too_large, "{refused:?}");
-    assert_eq!(refused.record.as_ref().unwrap().value.as_deref(), Some(&b"a1"[..]));
+    assert_eq!(
+        refused.record.as_ref().unwrap().value.as_deref(),
+        Some(&b"a1"[..])
+    );
     assert!(got[1].1.is_ok());
-    assert_eq!(server.attempts.lock().unwrap().len(), 2, "a refusal is not retried");
+    assert_eq!(
+        server.attempts.lock().unwrap().len(),
+        2,
+        "a refusal is not retried"
+    );
 }
 
 #[tokio::test]
@@ -283,13 +320,23 @@ async fn a_held_key_goes_on_with_what_is_handed_over_after_the_session_took_the_
     // a2 was handed over before the session took a1's failure: it must not overtake a1.
     let second = sink.next_delivery().await.unwrap();
     let e = second.result.unwrap_err();
-    assert!(e.reason.contains("earlier record of its key"), "{}", e.reason);
+    assert!(
+        e.reason.contains("earlier record of its key"),
+        "{}",
+        e.reason
+    );
     // a3 comes after the session saw the failure (a polling source, which goes on): published.
     send(&mut sink, "a3", 2);
     let third = sink.next_delivery().await.unwrap();
     assert_eq!(third.token.event(), 2);
     assert!(third.result.is_ok(), "{:?}", third.result);
-    let attempts: Vec<String> = server.attempts.lock().unwrap().iter().map(|(p, _)| p.clone()).collect();
+    let attempts: Vec<String> = server
+        .attempts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(p, _)| p.clone())
+        .collect();
     assert_eq!(attempts, ["a1", "a3"]);
 }
 
@@ -306,7 +353,12 @@ async fn with_halt_a_refusal_holds_its_key_and_with_dead_letter_it_does_not() {
         send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
         let got = outcomes(&mut sink).await;
         assert_eq!(got[1].1.is_ok(), !hold, "hold_on_refusal = {hold}: {got:?}");
-        let published = server.attempts.lock().unwrap().iter().any(|(p, _)| p == "a2");
+        let published = server
+            .attempts
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(p, _)| p == "a2");
         assert_eq!(published, !hold, "hold_on_refusal = {hold}");
     }
 }
@@ -331,9 +383,15 @@ async fn an_attempt_without_an_answer_ends_at_the_delivery_timeout() {
     send_all(&mut sink, &[(Some("a"), "a1")]);
     let got = outcomes(&mut sink).await;
     let e = got[0].1.as_ref().unwrap_err();
-    assert!(e.retryable && e.reason.contains("delivery_timeout_ms"), "{e:?}");
+    assert!(
+        e.retryable && e.reason.contains("delivery_timeout_ms"),
+        "{e:?}"
+    );
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_secs(5) && waited < Duration::from_secs(6), "{waited:?}");
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(6),
+        "{waited:?}"
+    );
 }
 
 #[tokio::test]
@@ -357,7 +415,11 @@ async fn a_publishing_task_that_dies_fails_what_it_held_instead_of_stalling() {
         .await
         .expect("outcomes, not a stall");
     assert_eq!(got.len(), 2);
-    assert!(got.iter().all(|(_, r)| r.as_ref().is_err_and(|e| e.retryable)), "{got:?}");
+    assert!(
+        got.iter()
+            .all(|(_, r)| r.as_ref().is_err_and(|e| e.retryable)),
+        "{got:?}"
+    );
 }
 
 /// What a scripted attempt does: how long the server takes (ms on tokio's paused clock) and

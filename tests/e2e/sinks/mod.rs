@@ -137,13 +137,27 @@ pub(crate) async fn server_restart_mid_stream(server: &impl SinkServer) {
     setup.wait_streaming().await;
     let (mut written, _) =
         write_events(&setup.db.client, 10, 2, &setup.types, 3, 0, Duration::ZERO).await;
-    read_until(server, &destinations, written.len(), Duration::ZERO, Duration::from_secs(60)).await;
+    read_until(
+        server,
+        &destinations,
+        written.len(),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
 
     server.stop();
     let witness = setup.witness().await;
-    let (during, _) =
-        write_events(&setup.db.client, 20, 2, &setup.types, 3, 20, Duration::from_millis(50))
-            .await;
+    let (during, _) = write_events(
+        &setup.db.client,
+        20,
+        2,
+        &setup.types,
+        3,
+        20,
+        Duration::from_millis(50),
+    )
+    .await;
     let first_commit = setup.commit_end_of(&witness, &during[0].id).await;
     let confirmed = setup.confirmed_flush().await;
     assert!(
@@ -204,7 +218,14 @@ pub(crate) async fn kill_9_mid_stream(server: &impl SinkServer) -> (usize, usize
         wait_for(
             &format!("the slot to be released after kill -9 in round {round}"),
             Duration::from_secs(30),
-            || async { setup.db.slot_active_pid(&setup.slot).await.is_none().then_some(()) },
+            || async {
+                setup
+                    .db
+                    .slot_active_pid(&setup.slot)
+                    .await
+                    .is_none()
+                    .then_some(())
+            },
         )
         .await;
     }
@@ -217,7 +238,11 @@ pub(crate) async fn kill_9_mid_stream(server: &impl SinkServer) -> (usize, usize
         Duration::from_secs(120),
     )
     .await;
-    eprintln!("{} records for {} events after 5 kill -9s", got.len(), written.len());
+    eprintln!(
+        "{} records for {} events after 5 kill -9s",
+        got.len(),
+        written.len()
+    );
     assert_delivered(&written, &got, false);
     drop(relay);
     (got.len(), written.len())
@@ -243,7 +268,10 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
     let refused = insert(client, &bad_type, "k1", r#"{"n": 2}"#).await;
     let refused_commit = setup.commit_end_of(&witness, &refused.id).await;
     let status = relay.wait(Duration::from_secs(60));
-    assert!(!status.success(), "the relay exited with {status} after a refusal");
+    assert!(
+        !status.success(),
+        "the relay exited with {status} after a refusal"
+    );
     let log = relay.log();
     assert!(
         log.contains(&refused.id) && log.contains(&destinations[1]),
@@ -271,7 +299,14 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let after = insert(client, &good_type, "k1", r#"{"n": 3}"#).await;
-    let got = read_until(server, &destinations[..1], 2, Duration::from_secs(1), Duration::from_secs(60)).await;
+    let got = read_until(
+        server,
+        &destinations[..1],
+        2,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
     assert_delivered(&[before, after], &got, false);
     let dead = read_until(
         server,
@@ -282,9 +317,17 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
     )
     .await;
     let ids: Vec<String> = dead.iter().filter_map(|r| r.header_str("id")).collect();
-    assert!(ids.contains(&refused.id), "dead-letter destination holds {ids:?}, not {}", refused.id);
+    assert!(
+        ids.contains(&refused.id),
+        "dead-letter destination holds {ids:?}, not {}",
+        refused.id
+    );
     let reason = dead[0].header_str("outbox_relay_error").unwrap_or_default();
-    assert!(!reason.is_empty(), "the dead-letter copy says why: {:?}", dead[0].headers);
+    assert!(
+        !reason.is_empty(),
+        "the dead-letter copy says why: {:?}",
+        dead[0].headers
+    );
     drop(relay);
 }
 
@@ -307,14 +350,21 @@ pub(crate) async fn polling_main_job(server: &impl SinkServer) {
     )
     .await;
     assert_delivered(&written, &got, true);
-    wait_for("every outbox row to be marked PUBLISHED", Duration::from_secs(30), || async {
-        let pending: i64 = client
-            .query_one("SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'", &[])
-            .await
-            .unwrap()
-            .get(0);
-        (pending == 0).then_some(())
-    })
+    wait_for(
+        "every outbox row to be marked PUBLISHED",
+        Duration::from_secs(30),
+        || async {
+            let pending: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            (pending == 0).then_some(())
+        },
+    )
     .await;
     drop(relay);
 }
@@ -363,7 +413,10 @@ pub(crate) async fn bad_routing_input(server: &impl SinkServer) {
     let bad = insert(client, invalid, "k1", r#"{"n": 2}"#).await;
     let bad_commit = setup.commit_end_of(&witness, &bad.id).await;
     let status = relay.wait(Duration::from_secs(60));
-    assert!(!status.success(), "the relay exited with {status} on bad routing input");
+    assert!(
+        !status.success(),
+        "the relay exited with {status} on bad routing input"
+    );
     let log = relay.log();
     assert!(
         log.contains(&bad.id),

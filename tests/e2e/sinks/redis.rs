@@ -80,7 +80,8 @@ async fn check_reports_persistence_and_an_unreachable_server() {
     let log = check.log();
     // The harness's server runs with appendonly yes and appendfsync always.
     assert!(
-        log.contains("ok    redis") && log.contains("appendfsync always: an acknowledged entry is on disk"),
+        log.contains("ok    redis")
+            && log.contains("appendfsync always: an acknowledged entry is on disk"),
         "{status}:\n{log}"
     );
 
@@ -92,7 +93,10 @@ async fn check_reports_persistence_and_an_unreachable_server() {
     let mut check = crate::support::Relay::spawn(&args);
     let status = check.wait(std::time::Duration::from_secs(60));
     let log = check.log();
-    assert!(!status.success(), "check passed with the Redis server down:\n{log}");
+    assert!(
+        !status.success(),
+        "check passed with the Redis server down:\n{log}"
+    );
     assert!(
         log.contains("FAIL  redis") && log.contains(&format!("127.0.0.1:{port}")),
         "{log}"
@@ -121,8 +125,16 @@ async fn an_outage_longer_than_the_delivery_timeout_loses_nothing() {
     setup.wait_streaming().await;
     server.0.stop();
     let witness = setup.witness().await;
-    let (written, before_commit) =
-        write_events(&setup.db.client, 10, 3, &setup.types, 4, 0, Duration::from_millis(200)).await;
+    let (written, before_commit) = write_events(
+        &setup.db.client,
+        10,
+        3,
+        &setup.types,
+        4,
+        0,
+        Duration::from_millis(200),
+    )
+    .await;
     let first_commit = setup.commit_end_of(&witness, &written[0].id).await;
     // Well past the delivery timeout: several sessions fail meanwhile.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -175,10 +187,25 @@ async fn polling_through_an_outage_longer_than_the_delivery_timeout() {
     let relay = crate::support::Relay::spawn(&args);
     let client = &setup.db.client;
     let (mut written, _) = write_events(client, 5, 2, &setup.types, 3, 0, Duration::ZERO).await;
-    super::read_until(&server, &destinations, written.len(), Duration::ZERO, Duration::from_secs(60)).await;
+    super::read_until(
+        &server,
+        &destinations,
+        written.len(),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
     server.0.stop();
-    let (during, _) =
-        write_events(client, 10, 2, &setup.types, 3, 10, Duration::from_millis(300)).await;
+    let (during, _) = write_events(
+        client,
+        10,
+        2,
+        &setup.types,
+        3,
+        10,
+        Duration::from_millis(300),
+    )
+    .await;
     written.extend(during);
     tokio::time::sleep(Duration::from_secs(4)).await;
     server.0.start();
@@ -239,7 +266,9 @@ async fn tls_verifies_the_server_and_delivers() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let log = untrusting.log();
-        if log.contains("cannot connect to the redis sink") && log.to_lowercase().contains("certificate") {
+        if log.contains("cannot connect to the redis sink")
+            && log.to_lowercase().contains("certificate")
+        {
             break;
         }
         assert!(
@@ -253,7 +282,8 @@ async fn tls_verifies_the_server_and_delivers() {
 
     let relay = Relay::spawn_with_env(&args, &[("SSL_CERT_FILE", &ca.display().to_string())]);
     setup.wait_streaming().await;
-    let (written, _) = write_events(&setup.db.client, 5, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let (written, _) =
+        write_events(&setup.db.client, 5, 2, &setup.types, 2, 0, Duration::ZERO).await;
     // Read over TLS too: the test's client trusts the same CA.
     let reader = redis::Client::build_with_tls(
         format!("rediss://localhost:{port}"),
