@@ -2,6 +2,8 @@
 //! server comes back with its streams), the streams the operator would create, and a reader
 //! of what they hold.
 
+pub mod operator;
+
 use std::process::Command;
 use std::time::Duration;
 

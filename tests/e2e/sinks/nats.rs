@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::support::nats::operator::{stranger_creds, Operator};
 use crate::support::nats::{create_stream, jetstream, nats_url, read_subjects, start, stream_name};
 use crate::support::server::ServerProcess;
 use crate::support::{free_port, wait_for, within, Auth, Consumed, Relay};
@@ -377,6 +378,57 @@ async fn an_nkey_seed_from_a_file_authenticates_and_stays_out_of_the_log() {
     let shown = format!("nats://127.0.0.1:{}", server.port);
     let log = refused_naming(&setup, &settings(&stranger_file.1), &shown);
     assert!(!log.contains(&stranger), "the seed is in the log:\n{log}");
+}
+
+/// Operator mode (decentralized JWT authentication, as `nsc` sets it up): a `.creds` file of a
+/// user of an account the server knows takes the relay in; one of an account it does not know
+/// stops the relay naming the server; neither file's seed reaches the log at debug level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creds_file_authenticates_in_operator_mode_and_stays_out_of_the_log() {
+    let operator = Operator::new();
+    let server_config = setup_file("nats.conf", &operator.server_config());
+    let server: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &["-c", &server_config.1.display().to_string()],
+    )));
+    let setup = super::setup("nats_creds", &["Order"]).await;
+    let destinations = setup.topics();
+    let (admin, _) = operator.user_creds();
+    let js = crate::support::nats::jetstream_with(
+        server,
+        async_nats::ConnectOptions::with_credentials(&admin).unwrap(),
+    )
+    .await;
+    create_stream(&js, &destinations[0], TWO_MINUTES, -1).await;
+
+    let settings = |creds_file: &std::path::Path| {
+        format!(
+            "url = \"nats://127.0.0.1:{}\"\ncredentials_file = \"{}\"",
+            server.port,
+            creds_file.display()
+        )
+    };
+    let (creds, seed) = operator.user_creds();
+    let creds_file = setup_file("relay.creds", &creds);
+    let log = deliver_one(
+        &setup,
+        &js,
+        &settings(&creds_file.1),
+        &[],
+        1,
+        "operator-mode",
+    )
+    .await;
+    assert!(!log.contains(&seed), "the seed is in the log:\n{log}");
+
+    let (stranger, stranger_seed) = stranger_creds();
+    let stranger_file = setup_file("stranger.creds", &stranger);
+    let shown = format!("nats://127.0.0.1:{}", server.port);
+    let log = refused_naming(&setup, &settings(&stranger_file.1), &shown);
+    assert!(
+        !log.contains(&stranger_seed),
+        "the seed is in the log:\n{log}"
+    );
 }
 
 /// Runs the relay with the sink settings `sink` and `env` (logging at debug), writes event `n`
