@@ -1,5 +1,6 @@
-//! outbox-relay: publishes transactional outbox rows from PostgreSQL to Kafka by tailing the
-//! write-ahead log through a logical replication slot (pgoutput).
+//! outbox-relay: publishes transactional outbox rows from PostgreSQL to Kafka (or Redis
+//! Streams, NATS JetStream, RabbitMQ, an HTTP endpoint) by tailing the write-ahead log through a
+//! logical replication slot (pgoutput), or by polling the outbox table.
 //!
 //! ```text
 //! PostgreSQL walsender
@@ -39,17 +40,23 @@
 //!   mapping, slot checks, [`source::slot_record`]: the record that keeps a lost slot from
 //!   being re-created silently) and [`source::polling`] (`source_kind = "polling"`: the outbox
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
-//!   [`source::conninfo`] reads `source_url` as libpq does, and [`source::target`] picks the
-//!   host of a multi-host URL by `target_session_attrs`, for both connections.
+//!   [`source::conninfo`] reads `source_url` as libpq does, [`source::target`] picks the
+//!   host of a multi-host URL by `target_session_attrs`, for both connections, and
+//!   [`source::tls`] makes their rustls configuration from `sslmode` and its files.
 //! - [`session`]: the session loop, generic over source and sink; no IO of its own. Its
-//!   tests include a deterministic simulation (`session/simulation/`, test builds only).
+//!   tests include a deterministic simulation (`session/simulation/`, test builds only) and
+//!   `session::mutation`, the deliberate defects they switch on to show that they catch them
+//!   (a constant off outside test builds).
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
 //!   backoff reset only by progress, standby while another relay holds the slot, recovery
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
 //! - [`router`]: events to records, each destination checked by the sink kind's rules; built
-//!   from a pipeline's config, refusing bad routing options with their field paths.
+//!   from a pipeline's config, refusing bad routing options with their field paths
+//!   (`router::problems`).
 //! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer ([`sink::kafka::SharedProducers`]:
-//!   one producer for the pipelines with the same settings), and the other sink kinds as
+//!   one producer for the pipelines with the same settings; [`sink::producer`]: the rdkafka
+//!   producer, its delivery thread and the queue its reports wake a session through), and the
+//!   other sink kinds ([`sink::redis`], [`sink::nats`], [`sink::rabbitmq`], [`sink::http`]) as
 //!   [`sink::ordered::Publisher`]s behind [`sink::ordered::OrderedSink`] (per-key order,
 //!   retries, the delivery timeout); [`sink::AnySink`] is the one a pipeline chose.
 //! - [`exactly_once`]: the transactional capability of a sink, the checkpoint (with its
@@ -60,7 +67,9 @@
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
 //!   sink of each session, and hands both source kinds to the supervisor.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
-//!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby.
+//!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby,
+//!   `check::sink` the sink (reachable, authenticated,
+//!   what its kind can tell about the destinations).
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.

@@ -466,7 +466,7 @@ pub struct PipelineConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminate_stale_walsender_after_secs: Option<u64>,
     /// Exactly-once mode: each PostgreSQL transaction's records and a checkpoint record go to
-    /// Kafka in one Kafka transaction (see [`crate::sink::kafka::Transactions`]).
+    /// Kafka in one Kafka transaction (see [`crate::exactly_once::Transactions`]).
     #[serde(default, skip_serializing_if = "is_default")]
     pub exactly_once: bool,
     /// Kafka `transactional.id` in exactly-once mode; `None`: `outbox-relay-<name>`. Stable

@@ -2,7 +2,7 @@
 //!
 //! The polling source reads the outbox table with `SELECT ... FOR UPDATE SKIP LOCKED`
 //! instead of the WAL, for databases where logical replication is not available. See
-//! [`crate::polling`] for the cycle and its guarantees.
+//! [`crate::source::polling`] for the cycle and its guarantees.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,6 +1,6 @@
 //! `outbox-relay import-debezium`: turns a Debezium PostgreSQL connector configuration with
 //! the Outbox Event Router transform into an outbox-relay `[[pipelines]]` entry; a Debezium
-//! Server `application.properties` (its source, transform and sink) too, in [`server`].
+//! Server `application.properties` (its source, transform and sink) too, in `server`.
 //!
 //! The translation keeps what consumers see today: topic names (Debezium's default is
 //! `outbox.event.${routedByValue}`, not outbox-relay's `${routedByValue}.events`, so the

@@ -33,7 +33,7 @@ pub enum AnySink {
 }
 
 impl AnySink {
-    /// Connects the sink `config.sink` names, within [`CONNECT_TIMEOUT`]; for Kafka (whose
+    /// Connects the sink `config.sink` names, within `CONNECT_TIMEOUT`; for Kafka (whose
     /// producer depends on the source kind and mode) calls `kafka`, which never waits.
     ///
     /// Returns [`Error::SinkConnect`] if the server cannot be reached or refuses the relay,

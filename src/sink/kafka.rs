@@ -8,7 +8,8 @@
 //! In exactly-once mode the producer is transactional as well: its transaction calls and the
 //! checkpoint's read-back are in [`crate::exactly_once`].
 //!
-//! At-least-once pipelines with the same Kafka settings share one producer ([`shared`]).
+//! At-least-once pipelines with the same Kafka settings share one producer
+//! ([`SharedProducers`], `shared.rs`).
 
 mod shared;
 
@@ -95,8 +96,8 @@ impl KafkaSink {
         Ok(KafkaSink::with_producer(producer, client, None))
     }
 
-    /// A session's sink on the producer pipeline `name` shares with others (see [`shared`]),
-    /// or [`KafkaSink::new`]'s own producer when it shares none.
+    /// A session's sink on the producer pipeline `name` shares with others (see
+    /// [`SharedProducers`]), or [`KafkaSink::new`]'s own producer when it shares none.
     ///
     /// Returns an error if librdkafka rejects the configuration.
     pub fn new_or_shared(

@@ -18,7 +18,7 @@
 //! address is the broker's own, that took 1 s after start, every session (debug log of
 //! `bench/run.py` scenario 2). librdkafka also requests the id whenever metadata arrives, so
 //! [`PolledProducer::new`] asks for metadata at once, and again once the bootstrap connection
-//! has made way for the brokers it named (best effort, [`prime`]): the first record then goes
+//! has made way for the brokers it named (best effort, `prime`): the first record then goes
 //! out within a few round trips.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -182,7 +182,7 @@ impl ProducerContext for DeliveryContext {
 }
 
 /// A producer with one delivery report thread. Clones share the producer; when the last clone
-/// is dropped the thread ends within [`POLL_STEP`] and destroys the producer itself (purging
+/// is dropped the thread ends within `POLL_STEP` (1 s) and destroys the producer itself (purging
 /// what is still queued, as rdkafka does), so dropping never blocks the caller. The thread is
 /// detached: when the process exits first, the producer is not destroyed at all (the relay
 /// drains before it exits, so nothing is left in flight; the broker sees the connection close).
@@ -231,7 +231,7 @@ impl Drop for StopOnDrop {
 impl PolledProducer {
     /// Creates the producer for `config`, starts its delivery report thread
     /// (`rdkafka-delivery`) and requests the cluster's metadata on a short-lived thread
-    /// (`rdkafka-prime`, [`prime`]) so that the producer id comes at once.
+    /// (`rdkafka-prime`, `prime`) so that the producer id comes at once.
     ///
     /// Returns an error if librdkafka rejects the configuration or the delivery report thread
     /// cannot start.

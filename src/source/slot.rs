@@ -387,7 +387,7 @@ SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE
 
 /// An ordinary SQL connection to a pipeline's database, with the same URL, environment, TLS
 /// settings and choice of host (`target_session_attrs`) as its replication connection and the
-/// session settings the relay relies on (see [`SESSION_SETTINGS`]). The connection task ends
+/// session settings the relay relies on (see `SESSION_SETTINGS`). The connection task ends
 /// when the returned guard is dropped.
 ///
 /// Returns an error if the URL is invalid, TLS cannot be set up, no host fits or the server

@@ -58,7 +58,7 @@ pub struct SharedProducers {
 impl SharedProducers {
     /// Groups the at-least-once Kafka pipelines of `pipelines` by source kind and equal
     /// effective `kafka` settings (a polling pipeline's with its `message.timeout.ms` default,
-    /// [`polling::kafka_settings`]); each group of two or more gets one producer (created at
+    /// `polling::kafka_settings`); each group of two or more gets one producer (created at
     /// its first session), with queue limits that hold every member's limits at once.
     ///
     /// Polling and log-tailing pipelines never share one: a polling source records a
