@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # The project's single test command (CI's .ci/run execs it): makes sure the dependencies are
 # installed (tests/setup-deps.sh), then runs every test. The integration tests start their own
-# PostgreSQL cluster and tansu broker (tests/support), so nothing is started here.
+# PostgreSQL cluster and tansu broker (tests/support), so nothing is started here. Without
+# arguments it checks the formatting too (cargo fmt --check), after the tests.
 # Extra arguments go to `cargo test` (e.g. tests/run.sh --test e2e -- roundtrip).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="${CARGO_HOME:-${HOME:-/root}/.cargo}/bin:$PATH"
 tests/setup-deps.sh
-exec cargo test --locked "$@"
+status=0
+cargo test --locked "$@" || status=$?
+# The whole suite ends with the layout check (rustfmt ships with rustup's default profile).
+if [ "$#" -eq 0 ] && cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --check >/dev/null || {
+    echo "tests/run.sh: the code is not formatted (cargo fmt --check); run cargo fmt" >&2
+    [ "$status" -ne 0 ] || status=1
+  }
+fi
+exit "$status"
