@@ -472,12 +472,35 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
             run = {}
             children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             if contender == RECV:
-                subprocess.run(recvlogical_cmd(cluster, slots[RECV][0], endpos), check=True)
+                proc = subprocess.Popen(recvlogical_cmd(cluster, slots[RECV][0], endpos))
+                # Its walsender's CPU too, from the first sample to the last one before it ends
+                # (it ends with pg_recvlogical): what the relay's ratio is compared with. Its own
+                # CPU from wait4, as the psql calls here are children too.
+                walsender = first = last = None
+                while True:
+                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                    if pid:
+                        break
+                    walsender = walsender or cluster.sql(
+                        f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slots[RECV][0]}'")
+                    try:
+                        last = cpu_seconds(int(walsender)) if walsender else last
+                    except OSError:
+                        pass  # the walsender has ended; pg_recvlogical is about to
+                    first = last if first is None else first
+                    time.sleep(0.005)
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                if proc.returncode != 0:
+                    raise SystemExit(f"pg_recvlogical exited with {proc.returncode}")
+                run["cpu_seconds"] = usage.ru_utime + usage.ru_stime
+                run["context_switches"] = usage.ru_nvcsw + usage.ru_nivcsw
+                if first is not None:
+                    run["walsender_cpu_seconds"] = last - first
             elif contender == CEIL:
                 out = subprocess.run(ceiling_cmd(broker, "ceiling.events", "count", events), check=True,
                                      capture_output=True, text=True).stdout
                 run["own"] = json.loads(out)
-            if contender in LIMITS:
+            if contender == CEIL:
                 children = resource.getrusage(resource.RUSAGE_CHILDREN)
                 run["cpu_seconds"] = (children.ru_utime + children.ru_stime
                                       - children0.ru_utime - children0.ru_stime)
@@ -508,7 +531,7 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
                     perf.send_signal(2)
                     perf.wait(60)
                 relay.stop()
-            else:
+            elif contender != RECV:  # a peer
                 proc = (peers.start_cdc(slots[CDC][0], events) if contender == CDC else peers.start_poll(events))
                 try:
                     proc.wait(peer_timeout)
@@ -530,6 +553,7 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
                 f", {run['context_switches'] / events:.2f} context switches/event" if "context_switches" in run else "") + (
                 f" (walsender {run['walsender_cpu_seconds_after_first_event']:.2f})"
                 if "walsender_cpu_seconds_after_first_event" in run else "") + (
+                f" (walsender {run['walsender_cpu_seconds']:.2f})" if "walsender_cpu_seconds" in run else "") + (
                 f"; by thread {run['cpu_seconds_by_thread']}" if "cpu_seconds_by_thread" in run else "")
             log(f"    {contender}: {elapsed:.2f} s ({rate}{cpu})" + (f", stopped after {peer_timeout} s with "
                 f"{done if done is not None else 'an unknown number of'} of {events:,} published"
