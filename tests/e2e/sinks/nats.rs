@@ -421,6 +421,8 @@ async fn a_creds_file_authenticates_in_operator_mode_and_stays_out_of_the_log() 
     .await;
     assert!(!log.contains(&seed), "the seed is in the log:\n{log}");
 
+    // Operator mode refuses a connection without credentials too: this half shows the error
+    // and that the seed stays out of the log; the half above shows the file is used.
     let (stranger, stranger_seed) = stranger_creds();
     let stranger_file = setup_file("stranger.creds", &stranger);
     let shown = format!("nats://127.0.0.1:{}", server.port);

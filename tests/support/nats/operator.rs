@@ -1,7 +1,9 @@
 //! Decentralized authentication as `nsc` sets it up (NATS "operator mode"): an operator, one
 //! account with JetStream, and `.creds` files of its users. The JWTs are v2 claims signed with
 //! nkeys here (`{"typ":"JWT","alg":"ed25519-nkey"}`, base64url without padding, the signature
-//! over `header.claims`), as nats-io/jwt's `Encode` writes them; nsc cannot be installed here.
+//! over `header.claims`), as nats-io/jwt's `Encode` writes them except for `jti`, which is a
+//! unique string here rather than a hash of the claims (the server does not check it); nsc
+//! cannot be installed here.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -38,6 +40,8 @@ impl Operator {
             "account",
             json!({ "limits": limits }),
         );
+        // No limits, so no JetStream: nats-server refuses a system account with JetStream. No
+        // client connects to it.
         let system_jwt = jwt(&operator, &system.public_key(), "account", json!({}));
         Operator {
             account,
