@@ -68,8 +68,8 @@
 //!   sink of each session, and hands both source kinds to the supervisor.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
 //!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby,
-//!   `check::sink` the sink (reachable, authenticated,
-//!   what its kind can tell about the destinations).
+//!   `check::sink` the sink (reachable, authenticated, what its kind can tell about the
+//!   destinations).
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.

@@ -1,9 +1,9 @@
 //! The polling source: one pipeline that reads the outbox table instead of the WAL, for
 //! databases without logical replication (no REPLICATION privilege, `wal_level` not
-//! `logical`, a read-only role on a managed service). Same [`Router`], [`KafkaSink`] and
-//! metrics as log tailing; [`crate::pipeline::run`] hands a pipeline with
-//! `source_kind = "polling"` to `Polling`'s sessions under the supervisor. [`PollingSource`]
-//! is the cycle as a [`crate::source::Source`]; routing with its dead-letter fallback, publishing and the
+//! `logical`, a read-only role on a managed service). Same [`Router`], sinks and metrics as
+//! log tailing; [`crate::pipeline::run`] hands a pipeline with `source_kind = "polling"` to
+//! `Polling`'s sessions under the supervisor. [`PollingSource`] is the cycle as a
+//! [`crate::source::Source`]; routing with its dead-letter fallback, publishing and the
 //! delivery metrics are the session loop's ([`crate::session`]), as for log tailing.
 //! `statements.rs` builds the SQL.
 //!
@@ -11,9 +11,10 @@
 //!
 //! In one transaction: `SELECT ... WHERE <pending> ORDER BY created_at, id LIMIT n FOR UPDATE
 //! SKIP LOCKED`; publish the eligible rows; wait for every outcome (the session's confirmation
-//! of the cycle's position); mark the acknowledged rows (`status = 'PUBLISHED'`, `published =
-//! true` or `DELETE`, [`crate::config::MarkMode`]) and record the failures; commit. A row is marked only after Kafka acknowledged it, so a crash
-//! between publishing and the commit leaves the rows pending and they are published again:
+//! of the cycle's position); mark the acknowledged rows ([`crate::config::MarkMode`]:
+//! `status = 'PUBLISHED'`, `published = true` or `DELETE`) and record the failures; commit. A
+//! row is marked only after the sink acknowledged it, so a crash between publishing and the
+//! commit leaves the rows pending and they are published again:
 //! duplicates, never loss (the `id` header lets consumers dedupe).
 //!
 //! # Order with several pollers

@@ -44,8 +44,8 @@ impl Recorder {
     /// Starts the task that records, at most every [`UPDATE_INTERVAL`], the confirmed LSNs
     /// passed to [`Recorder::delivered`] ([`update`]) over `client` (made again with
     /// [`crate::source::slot::connect`] after an error), and once more when the recorder is
-    /// dropped. A failed write is logged and retried with the next LSN: the row already says the relay
-    /// streamed from the slot, only its LSN is older.
+    /// dropped. A failed write is logged and retried with the next LSN: the row already says the
+    /// relay streamed from the slot, only its LSN is older.
     pub fn spawn(
         config: &PipelineConfig,
         client: Client,
