@@ -176,8 +176,9 @@ target/debug/examples/tail --bootstrap-servers "$BOOTSTRAP" --topics Order.event
 step "the slot: confirmed only after Kafka acknowledged"
 WRITTEN_UP_TO=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT pg_current_wal_lsn()")
 confirmed=f
-for _ in $(seq 100); do
-  confirmed=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT confirmed_flush_lsn >= '$WRITTEN_UP_TO' FROM pg_replication_slots WHERE slot_name = 'quickstart'")
+deadline=$((SECONDS + 10))
+while [ "$SECONDS" -lt "$deadline" ]; do
+  confirmed=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT confirmed_flush_lsn >= '$WRITTEN_UP_TO' FROM pg_replication_slots WHERE slot_name = 'quickstart'") || confirmed=f
   [ "$confirmed" = t ] && break
   sleep 0.1
 done

@@ -11,10 +11,12 @@ tests/setup-deps.sh
 status=0
 cargo test --locked "$@" || status=$?
 # The whole suite ends with the layout check (rustfmt ships with rustup's default profile).
-if [ "$#" -eq 0 ] && cargo fmt --version >/dev/null 2>&1; then
-  cargo fmt --check >/dev/null || {
-    echo "tests/run.sh: the code is not formatted (cargo fmt --check); run cargo fmt" >&2
+if [ "$#" -eq 0 ]; then
+  if ! cargo fmt --version >/dev/null 2>&1; then
+    echo "tests/run.sh: formatting not checked: no rustfmt (rustup component add rustfmt)" >&2
+  elif ! cargo fmt --check -- -l; then  # lists the files that are not formatted
+    echo "tests/run.sh: the files above are not formatted (cargo fmt --check); run cargo fmt" >&2
     [ "$status" -ne 0 ] || status=1
-  }
+  fi
 fi
 exit "$status"

