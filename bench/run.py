@@ -447,6 +447,44 @@ def ordered(contenders, r):
     return list(contenders) if r % 2 == 0 else list(reversed(contenders))
 
 
+def recvlogical_drain(cluster, slot, endpos, start):
+    """pg_recvlogical from `slot` to `endpos`: its CPU and context switches (from wait4, as the
+    psql calls made meanwhile are children too) and its walsender's CPU from the first sample
+    of the walsender's /proc figures (`walsender_first_sample_seconds` after `start`) to the last
+    one before it ends with pg_recvlogical. /proc's CPU times move in 10 ms ticks, so it samples
+    every 20 ms."""
+    proc = subprocess.Popen(recvlogical_cmd(cluster, slot, endpos))
+    run, walsender, first, last = {}, None, None, None
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            walsender = walsender or cluster.sql(
+                f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slot}'")
+            try:
+                last = cpu_seconds(int(walsender)) if walsender else last
+            except OSError:
+                pass  # the walsender has ended; pg_recvlogical is about to
+            if first is None and last is not None:
+                first = last
+                run["walsender_first_sample_seconds"] = time.time() - start
+            time.sleep(0.02)
+    except BaseException:
+        stop_process(proc)  # it would hold the slot, and the slot's drop would wait for it
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"pg_recvlogical exited with {proc.returncode}")
+    run["cpu_seconds"] = usage.ru_utime + usage.ru_stime
+    run["context_switches"] = usage.ru_nvcsw + usage.ru_nivcsw
+    if first is None:
+        log("    (pg_recvlogical's walsender was not sampled: it ended before its first sample)")
+    else:
+        run["walsender_cpu_seconds"] = last - first
+    return run
+
+
 def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, peer_timeout):
     """Per round: fills the peers' table, creates one slot per WAL reader at one LSN, fills the
     outbox, then drains with each contender in turn."""
@@ -472,35 +510,11 @@ def drain_scenario(name, cluster, broker, peers, work, fill, events, rounds, pee
             run = {}
             children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             if contender == RECV:
-                proc = subprocess.Popen(recvlogical_cmd(cluster, slots[RECV][0], endpos))
-                # Its walsender's CPU too, from the first sample to the last one before it ends
-                # (it ends with pg_recvlogical): what the relay's ratio is compared with. Its own
-                # CPU from wait4, as the psql calls here are children too.
-                walsender = first = last = None
-                while True:
-                    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                    if pid:
-                        break
-                    walsender = walsender or cluster.sql(
-                        f"SELECT active_pid FROM pg_replication_slots WHERE slot_name = '{slots[RECV][0]}'")
-                    try:
-                        last = cpu_seconds(int(walsender)) if walsender else last
-                    except OSError:
-                        pass  # the walsender has ended; pg_recvlogical is about to
-                    first = last if first is None else first
-                    time.sleep(0.005)
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                if proc.returncode != 0:
-                    raise SystemExit(f"pg_recvlogical exited with {proc.returncode}")
-                run["cpu_seconds"] = usage.ru_utime + usage.ru_stime
-                run["context_switches"] = usage.ru_nvcsw + usage.ru_nivcsw
-                if first is not None:
-                    run["walsender_cpu_seconds"] = last - first
+                run.update(recvlogical_drain(cluster, slots[RECV][0], endpos, start))
             elif contender == CEIL:
                 out = subprocess.run(ceiling_cmd(broker, "ceiling.events", "count", events), check=True,
                                      capture_output=True, text=True).stdout
                 run["own"] = json.loads(out)
-            if contender == CEIL:
                 children = resource.getrusage(resource.RUSAGE_CHILDREN)
                 run["cpu_seconds"] = (children.ru_utime + children.ru_stime
                                       - children0.ru_utime - children0.ru_stime)
