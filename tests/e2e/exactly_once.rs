@@ -282,19 +282,9 @@ async fn exactly_once_kill_9_at_random_moments_commits_each_transaction_once() {
         tokio::time::sleep(Duration::from_millis(200 + random(600))).await;
         relay.kill();
         logs.push(relay.log());
-        wait_for(
-            &format!("the slot to be released after kill -9 number {round}"),
-            Duration::from_secs(30),
-            || async {
-                setup
-                    .db
-                    .slot_active_pid(&setup.slot)
-                    .await
-                    .is_none()
-                    .then_some(())
-            },
-        )
-        .await;
+        setup
+            .wait_released(&format!("kill -9 number {round}"))
+            .await;
         relay = Relay::spawn(&args);
         relay
             .wait_for_log("exactly-once mode", Duration::from_secs(60))
@@ -1000,19 +990,7 @@ async fn exactly_once_commits_a_backlog_in_batches_and_a_crash_before_the_confir
         .await;
     relay.sigterm();
     assert!(relay.wait(Duration::from_secs(40)).success());
-    wait_for(
-        "the slot to be released",
-        Duration::from_secs(30),
-        || async {
-            setup
-                .db
-                .slot_active_pid(&setup.slot)
-                .await
-                .is_none()
-                .then_some(())
-        },
-    )
-    .await;
+    setup.wait_released("the SIGTERM").await;
     // Where the slot stands before the backlog, kept in a copy.
     let before_backlog = format!("{}_before_backlog", setup.slot);
     let copy = |from: &str, to: &str| {

@@ -317,15 +317,7 @@ async fn setup_turns_failover_on_for_a_free_slot_only() {
     assert!(!is_failover(&setup).await);
 
     drop(relay);
-    wait_for("the slot to be free", Duration::from_secs(30), || async {
-        setup
-            .db
-            .slot_active_pid(&setup.slot)
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    setup.wait_released("the relay was dropped").await;
     let (ok, log) = run_command(&failover_setup);
     assert!(ok, "setup --failover failed on a free slot:\n{log}");
     assert!(

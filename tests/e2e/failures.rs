@@ -326,19 +326,9 @@ async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
         tokio::time::sleep(Duration::from_millis(next_delay_ms())).await;
         relay.kill();
         // The old walsender must let go of the slot before the next round's relay can stream.
-        wait_for(
-            &format!("the slot to be released after kill -9 in round {round}"),
-            Duration::from_secs(30),
-            || async {
-                setup
-                    .db
-                    .slot_active_pid(&setup.slot)
-                    .await
-                    .is_none()
-                    .then_some(())
-            },
-        )
-        .await;
+        setup
+            .wait_released(&format!("kill -9 in round {round}"))
+            .await;
     }
     let relay = Relay::spawn(&args);
 

@@ -384,7 +384,7 @@ impl Setup {
         .await;
     }
 
-    /// Waits until no walsender holds the slot (after a `kill -9`, before the next relay can
+    /// Waits until no walsender holds the slot (after a relay ended, before the next one can
     /// stream); `after` says after what, for the timeout's message.
     async fn wait_released(&self, after: &str) {
         wait_for(

@@ -215,19 +215,9 @@ pub(crate) async fn kill_9_mid_stream(server: &impl SinkServer) -> (usize, usize
         written.extend(w);
         tokio::time::sleep(Duration::from_millis(37 * round)).await;
         relay.kill();
-        wait_for(
-            &format!("the slot to be released after kill -9 in round {round}"),
-            Duration::from_secs(30),
-            || async {
-                setup
-                    .db
-                    .slot_active_pid(&setup.slot)
-                    .await
-                    .is_none()
-                    .then_some(())
-            },
-        )
-        .await;
+        setup
+            .wait_released(&format!("kill -9 in round {round}"))
+            .await;
     }
     let relay = Relay::spawn(&args);
     let got = read_until(
