@@ -25,6 +25,17 @@ struct Server {
     running: Mutex<(usize, usize)>,
 }
 
+impl Server {
+    /// The payloads of every attempt so far, in order.
+    fn attempted(&self) -> Vec<String> {
+        let attempts = self.attempts.lock().unwrap();
+        attempts
+            .iter()
+            .map(|(payload, _)| payload.clone())
+            .collect()
+    }
+}
+
 struct Fake(Arc<Server>);
 
 impl Publisher for Fake {
@@ -203,13 +214,7 @@ async fn a_retryable_failure_is_retried_with_backoff_and_keeps_the_key_in_order(
     let got = outcomes(&mut sink).await;
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|(_, r)| r.is_ok()), "{got:?}");
-    let attempts: Vec<String> = server
-        .attempts
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let attempts = server.attempted();
     assert_eq!(attempts, ["a1", "a1", "a1", "a2"]);
     // 100 ms, then 200 ms.
     assert!(start.elapsed() >= FIRST_RETRY * 3, "{:?}", start.elapsed());
@@ -330,13 +335,7 @@ async fn a_held_key_goes_on_with_what_is_handed_over_after_the_session_took_the_
     let third = sink.next_delivery().await.unwrap();
     assert_eq!(third.token.event(), 2);
     assert!(third.result.is_ok(), "{:?}", third.result);
-    let attempts: Vec<String> = server
-        .attempts
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let attempts = server.attempted();
     assert_eq!(attempts, ["a1", "a3"]);
 }
 
@@ -353,12 +352,7 @@ async fn with_halt_a_refusal_holds_its_key_and_with_dead_letter_it_does_not() {
         send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
         let got = outcomes(&mut sink).await;
         assert_eq!(got[1].1.is_ok(), !hold, "hold_on_refusal = {hold}: {got:?}");
-        let published = server
-            .attempts
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(p, _)| p == "a2");
+        let published = server.attempted().iter().any(|p| p == "a2");
         assert_eq!(published, !hold, "hold_on_refusal = {hold}");
     }
 }
