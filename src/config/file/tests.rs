@@ -1,0 +1,397 @@
+use super::*;
+
+fn load_str(toml: &str, env: &[(&str, &str)]) -> Result<RelayConfig, ConfigErrors> {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (relay, problems) = resolve(Figment::new().merge(Toml::string(toml)), &move |name| {
+        env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })?;
+    match problems.is_empty() {
+        true => Ok(relay),
+        false => Err(ConfigErrors(problems)),
+    }
+}
+
+/// Like [`load_str`], with `vars` as the process environment for overrides.
+fn load_with_overrides(toml: &str, vars: &[(&str, &str)]) -> Result<RelayConfig, ConfigErrors> {
+    let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+    let figment = with_pipeline_overrides(Figment::new().merge(Toml::string(toml)), vars)?;
+    let (relay, problems) = resolve(figment, &|_| None)?;
+    match problems.is_empty() {
+        true => Ok(relay),
+        false => Err(ConfigErrors(problems)),
+    }
+}
+
+const TWO_PIPELINES: &str = r#"
+    [kafka]
+    bootstrap_servers = "k:9092"
+    [[pipelines]]
+    name = "orders"
+    source_url = "postgres://u@h/orders"
+    slot = "orders_slot"
+    publication = "pub"
+    table = "outbox"
+    [[pipelines]]
+    name = "Billing"
+    source_url = "postgres://u@h/billing"
+    slot = "billing_slot"
+    publication = "pub"
+    table = "outbox"
+    kafka = { properties = { "acks" = "all" } }
+    "#;
+
+#[test]
+fn a_pipeline_with_another_sink_needs_no_kafka_and_resolves_its_url() {
+    let toml = r#"
+        [kafka]
+        bootstrap_servers = "${UNSET_BROKERS}"
+        properties = { "linger.ms" = "${UNSET_LINGER}" }
+        [[pipelines]]
+        name = "orders"
+        source_url = "postgres://u@h/orders"
+        slot = "orders_slot"
+        publication = "pub"
+        table = "outbox"
+        [pipelines.sink]
+        kind = "redis"
+        url = "redis://:${REDIS_PASSWORD}@cache:6379"
+    "#;
+    let figment = Figment::new().merge(Toml::string(toml));
+    let env = |name: &str| (name == "REDIS_PASSWORD").then(|| "pw".to_owned());
+    let (relay, problems) = resolve(figment, &env).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let SinkConfig::Redis(redis) = &relay.pipelines[0].sink else {
+        panic!("not redis")
+    };
+    assert_eq!(&*redis.url, "redis://:pw@cache:6379");
+    assert!(relay.pipelines[0].kafka.properties.is_empty());
+
+    let with_kafka_settings = toml.replace(
+        "[pipelines.sink]",
+        "kafka = { properties = { \"acks\" = \"all\" } }\n            [pipelines.sink]",
+    );
+    let figment = Figment::new().merge(Toml::string(&with_kafka_settings));
+    let (_, problems) = resolve(figment, &env).unwrap();
+    assert_eq!(
+        problems[0].field, "pipelines[0].kafka.properties",
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn environment_overrides_reach_pipelines_by_index_or_name() {
+    let config = load_with_overrides(
+        TWO_PIPELINES,
+        &[
+            ("OUTBOX_RELAY__PIPELINES__0__SLOT", "from_env"),
+            ("OUTBOX_RELAY__PIPELINES__0__MAX_IN_FLIGHT_EVENTS", "42"),
+            (
+                "OUTBOX_RELAY__PIPELINES__orders__ROUTE__TOPIC_CASE",
+                "lower",
+            ),
+            ("OUTBOX_RELAY__PIPELINES__BILLING__PUBLICATION", "123"),
+            (
+                "OUTBOX_RELAY__PIPELINES__1__KAFKA__BOOTSTRAP_SERVERS",
+                "b:9092",
+            ),
+            (
+                "OUTBOX_RELAY__PIPELINES__Billing__KAFKA__PROPERTIES__BATCH_SIZE",
+                "1000",
+            ),
+            ("outbox_relay__pipelines__1__create_slot", "false"),
+            ("OTHER__PIPELINES__0__SLOT", "ignored"),
+        ],
+    )
+    .unwrap();
+    let [orders, billing] = &config.pipelines[..] else {
+        panic!("two pipelines expected: {:?}", config.pipelines)
+    };
+    assert_eq!(orders.slot, "from_env");
+    assert_eq!(orders.max_in_flight_events, 42);
+    assert_eq!(orders.route.topic_case, crate::config::TopicCase::Lower);
+    assert_eq!(orders.publication, "pub", "untouched fields stay");
+    assert_eq!(orders.kafka.bootstrap_servers, "k:9092");
+    // A number where the file has a string stays the string.
+    assert_eq!(billing.publication, "123");
+    assert_eq!(billing.slot, "billing_slot");
+    assert_eq!(billing.kafka.bootstrap_servers, "b:9092");
+    assert!(!billing.create_slot);
+    assert!(billing
+        .kafka
+        .properties
+        .contains(&("batch_size".into(), "1000".into())));
+    assert!(billing
+        .kafka
+        .properties
+        .contains(&("acks".into(), "all".into())));
+}
+
+#[test]
+fn an_override_of_a_missing_pipeline_or_without_a_field_names_the_variable() {
+    let errors = load_with_overrides(
+        TWO_PIPELINES,
+        &[
+            ("OUTBOX_RELAY__PIPELINES__2__SLOT", "x"),
+            ("OUTBOX_RELAY__PIPELINES__shipping__SLOT", "x"),
+            ("OUTBOX_RELAY__PIPELINES__orders", "x"),
+            ("OUTBOX_RELAY__PIPELINES__0__SLOT__NAME", "x"),
+        ],
+    )
+    .unwrap_err();
+    let text = errors.to_string();
+    for expected in [
+        "OUTBOX_RELAY__PIPELINES__2__SLOT: no pipeline at index 2: the file has 2",
+        "OUTBOX_RELAY__PIPELINES__shipping__SLOT: no pipeline named \"shipping\"",
+        "OUTBOX_RELAY__PIPELINES__orders: name a field",
+        "OUTBOX_RELAY__PIPELINES__0__SLOT__NAME: pipelines[0].slot is not a table",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing in {text}");
+    }
+    // An unknown field is the usual unknown-field error, with its path.
+    let errors = load_with_overrides(TWO_PIPELINES, &[("OUTBOX_RELAY__PIPELINES__0__SLOTT", "x")])
+        .unwrap_err();
+    assert!(errors.to_string().contains("slott"), "{errors}");
+}
+
+#[test]
+fn a_pipeline_named_like_another_index_makes_that_index_ambiguous() {
+    let toml = TWO_PIPELINES.replace("\"Billing\"", "\"0\"");
+    let errors =
+        load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__0__SLOT", "x")]).unwrap_err();
+    assert!(
+        errors
+            .to_string()
+            .contains("\"0\" is both the index of pipelines[0] and the name of pipelines[1]"),
+        "{errors}"
+    );
+    // Index 1 is unambiguous.
+    let config = load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__1__SLOT", "x")]).unwrap();
+    assert_eq!(config.pipelines[1].slot, "x");
+}
+
+#[test]
+fn names_differing_only_in_case_need_the_exact_name_or_an_index() {
+    let toml = TWO_PIPELINES.replace("\"Billing\"", "\"ORDERS\"");
+    let config =
+        load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__ORDERS__SLOT", "b")]).unwrap();
+    assert_eq!(config.pipelines[1].slot, "b", "exact name wins");
+    let errors =
+        load_with_overrides(&toml, &[("OUTBOX_RELAY__PIPELINES__Orders__SLOT", "b")]).unwrap_err();
+    assert!(
+        errors.to_string().contains("select it by index"),
+        "{errors}"
+    );
+}
+
+#[test]
+// figment::Jail's closure returns figment's (large) error type.
+#[allow(clippy::result_large_err)]
+fn load_merges_top_level_and_pipeline_variables_from_the_process_environment() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("relay.toml", TWO_PIPELINES)?;
+        jail.set_env("OUTBOX_RELAY__KAFKA__BOOTSTRAP_SERVERS", "env:9092");
+        jail.set_env("OUTBOX_RELAY__PIPELINES__BILLING__SLOT", "env_slot");
+        let config = load(&jail.directory().join("relay.toml")).map_err(|e| e.to_string())?;
+        assert_eq!(config.pipelines.len(), 2, "the array is kept");
+        assert_eq!(config.pipelines[0].kafka.bootstrap_servers, "env:9092");
+        assert_eq!(config.pipelines[0].slot, "orders_slot");
+        assert_eq!(config.pipelines[1].slot, "env_slot");
+        jail.set_env("OUTBOX_RELAY__PIPELINES__7__SLOT", "x");
+        let errors = load(&jail.directory().join("relay.toml")).unwrap_err();
+        assert!(
+            errors
+                .to_string()
+                .contains("OUTBOX_RELAY__PIPELINES__7__SLOT"),
+            "{errors}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn pipeline_kafka_settings_override_the_defaults() {
+    let config = load_str(
+        r#"
+        [kafka]
+        bootstrap_servers = "a:9092"
+        properties = { "linger.ms" = "5", "compression.type" = "lz4" }
+        [[pipelines]]
+        name = "p"
+        source_url = "postgres://u@h/db"
+        slot = "s"
+        publication = "pub"
+        table = "outbox"
+        kafka = { bootstrap_servers = "b:9092", properties = { "linger.ms" = "0" } }
+        route = { by_field = "tenant_id", topic_template = "t.${routedByValue}", topic_case = "lower" }
+        "#,
+        &[],
+    )
+    .unwrap();
+    let kafka = &config.pipelines[0].kafka;
+    assert_eq!(kafka.bootstrap_servers, "b:9092");
+    let route = &config.pipelines[0].route;
+    assert_eq!(
+        (route.by_field.as_deref(), route.topic_template.as_str()),
+        (Some("tenant_id"), "t.${routedByValue}")
+    );
+    assert_eq!(route.topic_case, crate::config::TopicCase::Lower);
+    assert!(kafka.properties.contains(&("linger.ms".into(), "0".into())));
+    assert!(kafka
+        .properties
+        .contains(&("compression.type".into(), "lz4".into())));
+}
+
+#[test]
+fn lists_every_problem_with_its_field_path() {
+    let errors = load_str(
+        r#"
+        [[pipelines]]
+        name = "a"
+        source_url = "${MISSING_URL}"
+        slot = "Bad-Slot"
+        publication = "pub"
+        table = "outbox"
+        [[pipelines]]
+        name = "a"
+        source_url = "postgres://u@h/db"
+        slot = "ok"
+        publication = "pub"
+        table = "outbox"
+        kafka = { properties = { "acks" = "1" } }
+        "#,
+        &[],
+    )
+    .unwrap_err();
+    let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+    for expected in [
+        "pipelines[0].source_url",
+        "pipelines[0].kafka.bootstrap_servers",
+        "pipelines[1].name",
+        "pipelines[1].kafka.bootstrap_servers",
+    ] {
+        assert!(fields.contains(&expected), "{expected} missing in {errors}");
+    }
+    assert!(errors.to_string().contains("MISSING_URL"));
+}
+
+#[test]
+fn unknown_fields_and_wrong_types_name_the_key() {
+    let errors = load_str("[[pipelines]]\nname = \"a\"\nslott = \"x\"\n", &[]).unwrap_err();
+    assert!(errors.to_string().contains("slott"), "{errors}");
+    // Also in every table of a pipeline: a misspelt column would silently read the default.
+    for table in ["columns", "route", "kafka", "polling"] {
+        let errors = load_str(
+            &format!("[[pipelines]]\nname = \"a\"\ntable = \"t\"\n{table} = {{ aggregatetype = \"x\" }}\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            errors.to_string().contains("aggregatetype"),
+            "{table}: {errors}"
+        );
+    }
+    let errors = load_str("[[pipelines]]\nname = \"a\"\nsource_url = \"x\"\nslot = \"s\"\npublication = \"p\"\ntable = \"t\"\nmax_in_flight_events = \"many\"\n", &[]).unwrap_err();
+    assert!(
+        errors.to_string().contains("max_in_flight_events"),
+        "{errors}"
+    );
+}
+
+/// A pipeline with a value other than the default in every field.
+fn every_field_set() -> PipelineConfig {
+    use crate::config::*;
+    PipelineConfig {
+        source_url: "postgres://u@h/db".into(),
+        slot: "s".into(),
+        publication: "Pub".into(),
+        source_kind: SourceKind::Polling,
+        polling: PollingConfig {
+            batch_size: 7,
+            mark: MarkMode::Flag,
+            notify_channel: Some("c".into()),
+            ..PollingConfig::default()
+        },
+        columns: OutboxColumns {
+            id: "event_id".into(),
+            timestamp: Some("created_at".into()),
+            ..OutboxColumns::default()
+        },
+        message_prefix: Some("outbox".into()),
+        route: RouteConfig {
+            by_field: Some("tenant".into()),
+            topic_template: "t.${routedByValue}".into(),
+            topic_case: TopicCase::Lower,
+            topic_regex: Some("(.*)".into()),
+        },
+        additional_placement: vec![AdditionalPlacement {
+            field: "tenant".into(),
+            placement: Placement::Header,
+            alias: Some("t".into()),
+        }],
+        value_format: ValueFormat::Envelope,
+        null_payload: NullPayload::JsonNull,
+        on_bad_event: OnBadEvent::DeadLetter,
+        dead_letter_topic: Some("dlq".into()),
+        op_invalid_behavior: InvalidOpBehavior::Warn,
+        create_slot: false,
+        kafka: KafkaConfig {
+            bootstrap_servers: "k:9092".into(),
+            properties: vec![("linger.ms".into(), "5".into())],
+        },
+        status_interval_ms: 2,
+        max_in_flight_events: 3,
+        max_in_flight_bytes: 4,
+        shutdown_timeout_secs: 5,
+        terminate_stale_walsender_after_secs: Some(6),
+        exactly_once: true,
+        transactional_id: Some("tx".into()),
+        checkpoint_topic: Some("cp".into()),
+        ..PipelineConfig::new("p", "app.\"Outbox\"".parse().unwrap())
+    }
+}
+
+#[test]
+fn a_pipeline_serializes_to_the_file_it_was_read_from() {
+    let file = |pipeline: PipelineConfig| FileConfig {
+        pipelines: vec![pipeline],
+        ..FileConfig::default()
+    };
+    for pipeline in [
+        every_field_set(),
+        PipelineConfig::new("q", "outbox".parse().unwrap()),
+    ] {
+        let toml = toml::to_string(&file(pipeline.clone())).unwrap();
+        let read: FileConfig = Figment::new()
+            .merge(Toml::string(&toml))
+            .extract()
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        assert_eq!(read.pipelines, [pipeline], "{toml}");
+    }
+    // Defaults are left out: the entry says what differs.
+    let plain =
+        toml::to_string(&file(PipelineConfig::new("q", "outbox".parse().unwrap()))).unwrap();
+    let keys: Vec<&str> = plain
+        .lines()
+        .filter_map(|l| l.split_once(" = ").map(|(key, _)| key))
+        .collect();
+    assert_eq!(
+        keys,
+        ["name", "table", "topic_template", "topic_case"],
+        "{plain}"
+    );
+}
+
+#[test]
+fn expands_environment_references() {
+    let env = |name: &str| (name == "PW").then(|| "s3cret".to_owned());
+    assert_eq!(
+        expand("postgres://u:${PW}@h/db", &env).unwrap(),
+        "postgres://u:s3cret@h/db"
+    );
+    assert_eq!(expand("plain", &env).unwrap(), "plain");
+    assert!(expand("${NOPE}", &env).unwrap_err().contains("NOPE"));
+    assert!(expand("${PW", &env).is_err());
+}

@@ -1,0 +1,346 @@
+use super::*;
+use crate::source::pgoutput::{decode, LogicalReplicationMessage};
+
+/// The captured PostgreSQL 15 stream (tests/fixtures/README: see ../shared/fixtures).
+fn fixture() -> Vec<LogicalReplicationMessage> {
+    include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/pgoutput-v1-stream.jsonl"
+    ))
+    .lines()
+    .map(|line| {
+        let hex = line
+            .split("\"hex\" : \"")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches("\"}");
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        decode(Bytes::from(bytes)).unwrap()
+    })
+    .collect()
+}
+
+fn events(decoder: &mut OutboxDecoder) -> Vec<Result<OutboxEvent, OutboxError>> {
+    let mut out = Vec::new();
+    for message in fixture() {
+        match message {
+            LogicalReplicationMessage::Relation(r) => decoder.on_relation(&r),
+            LogicalReplicationMessage::Insert(i) => {
+                if let Some(e) = decoder.on_insert(&i, Lsn(0)).transpose() {
+                    out.push(e);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn maps_fixture_inserts_by_column_name() {
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    );
+    let events: Vec<OutboxEvent> = events(&mut decoder)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let ids: Vec<&[u8]> = events.iter().map(|e| &e.id[..]).collect();
+    assert_eq!(
+        ids,
+        [1, 2, 3, 4, 5]
+            .map(|n| format!("00000000-0000-0000-0000-00000000000{n}"))
+            .iter()
+            .map(|s| s.as_bytes())
+            .collect::<Vec<_>>()
+    );
+    let first = &events[0];
+    assert_eq!(&first.aggregate_type[..], b"Order");
+    assert_eq!(first.aggregate_id, None);
+    assert_eq!(first.event_type.as_deref(), Some(&b"OrderCreated"[..]));
+    assert_eq!(
+        first.payload.as_deref(),
+        Some("{\"s\": \"é😀\", \"total\": 12.50}".as_bytes())
+    );
+    assert_eq!(events[2].payload, None, "NULL payload is a tombstone");
+    assert_eq!(
+        first.headers.as_deref(),
+        Some(&b"{\"trace\": \"t-1\"}"[..]),
+        "a DOMAIN over jsonb is text too"
+    );
+    // After ALTER TABLE ... ADD COLUMN tenant_id, columns are found by name again.
+    assert_eq!(&events[3].aggregate_type[..], b"Customer");
+    assert_eq!(events[3].aggregate_id.as_deref(), Some(&b"c-1"[..]));
+}
+
+#[test]
+fn missing_column_is_an_error_naming_it() {
+    let columns = OutboxColumns {
+        aggregate_type: "aggregatetype".into(),
+        ..OutboxColumns::default()
+    };
+    let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), columns, None);
+    let first = events(&mut decoder).remove(0).unwrap_err();
+    assert!(
+        matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"),
+        "{first}"
+    );
+    assert!(
+        first
+            .to_string()
+            .contains("has no column \"aggregatetype\" (columns.aggregate_type) at LSN 0/0; its columns are id, aggregate_type, "),
+        "{first}"
+    );
+}
+
+#[test]
+fn other_tables_are_not_events() {
+    let mut decoder = OutboxDecoder::new(
+        "public.other".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    );
+    // `other` has none of the outbox columns: its insert is an error, outbox inserts are not events.
+    let results = events(&mut decoder);
+    assert_eq!(results.len(), 1);
+    assert!(matches!(
+        &results[0],
+        Err(OutboxError::MissingColumn { .. })
+    ));
+}
+
+#[test]
+fn inserts_into_the_renamed_outbox_are_errors() {
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    );
+    let mut relation = fixture()
+        .into_iter()
+        .find_map(|m| match m {
+            LogicalReplicationMessage::Relation(r) if r.name == "outbox" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    let insert = InsertBody {
+        rel_id: relation.rel_id,
+        new_tuple: crate::source::pgoutput::TupleData { columns: vec![] },
+    };
+    decoder.on_relation(&relation);
+    assert!(decoder.is_outbox(relation.rel_id));
+    relation.name = "Outbox_Old".into();
+    decoder.on_relation(&relation);
+    let err = decoder.on_insert(&insert, Lsn(5)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "insert at LSN 0/5 into public.\"Outbox_Old\", which was the outbox table public.outbox earlier in this stream: set table to its new name (or insert into public.outbox)"
+    );
+    // Renamed again, still not passed over; a table never the outbox is.
+    relation.name = "elsewhere".into();
+    decoder.on_relation(&relation);
+    assert!(decoder.on_insert(&insert, Lsn(6)).is_err());
+    relation.rel_id += 1;
+    decoder.on_relation(&relation);
+    let other = InsertBody {
+        rel_id: relation.rel_id,
+        ..insert
+    };
+    assert_eq!(decoder.on_insert(&other, Lsn(7)), Ok(None));
+}
+
+/// After `table` follows a rename and the relay restarts, WAL from before the rename still
+/// names the old table: the oid says it is the outbox.
+#[test]
+fn the_outbox_under_its_old_name_is_found_by_its_oid() {
+    let relation = fixture()
+        .into_iter()
+        .find_map(|m| match m {
+            LogicalReplicationMessage::Relation(r) if r.name == "outbox" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    let renamed = || {
+        OutboxDecoder::new(
+            "public.outbox_v2".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+    };
+    let mut by_name_only = renamed();
+    by_name_only.on_relation(&relation);
+    assert!(!by_name_only.is_outbox(relation.rel_id));
+    let mut with_oid = renamed().with_oid(Some(relation.rel_id));
+    with_oid.on_relation(&relation);
+    assert!(with_oid.is_outbox(relation.rel_id));
+    let mut other_oid = renamed().with_oid(Some(relation.rel_id + 1));
+    other_oid.on_relation(&relation);
+    assert!(!other_oid.is_outbox(relation.rel_id));
+}
+
+#[test]
+fn insert_before_relation_is_an_error() {
+    let decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    );
+    let insert = fixture()
+        .into_iter()
+        .find_map(|m| match m {
+            LogicalReplicationMessage::Insert(i) => Some(i),
+            _ => None,
+        })
+        .unwrap();
+    assert!(matches!(
+        decoder.on_insert(&insert, Lsn(7)),
+        Err(OutboxError::UnknownRelation { lsn: Lsn(7), .. })
+    ));
+}
+
+#[test]
+fn logical_messages_with_the_prefix_are_events() {
+    let decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        Some("outbox".into()),
+    );
+    let messages: Vec<MessageBody> = fixture()
+        .into_iter()
+        .filter_map(|m| match m {
+            LogicalReplicationMessage::Message(m) => Some(m),
+            _ => None,
+        })
+        .collect();
+    let (outbox, heartbeat) = (&messages[0], &messages[1]);
+    assert!(decoder.is_outbox_message(outbox) && outbox.transactional);
+    assert!(!decoder.is_outbox_message(heartbeat));
+    let event = decoder.on_message(outbox, Lsn(1)).unwrap();
+    assert_eq!(&event.aggregate_type[..], b"Order");
+    assert_eq!(event.aggregate_id.as_deref(), Some(&b"o-m"[..]));
+    assert_eq!(event.event_type.as_deref(), Some(&b"E1"[..]));
+    assert_eq!(event.payload.as_deref(), Some(&b"{}"[..]));
+    assert_eq!(
+        event.id,
+        Bytes::from(format!("lsn-{}", outbox.lsn)),
+        "a replay gets the same id"
+    );
+}
+
+#[test]
+fn invalid_messages_are_errors_naming_the_lsn() {
+    let decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        Some("outbox".into()),
+    );
+    for content in [
+        &b"not json"[..],
+        b"[]",
+        br#"{"aggregate_id": "x"}"#,
+        br#"{"aggregate_type": 5}"#,
+        br#"{"aggregate_type": "A", "typo": 1}"#,
+    ] {
+        let message = MessageBody {
+            transactional: true,
+            lsn: Lsn(9),
+            prefix: "outbox".into(),
+            content: Bytes::copy_from_slice(content),
+        };
+        let err = decoder.on_message(&message, Lsn(9)).unwrap_err();
+        assert!(
+            matches!(err, OutboxError::InvalidMessage { lsn: Lsn(9), .. }),
+            "{err}"
+        );
+    }
+    let message = MessageBody {
+        transactional: true,
+        lsn: Lsn(9),
+        prefix: "outbox".into(),
+        content: Bytes::from_static(br#"{"id": "e-1", "aggregate_type": "A", "payload": {"n": 1.50}, "headers": {"h": "v"}}"#),
+    };
+    let event = decoder.on_message(&message, Lsn(9)).unwrap();
+    assert_eq!(
+        (&event.id[..], event.payload.as_deref()),
+        (&b"e-1"[..], Some(&br#"{"n": 1.50}"#[..]))
+    );
+    assert_eq!(event.headers.as_deref(), Some(&br#"{"h": "v"}"#[..]));
+    assert_eq!(event.aggregate_id, None);
+}
+
+#[test]
+fn extra_columns_carry_text_and_kind_with_domains_from_type_messages() {
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec![
+        "created_at".into(),
+        "headers".into(),
+        "payload".into(),
+    ]);
+    let mut events = Vec::new();
+    for message in fixture() {
+        match message {
+            LogicalReplicationMessage::Type(t) => decoder.on_type(&t),
+            LogicalReplicationMessage::Relation(r) => decoder.on_relation(&r),
+            LogicalReplicationMessage::Insert(i) => {
+                events.extend(decoder.on_insert(&i, Lsn(0)).unwrap())
+            }
+            _ => {}
+        }
+    }
+    let first = &events[0];
+    assert_eq!(first.payload_kind, ValueKind::Json, "jsonb payload");
+    let kinds: Vec<ValueKind> = first.columns.iter().map(|c| c.kind).collect();
+    assert_eq!(
+        kinds,
+        [ValueKind::Text, ValueKind::Json, ValueKind::Json],
+        "timestamptz is text; the domain over jsonb is JSON (from its Type message)"
+    );
+    let created_at = first.columns[0].text.as_deref().unwrap();
+    assert!(
+        crate::router::parse_timestamp_ms(created_at).is_some(),
+        "{created_at:?} parses"
+    );
+    assert_eq!(first.columns[1].text, first.headers);
+    assert_eq!(first.columns[2].text, first.payload);
+    assert_eq!(events[2].columns[2].text, None, "NULL stays NULL");
+    // Without the Type message the domain's kind is unknown: text.
+    let mut plain = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec!["headers".into()]);
+    let kinds: Vec<ValueKind> = events_with(&mut plain)
+        .iter()
+        .map(|e| e.columns[0].kind)
+        .collect();
+    assert_eq!(kinds[0], ValueKind::Text);
+}
+
+#[test]
+fn a_missing_extra_column_is_an_error_naming_it() {
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec!["no_such_column".into()]);
+    let err = events(&mut decoder).remove(0).unwrap_err();
+    assert!(
+        matches!(&err, OutboxError::MissingColumn { column, .. } if column == "no_such_column"),
+        "{err}"
+    );
+}
+
+fn events_with(decoder: &mut OutboxDecoder) -> Vec<OutboxEvent> {
+    events(decoder).into_iter().map(Result::unwrap).collect()
+}
