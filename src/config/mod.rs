@@ -6,22 +6,31 @@
 //! the checks that need one (the router's template and regex, the source URL's syntax) live
 //! there and [`crate::validation`] runs them all once at start.
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 pub mod file;
+mod kafka;
 pub mod polling;
+mod route;
 pub mod sink;
 mod table;
+mod url;
 
+pub use kafka::KafkaConfig;
+use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use polling::{MarkMode, PollingConfig, SourceKind};
+pub use route::{
+    validate_topic, AdditionalPlacement, InvalidOpBehavior, NullPayload, OnBadEvent, OutboxColumns,
+    Placement, RouteConfig, TopicCase, ValueFormat,
+};
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
     DESTINATION_PLACEHOLDER,
 };
 pub use table::{quote_ident, TableName};
+pub use url::{redact_url, SourceUrl};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
 /// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).
@@ -103,243 +112,6 @@ impl From<ConfigErrors> for ConfigError {
                 ..first
             },
         }
-    }
-}
-
-/// Kafka's limit on topic name length.
-const MAX_TOPIC_LEN: usize = 249;
-
-/// Checks Kafka's rules for topic names: 1-249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
-///
-/// Returns the rule `topic` breaks.
-pub fn validate_topic(topic: &str) -> Result<(), &'static str> {
-    if topic.is_empty() {
-        return Err("empty");
-    }
-    if topic.len() > MAX_TOPIC_LEN {
-        return Err("longer than 249 characters");
-    }
-    if topic == "." || topic == ".." {
-        return Err("'.' and '..' are reserved");
-    }
-    if !topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return Err("only ASCII letters, digits, '.', '_' and '-' are allowed");
-    }
-    Ok(())
-}
-
-/// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct OutboxColumns {
-    /// Event id: the Kafka header `id`.
-    pub id: String,
-    /// Routes the event: topic `<aggregate_type>.events`.
-    pub aggregate_type: String,
-    /// The Kafka key; NULL gives a null key.
-    pub aggregate_id: String,
-    /// The Kafka header `event_type`.
-    pub event_type: String,
-    /// The Kafka value, byte for byte as PostgreSQL prints it; NULL gives a tombstone.
-    pub payload: String,
-    /// Optional jsonb object whose entries become Kafka headers.
-    pub headers: String,
-    /// Optional `timestamptz` or `timestamp` column (a `timestamp` is taken as UTC) whose
-    /// value is the Kafka record timestamp; `None` or a NULL value: the commit time.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timestamp: Option<String>,
-}
-
-impl Default for OutboxColumns {
-    fn default() -> Self {
-        OutboxColumns {
-            id: "id".into(),
-            aggregate_type: "aggregate_type".into(),
-            aggregate_id: "aggregate_id".into(),
-            event_type: "event_type".into(),
-            payload: "payload".into(),
-            headers: "headers".into(),
-            timestamp: None,
-        }
-    }
-}
-
-/// How events map to topics (Debezium's `route.by.field`, `route.topic.replacement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RouteConfig {
-    /// Column whose value routes the event; `None`: the aggregate type column.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub by_field: Option<String>,
-    /// Topic name with placeholders: `${routedByValue}` (the routing value), `${name}` or
-    /// `${1}` (a capture group of `topic_regex`), `${column:<name>}` (a column's text).
-    pub topic_template: String,
-    pub topic_case: TopicCase,
-    /// Regex the whole routing value (after `topic_case`) must match; its capture groups
-    /// may be used in `topic_template` (Debezium's `route.topic.regex`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub topic_regex: Option<String>,
-}
-
-impl Default for RouteConfig {
-    fn default() -> Self {
-        RouteConfig {
-            by_field: None,
-            topic_template: "${routedByValue}.events".into(),
-            topic_case: TopicCase::Preserve,
-            topic_regex: None,
-        }
-    }
-}
-
-/// An extra column put in the record (Debezium's `table.fields.additional.placement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdditionalPlacement {
-    /// The column.
-    pub field: String,
-    pub placement: Placement,
-    /// Header or envelope field name; defaults to `field`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub alias: Option<String>,
-}
-
-impl AdditionalPlacement {
-    /// The header or envelope field name.
-    pub fn name(&self) -> &str {
-        self.alias.as_deref().unwrap_or(&self.field)
-    }
-}
-
-/// Where an [`AdditionalPlacement`] column goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Placement {
-    /// A header with the column's text (NULL: a null header value), after the others.
-    Header,
-    /// A field of the JSON envelope (`value_format = "envelope"`).
-    Envelope,
-    /// The Kafka partition: the column's integer value (NULL: partition by key).
-    Partition,
-}
-
-/// What the record value is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ValueFormat {
-    /// The payload bytes exactly as PostgreSQL printed them.
-    #[default]
-    Payload,
-    /// A JSON object `{"payload": ..., "<alias>": ...}` with the envelope placements.
-    Envelope,
-}
-
-/// What a SQL NULL payload becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NullPayload {
-    /// A null value: a delete on compacted topics.
-    #[default]
-    Tombstone,
-    /// A zero-byte value, which compacted topics keep.
-    Empty,
-    /// The JSON `null`: the value `null`, or with `value_format = "envelope"` the envelope
-    /// with `"payload":null` (Debezium's envelope output for a NULL payload).
-    JsonNull,
-}
-
-/// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
-/// column, bad headers JSON, bad partition or timestamp value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnBadEvent {
-    /// The pipeline stops before confirming the event's transaction.
-    #[default]
-    Halt,
-    /// The raw event goes to `dead_letter_topic` with an `outbox_relay_error` header.
-    DeadLetter,
-}
-
-/// What happens to the routing value's case in the topic name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum TopicCase {
-    /// Kafka topic names are case-sensitive: `Order` and `order` stay two topics.
-    #[default]
-    Preserve,
-    Lower,
-    Upper,
-}
-
-/// What an UPDATE or DELETE of an outbox row does (Debezium's `table.op.invalid.behavior`).
-/// Rows may be deleted right after the insert, so the default passes over them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum InvalidOpBehavior {
-    /// Passed over, counted in `outbox_relay_messages_skipped_total{kind}`.
-    #[default]
-    Ignore,
-    /// Passed over with a warning naming the LSN.
-    Warn,
-    /// The pipeline stops before confirming the transaction.
-    Error,
-}
-
-/// Kafka producer settings: a pipeline's `kafka` table, and the file's `[kafka]` defaults.
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct KafkaConfig {
-    /// `host:port[,host:port...]`; empty in a pipeline of the file: the `[kafka]` default.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub bootstrap_servers: String,
-    /// Extra librdkafka properties (`security.protocol`, `sasl.*`, `linger.ms`, ...), a TOML
-    /// table of strings in the file.
-    #[serde(with = "properties_table", skip_serializing_if = "Vec::is_empty")]
-    pub properties: Vec<(String, String)>,
-}
-
-/// `kafka.properties` as a table of strings; read in key order, a later key replacing an
-/// earlier one.
-mod properties_table {
-    use std::collections::BTreeMap;
-
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-
-    pub fn serialize<S: Serializer>(
-        properties: &[(String, String)],
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        let table: BTreeMap<&str, &str> = properties
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        table.serialize(serializer)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<(String, String)>, D::Error> {
-        Ok(BTreeMap::<String, String>::deserialize(deserializer)?
-            .into_iter()
-            .collect())
-    }
-}
-
-/// librdkafka properties the relay's guarantees depend on; setting them otherwise is an error.
-const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] =
-    &[("enable.idempotence", "true"), ("acks", "all")];
-
-impl fmt::Debug for KafkaConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Property values may hold SASL passwords or keys.
-        let keys: Vec<&str> = self.properties.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("KafkaConfig")
-            .field("bootstrap_servers", &self.bootstrap_servers)
-            .field("properties", &keys)
-            .finish()
     }
 }
 
@@ -802,106 +574,6 @@ impl PipelineConfig {
         self.terminate_stale_walsender_after_secs
             .map(Duration::from_secs)
     }
-}
-
-/// A libpq connection URL or `key=value` string (`source_url`); it derefs to the text, and its
-/// `Debug` hides the password ([`redact_url`]), so configs can be logged.
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(transparent)]
-pub struct SourceUrl(pub String);
-
-impl std::ops::Deref for SourceUrl {
-    type Target = String;
-    fn deref(&self) -> &String {
-        &self.0
-    }
-}
-
-impl From<String> for SourceUrl {
-    fn from(url: String) -> Self {
-        SourceUrl(url)
-    }
-}
-
-impl From<&str> for SourceUrl {
-    fn from(url: &str) -> Self {
-        SourceUrl(url.to_owned())
-    }
-}
-
-impl PartialEq<&str> for SourceUrl {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl fmt::Debug for SourceUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&redact_url(&self.0), f)
-    }
-}
-
-/// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
-/// or key=value string (`password=secret` -> `password=***`) for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    if let Some(scheme_end) = url.find("://") {
-        let rest = &url[scheme_end + 3..];
-        // The user info ends at the last '@' (a password may hold '/' or an unencoded '?'; an
-        // '@' in a query value makes this hide more than the password, never less).
-        let mut out = url.to_owned();
-        if let Some(at) = rest.rfind('@') {
-            if let Some(colon) = rest[..at].find(':') {
-                out = format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &rest[..colon],
-                    &rest[at..]
-                );
-            }
-        }
-        // A password may also come as a query parameter.
-        if let Some((base, query)) = out.clone().split_once('?') {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name @ ("password" | "pass"), _)) => format!("{name}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            out = format!("{base}?{}", query.join("&"));
-        }
-        return out;
-    }
-    // key=value form; a quoted value may contain spaces.
-    let mut out = String::with_capacity(url.len());
-    let mut rest = url;
-    while let Some(start) = rest.find("password") {
-        let after = &rest[start + "password".len()..];
-        let Some(value) = after.trim_start().strip_prefix('=') else {
-            out.push_str(&rest[..start + "password".len()]);
-            rest = after;
-            continue;
-        };
-        let value = value.trim_start();
-        let end = if let Some(quoted) = value.strip_prefix('\'') {
-            let mut escaped = false;
-            quoted
-                .char_indices()
-                .find(|&(_, c)| {
-                    let close = c == '\'' && !escaped;
-                    escaped = c == '\\' && !escaped;
-                    close
-                })
-                .map_or(value.len(), |(i, _)| i + 2)
-        } else {
-            value.find(char::is_whitespace).unwrap_or(value.len())
-        };
-        out.push_str(&rest[..start]);
-        out.push_str("password=***");
-        rest = &value[end..];
-    }
-    out.push_str(rest);
-    out
 }
 
 #[cfg(test)]

@@ -1,0 +1,186 @@
+//! How an outbox row becomes a record: the table's column names, the topic route and the
+//! per-event options (value format, NULL payload, bad events, UPDATE/DELETE of outbox rows).
+
+use serde::{Deserialize, Serialize};
+
+/// Kafka's limit on topic name length.
+const MAX_TOPIC_LEN: usize = 249;
+
+/// Checks Kafka's rules for topic names: 1-249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+///
+/// Returns the rule `topic` breaks.
+pub fn validate_topic(topic: &str) -> Result<(), &'static str> {
+    if topic.is_empty() {
+        return Err("empty");
+    }
+    if topic.len() > MAX_TOPIC_LEN {
+        return Err("longer than 249 characters");
+    }
+    if topic == "." || topic == ".." {
+        return Err("'.' and '..' are reserved");
+    }
+    if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("only ASCII letters, digits, '.', '_' and '-' are allowed");
+    }
+    Ok(())
+}
+
+/// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxColumns {
+    /// Event id: the Kafka header `id`.
+    pub id: String,
+    /// Routes the event: topic `<aggregate_type>.events`.
+    pub aggregate_type: String,
+    /// The Kafka key; NULL gives a null key.
+    pub aggregate_id: String,
+    /// The Kafka header `event_type`.
+    pub event_type: String,
+    /// The Kafka value, byte for byte as PostgreSQL prints it; NULL gives a tombstone.
+    pub payload: String,
+    /// Optional jsonb object whose entries become Kafka headers.
+    pub headers: String,
+    /// Optional `timestamptz` or `timestamp` column (a `timestamp` is taken as UTC) whose
+    /// value is the Kafka record timestamp; `None` or a NULL value: the commit time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+impl Default for OutboxColumns {
+    fn default() -> Self {
+        OutboxColumns {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+            headers: "headers".into(),
+            timestamp: None,
+        }
+    }
+}
+
+/// How events map to topics (Debezium's `route.by.field`, `route.topic.replacement`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Column whose value routes the event; `None`: the aggregate type column.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by_field: Option<String>,
+    /// Topic name with placeholders: `${routedByValue}` (the routing value), `${name}` or
+    /// `${1}` (a capture group of `topic_regex`), `${column:<name>}` (a column's text).
+    pub topic_template: String,
+    pub topic_case: TopicCase,
+    /// Regex the whole routing value (after `topic_case`) must match; its capture groups
+    /// may be used in `topic_template` (Debezium's `route.topic.regex`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic_regex: Option<String>,
+}
+
+impl Default for RouteConfig {
+    fn default() -> Self {
+        RouteConfig {
+            by_field: None,
+            topic_template: "${routedByValue}.events".into(),
+            topic_case: TopicCase::Preserve,
+            topic_regex: None,
+        }
+    }
+}
+
+/// An extra column put in the record (Debezium's `table.fields.additional.placement`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdditionalPlacement {
+    /// The column.
+    pub field: String,
+    pub placement: Placement,
+    /// Header or envelope field name; defaults to `field`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+}
+
+impl AdditionalPlacement {
+    /// The header or envelope field name.
+    pub fn name(&self) -> &str {
+        self.alias.as_deref().unwrap_or(&self.field)
+    }
+}
+
+/// Where an [`AdditionalPlacement`] column goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// A header with the column's text (NULL: a null header value), after the others.
+    Header,
+    /// A field of the JSON envelope (`value_format = "envelope"`).
+    Envelope,
+    /// The Kafka partition: the column's integer value (NULL: partition by key).
+    Partition,
+}
+
+/// What the record value is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ValueFormat {
+    /// The payload bytes exactly as PostgreSQL printed them.
+    #[default]
+    Payload,
+    /// A JSON object `{"payload": ..., "<alias>": ...}` with the envelope placements.
+    Envelope,
+}
+
+/// What a SQL NULL payload becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NullPayload {
+    /// A null value: a delete on compacted topics.
+    #[default]
+    Tombstone,
+    /// A zero-byte value, which compacted topics keep.
+    Empty,
+    /// The JSON `null`: the value `null`, or with `value_format = "envelope"` the envelope
+    /// with `"payload":null` (Debezium's envelope output for a NULL payload).
+    JsonNull,
+}
+
+/// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
+/// column, bad headers JSON, bad partition or timestamp value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBadEvent {
+    /// The pipeline stops before confirming the event's transaction.
+    #[default]
+    Halt,
+    /// The raw event goes to `dead_letter_topic` with an `outbox_relay_error` header.
+    DeadLetter,
+}
+
+/// What happens to the routing value's case in the topic name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TopicCase {
+    /// Kafka topic names are case-sensitive: `Order` and `order` stay two topics.
+    #[default]
+    Preserve,
+    Lower,
+    Upper,
+}
+
+/// What an UPDATE or DELETE of an outbox row does (Debezium's `table.op.invalid.behavior`).
+/// Rows may be deleted right after the insert, so the default passes over them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum InvalidOpBehavior {
+    /// Passed over, counted in `outbox_relay_messages_skipped_total{kind}`.
+    #[default]
+    Ignore,
+    /// Passed over with a warning naming the LSN.
+    Warn,
+    /// The pipeline stops before confirming the transaction.
+    Error,
+}

@@ -1,0 +1,105 @@
+//! The source database's connection string, and how it is logged (password hidden).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A libpq connection URL or `key=value` string (`source_url`); it derefs to the text, and its
+/// `Debug` hides the password ([`redact_url`]), so configs can be logged.
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct SourceUrl(pub String);
+
+impl std::ops::Deref for SourceUrl {
+    type Target = String;
+    fn deref(&self) -> &String {
+        &self.0
+    }
+}
+
+impl From<String> for SourceUrl {
+    fn from(url: String) -> Self {
+        SourceUrl(url)
+    }
+}
+
+impl From<&str> for SourceUrl {
+    fn from(url: &str) -> Self {
+        SourceUrl(url.to_owned())
+    }
+}
+
+impl PartialEq<&str> for SourceUrl {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl fmt::Debug for SourceUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&redact_url(&self.0), f)
+    }
+}
+
+/// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
+/// or key=value string (`password=secret` -> `password=***`) for logs and errors.
+pub fn redact_url(url: &str) -> String {
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        // The user info ends at the last '@' (a password may hold '/' or an unencoded '?'; an
+        // '@' in a query value makes this hide more than the password, never less).
+        let mut out = url.to_owned();
+        if let Some(at) = rest.rfind('@') {
+            if let Some(colon) = rest[..at].find(':') {
+                out = format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &rest[..colon],
+                    &rest[at..]
+                );
+            }
+        }
+        // A password may also come as a query parameter.
+        if let Some((base, query)) = out.clone().split_once('?') {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name @ ("password" | "pass"), _)) => format!("{name}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out = format!("{base}?{}", query.join("&"));
+        }
+        return out;
+    }
+    // key=value form; a quoted value may contain spaces.
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(start) = rest.find("password") {
+        let after = &rest[start + "password".len()..];
+        let Some(value) = after.trim_start().strip_prefix('=') else {
+            out.push_str(&rest[..start + "password".len()]);
+            rest = after;
+            continue;
+        };
+        let value = value.trim_start();
+        let end = if let Some(quoted) = value.strip_prefix('\'') {
+            let mut escaped = false;
+            quoted
+                .char_indices()
+                .find(|&(_, c)| {
+                    let close = c == '\'' && !escaped;
+                    escaped = c == '\\' && !escaped;
+                    close
+                })
+                .map_or(value.len(), |(i, _)| i + 2)
+        } else {
+            value.find(char::is_whitespace).unwrap_or(value.len())
+        };
+        out.push_str(&rest[..start]);
+        out.push_str("password=***");
+        rest = &value[end..];
+    }
+    out.push_str(rest);
+    out
+}
