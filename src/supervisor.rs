@@ -38,6 +38,9 @@ use crate::metrics::{PipelineMetrics, PipelineState};
 const MIN_DELAY: Duration = Duration::from_secs(1);
 /// Longest wait before a new session after an error: the backoff stops growing there.
 pub const MAX_DELAY: Duration = Duration::from_secs(30);
+/// Longest wait there can be between two sessions: [`MAX_DELAY`] with its jitter, which adds
+/// up to the delay again.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(2 * MAX_DELAY.as_secs());
 /// Longest wait between attempts while another relay holds the slot or the transactional id,
 /// or while no host fits `target_session_attrs`.
 pub const STAND_BY_RETRY: Duration = Duration::from_secs(3);
@@ -192,8 +195,7 @@ fn backoff() -> ExponentialBackoff {
 }
 
 fn next(backoff: &mut ExponentialBackoff) -> Duration {
-    // Jitter adds up to the delay again.
-    backoff.next().unwrap_or(MAX_DELAY * 2)
+    backoff.next().unwrap_or(LONGEST_WAIT)
 }
 
 #[cfg(test)]

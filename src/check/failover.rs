@@ -16,6 +16,7 @@ use crate::error::chain;
 use crate::source::slot::failover::{self, Invalidation, Server, SlotRow, StandbySlots};
 use crate::source::slot::{self, SqlConnection};
 use crate::source::SourceError;
+use crate::supervisor::LONGEST_WAIT;
 
 /// The pipeline's slot on the primary, as the failover findings need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +28,6 @@ pub struct SlotOnPrimary {
     pub standby_slots: StandbySlots,
     /// `idle_replication_slot_timeout` (PostgreSQL 18); `None` before 18, zero when off.
     pub idle_timeout: Option<Duration>,
-    /// `wal_sender_timeout`; zero when off.
-    pub wal_sender_timeout: Duration,
 }
 
 /// Reads [`SlotOnPrimary`] for `slot`.
@@ -47,7 +46,6 @@ pub async fn slot_on_primary(client: &Client, slot: &str) -> Result<SlotOnPrimar
         failover: failover::is_failover_slot(client, slot).await?,
         standby_slots: failover::standby_slots(client).await?,
         idle_timeout,
-        wal_sender_timeout: slot::wal_sender_timeout(client).await?,
     })
 }
 
@@ -103,7 +101,7 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
             failover_slot,
         ));
     }
-    if let Some(finding) = idle_timeout_finding(config, host, primary) {
+    if let Some(finding) = idle_timeout_finding(host, primary) {
         out.push(finding);
     }
     out
@@ -128,38 +126,28 @@ fn standby_slots_finding(host: &str, slots: &StandbySlots, failover_slot: bool) 
     }
 }
 
-/// How long a relay may take to hold the slot again after losing it: the server ends a dead
-/// relay's walsender after `wal_sender_timeout` (or a standby relay terminates it after
-/// `terminate_stale_walsender_after_secs`), then the supervisor's longest backoff passes.
-pub fn takeover_time(config: &PipelineConfig, wal_sender_timeout: Duration) -> Duration {
-    let stale = match config.terminate_stale_walsender_after() {
-        Some(grace) if wal_sender_timeout.is_zero() => grace,
-        Some(grace) => grace.min(wal_sender_timeout),
-        None => wal_sender_timeout,
-    };
-    stale + crate::supervisor::MAX_DELAY
-}
-
-/// PostgreSQL 18's `idle_replication_slot_timeout`: warns when it is set and shorter than
-/// [`takeover_time`]. `None` before 18.
-fn idle_timeout_finding(
-    config: &PipelineConfig,
-    host: &str,
-    primary: &SlotOnPrimary,
-) -> Option<Finding> {
+/// PostgreSQL 18's `idle_replication_slot_timeout`: warns when it is set and shorter than the
+/// supervisor's [`LONGEST_WAIT`] between two sessions. `None` before 18.
+///
+/// A slot is idle only while no walsender holds it (its `inactive_since` is null while one
+/// does, PostgreSQL docs, "idle_replication_slot_timeout"): a hung relay's walsender keeps it
+/// active until `wal_sender_timeout` or a standby relay ends that walsender, so neither counts.
+/// What counts is the wait before the next session: at most [`STAND_BY_RETRY`](crate::supervisor::STAND_BY_RETRY) for a relay
+/// standing by, up to [`LONGEST_WAIT`] for one reconnecting after errors (a failover, an
+/// outage of the database).
+fn idle_timeout_finding(host: &str, primary: &SlotOnPrimary) -> Option<Finding> {
     const CHECK: &str = "idle slot timeout";
     let timeout = primary.idle_timeout?;
-    let takeover = takeover_time(config, primary.wal_sender_timeout);
     Some(if timeout.is_zero() {
         finding(CHECK, Verdict::Ok, "idle_replication_slot_timeout is off")
-    } else if timeout < takeover {
+    } else if timeout < LONGEST_WAIT {
         finding(
             CHECK,
             Verdict::Warn,
             format!(
-                "idle_replication_slot_timeout = {} s on {host} invalidates the slot when no relay reads it that long, shorter than the {} s a standby relay may take to take over (wal_sender_timeout or terminate_stale_walsender_after_secs, plus a 30 s backoff): raise it or set it to 0",
+                "idle_replication_slot_timeout = {} s on {host} invalidates the slot when no relay streams from it that long, shorter than the {} s a relay may wait between two sessions while it reconnects (its longest backoff, with jitter): raise it or set it to 0",
                 timeout.as_secs(),
-                takeover.as_secs()
+                LONGEST_WAIT.as_secs()
             ),
         )
     } else {

@@ -388,7 +388,7 @@ async fn the_relay_creates_its_slot_with_failover() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn check_warns_of_an_idle_slot_timeout_shorter_than_a_takeover() {
+async fn check_warns_of_an_idle_slot_timeout_shorter_than_the_longest_wait_between_sessions() {
     // A cluster of its own: the timeout would invalidate other tests' idle slots.
     let cluster = PgCluster::start_private_major("fslots_idle", 18);
     let setup = Setup::new_on(&cluster, "fidle", &["Order"], 1).await;
@@ -405,14 +405,14 @@ async fn check_warns_of_an_idle_slot_timeout_shorter_than_a_takeover() {
 
     cluster.psql(
         "postgres",
-        "ALTER SYSTEM SET idle_replication_slot_timeout = '1min'",
+        "ALTER SYSTEM SET idle_replication_slot_timeout = '30s'",
     );
     cluster.psql("postgres", "SELECT pg_reload_conf()");
     let (_, log) = run_command(&as_command(&args, "check"));
     let line = idle_line(&log);
-    // The default wal_sender_timeout (60 s) and the 30 s backoff: 90 s.
+    // The 30 s longest backoff and its jitter: 60 s.
     assert!(
-        line.starts_with("  WARN") && line.contains("= 60 s") && line.contains("90 s"),
+        line.starts_with("  WARN") && line.contains("= 30 s") && line.contains("60 s"),
         "{line}"
     );
 
