@@ -94,10 +94,7 @@ impl Error {
             Error::Transaction(e) => retry_or_stop(e.is_transient()),
             Error::Redo(_) => Recovery::Retry,
             Error::SinkConnect(e) => retry_or_stop(e.retryable),
-            Error::Checkpoint(e) => retry_or_stop(matches!(
-                e,
-                CheckpointError::Kafka { .. } | CheckpointError::Timeout(_)
-            )),
+            Error::Checkpoint(e) => retry_or_stop(e.is_transient()),
             Error::Config(_)
             | Error::Outbox(_)
             | Error::Route(_)

@@ -292,10 +292,12 @@ pub async fn read_checkpoint(
         let metadata = consumer
             .fetch_metadata(Some(&topic), CHECKPOINT_READ_TIMEOUT)
             .map_err(kafka)?;
-        let partitions = match metadata.topics().iter().find(|t| t.name() == topic) {
-            Some(t) if t.error().is_none() && !t.partitions().is_empty() => t.partitions().len(),
-            _ => return Err(CheckpointError::MissingTopic(topic.clone())),
-        };
+        let found = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len()));
+        let partitions = checkpoint_partitions(&topic, found)?;
         let mut assignment = TopicPartitionList::new();
         for partition in 0..partitions {
             let partition = i32::try_from(partition).expect("partition count fits i32");
@@ -374,6 +376,27 @@ async fn detached<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 
         .unwrap_or_else(|_| panic!("the {name} thread panicked"))
 }
 
+/// The checkpoint topic's partition count from its metadata (`found`: its error and partition
+/// count, `None` when the broker left it out).
+///
+/// Returns [`CheckpointError::MissingTopic`] when the broker does not know the topic, and
+/// [`CheckpointError::Topic`] for any other error it names.
+fn checkpoint_partitions(
+    topic: &str,
+    found: Option<(Option<RDKafkaErrorCode>, usize)>,
+) -> Result<usize, CheckpointError> {
+    match found {
+        None | Some((None, 0)) | Some((Some(RDKafkaErrorCode::UnknownTopicOrPartition), _)) => {
+            Err(CheckpointError::MissingTopic(topic.to_owned()))
+        }
+        Some((Some(code), _)) => Err(CheckpointError::Topic {
+            topic: topic.to_owned(),
+            code,
+        }),
+        Some((None, partitions)) => Ok(partitions),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,6 +417,61 @@ mod tests {
             "dropping the runtime waited {:?} for a detached call",
             start.elapsed()
         );
+    }
+
+    #[test]
+    fn a_checkpoint_topic_without_a_leader_is_retried_and_a_missing_or_refused_one_stops() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::producer::DefaultProducerContext;
+        use rdkafka::types::RDKafkaRespErr::*;
+
+        let mock: MockCluster<'static, DefaultProducerContext> =
+            MockCluster::new(1).expect("a librdkafka mock cluster");
+        mock.create_topic("checkpoints", 1, 1).unwrap();
+        let config = KafkaConfig {
+            bootstrap_servers: mock.bootstrap_servers(),
+            properties: Vec::new(),
+        };
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let read = |topic| runtime.block_on(read_checkpoint(&config, topic, "orders"));
+
+        let missing = read("no-such-topic").unwrap_err();
+        assert!(
+            matches!(missing, CheckpointError::MissingTopic(_)) && !missing.is_transient(),
+            "{missing:?}"
+        );
+        mock.topic_error("checkpoints", RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE)
+            .unwrap();
+        let no_leader = read("checkpoints").unwrap_err();
+        assert!(
+            matches!(
+                no_leader,
+                CheckpointError::Topic {
+                    code: RDKafkaErrorCode::LeaderNotAvailable,
+                    ..
+                }
+            ) && no_leader.is_transient(),
+            "{no_leader:?}"
+        );
+        assert_eq!(
+            crate::error::Error::Checkpoint(no_leader).recovery(),
+            crate::error::Recovery::Retry
+        );
+        mock.topic_error("checkpoints", RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)
+            .unwrap();
+        let refused = read("checkpoints").unwrap_err();
+        assert!(
+            matches!(refused, CheckpointError::Topic { .. }) && !refused.is_transient(),
+            "{refused:?}"
+        );
+        assert!(
+            refused.to_string().contains("\"checkpoints\"")
+                && refused.to_string().contains("uthoriz"),
+            "{refused}"
+        );
+        mock.topic_error("checkpoints", RD_KAFKA_RESP_ERR_NO_ERROR)
+            .unwrap();
+        assert!(matches!(read("checkpoints"), Ok(None)));
     }
 
     #[test]

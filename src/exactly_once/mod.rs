@@ -60,6 +60,14 @@ const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum CheckpointError {
     #[error("checkpoint topic {0:?} does not exist: create it with cleanup.policy=compact (see README, exactly-once mode)")]
     MissingTopic(String),
+    /// The broker's metadata named an error for the topic other than its absence: transient
+    /// (no leader yet, a broker restarting) unless it refuses the relay
+    /// ([`CheckpointError::is_transient`]).
+    #[error("checkpoint topic {topic:?}: the broker's metadata for it answered {code}")]
+    Topic {
+        topic: String,
+        code: rdkafka::error::RDKafkaErrorCode,
+    },
     #[error("reading checkpoint topic {topic:?}")]
     Kafka {
         topic: String,
@@ -82,6 +90,23 @@ pub enum CheckpointError {
         offset: i64,
         reason: String,
     },
+}
+
+impl CheckpointError {
+    /// Whether a later session may read the checkpoint: the broker failing or slow, not a
+    /// missing, refused or foreign topic or a bad value (those stop the pipeline).
+    pub fn is_transient(&self) -> bool {
+        use rdkafka::error::RDKafkaErrorCode::{InvalidTopic, TopicAuthorizationFailed};
+        match self {
+            CheckpointError::Kafka { .. } | CheckpointError::Timeout(_) => true,
+            CheckpointError::Topic { code, .. } => {
+                !matches!(code, TopicAuthorizationFailed | InvalidTopic)
+            }
+            CheckpointError::MissingTopic(_)
+            | CheckpointError::Foreign { .. }
+            | CheckpointError::Value { .. } => false,
+        }
+    }
 }
 
 /// A sink whose records can be grouped in transactions: the exactly-once capability.
