@@ -330,7 +330,7 @@ pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback
     )
     .await;
     let reason = match major {
-        16 => "conflicting",
+        16 => "conflict:",
         _ => "rows_removed",
     };
     assert_invalidation_named(relay, &args, slot, reason, "hot_standby_feedback");

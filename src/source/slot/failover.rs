@@ -133,7 +133,7 @@ impl Invalidation {
             "rows_removed" => "rows_removed: catalog rows the slot needed were vacuumed away (on a standby: enable hot_standby_feedback with a physical slot between it and the primary)".into(),
             "wal_level_insufficient" => "wal_level_insufficient: wal_level on the primary was set below logical".into(),
             "idle_timeout" => "idle_timeout: nobody read the slot for longer than idle_replication_slot_timeout".into(),
-            "conflict" => "conflicting: the slot conflicted with recovery on this standby (catalog rows vacuumed away on the primary: enable hot_standby_feedback with a physical slot between it and the primary; or the primary's wal_level lowered below logical)".into(),
+            "conflict" => "conflict: the slot conflicted with recovery on this standby (catalog rows vacuumed away on the primary: enable hot_standby_feedback with a physical slot between it and the primary; or the primary's wal_level lowered below logical)".into(),
             other => format!("invalidation_reason {other}"),
         }
     }
@@ -392,7 +392,9 @@ mod tests {
         assert!(!rows.contains("max_slot_wal_keep_size"), "{rows}");
         let conflict = invalidated_error("s", &Invalidation::of_lost(None, Some(true)));
         assert!(
-            conflict.contains("conflicting") && conflict.contains("hot_standby_feedback"),
+            conflict.contains("conflict: the slot conflicted")
+                && !conflict.contains("conflicting:")
+                && conflict.contains("hot_standby_feedback"),
             "{conflict}"
         );
         assert!(!conflict.contains("max_slot_wal_keep_size"), "{conflict}");
