@@ -381,8 +381,9 @@ class Peers:
         self.python = venv_python() if use else None
         self.cdc = use and (PEERS / "seed_cdc_relay.py").exists() and ensure_wal2json()
         self.poll = use and (PEERS / "seed_poll_relay.py").exists()
-        if use and not (self.cdc or self.poll):
-            log(f"  no peer relays in {PEERS}: running without them")
+        for name, script in ((CDC, "seed_cdc_relay.py"), (POLL, "seed_poll_relay.py")):
+            if use and not (PEERS / script).exists():
+                log(f"  the {name} is left out: {PEERS / script} is missing")
 
     def contenders(self):
         return [c for c, ok in ((CDC, self.cdc), (POLL, self.poll)) if ok]
