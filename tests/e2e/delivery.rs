@@ -1,6 +1,8 @@
 use std::time::Duration;
 
-use crate::support::{self, consume, kafka, pg, wait_for, Auth, Relay};
+use crate::support::{
+    self, consume, http_get, kafka, metric_sum, metric_value, pg, wait_for, Auth, Relay,
+};
 use crate::{assert_delivered, header, insert, insert_lsn, write_events, Setup, Written};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -14,7 +16,10 @@ pub(crate) async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catche
     cluster: &support::PgCluster,
 ) {
     let setup = Setup::new_on(cluster, "roundtrip", &["Order", "customer", "PAYMENT"], 3).await;
-    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--metrics-listen".to_owned(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     let started = std::time::Instant::now();
@@ -49,7 +54,55 @@ pub(crate) async fn ten_thousand_events_arrive_once_in_order_and_the_slot_catche
             Duration::from_secs(5),
         )
         .await;
+    assert_counted(&setup, &metrics, 10_000, 1_000).await;
     drop(relay);
+}
+
+/// The relay's metrics after it delivered `events` in `transactions` without a failure: each
+/// counted once, nothing in flight, no failure or null key counted, status updates sent, and
+/// the confirmed flush LSN it reports the slot's (read until the two agree: idle progress may
+/// move both in between).
+async fn assert_counted(setup: &Setup, metrics: &str, events: u64, transactions: u64) {
+    let pipeline = format!("{{pipeline=\"{}\"}}", setup.slot);
+    let text = wait_for(
+        "outbox_relay_confirmed_flush_lsn_bytes to be the slot's confirmed_flush_lsn",
+        Duration::from_secs(10),
+        || async {
+            let (_, text) = support::within(
+                "GET /metrics",
+                Duration::from_secs(10),
+                http_get(metrics, "/metrics"),
+            )
+            .await
+            .expect("GET /metrics");
+            let slot = setup.db.confirmed_flush_lsn_u64(&setup.slot).await?;
+            let reported = metric_value(
+                &text,
+                &format!("outbox_relay_confirmed_flush_lsn_bytes{pipeline}"),
+            );
+            (reported == slot as f64).then_some(text)
+        },
+    )
+    .await;
+    let sum = |name| metric_sum(&text, name).unwrap_or(0.0);
+    assert_eq!(
+        sum("outbox_relay_events_published_total"),
+        events as f64,
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, &format!("outbox_relay_transactions_total{pipeline}")),
+        transactions as f64,
+        "{text}"
+    );
+    assert_eq!(sum("outbox_relay_in_flight_events"), 0.0, "{text}");
+    assert_eq!(sum("outbox_relay_in_flight_bytes"), 0.0, "{text}");
+    assert_eq!(sum("outbox_relay_delivery_failures_total"), 0.0, "{text}");
+    assert_eq!(sum("outbox_relay_events_null_key_total"), 0.0, "{text}");
+    assert!(
+        sum("outbox_relay_status_updates_sent_total") >= 1.0,
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

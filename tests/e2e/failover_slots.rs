@@ -318,6 +318,26 @@ async fn setup_turns_failover_on_for_a_free_slot_only() {
 
     drop(relay);
     setup.wait_released("the relay was dropped").await;
+
+    // The relay asked for failover on this slot: it streams, and says what to do.
+    let mut failover_run = args.clone();
+    failover_run.push("--failover".into());
+    let warned = Relay::spawn(&failover_run);
+    setup.wait_streaming().await;
+    wait_for(
+        "the relay's warning that its slot is not a failover slot",
+        Duration::from_secs(30),
+        || async {
+            let log = warned.log();
+            (log.contains("failover = true but the slot is not a failover slot")
+                && log.contains("run `outbox-relay setup`"))
+            .then_some(())
+        },
+    )
+    .await;
+    drop(warned);
+    setup.wait_released("the warned relay was dropped").await;
+
     let (ok, log) = run_command(&failover_setup);
     assert!(ok, "setup --failover failed on a free slot:\n{log}");
     assert!(

@@ -391,6 +391,73 @@ async fn probe_command_exits_0_when_ready_and_1_otherwise() {
     drop(relay);
 }
 
+/// The JSON objects of a log, one per non-empty line; panics naming a line that is not one.
+fn json_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .filter(|v| v.is_object())
+                .unwrap_or_else(|| panic!("not a JSON object: {line}\n--- log:\n{log}"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_format_json_writes_every_line_as_one_json_object() {
+    let setup = Setup::new("jsonlog", &["Order"], 1).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--log-format".to_owned(), "json".to_owned()]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 1, 2, &setup.types, 1, 0, Duration::ZERO).await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, true);
+    relay.sigterm();
+    assert!(
+        relay.wait(Duration::from_secs(40)).success(),
+        "{}",
+        relay.log()
+    );
+    let lines = json_lines(&relay.log());
+    let stopped = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "stopped")
+        .unwrap_or_else(|| panic!("no \"stopped\" line in {lines:#?}"));
+    assert_eq!(stopped["level"], "INFO");
+    assert_eq!(stopped["fields"]["pipeline"], setup.slot.as_str());
+    assert!(
+        stopped["fields"]["confirmed_flush_lsn"].is_string() && stopped["timestamp"].is_string(),
+        "{stopped}"
+    );
+
+    // From OUTBOX_RELAY_LOG_FORMAT, and for the error that ends a command.
+    let mut bad = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    bad.extend(["--max-in-flight-events".to_owned(), "0".to_owned()]);
+    let mut refused = Relay::spawn_with_env(&bad, &[("OUTBOX_RELAY_LOG_FORMAT", "json")]);
+    assert!(
+        !refused.wait(Duration::from_secs(30)).success(),
+        "{}",
+        refused.log()
+    );
+    let lines = json_lines(&refused.log());
+    let failed = lines
+        .iter()
+        .find(|l| l["level"] == "ERROR")
+        .unwrap_or_else(|| panic!("no ERROR line in {lines:#?}"));
+    assert_eq!(failed["fields"]["message"], "outbox-relay failed");
+    assert!(
+        failed["fields"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("max_in_flight_events")),
+        "{failed}"
+    );
+}
+
 /// `target/<profile>/examples/inbox_consumer`, built first if `cargo test --test e2e` did not.
 fn inbox_consumer_example() -> std::path::PathBuf {
     let relay = Path::new(env!("CARGO_BIN_EXE_outbox-relay"));

@@ -279,3 +279,53 @@ async fn a_first_start_creates_the_record_table_and_the_slot_and_a_record_of_ano
     setup.wait_streaming().await;
     stop(unrecorded);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_in_another_schema_is_written_there_and_still_refuses_a_dropped_slot() {
+    let setup = Setup::new("slotschema", &["Order"], 1).await;
+    let run = args(
+        &setup,
+        Auth::Trust,
+        "run",
+        &["--slot-record-schema", "relay_meta"],
+    );
+    let relay = Relay::spawn(&run);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 1, 2, &setup.types, 1, 0, Duration::ZERO).await;
+    assert_arrived(&setup, &written).await;
+    let in_schema = |schema: &'static str| {
+        let (client, slot) = (&setup.db.client, setup.slot.clone());
+        async move {
+            client
+                .query_opt(
+                    &format!("SELECT pipeline FROM {schema}.streamed_slots WHERE slot_name = $1"),
+                    &[&slot],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("reading {schema}.streamed_slots: {e}"))
+                .map(|row| row.get::<_, String>(0))
+        }
+    };
+    let pipeline = wait_for(
+        "the slot record in relay_meta.streamed_slots",
+        Duration::from_secs(30),
+        || in_schema("relay_meta"),
+    )
+    .await;
+    assert_eq!(pipeline, setup.slot);
+    // Setup::new made the default schema's table (sql/slot_record.sql); the relay left it alone.
+    assert_eq!(in_schema("outbox_relay").await, None);
+    stop(relay);
+
+    setup.db.drop_slot(&setup.slot).await;
+    let log = refused(&run);
+    assert!(
+        log.contains(&format!(
+            "replication slot \"{}\" does not exist, but pipeline",
+            setup.slot
+        )),
+        "{log}"
+    );
+    assert!(!slot_exists(&setup).await, "the relay re-created the slot");
+}
