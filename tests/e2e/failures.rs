@@ -378,8 +378,10 @@ async fn broker_outage_longer_than_the_message_timeout_loses_nothing() {
     for topic in setup.topics() {
         broker.create_topic(&topic, 2);
     }
+    let metrics = format!("127.0.0.1:{}", support::free_port());
     let mut args = setup.relay_args(&broker.bootstrap(), Auth::Trust);
     args.extend(["--kafka-property", "message.timeout.ms=2000"].map(String::from));
+    args.extend(["--metrics-listen".to_owned(), metrics.clone()]);
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let (mut written, _) =
@@ -432,5 +434,25 @@ async fn broker_outage_longer_than_the_message_timeout_loses_nothing() {
     assert!(
         log.contains("timed out") && log.contains("reconnecting"),
         "the relay did not report the timed-out deliveries and its retry:\n{log}"
+    );
+    // Counted as failures publishing again may mend, on the events' topic.
+    let (_, text) = support::within(
+        "GET /metrics",
+        Duration::from_secs(10),
+        http_get(&metrics, "/metrics"),
+    )
+    .await
+    .expect("GET /metrics");
+    let series = format!(
+        "outbox_relay_delivery_failures_total{{pipeline=\"{}\",retryable=\"true\",sink=\"kafka\",topic=\"{}\"}}",
+        setup.slot, topics[0]
+    );
+    assert!(metric_value(&text, &series) >= 1.0, "{series}:\n{text}");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("outbox_relay_delivery_failures_total{")
+                && l.contains("retryable=\"false\"")),
+        "a timeout counted as a failure retrying cannot mend:\n{text}"
     );
 }
