@@ -136,7 +136,10 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     )
     .await;
 
-    let relay = Relay::spawn(&args);
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut with_metrics = args.clone();
+    with_metrics.extend(["--metrics-listen".to_owned(), metrics.clone()]);
+    let relay = Relay::spawn(&with_metrics);
     setup
         .wait_confirmed_past(
             before_last[0],
@@ -163,6 +166,39 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         );
     }
     assert_delivered(&expected, &consumed, true);
+    // The events passed over are counted as such; C's Kafka transaction as committed.
+    let (_, text) = support::within(
+        "GET /metrics",
+        Duration::from_secs(10),
+        support::http_get(&metrics, "/metrics"),
+    )
+    .await
+    .expect("GET /metrics");
+    let series = |name: &str, label: &str| {
+        support::metric_value(
+            &text,
+            &format!("{name}{{{label},pipeline=\"{}\"}}", setup.slot),
+        )
+    };
+    assert_eq!(
+        series(
+            "outbox_relay_messages_skipped_total",
+            "kind=\"checkpointed\""
+        ),
+        skipped.len() as f64,
+        "{text}"
+    );
+    assert!(
+        series(
+            "outbox_relay_kafka_transactions_total",
+            "outcome=\"committed\""
+        ) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        !text.contains("outcome=\"aborted\""),
+        "a Kafka transaction aborted:\n{text}"
+    );
     assert!(
         relay.log().contains(&format!(
             "checkpoint_lsn={}",
