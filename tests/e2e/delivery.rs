@@ -388,8 +388,10 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
 async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
     let setup = Setup::new("messages", &["Order"], 1).await;
     let t = setup.types[0].clone();
+    let metrics = format!("127.0.0.1:{}", support::free_port());
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     args.extend(["--message-prefix".to_string(), "outbox".to_string()]);
+    args.extend(["--metrics-listen".to_owned(), metrics.clone()]);
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let c = &setup.db.client;
@@ -468,6 +470,21 @@ async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
         "{}",
         relay.log()
     );
+    // Each message passed over is counted by why: another prefix, not transactional.
+    let (_, text) = support::within(
+        "GET /metrics",
+        Duration::from_secs(10),
+        http_get(&metrics, "/metrics"),
+    )
+    .await
+    .expect("GET /metrics");
+    for kind in ["message", "message_non_transactional"] {
+        let series = format!(
+            "outbox_relay_messages_skipped_total{{kind=\"{kind}\",pipeline=\"{}\"}}",
+            setup.slot
+        );
+        assert_eq!(metric_value(&text, &series), 1.0, "{series}:\n{text}");
+    }
 }
 
 /// Idle progress, both sides: ~300 MB of WAL outside the publication behind one event. While
