@@ -301,9 +301,16 @@ pub(crate) async fn a_100k_row_transaction_streams_through_bounded_memory_in_key
 async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_them() {
     let setup = Setup::new("fidelity", &["OrderLine", "orderline"], 1).await;
     let (upper, lower) = (setup.types[0].clone(), setup.types[1].clone());
-    let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
-    setup.wait_streaming().await;
     let c = &setup.db.client;
+    // A team's outbox may allow a NULL aggregate id (sql/outbox.sql does not).
+    c.batch_execute("ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL")
+        .await
+        .unwrap();
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args.extend(["--metrics-listen".to_owned(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
 
     let mut ids = Vec::new();
     for payload in [
@@ -327,6 +334,15 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
         ids.push(row.get::<_, String>(0));
     }
     let other = insert(c, &lower, "k", r#"{"case": "lower"}"#).await;
+    let keyless: String = c
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ($1, NULL, 'T', '{\"key\": null}') RETURNING id::text",
+            &[&lower],
+        )
+        .await
+        .unwrap()
+        .get(0);
 
     let topics = setup.topics();
     let consumed = consume(
@@ -375,12 +391,37 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
     let lower_topic = consume(
         &kafka().bootstrap(),
         &[topics[1].as_str()],
-        1,
+        2,
         Duration::from_secs(1),
         Duration::from_secs(30),
     )
     .await;
-    assert_delivered(&[other], &lower_topic, true);
+    assert_eq!(lower_topic.len(), 2, "{lower_topic:?}");
+    assert_delivered(&[other], &lower_topic[..1], true);
+    // A NULL aggregate id: a null key, counted, and a warning naming the event.
+    assert_eq!(header(&lower_topic[1], "id"), Some(keyless.as_bytes()));
+    assert_eq!(
+        lower_topic[1].key, None,
+        "a NULL aggregate id is a null key"
+    );
+    let (_, text) = support::within(
+        "GET /metrics",
+        Duration::from_secs(10),
+        http_get(&metrics, "/metrics"),
+    )
+    .await
+    .expect("GET /metrics");
+    let series = format!(
+        "outbox_relay_events_null_key_total{{pipeline=\"{}\"}}",
+        setup.slot
+    );
+    assert_eq!(metric_value(&text, &series), 1.0, "{series}:\n{text}");
+    let log = relay.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("null key") && l.contains(&keyless)),
+        "{log}"
+    );
     drop(relay);
 }
 
