@@ -466,9 +466,23 @@ mod tests {
         );
         assert!(
             refused.to_string().contains("\"checkpoints\"")
-                && refused.to_string().contains("uthoriz"),
+                && refused.to_string().contains("Topic authorization failed"),
             "{refused}"
         );
+        // Refused at the fetch (the topic described, not readable), or not authenticated.
+        for (code, transient) in [
+            (RDKafkaErrorCode::TopicAuthorizationFailed, false),
+            (RDKafkaErrorCode::GroupAuthorizationFailed, false),
+            (RDKafkaErrorCode::Authentication, false),
+            (RDKafkaErrorCode::BrokerTransportFailure, true),
+            (RDKafkaErrorCode::NotLeaderForPartition, true),
+        ] {
+            let fetched = CheckpointError::Kafka {
+                topic: "checkpoints".into(),
+                source: KafkaError::MessageConsumption(code),
+            };
+            assert_eq!(fetched.is_transient(), transient, "{code:?}");
+        }
         mock.topic_error("checkpoints", RD_KAFKA_RESP_ERR_NO_ERROR)
             .unwrap();
         assert!(matches!(read("checkpoints"), Ok(None)));

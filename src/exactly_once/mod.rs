@@ -94,14 +94,30 @@ pub enum CheckpointError {
 
 impl CheckpointError {
     /// Whether a later session may read the checkpoint: the broker failing or slow, not a
-    /// missing, refused or foreign topic or a bad value (those stop the pipeline).
+    /// missing, refused or foreign topic or a bad value (those stop the pipeline). A topic the
+    /// relay may describe but not read is refused at the fetch, not in the metadata: an
+    /// authorization or authentication error is a refusal wherever it comes from.
     pub fn is_transient(&self) -> bool {
-        use rdkafka::error::RDKafkaErrorCode::{InvalidTopic, TopicAuthorizationFailed};
+        use rdkafka::error::RDKafkaErrorCode::{
+            Authentication, ClusterAuthorizationFailed, GroupAuthorizationFailed, InvalidTopic,
+            SaslAuthenticationFailed, TopicAuthorizationFailed,
+        };
+        let refused = |code: rdkafka::error::RDKafkaErrorCode| {
+            matches!(
+                code,
+                TopicAuthorizationFailed
+                    | GroupAuthorizationFailed
+                    | ClusterAuthorizationFailed
+                    | SaslAuthenticationFailed
+                    | Authentication
+            )
+        };
         match self {
-            CheckpointError::Kafka { .. } | CheckpointError::Timeout(_) => true,
-            CheckpointError::Topic { code, .. } => {
-                !matches!(code, TopicAuthorizationFailed | InvalidTopic)
+            CheckpointError::Kafka { source, .. } => {
+                !source.rdkafka_error_code().is_some_and(refused)
             }
+            CheckpointError::Timeout(_) => true,
+            CheckpointError::Topic { code, .. } => !(refused(*code) || *code == InvalidTopic),
             CheckpointError::MissingTopic(_)
             | CheckpointError::Foreign { .. }
             | CheckpointError::Value { .. } => false,
