@@ -510,6 +510,14 @@ mod tests {
         "help",
     ];
 
+    /// Held by every test that parses: one of them sets an `OUTBOX_RELAY_*` variable, which a
+    /// parse on another test thread would otherwise see.
+    static ENVIRONMENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn environment() -> std::sync::MutexGuard<'static, ()> {
+        ENVIRONMENT.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("outbox-relay").chain(argv.iter().copied()))
     }
@@ -526,6 +534,7 @@ mod tests {
 
     #[test]
     fn config_refuses_every_single_database_flag_and_its_variable() {
+        let _environment = environment();
         let cli = Cli::command();
         let run = cli.find_subcommand("run").expect("a run command");
         let mut refused = 0;
@@ -552,8 +561,7 @@ mod tests {
         }
         assert!(refused >= 20, "only {refused} single-database flags");
         // From the environment too: a variable left over from a single-database deployment
-        // must not be ignored. (Set only here; a parse elsewhere that sees it while it is set
-        // fails as a conflict too, or ignores it where there is no --config.)
+        // must not be ignored.
         std::env::set_var("OUTBOX_RELAY_EXACTLY_ONCE", "true");
         let from_env = parse(&["run", "--config", "relay.toml"]);
         std::env::remove_var("OUTBOX_RELAY_EXACTLY_ONCE");
@@ -566,6 +574,7 @@ mod tests {
 
     #[test]
     fn pipeline_no_create_slot_and_no_slot_record_apply_to_the_config_file() {
+        let _environment = environment();
         let dir = std::env::temp_dir().join(format!("outbox-relay-main-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("relay.toml");
