@@ -4,7 +4,8 @@
 //! shutdown or an error); a source kind provides it through [`Sessions`]. The supervisor alone
 //! decides what an ended session leads to, from [`Error::recovery`]:
 //!
-//! - [`Recovery::Retry`]: a new session after an exponential backoff with jitter (1 s to 30 s).
+//! - [`Recovery::Retry`]: a new session after an exponential backoff (1 s doubling to 30 s,
+//!   each plus a jitter of up to as much again: at most [`LONGEST_WAIT`]).
 //!   The backoff is reset only after *progress* ([`SessionProgress::advanced`]: the confirmed
 //!   flush LSN moved, a polling batch was marked), not when a session merely starts, so an
 //!   error that recurs right after every start backs off further each time instead of

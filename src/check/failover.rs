@@ -132,9 +132,9 @@ fn standby_slots_finding(host: &str, slots: &StandbySlots, failover_slot: bool) 
 /// A slot is idle only while no walsender holds it (its `inactive_since` is null while one
 /// does, PostgreSQL docs, "idle_replication_slot_timeout"): a hung relay's walsender keeps it
 /// active until `wal_sender_timeout` or a standby relay ends that walsender, so neither counts.
-/// What counts is the wait before the next session: at most [`STAND_BY_RETRY`](crate::supervisor::STAND_BY_RETRY) for a relay
-/// standing by, up to [`LONGEST_WAIT`] for one reconnecting after errors (a failover, an
-/// outage of the database).
+/// What counts is the wait before the next session: at most
+/// [`STAND_BY_RETRY`](crate::supervisor::STAND_BY_RETRY) for a relay standing by, up to
+/// [`LONGEST_WAIT`] for one reconnecting after errors (a failover, an outage of the database).
 fn idle_timeout_finding(host: &str, primary: &SlotOnPrimary) -> Option<Finding> {
     const CHECK: &str = "idle slot timeout";
     let timeout = primary.idle_timeout?;
