@@ -1,8 +1,6 @@
 use std::time::Duration;
 
-use crate::support::{
-    self, consume, http_get, kafka, metric_sum, metric_value, pg, wait_for, Auth, Relay,
-};
+use crate::support::{self, consume, kafka, metric_sum, metric_value, pg, wait_for, Auth, Relay};
 use crate::{assert_delivered, header, insert, insert_lsn, write_events, Setup, Written};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,13 +66,7 @@ async fn assert_counted(setup: &Setup, metrics: &str, events: u64, transactions:
         "outbox_relay_confirmed_flush_lsn_bytes to be the slot's confirmed_flush_lsn",
         Duration::from_secs(10),
         || async {
-            let (_, text) = support::within(
-                "GET /metrics",
-                Duration::from_secs(10),
-                http_get(metrics, "/metrics"),
-            )
-            .await
-            .expect("GET /metrics");
+            let text = support::scrape_metrics(metrics).await;
             let slot = setup.db.confirmed_flush_lsn_u64(&setup.slot).await?;
             let reported = metric_value(
                 &text,
@@ -404,13 +396,7 @@ async fn values_tombstones_headers_and_case_are_published_as_postgres_printed_th
         lower_topic[1].key, None,
         "a NULL aggregate id is a null key"
     );
-    let (_, text) = support::within(
-        "GET /metrics",
-        Duration::from_secs(10),
-        http_get(&metrics, "/metrics"),
-    )
-    .await
-    .expect("GET /metrics");
+    let text = support::scrape_metrics(&metrics).await;
     let series = format!(
         "outbox_relay_events_null_key_total{{pipeline=\"{}\"}}",
         setup.slot
@@ -512,13 +498,7 @@ async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
         relay.log()
     );
     // Each message passed over is counted by why: another prefix, not transactional.
-    let (_, text) = support::within(
-        "GET /metrics",
-        Duration::from_secs(10),
-        http_get(&metrics, "/metrics"),
-    )
-    .await
-    .expect("GET /metrics");
+    let text = support::scrape_metrics(&metrics).await;
     for kind in ["message", "message_non_transactional"] {
         let series = format!(
             "outbox_relay_messages_skipped_total{{kind=\"{kind}\",pipeline=\"{}\"}}",

@@ -167,13 +167,7 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     }
     assert_delivered(&expected, &consumed, true);
     // The events passed over are counted as such; C's Kafka transaction as committed.
-    let (_, text) = support::within(
-        "GET /metrics",
-        Duration::from_secs(10),
-        support::http_get(&metrics, "/metrics"),
-    )
-    .await
-    .expect("GET /metrics");
+    let text = support::scrape_metrics(&metrics).await;
     let series = |name: &str, label: &str| {
         support::metric_value(
             &text,

@@ -436,13 +436,7 @@ async fn broker_outage_longer_than_the_message_timeout_loses_nothing() {
         "the relay did not report the timed-out deliveries and its retry:\n{log}"
     );
     // Counted as failures publishing again may mend, on the events' topic.
-    let (_, text) = support::within(
-        "GET /metrics",
-        Duration::from_secs(10),
-        http_get(&metrics, "/metrics"),
-    )
-    .await
-    .expect("GET /metrics");
+    let text = support::scrape_metrics(&metrics).await;
     let series = format!(
         "outbox_relay_delivery_failures_total{{pipeline=\"{}\",retryable=\"true\",sink=\"kafka\",topic=\"{}\"}}",
         setup.slot, topics[0]

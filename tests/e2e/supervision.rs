@@ -149,13 +149,7 @@ async fn a_session_failing_after_every_start_backs_off_further_and_readyz_shows_
         "outbox_relay_consecutive_failed_sessions{{pipeline=\"{}\"}}",
         setup.slot
     );
-    let (_, text) = support::within(
-        "GET /metrics",
-        Duration::from_secs(10),
-        http_get(&metrics, "/metrics"),
-    )
-    .await
-    .expect("GET /metrics");
+    let text = support::scrape_metrics(&metrics).await;
     assert!(
         metric_value(&text, &series) >= 4.0,
         "{series} after four failed sessions:\n{text}"

@@ -41,6 +41,20 @@ pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// The Prometheus text page of the relay serving metrics on `addr` (`host:port`).
+///
+/// Panics if nothing answers within 10 s.
+pub async fn scrape_metrics(addr: &str) -> String {
+    let (_, text) = super::within(
+        "GET /metrics",
+        Duration::from_secs(10),
+        http_get(addr, "/metrics"),
+    )
+    .await
+    .expect("GET /metrics");
+    text
+}
+
 /// The value of the series `series` (name and labels as rendered) in a Prometheus text page.
 ///
 /// Panics if the page has no such series.

@@ -28,7 +28,7 @@ mod run;
 pub mod server;
 pub mod webhook;
 
-pub use http::{http_get, metric_sum, metric_value};
+pub use http::{http_get, metric_sum, metric_value, scrape_metrics};
 pub use kafka::{consume, consume_with, kafka, Broker, Consumed};
 pub use pg::{parse_lsn, pg, Auth, PgCluster, TestDb, PASSWORD, QUERY_DEADLINE};
 pub use relay::Relay;
