@@ -188,28 +188,17 @@ impl<W: WalStream> LogicalSource<W> {
     /// While catching up on a backlog (more than [`PROGRESS_MIN_LAG_BYTES`] behind), logs every
     /// [`PROGRESS_INTERVAL`] how fast it goes and when it should be done.
     fn log_progress(&mut self, flush: Lsn, lag: u64) {
-        let elapsed = self.progress.at.elapsed();
-        if elapsed < PROGRESS_INTERVAL {
+        let Some(line) = self.progress.tick(Instant::now(), flush, lag) else {
             return;
-        }
-        let published = self.progress.published;
-        if lag > PROGRESS_MIN_LAG_BYTES {
-            let secs = elapsed.as_secs_f64();
-            let bytes_per_sec = flush.0.saturating_sub(self.progress.flush.0) as f64 / secs;
-            let eta = (bytes_per_sec > 0.0).then(|| format!("{:.0}s", lag as f64 / bytes_per_sec));
-            info!(
-                pipeline = %self.metrics.name(),
-                events_per_sec = (published as f64 / secs).round(),
-                lag_bytes = lag,
-                eta = eta.as_deref().unwrap_or("unknown"),
-                "catching up"
-            );
-        }
-        self.progress = Progress {
-            at: Instant::now(),
-            published: 0,
-            flush,
         };
+        let eta = line.eta.map(|eta| format!("{:.0}s", eta.as_secs_f64()));
+        info!(
+            pipeline = %self.metrics.name(),
+            events_per_sec = line.events_per_sec.round(),
+            lag_bytes = line.lag_bytes,
+            eta = eta.as_deref().unwrap_or("unknown"),
+            "catching up"
+        );
     }
 }
 
@@ -276,3 +265,46 @@ struct Progress {
     published: u64,
     flush: Lsn,
 }
+
+/// The figures of one "catching up" line.
+#[derive(Debug, PartialEq)]
+struct CatchUp {
+    /// Records acknowledged per second since the last snapshot.
+    events_per_sec: f64,
+    /// WAL between the confirmed flush LSN and the server's end of WAL, bytes.
+    lag_bytes: u64,
+    /// `lag_bytes` at the rate the flush LSN moved since the last snapshot; `None` when it did
+    /// not move.
+    eta: Option<Duration>,
+}
+
+impl Progress {
+    /// Called at each confirmation, `flush` being the confirmed LSN and `lag` the bytes behind
+    /// the server's end of WAL. Once [`PROGRESS_INTERVAL`] has passed since the snapshot, starts
+    /// a new one at `now` and returns the line to log if `lag` is over
+    /// [`PROGRESS_MIN_LAG_BYTES`]; before that, returns `None` and keeps counting.
+    fn tick(&mut self, now: Instant, flush: Lsn, lag: u64) -> Option<CatchUp> {
+        let elapsed = now.saturating_duration_since(self.at);
+        if elapsed < PROGRESS_INTERVAL {
+            return None;
+        }
+        let secs = elapsed.as_secs_f64();
+        let bytes_per_sec = flush.0.saturating_sub(self.flush.0) as f64 / secs;
+        let line = (lag > PROGRESS_MIN_LAG_BYTES).then(|| CatchUp {
+            events_per_sec: self.published as f64 / secs,
+            lag_bytes: lag,
+            eta: (bytes_per_sec > 0.0)
+                .then(|| Duration::try_from_secs_f64(lag as f64 / bytes_per_sec).ok())
+                .flatten(),
+        });
+        *self = Progress {
+            at: now,
+            published: 0,
+            flush,
+        };
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests;
