@@ -76,18 +76,14 @@ impl TransactionError {
         )
     }
 
-    /// Whether a new session (a new producer) may succeed; not for refused authorization or
-    /// an invalid transaction timeout, which need the operator.
+    /// Whether a new session (a new producer) may succeed; not for a refused authorization or
+    /// authentication (`sink::kafka::is_refused`, as for the checkpoint read) or an invalid
+    /// transaction timeout, which need the operator.
     pub fn is_transient(&self) -> bool {
-        !matches!(
-            self.source.rdkafka_error_code(),
-            Some(
-                RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-                    | RDKafkaErrorCode::ClusterAuthorizationFailed
-                    | RDKafkaErrorCode::TopicAuthorizationFailed
-                    | RDKafkaErrorCode::InvalidTransactionTimeout
-            )
-        )
+        !self.source.rdkafka_error_code().is_some_and(|code| {
+            crate::sink::kafka::is_refused(code)
+                || code == RDKafkaErrorCode::InvalidTransactionTimeout
+        })
     }
 }
 
@@ -501,6 +497,15 @@ mod tests {
         assert!(!loading.is_fenced() && loading.is_transient());
         let refused = error("init", RDKafkaErrorCode::TransactionalIdAuthorizationFailed);
         assert!(!refused.is_fenced() && !refused.is_transient());
+        // The same refusals as the checkpoint read's: credentials a retry cannot mend.
+        for code in [
+            RDKafkaErrorCode::SaslAuthenticationFailed,
+            RDKafkaErrorCode::Authentication,
+            RDKafkaErrorCode::GroupAuthorizationFailed,
+            RDKafkaErrorCode::InvalidTransactionTimeout,
+        ] {
+            assert!(!error("init", code).is_transient(), "{code:?}");
+        }
         assert!(crate::error::chain(&fenced).starts_with(
             "kafka transaction commit failed: Message production error: ProducerFenced"
         ));

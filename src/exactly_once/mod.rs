@@ -98,20 +98,8 @@ impl CheckpointError {
     /// relay may describe but not read is refused at the fetch, not in the metadata: an
     /// authorization or authentication error is a refusal wherever it comes from.
     pub fn is_transient(&self) -> bool {
-        use rdkafka::error::RDKafkaErrorCode::{
-            Authentication, ClusterAuthorizationFailed, GroupAuthorizationFailed, InvalidTopic,
-            SaslAuthenticationFailed, TopicAuthorizationFailed,
-        };
-        let refused = |code: rdkafka::error::RDKafkaErrorCode| {
-            matches!(
-                code,
-                TopicAuthorizationFailed
-                    | GroupAuthorizationFailed
-                    | ClusterAuthorizationFailed
-                    | SaslAuthenticationFailed
-                    | Authentication
-            )
-        };
+        use crate::sink::kafka::is_refused as refused;
+        use rdkafka::error::RDKafkaErrorCode::InvalidTopic;
         match self {
             CheckpointError::Kafka { source, .. } => {
                 !source.rdkafka_error_code().is_some_and(refused)

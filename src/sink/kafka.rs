@@ -461,6 +461,21 @@ fn is_too_large(error: &KafkaError) -> bool {
     )
 }
 
+/// The broker or librdkafka refused the client: an authorization or authentication failure,
+/// which only the operator can mend (ACLs, credentials). Shared by the checkpoint read and the
+/// transaction calls of exactly-once mode, which stop the pipeline on it rather than retry.
+pub(crate) fn is_refused(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed
+            | RDKafkaErrorCode::Authentication
+    )
+}
+
 /// Errors that publishing the same record again cannot fix.
 fn is_retryable(error: &KafkaError) -> bool {
     use RDKafkaErrorCode::*;
