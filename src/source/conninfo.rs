@@ -50,10 +50,27 @@ fn split(url: &str) -> Result<(String, TlsSettings, Option<TargetSessionAttrs>),
     Ok((rest, tls, target))
 }
 
+/// Session settings of every connection the relay opens to a source (SQL and replication), so
+/// role and database defaults (`ALTER ROLE ... SET`, `ALTER DATABASE ... SET`) cannot break
+/// them: catalog names resolve in `pg_catalog` only, no timeout ends a slot creation waiting
+/// for running transactions or an idle connection kept between status queries, and values
+/// print in one format.
+///
+/// They travel in the start-up packet's `options` (PostgreSQL docs, 20.1.4 "Parameter
+/// Interaction via the Shell", and StartupMessage in 55.7 "Message Formats"), after any
+/// `options` of the source URL, so the server applies them at backend start, over the role's
+/// and database's defaults and before the first statement: a `SET` sent after connecting
+/// would itself run under, say, a `statement_timeout` of 1 ms. `idle_session_timeout` needs
+/// PostgreSQL 14 or later.
+pub const SESSION_OPTIONS: &str = "-c search_path=pg_catalog,pg_temp -c statement_timeout=0 \
+-c lock_timeout=0 -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=0 \
+-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres";
+
 impl PipelineConfig {
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
     /// would (`PG*` environment variables, the password file, the local socket directory;
-    /// see [`apply`]), its TLS settings and `target_session_attrs`.
+    /// see [`apply`]), its TLS settings and `target_session_attrs`. Its `options` end with
+    /// [`SESSION_OPTIONS`].
     ///
     /// Returns an error naming `source_url` (without its password) if it does not parse.
     pub fn source_config(&self) -> Result<ConnInfo, ConfigError> {
@@ -84,6 +101,11 @@ impl PipelineConfig {
         } else {
             tls.tokio_postgres_mode()
         });
+        let options = match config.get_options() {
+            Some(given) => format!("{given} {SESSION_OPTIONS}"),
+            None => SESSION_OPTIONS.to_owned(),
+        };
+        config.options(&options);
         Ok(ConnInfo {
             pg: config,
             tls,
@@ -335,6 +357,35 @@ mod tests {
         assert_eq!(config.get_password(), Some(&b"pw"[..]));
         assert_eq!(tls.mode, crate::source::tls::SslMode::VerifyFull);
         assert_eq!(tls.root_cert.as_deref(), Some("/ca.pem"));
+    }
+
+    /// A `SET` after connecting runs under the database's defaults (a 1 ms `statement_timeout`
+    /// cancelled it under load): the settings must be in the start-up packet, after the URL's
+    /// own `options` so that they win.
+    #[test]
+    fn session_settings_travel_in_the_startup_options_after_the_urls() {
+        let options = |url: &str| {
+            let mut config = PipelineConfig::test_pipeline();
+            config.source_url = url.into();
+            let info = config.source_config().unwrap();
+            info.pg.get_options().map(str::to_owned)
+        };
+        let plain = options("postgres://relay@localhost/app").unwrap();
+        assert_eq!(plain, SESSION_OPTIONS);
+        for setting in [
+            "statement_timeout=0",
+            "lock_timeout=0",
+            "idle_session_timeout=0",
+            "idle_in_transaction_session_timeout=0",
+            "search_path=pg_catalog,pg_temp",
+        ] {
+            assert!(
+                plain.contains(&format!("-c {setting}")),
+                "{setting}: {plain}"
+            );
+        }
+        let given = options("postgres://relay@localhost/app?options=-c%20work_mem%3D8MB").unwrap();
+        assert_eq!(given, format!("-c work_mem=8MB {SESSION_OPTIONS}"));
     }
 
     #[test]

@@ -271,8 +271,6 @@ impl ReplicationClient {
                 config.get_application_name().unwrap_or("outbox-relay"),
             ),
             ("client_encoding", "UTF8"),
-            ("DateStyle", "ISO"),
-            ("TimeZone", "UTC"),
         ];
         if let Some(options) = config.get_options() {
             params.push(("options", options));

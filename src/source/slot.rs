@@ -371,23 +371,9 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     Ok(Some(lsn))
 }
 
-/// Session settings of the relay's SQL connections, so role and database defaults
-/// (`ALTER ROLE ... SET`) cannot break them: catalog names resolve in `pg_catalog` only, no
-/// timeout ends a slot creation waiting for running transactions or an idle connection kept
-/// between status queries, and values print in one format. `idle_session_timeout` exists from
-/// PostgreSQL 14, hence `set_config` over `pg_settings`.
-pub(crate) const SESSION_SETTINGS: &str = "SET search_path = pg_catalog, pg_temp;
-SET statement_timeout = 0;
-SET lock_timeout = 0;
-SET idle_in_transaction_session_timeout = 0;
-SET TimeZone = 'UTC';
-SET DateStyle = 'ISO, MDY';
-SET IntervalStyle = 'postgres';
-SELECT pg_catalog.set_config(name, '0', false) FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout';";
-
 /// An ordinary SQL connection to a pipeline's database, with the same URL, environment, TLS
 /// settings and choice of host (`target_session_attrs`) as its replication connection and the
-/// session settings the relay relies on (see `SESSION_SETTINGS`). The connection task ends
+/// session settings the relay relies on (see [`SESSION_OPTIONS`](super::conninfo::SESSION_OPTIONS)). The connection task ends
 /// when the returned guard is dropped.
 ///
 /// Returns an error if the URL is invalid, TLS cannot be set up, no host fits or the server
@@ -417,10 +403,6 @@ pub async fn connect_notified(
             }
         }
     }));
-    client
-        .batch_execute(SESSION_SETTINGS)
-        .await
-        .map_err(SourceError::Sql)?;
     Ok((client, connection))
 }
 

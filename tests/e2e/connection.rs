@@ -316,7 +316,8 @@ async fn libpq_environment_and_password_file_are_honoured() {
 
 /// Role and database defaults cannot break the relay's sessions: a 1 ms statement_timeout, a
 /// 1 s idle_session_timeout, a search_path without pg_catalog's friends and another DateStyle
-/// and TimeZone on the database. The relay streams, stays connected while idle and publishes.
+/// and TimeZone on the database. The relay's settings are in force from the start of its SQL
+/// sessions; it streams, stays connected while idle and publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_database_defaults_do_not_break_the_sessions() {
     let setup = Setup::new("defaults", &["Order"], 1).await;
@@ -337,6 +338,48 @@ async fn hostile_database_defaults_do_not_break_the_sessions() {
             .await
             .unwrap();
     }
+    // The relay's settings are in force from the start of its sessions (source `client`, the
+    // start-up packet), never the database's: a SET sent after connecting ran under a 1 ms
+    // statement_timeout and was cancelled when the machine was busy.
+    let mut config =
+        outbox_relay::config::PipelineConfig::new("defaults", "public.outbox".parse().unwrap());
+    config.source_url = setup.db.url(Auth::Trust).into();
+    const SETTINGS: &str = "SELECT lower(name), setting, source FROM pg_catalog.pg_settings WHERE lower(name) IN ('datestyle', 'idle_in_transaction_session_timeout', 'idle_session_timeout', 'lock_timeout', 'search_path', 'statement_timeout', 'timezone') ORDER BY 1";
+    let expected = [
+        ("datestyle", "ISO, MDY"),
+        ("idle_in_transaction_session_timeout", "0"),
+        ("idle_session_timeout", "0"),
+        ("lock_timeout", "0"),
+        ("search_path", "pg_catalog,pg_temp"),
+        ("statement_timeout", "0"),
+        ("timezone", "UTC"),
+    ]
+    .map(|(name, setting)| {
+        [name, setting, "client"]
+            .map(|s| Some(s.to_owned()))
+            .to_vec()
+    })
+    .to_vec();
+    let (client, _connection) = outbox_relay::source::slot::connect(&config).await.unwrap();
+    let sql_session: Vec<Vec<Option<String>>> = client
+        .query(SETTINGS, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (0..3).map(|i| row.get(i)).collect())
+        .collect();
+    assert_eq!(sql_session, expected, "SQL session (name, setting, source)");
+    let mut replication = outbox_relay::source::replication::ReplicationClient::connect(
+        &config.source_config().unwrap(),
+    )
+    .await
+    .unwrap();
+    let walsender = replication.simple_query(SETTINGS).await.unwrap();
+    assert_eq!(
+        walsender, expected,
+        "replication session (name, setting, source)"
+    );
+    drop(replication);
     let relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
     setup.wait_streaming().await;
     let pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
