@@ -77,8 +77,8 @@ impl TransactionError {
     }
 
     /// Whether a new session (a new producer) may succeed; not for a refused authorization or
-    /// authentication (`sink::kafka::is_refused`, as for the checkpoint read) or an invalid
-    /// transaction timeout, which need the operator.
+    /// the broker's own SASL refusal (`sink::kafka::is_refused`, as for the checkpoint read) or
+    /// an invalid transaction timeout, which need the operator.
     pub fn is_transient(&self) -> bool {
         !self.source.rdkafka_error_code().is_some_and(|code| {
             crate::sink::kafka::is_refused(code)
@@ -465,11 +465,13 @@ mod tests {
                 && refused.to_string().contains("Topic authorization failed"),
             "{refused}"
         );
-        // Refused at the fetch (the topic described, not readable), or not authenticated.
+        // Refused at the fetch (the topic described, not readable); librdkafka's local
+        // authentication error also stands for a handshake a broker restart cut short.
         for (code, transient) in [
             (RDKafkaErrorCode::TopicAuthorizationFailed, false),
             (RDKafkaErrorCode::GroupAuthorizationFailed, false),
-            (RDKafkaErrorCode::Authentication, false),
+            (RDKafkaErrorCode::SaslAuthenticationFailed, false),
+            (RDKafkaErrorCode::Authentication, true),
             (RDKafkaErrorCode::BrokerTransportFailure, true),
             (RDKafkaErrorCode::NotLeaderForPartition, true),
         ] {
@@ -500,12 +502,13 @@ mod tests {
         // The same refusals as the checkpoint read's: credentials a retry cannot mend.
         for code in [
             RDKafkaErrorCode::SaslAuthenticationFailed,
-            RDKafkaErrorCode::Authentication,
             RDKafkaErrorCode::GroupAuthorizationFailed,
             RDKafkaErrorCode::InvalidTransactionTimeout,
         ] {
             assert!(!error("init", code).is_transient(), "{code:?}");
         }
+        // librdkafka's own: a broker restart mid-handshake, a token refresh, a KDC outage.
+        assert!(error("init", RDKafkaErrorCode::Authentication).is_transient());
         assert!(crate::error::chain(&fenced).starts_with(
             "kafka transaction commit failed: Message production error: ProducerFenced"
         ));

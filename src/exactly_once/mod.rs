@@ -96,7 +96,8 @@ impl CheckpointError {
     /// Whether a later session may read the checkpoint: the broker failing or slow, not a
     /// missing, refused or foreign topic or a bad value (those stop the pipeline). A topic the
     /// relay may describe but not read is refused at the fetch, not in the metadata: an
-    /// authorization or authentication error is a refusal wherever it comes from.
+    /// authorization error is a refusal wherever it comes from (see `sink::kafka::is_refused`;
+    /// librdkafka's local authentication error is not one).
     pub fn is_transient(&self) -> bool {
         use crate::sink::kafka::is_refused as refused;
         use rdkafka::error::RDKafkaErrorCode::InvalidTopic;

@@ -461,9 +461,15 @@ fn is_too_large(error: &KafkaError) -> bool {
     )
 }
 
-/// The broker or librdkafka refused the client: an authorization or authentication failure,
+/// The broker refused the client: an authorization failure, or its own SASL refusal (error 58),
 /// which only the operator can mend (ACLs, credentials). Shared by the checkpoint read and the
 /// transaction calls of exactly-once mode, which stop the pipeline on it rather than retry.
+///
+/// librdkafka's local `Authentication` (-169) is not one: it reports a broker's refusal of the
+/// credentials, but also a SASL handshake cut by a broker restart, an OAUTHBEARER token refresh
+/// that failed for now (librdkafka keeps the old token and tries again) and an unreachable
+/// Kerberos KDC, and librdkafka itself keeps reconnecting after it. A session ended by it is
+/// retried with the supervisor's backoff, its error on `/readyz`, like any broker failure.
 pub(crate) fn is_refused(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
@@ -472,7 +478,6 @@ pub(crate) fn is_refused(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::ClusterAuthorizationFailed
             | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
             | RDKafkaErrorCode::SaslAuthenticationFailed
-            | RDKafkaErrorCode::Authentication
     )
 }
 
