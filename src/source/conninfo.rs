@@ -61,10 +61,12 @@ fn split(url: &str) -> Result<(String, TlsSettings, Option<TargetSessionAttrs>),
 /// `options` of the source URL, so the server applies them at backend start, over the role's
 /// and database's defaults and before the first statement: a `SET` sent after connecting
 /// would itself run under, say, a `statement_timeout` of 1 ms. `idle_session_timeout` needs
-/// PostgreSQL 14 or later.
+/// PostgreSQL 14 or later. PostgreSQL 17's `transaction_timeout` is not among them: 15 and 16
+/// refuse a start-up option they do not know.
 pub const SESSION_OPTIONS: &str = "-c search_path=pg_catalog,pg_temp -c statement_timeout=0 \
 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=0 \
--c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres";
+-c TimeZone=UTC -c DateStyle=ISO,MDY -c IntervalStyle=postgres -c bytea_output=hex \
+-c extra_float_digits=1";
 
 impl PipelineConfig {
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
@@ -102,6 +104,10 @@ impl PipelineConfig {
             tls.tokio_postgres_mode()
         });
         let options = match config.get_options() {
+            // A lone backslash at the end would escape the space before the relay's own.
+            Some(given) if (given.len() - given.trim_end_matches('\\').len()) % 2 == 1 => {
+                return Err(invalid(&"options ends in a backslash that escapes nothing"));
+            }
             Some(given) => format!("{given} {SESSION_OPTIONS}"),
             None => SESSION_OPTIONS.to_owned(),
         };
@@ -364,12 +370,12 @@ mod tests {
     /// own `options` so that they win.
     #[test]
     fn session_settings_travel_in_the_startup_options_after_the_urls() {
-        let options = |url: &str| {
+        let parsed = |url: &str| {
             let mut config = PipelineConfig::test_pipeline();
             config.source_url = url.into();
-            let info = config.source_config().unwrap();
-            info.pg.get_options().map(str::to_owned)
+            config.source_config()
         };
+        let options = |url: &str| parsed(url).unwrap().pg.get_options().map(str::to_owned);
         let plain = options("postgres://relay@localhost/app").unwrap();
         assert_eq!(plain, SESSION_OPTIONS);
         for setting in [
@@ -378,6 +384,8 @@ mod tests {
             "idle_session_timeout=0",
             "idle_in_transaction_session_timeout=0",
             "search_path=pg_catalog,pg_temp",
+            "bytea_output=hex",
+            "extra_float_digits=1",
         ] {
             assert!(
                 plain.contains(&format!("-c {setting}")),
@@ -386,6 +394,14 @@ mod tests {
         }
         let given = options("postgres://relay@localhost/app?options=-c%20work_mem%3D8MB").unwrap();
         assert_eq!(given, format!("-c work_mem=8MB {SESSION_OPTIONS}"));
+        // An escaped backslash is the URL's; a lone one would swallow the space before ours.
+        let escaped = options("postgres://relay@localhost/app?options=-c%20x.y%3Da%5C%5C").unwrap();
+        assert!(escaped.starts_with("-c x.y=a\\\\ -c "), "{escaped}");
+        let error = parsed("postgres://relay@localhost/app?options=-c%20x.y%3Da%5C").unwrap_err();
+        assert!(
+            error.to_string().contains("source_url") && error.to_string().contains("backslash"),
+            "{error}"
+        );
     }
 
     #[test]

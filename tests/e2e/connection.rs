@@ -315,9 +315,10 @@ async fn libpq_environment_and_password_file_are_honoured() {
 }
 
 /// Role and database defaults cannot break the relay's sessions: a 1 ms statement_timeout, a
-/// 1 s idle_session_timeout, a search_path without pg_catalog's friends and another DateStyle
-/// and TimeZone on the database. The relay's settings are in force from the start of its SQL
-/// sessions; it streams, stays connected while idle and publishes.
+/// 1 s idle_session_timeout, a search_path without pg_catalog's friends and other DateStyle,
+/// TimeZone, IntervalStyle, bytea_output and extra_float_digits on the database. The relay's
+/// settings are in force from the start of its SQL and replication sessions; it streams, stays
+/// connected while idle and publishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_database_defaults_do_not_break_the_sessions() {
     let setup = Setup::new("defaults", &["Order"], 1).await;
@@ -330,6 +331,9 @@ async fn hostile_database_defaults_do_not_break_the_sessions() {
         "search_path = nowhere",
         "DateStyle = 'SQL, DMY'",
         "TimeZone = 'America/Bogota'",
+        "IntervalStyle = 'sql_standard'",
+        "bytea_output = 'escape'",
+        "extra_float_digits = 0",
     ] {
         setup
             .db
@@ -344,11 +348,14 @@ async fn hostile_database_defaults_do_not_break_the_sessions() {
     let mut config =
         outbox_relay::config::PipelineConfig::new("defaults", "public.outbox".parse().unwrap());
     config.source_url = setup.db.url(Auth::Trust).into();
-    const SETTINGS: &str = "SELECT lower(name), setting, source FROM pg_catalog.pg_settings WHERE lower(name) IN ('datestyle', 'idle_in_transaction_session_timeout', 'idle_session_timeout', 'lock_timeout', 'search_path', 'statement_timeout', 'timezone') ORDER BY 1";
+    const SETTINGS: &str = "SELECT lower(name), setting, source FROM pg_catalog.pg_settings WHERE lower(name) IN ('bytea_output', 'datestyle', 'extra_float_digits', 'idle_in_transaction_session_timeout', 'idle_session_timeout', 'intervalstyle', 'lock_timeout', 'search_path', 'statement_timeout', 'timezone') ORDER BY 1";
     let expected = [
+        ("bytea_output", "hex"),
         ("datestyle", "ISO, MDY"),
+        ("extra_float_digits", "1"),
         ("idle_in_transaction_session_timeout", "0"),
         ("idle_session_timeout", "0"),
+        ("intervalstyle", "postgres"),
         ("lock_timeout", "0"),
         ("search_path", "pg_catalog,pg_temp"),
         ("statement_timeout", "0"),
