@@ -76,9 +76,9 @@ impl TransactionError {
         )
     }
 
-    /// Whether a new session (a new producer) may succeed; not for a refused authorization or
-    /// the broker's own SASL refusal (`sink::kafka::is_refused`, as for the checkpoint read) or
-    /// an invalid transaction timeout, which need the operator.
+    /// Whether a new session (a new producer) may succeed; not for a refused authorization
+    /// (`sink::kafka::is_refused`, as for the checkpoint read; a failed authentication is
+    /// retried) or an invalid transaction timeout, which need the operator.
     pub fn is_transient(&self) -> bool {
         !self.source.rdkafka_error_code().is_some_and(|code| {
             crate::sink::kafka::is_refused(code)

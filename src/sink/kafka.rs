@@ -461,15 +461,17 @@ fn is_too_large(error: &KafkaError) -> bool {
     )
 }
 
-/// The broker refused the client: an authorization failure, or its own SASL refusal (error 58),
-/// which only the operator can mend (ACLs, credentials). Shared by the checkpoint read and the
-/// transaction calls of exactly-once mode, which stop the pipeline on it rather than retry.
+/// The broker refused the client: an authorization failure, which only the operator can mend
+/// (ACLs). Shared by the checkpoint read and the transaction calls of exactly-once mode, which
+/// stop the pipeline on it rather than retry.
 ///
-/// librdkafka's local `Authentication` (-169) is not one: it reports a broker's refusal of the
-/// credentials, but also a SASL handshake cut by a broker restart, an OAUTHBEARER token refresh
-/// that failed for now (librdkafka keeps the old token and tries again) and an unreachable
-/// Kerberos KDC, and librdkafka itself keeps reconnecting after it. A session ended by it is
-/// retried with the supervisor's backoff, its error on `/readyz`, like any broker failure.
+/// Authentication is not among them. librdkafka turns the broker's SASL refusal (error 58,
+/// kept here in case one gets through) into its local `Authentication` (-169), which also
+/// stands for a SASL handshake cut by a broker restart, an OAUTHBEARER token refresh that failed
+/// for now (librdkafka keeps the old token and tries again) and an unreachable Kerberos KDC,
+/// and librdkafka itself keeps reconnecting after it. So wrong credentials, too, end the session
+/// and are retried with the supervisor's backoff, the error on `/readyz`, like any broker
+/// failure.
 pub(crate) fn is_refused(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,

@@ -61,7 +61,7 @@ fn split(url: &str) -> Result<(String, TlsSettings, Option<TargetSessionAttrs>),
 /// `options` of the source URL, so the server applies them at backend start, over the role's
 /// and database's defaults and before the first statement: a `SET` sent after connecting
 /// would itself run under, say, a `statement_timeout` of 1 ms. `idle_session_timeout` needs
-/// PostgreSQL 14 or later. PostgreSQL 17's `transaction_timeout` is not among them: 15 and 16
+/// PostgreSQL 14 or later. PostgreSQL 17's `transaction_timeout` is not among them: 14 to 16
 /// refuse a start-up option they do not know.
 pub const SESSION_OPTIONS: &str = "-c search_path=pg_catalog,pg_temp -c statement_timeout=0 \
 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 -c idle_session_timeout=0 \

@@ -5,8 +5,9 @@
 //! `target_session_attrs` asks for, is passed over. With `prefer-standby` every host is tried
 //! as `standby` first, then again as `any`. A server of PostgreSQL 14 or later reports
 //! `in_hot_standby` and `default_transaction_read_only` in ParameterStatus at start-up; an
-//! older one is asked (`SELECT pg_is_in_recovery()`, `SHOW transaction_read_only`), as libpq
-//! does. Both connections of a pipeline (replication and SQL) choose this way, afresh at every
+//! older one would be asked (`SELECT pg_is_in_recovery()`, `SHOW transaction_read_only`), as
+//! libpq does, but refuses the relay's sessions at start-up first (their options set
+//! `idle_session_timeout`, new in 14: see `conninfo::SESSION_OPTIONS`). Both connections of a pipeline (replication and SQL) choose this way, afresh at every
 //! session: after a failover, the next session finds the new primary.
 //!
 //! This module holds the rules (pure: [`TargetSessionAttrs::check`], [`endpoints`]) and the
