@@ -6,7 +6,8 @@
 
 Starts its own PostgreSQL 15 cluster (wal_level=logical) and tansu broker (in memory; with
 --broker mock, librdkafka's mock cluster from bench/mock_broker.rs instead, for every scenario:
-a broker with next to no latency of its own, to show what the relay adds in scenario 3), builds
+a broker with next to no latency of its own, to show what the relay adds in scenario 3; every
+bench topic has 3 partitions, or --partitions N), builds
 the relay, bench/producer_ceiling.rs and bench/mock_broker.rs in release mode, and runs each
 scenario for each contender in alternation (forward order in even rounds, reversed in odd
 ones), then prints medians as a markdown table and writes them, with every run, to bench/results.json.
@@ -39,7 +40,10 @@ Scenarios:
    Poisson arrivals); commit -> consumer receipt latency p50/p99/max. The value carries the
    inserting transaction's clock; the same consumer (confluent-kafka, fetch.wait.max.ms=1)
    reads every contender's topic. The producer ceiling sends at the same rate, evenly spaced,
-   with its send time in the value: the broker path alone.
+   with its send time in the value: the broker path alone. With --exactly-once (mock cluster
+   only: tansu has no transactions) the relay runs with --exactly-once and the consumer, which
+   reads committed records (librdkafka's default isolation.level), sees each event once its
+   Kafka transaction commits: the latency a batch adds.
 4. one transaction of BIG rows: the relay's peak RSS (VmHWM) and time to drain, and
    pg_recvlogical's time on the same WAL (one round: recvlogical, the ceiling, the relay).
 5. idle: --idle-secs with no outbox writes while another table writes --idle-wal-mb of WAL;
@@ -256,14 +260,17 @@ class Broker:
         self.fresh()
 
     kind = "tansu"
+    # Partitions of every bench topic (--partitions).
+    partitions = 3
 
     def fresh(self):
         """Stops the running broker, if any, and starts an empty one with the bench's topics."""
         if self.proc:
             stop_process(self.proc)
         if Broker.kind == "mock":
-            # Topics are made at start (3 partitions each, as tansu's); it serves until stdin closes.
-            self.proc, self.bootstrap = start_mock_broker(self.work, TOPICS)
+            # Topics are made at start (as many partitions as tansu's); it serves until stdin closes.
+            topics = [f"{topic}:{Broker.partitions}" for topic in (*TOPICS, "outbox-relay.checkpoints")]
+            self.proc, self.bootstrap = start_mock_broker(self.work, topics)
             self.port = int(self.bootstrap.rsplit(":", 1)[1])
             return
         self.port = free_port()
@@ -284,7 +291,8 @@ class Broker:
         for topic in TOPICS:
             self.topic(topic)
 
-    def topic(self, name, partitions=3):
+    def topic(self, name, partitions=None):
+        partitions = partitions or Broker.partitions
         subprocess.run([str(TANSU), "topic", "create", name, "--partitions", str(partitions),
                         "--broker", f"tcp://{self.bootstrap}"], check=True, stdout=subprocess.DEVNULL)
 
@@ -293,6 +301,8 @@ class Relay:
     """The relay on one slot, with its metrics endpoint."""
 
     extra_args = []
+    # Scenario 3's relay only (--exactly-once).
+    steady_args = []
 
     def __init__(self, work, cluster, broker, slot, extra=(), config=None):
         """`config`: a TOML config file to run instead of the single-pipeline flags (`extra` and
@@ -649,7 +659,7 @@ def latency_run(contender, cluster, broker, peers, work, rate, seconds, grace):
     if contender == RELAY:
         slot = "steady_relay"
         cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")
-        relay = Relay(work, cluster, broker, slot)
+        relay = Relay(work, cluster, broker, slot, Relay.steady_args)
     elif contender == CDC:
         slot = "steady_cdc"
         cluster.sql(f"SELECT pg_create_logical_replication_slot('{slot}', 'wal2json')")
@@ -1251,6 +1261,10 @@ def main():
                     help="tansu (the default), or librdkafka's mock cluster to take the broker's own latency out")
     ap.add_argument("--kafka-property", action="append", default=[],
                     help="key=value, passed to the relay and the producer ceiling")
+    ap.add_argument("--partitions", type=int, default=3,
+                    help="partitions of each bench topic (3: librdkafka sends one request per partition)")
+    ap.add_argument("--exactly-once", action="store_true",
+                    help="scenario 3: the relay with --exactly-once (needs --broker mock)")
     args = ap.parse_args()
     if args.print:
         results = json.loads(args.print.read_text())
@@ -1258,6 +1272,11 @@ def main():
         print_table(results, argparse.Namespace(**results["args"]))
         return
     Broker.kind = args.broker
+    Broker.partitions = args.partitions
+    if args.exactly_once:
+        if args.broker != "mock":
+            ap.error("--exactly-once needs --broker mock: tansu has no Kafka transactions")
+        Relay.steady_args = ["--exactly-once"]
     for prop in args.kafka_property:
         Relay.extra_args += ["--kafka-property", prop]
     if args.contender:
