@@ -235,11 +235,14 @@ shared_buffers = 512MB
 
 
 TOPICS = ("Order.events", "Steady.events", "order.events", "steady.events", "ceiling.events")
+# The relay's exactly-once checkpoint topic (its --checkpoint-topic default).
+CHECKPOINT_TOPIC = "outbox-relay.checkpoints"
 
 
 def start_mock_broker(work, topics):
-    """Starts bench/mock_broker.rs with `topics` (NAME or NAME:PARTITIONS); returns the process
-    (it serves until its stdin closes) and its bootstrap address."""
+    """Starts bench/mock_broker.rs with `topics`, each of Broker.partitions (--partitions)
+    partitions; returns the process (it serves until its stdin closes) and its bootstrap address."""
+    topics = [f"{topic}:{Broker.partitions}" for topic in topics]
     proc = subprocess.Popen([str(MOCK_BROKER), *topics], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=open(work / "mock-broker.log", "a"), text=True)
     ready, _, _ = select.select([proc.stdout], [], [], 30)
@@ -270,8 +273,7 @@ class Broker:
             stop_process(self.proc)
         if Broker.kind == "mock":
             # Topics are made at start (as many partitions as tansu's); it serves until stdin closes.
-            topics = [f"{topic}:{Broker.partitions}" for topic in (*TOPICS, "outbox-relay.checkpoints")]
-            self.proc, self.bootstrap = start_mock_broker(self.work, topics)
+            self.proc, self.bootstrap = start_mock_broker(self.work, [*TOPICS, CHECKPOINT_TOPIC])
             self.port = int(self.bootstrap.rsplit(":", 1)[1])
             return
         self.port = free_port()
@@ -292,9 +294,8 @@ class Broker:
         for topic in TOPICS:
             self.topic(topic)
 
-    def topic(self, name, partitions=None):
-        partitions = Broker.partitions if partitions is None else partitions
-        subprocess.run([str(TANSU), "topic", "create", name, "--partitions", str(partitions),
+    def topic(self, name):
+        subprocess.run([str(TANSU), "topic", "create", name, "--partitions", str(Broker.partitions),
                         "--broker", f"tcp://{self.bootstrap}"], check=True, stdout=subprocess.DEVNULL)
 
 
@@ -1072,8 +1073,7 @@ def exactly_once_cost_scenario(cluster, work, txns, per_txn, rounds, only_modes=
     events = txns * per_txn
     for r in range(rounds):
         for mode in (list(modes) if r % 2 == 0 else list(reversed(modes))):
-            proc, bootstrap = start_mock_broker(work, [f"Order.events:{Broker.partitions}",
-                                                      f"outbox-relay.checkpoints:{Broker.partitions}"])
+            proc, bootstrap = start_mock_broker(work, ["Order.events", CHECKPOINT_TOPIC])
             relay = None
             try:
                 slot = f"eoscost_{r}_{mode.replace('-', '_')}"
@@ -1264,7 +1264,7 @@ def main():
     ap.add_argument("--kafka-property", action="append", default=[],
                     help="key=value, passed to the relay and the producer ceiling")
     ap.add_argument("--partitions", type=int, default=3,
-                    help="partitions of each bench topic (3: librdkafka sends one request per partition)")
+                    help="partitions of every bench topic (default 3; librdkafka sends one request per partition)")
     ap.add_argument("--exactly-once", action="store_true",
                     help="scenario 3: the relay with --exactly-once (needs --broker mock)")
     args = ap.parse_args()
