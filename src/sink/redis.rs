@@ -178,12 +178,24 @@ fn is_transient(e: &RedisError) -> bool {
         || e.is_connection_refusal()
         || matches!(
             e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "OOM")
+            Some(
+                "LOADING"
+                    | "BUSY"
+                    | "TRYAGAIN"
+                    | "CLUSTERDOWN"
+                    | "OOM"
+                    // Fewer replicas in reach than `min-replicas-to-write`: a lagging replica.
+                    | "NOREPLICAS"
+                    // A failed background save with `stop-writes-on-bgsave-error`: a full disk.
+                    | "MISCONF"
+            )
         )
 }
 
 /// An `XADD` failure as the ordered sink's [`PublishError`]:
-/// - the server unreachable, loading, busy or out of memory: retried;
+/// - the server unreachable, loading, busy, out of memory, short of the replicas
+///   `min-replicas-to-write` asks for (`NOREPLICAS`) or refusing writes after a failed
+///   background save (`MISCONF`): retried;
 /// - `READONLY` / `MASTERDOWN` (the server became a replica in a failover) and refused
 ///   credentials (`NOAUTH`, `WRONGPASS`, a failed re-authentication after a reconnect): the
 ///   connection is of no more use, so the session ends and the next connects again;
@@ -286,6 +298,14 @@ mod tests {
             (
                 "READONLY You can't write against a read only replica.",
                 Failure::Broken,
+            ),
+            (
+                "NOREPLICAS Not enough good replicas to write.",
+                Failure::Retry,
+            ),
+            (
+                "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+                Failure::Retry,
             ),
             ("MASTERDOWN Link with MASTER is down", Failure::Broken),
             ("NOAUTH Authentication required.", Failure::Broken),
