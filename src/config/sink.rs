@@ -33,8 +33,9 @@ pub const DEFAULT_DELIVERY_TIMEOUT_MS: u64 = 60_000;
 /// Records published concurrently by a Redis sink (different keys: one key's records go one
 /// at a time). The multiplexed connection pipelines them.
 pub const DEFAULT_REDIS_MAX_CONCURRENCY: usize = 256;
-/// Records published concurrently by a RabbitMQ sink (different keys) on its one channel:
-/// enough to keep publisher confirms, which the server batches, flowing.
+/// Records published concurrently by a RabbitMQ sink (different keys), each on a channel of
+/// its own until its confirm: enough to keep publisher confirms, which the server batches,
+/// flowing.
 pub const DEFAULT_RABBITMQ_MAX_CONCURRENCY: usize = 256;
 /// RabbitMQ's own default `max_message_size` (3.8+): 128 MiB. A larger record is refused
 /// before it is sent (the server would close the channel over it).

@@ -1,5 +1,5 @@
-//! The RabbitMQ sink: one persistent message per record on one channel in confirm mode
-//! (lapin, on tokio).
+//! The RabbitMQ sink: one persistent message per record, each on a confirm-mode channel of its
+//! own while it waits for its confirm (lapin, on tokio).
 //!
 //! Each record is `basic.publish` to the configured `exchange` (`""`: the default exchange)
 //! with `mandatory` set, the routing key being the routed destination
@@ -17,7 +17,16 @@
 //! back (`basic.return`, then its ack): a refusal naming exchange and routing key, never a
 //! silent drop. A closed connection is broken: lapin does not reconnect, the next session
 //! connects again; a channel the server closed (say, the exchange was deleted) is opened again
-//! and the record retried.
+//! and the record retried, unless the server closed it with `PRECONDITION_FAILED`, its answer
+//! to a message over its `max_message_size`: a too-large refusal.
+//!
+//! Why a channel per message in flight ([`Channels`]): lapin hands a `basic.return` to
+//! whichever confirm of the channel it resolves next, and RabbitMQ acknowledges several
+//! messages with one `multiple` ack, so with several messages in flight on one channel a
+//! return can be taken for another message's (an unroutable event counted as delivered, a
+//! delivered one refused). With one, the return, and the server closing the channel, are that
+//! message's own. The channels are kept and reused; there are at most `max_concurrency` (the
+//! ordered sink's limit on publishes at once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +38,6 @@ use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
-use tokio::sync::Mutex;
 
 use super::ordered::{PublishError, Publisher};
 use super::{ConnectError, Record};
@@ -46,8 +54,8 @@ pub const KEY_HEADER: &str = "key";
 /// A RabbitMQ connection publishing records as persistent messages with confirms.
 pub struct RabbitMqPublisher {
     connection: Arc<Connection>,
-    /// The confirm-mode channel, opened again when the server closed it.
-    channel: Arc<Mutex<Channel>>,
+    /// Confirm-mode channels with no message in flight.
+    channels: Arc<Channels>,
     exchange: String,
     /// `None`: no `content_type`.
     content_type: Option<ShortString>,
@@ -111,7 +119,7 @@ impl RabbitMqPublisher {
         }
         Ok(RabbitMqPublisher {
             connection: Arc::new(connection),
-            channel: Arc::new(Mutex::new(channel)),
+            channels: Arc::new(Channels::with(channel)),
             exchange: config.exchange.clone(),
             content_type: (!config.content_type.is_empty())
                 .then(|| config.content_type.as_str().into()),
@@ -133,6 +141,40 @@ fn connect_retryable(e: &lapin::Error) -> bool {
         ),
         ErrorKind::InvalidProtocolVersion(_) => false,
         _ => true,
+    }
+}
+
+/// Confirm-mode channels of one connection with no message in flight (see the module docs).
+struct Channels {
+    idle: std::sync::Mutex<Vec<Channel>>,
+}
+
+impl Channels {
+    fn with(channel: Channel) -> Channels {
+        Channels {
+            idle: std::sync::Mutex::new(vec![channel]),
+        }
+    }
+
+    /// An idle channel that is still open, if there is one (closed ones are dropped).
+    fn take(&self) -> Option<Channel> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(channel) = idle.pop() {
+            if channel.status().connected() {
+                return Some(channel);
+            }
+        }
+        None
+    }
+
+    /// `channel`, its message confirmed, back for the next one.
+    fn give_back(&self, channel: Channel) {
+        if channel.status().connected() {
+            self.idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(channel);
+        }
     }
 }
 
@@ -166,7 +208,7 @@ impl Publisher for RabbitMqPublisher {
                     ..e
                 }
             });
-        let (connection, channel) = (Arc::clone(&self.connection), Arc::clone(&self.channel));
+        let (connection, channels) = (Arc::clone(&self.connection), Arc::clone(&self.channels));
         let (exchange, server) = (self.exchange.clone(), self.server.clone());
         let routing_key = record.topic.clone();
         let body = record.value.clone().unwrap_or_default();
@@ -174,25 +216,21 @@ impl Publisher for RabbitMqPublisher {
             let properties = prepared?;
             let where_to =
                 || format!("{server}: exchange {exchange:?}, routing key {routing_key:?}");
-            let channel = {
-                let mut current = channel.lock().await;
-                if !current.status().connected() {
+            let channel = match channels.take() {
+                Some(channel) => channel,
+                None => {
                     if !connection.status().connected() {
                         return Err(PublishError::broken(format!(
                             "{server}: the connection is closed"
                         )));
                     }
-                    *current = open_channel(&connection).await.map_err(|e| {
-                        lost(
-                            &connection,
-                            format!("{server}: opening a channel again: {e}"),
-                        )
-                    })?;
+                    open_channel(&connection).await.map_err(|e| {
+                        lost(&connection, format!("{server}: opening a channel: {e}"))
+                    })?
                 }
-                current.clone()
             };
             let publishing = async {
-                let confirm = channel
+                channel
                     .basic_publish(
                         &exchange,
                         &routing_key,
@@ -203,28 +241,66 @@ impl Publisher for RabbitMqPublisher {
                         &body,
                         properties,
                     )
+                    .await?
                     .await
-                    .map_err(|e| lost(&connection, format!("{}: {e}", where_to())))?;
-                confirm
-                    .await
-                    .map_err(|e| lost(&connection, format!("{}: {e}", where_to())))
             };
-            let confirmation = tokio::time::timeout(CONFIRM_TIMEOUT, publishing)
-                .await
-                .map_err(|_| {
-                    PublishError::retry(format!(
+            match tokio::time::timeout(CONFIRM_TIMEOUT, publishing).await {
+                Ok(Ok(confirmation)) => {
+                    channels.give_back(channel);
+                    outcome(confirmation, &where_to())
+                }
+                Ok(Err(e)) => {
+                    discard(channel);
+                    Err(failed(&connection, &e, &where_to()))
+                }
+                Err(_) => {
+                    // Its confirm may still come, and would be taken for the next message's.
+                    discard(channel);
+                    Err(PublishError::retry(format!(
                         "{}: no publisher confirm within {} s",
                         where_to(),
                         CONFIRM_TIMEOUT.as_secs()
-                    ))
-                })??;
-            outcome(confirmation, &where_to())
+                    )))
+                }
+            }
         })
     }
 }
 
-/// A failed publish or confirm: broken if the connection is gone, else retryable (the channel
-/// was closed and is opened again by the next attempt).
+/// Closes `channel` if it is still open: a message of unknown fate was on it, whose confirm
+/// or return could be taken for the next message's.
+fn discard(channel: Channel) {
+    if channel.status().connected() {
+        tokio::spawn(async move {
+            let _ = channel
+                .close(200, "a message of unknown fate was on it")
+                .await;
+        });
+    }
+}
+
+/// A publish or confirm that failed. The server closing the channel with
+/// `PRECONDITION_FAILED` is about the one message on it: a refusal, too large when it says so
+/// (RabbitMQ's "message size N is larger than configured max size M", its answer to a message
+/// over `max_message_size`). Otherwise as [`lost`].
+fn failed(connection: &Connection, e: &lapin::Error, where_to: &str) -> PublishError {
+    let reason = format!("{where_to}: {e}");
+    match e.kind() {
+        ErrorKind::ProtocolError(amqp)
+            if amqp.kind() == &AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED) =>
+        {
+            if amqp.get_message().as_str().contains("larger than") {
+                PublishError::too_large(reason)
+            } else {
+                PublishError::refused(reason)
+            }
+        }
+        _ => lost(connection, reason),
+    }
+}
+
+/// A failed publish or confirm: broken if the connection is gone, else retryable (the next
+/// attempt takes another channel).
 fn lost(connection: &Connection, reason: String) -> PublishError {
     if connection.status().connected() {
         PublishError::retry(reason)

@@ -43,8 +43,13 @@ fn epmd_port() -> u16 {
     .port
 }
 
+/// The nodes' `max_message_size` (RabbitMQ 3.10's default is 128 MiB):
+/// a larger message makes the server close the channel with `PRECONDITION_FAILED`.
+pub const MAX_MESSAGE_SIZE: usize = 4 << 20;
+
 /// Starts a RabbitMQ node listening for AMQP on 127.0.0.1:`port`, named
-/// `outbox-<port>@localhost`, its data under the run directory.
+/// `outbox-<port>@localhost`, its data under the run directory, taking messages of up to
+/// [`MAX_MESSAGE_SIZE`] bytes.
 pub fn start(port: u16) -> ServerProcess {
     let epmd = epmd_port();
     let dist = free_port();
@@ -53,7 +58,7 @@ pub fn start(port: u16) -> ServerProcess {
     fs::write(
         &config,
         format!(
-            "listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\ndisk_free_limit.absolute = 10MB\n"
+            "listeners.tcp.default = 127.0.0.1:{port}\nloopback_users = none\ndisk_free_limit.absolute = 10MB\nmax_message_size = {MAX_MESSAGE_SIZE}\n"
         ),
     )
     .expect("writing rabbitmq.conf");

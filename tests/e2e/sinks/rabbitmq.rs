@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lapin::types::AMQPValue;
 
-use crate::support::rabbitmq::{amqp_url, declare, start, unbind, Taken, EXCHANGE};
+use crate::support::rabbitmq::{
+    amqp_url, declare, start, unbind, Taken, EXCHANGE, MAX_MESSAGE_SIZE,
+};
 use crate::support::server::ServerProcess;
 use crate::support::{free_port, tail_lines, Consumed, Relay};
 use crate::{assert_delivered, insert, run_with_config};
@@ -295,4 +297,131 @@ async fn the_polling_source_publishes_to_rabbitmq() {
     )
     .await;
     drop(relay);
+}
+
+/// Unroutable messages among routable ones on the same connection, many in flight: each
+/// returned message is the refusal of its own event, never of another. lapin hands a
+/// `basic.return` to whichever confirm of the channel it resolves next, and RabbitMQ confirms
+/// several messages with one `multiple` ack, so with many messages in flight on one channel an
+/// unroutable event could be counted as delivered (its LSN confirmed, the event lost) while a
+/// delivered one went to the dead-letter queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_returned_message_refuses_its_own_event_with_many_in_flight() {
+    const EVENTS: i32 = 2_000;
+    let server = shared();
+    let setup = setup("rabbitmq_returns", &["Order", "Refused"]).await;
+    let destinations = setup.topics();
+    let dead_letter = format!("{}.dead-letter", setup.slot);
+    server.prepare(&destinations).await;
+    server.prepare(std::slice::from_ref(&dead_letter)).await;
+    server.refuse(&destinations[1]).await;
+    let (_dir, args) = relay_args(
+        &setup,
+        server,
+        &format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dead_letter}\""),
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    // One transaction, every event its own aggregate: all of them may be in flight at once.
+    let rows = setup
+        .db
+        .client
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT CASE WHEN i % 2 = 0 THEN $1 ELSE $2 END, 'k-' || i, 'Test', '{}'::jsonb
+             FROM generate_series(1, $3) AS i
+             RETURNING id::text, aggregate_type",
+            &[&setup.types[0], &setup.types[1], &EVENTS],
+        )
+        .await
+        .unwrap();
+    let ids_of = |aggregate_type: &str| -> std::collections::BTreeSet<String> {
+        rows.iter()
+            .filter(|row| row.get::<_, &str>(1) == aggregate_type)
+            .map(|row| row.get(0))
+            .collect()
+    };
+    let (routable, unroutable) = (ids_of(&setup.types[0]), ids_of(&setup.types[1]));
+    let half = usize::try_from(EVENTS / 2).unwrap();
+    let ids = |records: Vec<Consumed>| -> std::collections::BTreeSet<String> {
+        records.iter().filter_map(|r| r.header_str("id")).collect()
+    };
+    let dead = ids(read_until(
+        server,
+        std::slice::from_ref(&dead_letter),
+        half,
+        Duration::from_secs(1),
+        Duration::from_secs(120),
+    )
+    .await);
+    let delivered = ids(read_until(
+        server,
+        &destinations[..1],
+        half,
+        Duration::ZERO,
+        Duration::from_secs(120),
+    )
+    .await);
+    let lost: Vec<&String> = unroutable.difference(&dead).collect();
+    let wrongly_dead: Vec<&String> = dead.difference(&unroutable).collect();
+    assert!(
+        lost.is_empty() && wrongly_dead.is_empty(),
+        "{} unroutable events are not in the dead-letter queue (counted as delivered: lost), \
+         {} delivered events are (another message's return): {:?} / {:?}",
+        lost.len(),
+        wrongly_dead.len(),
+        lost.iter().take(5).collect::<Vec<_>>(),
+        wrongly_dead.iter().take(5).collect::<Vec<_>>(),
+    );
+    assert_eq!(delivered, routable, "the routable events, each once");
+    drop(relay);
+}
+
+/// A message over the server's `max_message_size` (the relay's `max_message_bytes` set above
+/// it): the server closes the channel over it, and that is a too-large refusal naming the
+/// event, not a retry of it until the delivery timeout, session after session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_servers_max_message_size_is_refused_as_too_large() {
+    let server = shared();
+    let setup = setup("rabbitmq_too_large", &["Order"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let toml_settings = format!(
+        "{}\nmax_message_bytes = {}",
+        server.sink_settings(),
+        4 * MAX_MESSAGE_SIZE
+    );
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{toml_settings}\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let client = &setup.db.client;
+    let before = insert(client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    let witness = setup.witness().await;
+    let big = format!(r#"{{"blob": "{}"}}"#, "x".repeat(MAX_MESSAGE_SIZE + 1024));
+    let big = insert(client, &setup.types[0], "k2", &big).await;
+    let big_commit = setup.commit_end_of(&witness, &big.id).await;
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "the relay exited with {status} after a too-large message"
+    );
+    assert!(
+        log.contains(&big.id) && log.contains("larger than configured max size"),
+        "the error names the event {} and the server's size limit:\n{}",
+        big.id,
+        tail_lines(&log, 30)
+    );
+    let confirmed = setup.confirmed_flush().await;
+    assert!(
+        confirmed < big_commit,
+        "confirmed_flush_lsn {confirmed:X} passed the refused event's commit ({big_commit:X})"
+    );
+    let got = server.read(&destinations).await;
+    assert_delivered(&[before], &got, true);
 }
