@@ -20,7 +20,7 @@
 //! and the record retried, unless the server closed it with `PRECONDITION_FAILED`, its answer
 //! to a message over its `max_message_size`: a too-large refusal.
 //!
-//! Why a channel per message in flight ([`Channels`]): lapin hands a `basic.return` to
+//! Why a channel per message in flight: lapin hands a `basic.return` to
 //! whichever confirm of the channel it resolves next, and RabbitMQ acknowledges several
 //! messages with one `multiple` ack, so with several messages in flight on one channel a
 //! return can be taken for another message's (an unroutable event counted as delivered, a
