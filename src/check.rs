@@ -9,7 +9,10 @@ use std::fmt;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::ClientContext;
 use tokio_postgres::Client;
 
 use crate::config::{InvalidOpBehavior, MarkMode, PipelineConfig, SourceKind};
@@ -531,6 +534,43 @@ fn quote(ident: &str) -> String {
     crate::source::replication::quote_ident(ident)
 }
 
+/// The `check` client's context: keeps librdkafka's first few distinct errors and warnings
+/// (a refused TLS certificate, a failed SASL handshake, a name that does not resolve), which
+/// a failed metadata request only reports as "broker transport failure".
+#[derive(Default)]
+struct ClientErrors(std::sync::Mutex<Vec<String>>);
+
+impl ClientErrors {
+    /// How many are kept.
+    const KEPT: usize = 3;
+
+    fn keep(&self, text: String) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() < Self::KEPT && !kept.contains(&text) {
+            kept.push(text);
+        }
+    }
+}
+
+impl ClientContext for ClientErrors {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if (level as i32) <= (RDKafkaLogLevel::Warning as i32) {
+            self.keep(format!("{fac} {log_message}"));
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // "All broker connections are down" only sums up the errors before it.
+        if error.rdkafka_error_code() != Some(rdkafka::types::RDKafkaErrorCode::AllBrokersDown) {
+            self.keep(format!("{error}: {reason}"));
+        }
+    }
+}
+
+impl ConsumerContext for ClientErrors {}
+
+/// Whether the brokers answer a metadata request with the pipeline's librdkafka settings.
+/// A failure names the bootstrap servers and librdkafka's last client error.
 pub(crate) async fn check_kafka(config: &PipelineConfig) -> Finding {
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.kafka.bootstrap_servers);
@@ -538,10 +578,23 @@ pub(crate) async fn check_kafka(config: &PipelineConfig) -> Finding {
         client.set(key, value);
     }
     let result = tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = client.create().map_err(|e| e.to_string())?;
+        let consumer: BaseConsumer<ClientErrors> = client
+            .create_with_context(ClientErrors::default())
+            .map_err(|e| e.to_string())?;
         let metadata = consumer
             .fetch_metadata(None, Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                // librdkafka queues its logs and errors for a poll to serve (`log.queue`).
+                let until = std::time::Instant::now() + Duration::from_millis(200);
+                while std::time::Instant::now() < until {
+                    let _ = consumer.poll(Duration::from_millis(20));
+                }
+                let kept = consumer.context().0.lock().map(|k| k.join("; "));
+                match kept {
+                    Ok(errors) if !errors.is_empty() => format!("{e} ({errors})"),
+                    _ => e.to_string(),
+                }
+            })?;
         let events = metadata
             .topics()
             .iter()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes a fresh Debian 12 machine ready for the integration tests and the demo:
 #   - PostgreSQL 15 server binaries (/usr/lib/postgresql/15/bin), from apt;
-#   - what rdkafka's bundled librdkafka needs to build (C compiler, make, zlib headers,
-#     pkg-config), from apt;
+#   - what rdkafka's bundled librdkafka needs to build (C compiler, make, zlib and OpenSSL
+#     headers, pkg-config), from apt;
 #   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time);
 #   - the servers of the sink kinds other than Kafka (nats-server, redis-server,
 #     rabbitmq-server), from apt; the tests start their own, never the system's services;
@@ -83,7 +83,7 @@ if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
 fi
 
 # 2. Build needs of rdkafka's bundled librdkafka ------------------------------------------------
-build_debs=(gcc libc6-dev make zlib1g-dev pkg-config)
+build_debs=(gcc libc6-dev make zlib1g-dev libssl-dev pkg-config)
 mapfile -t missing < <(missing_debs "${build_debs[@]}")
 if [ "${#missing[@]}" -eq 0 ] && command -v cc >/dev/null && command -v make >/dev/null; then
   say "librdkafka build needs: found (${build_debs[*]})"

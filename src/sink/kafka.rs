@@ -656,6 +656,44 @@ mod tests {
         }
     }
 
+    /// librdkafka is built with OpenSSL (rdkafka's `ssl` feature): TLS and the SASL mechanisms
+    /// that need it are accepted settings. Without it, creating the producer fails with
+    /// "OpenSSL not available at build time" / "No provider for SASL mechanism".
+    #[tokio::test]
+    async fn tls_and_sasl_scram_and_oauthbearer_are_accepted_settings() {
+        for properties in [
+            vec![("security.protocol", "SSL")],
+            vec![
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-512"),
+                ("sasl.username", "relay"),
+                ("sasl.password", "secret"),
+            ],
+            vec![
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "SCRAM-SHA-256"),
+                ("sasl.username", "relay"),
+                ("sasl.password", "secret"),
+            ],
+            vec![
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "PLAIN"),
+                ("sasl.username", "relay"),
+                ("sasl.password", "secret"),
+            ],
+            vec![
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "OAUTHBEARER"),
+                ("sasl.oauthbearer.config", "principal=relay"),
+                ("enable.sasl.oauthbearer.unsecure.jwt", "true"),
+            ],
+        ] {
+            if let Err(e) = KafkaSink::new(&kafka(&properties), "tls-test", 10, 1 << 20, None) {
+                panic!("{properties:?}: {e}");
+            }
+        }
+    }
+
     #[test]
     fn producer_settings_keep_what_the_guarantees_rest_on() {
         let config = producer_config(&kafka(&[]), "c", 10_000, 64 << 20, None);

@@ -49,6 +49,7 @@ mod failover;
 mod failover_slots;
 mod failures;
 mod generated_columns;
+mod kafka_tls;
 mod operations;
 mod polling;
 mod routing;

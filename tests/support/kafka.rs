@@ -73,18 +73,24 @@ impl Broker {
     /// connections. Used directly by outage tests: point the relay at a port where nothing
     /// listens ([`super::free_port`]), later start the broker there. Killed on drop and at exit.
     pub fn start_on(port: u16) -> Broker {
+        Broker::start_advertising(port, &format!("127.0.0.1:{port}"))
+    }
+
+    /// Like [`Broker::start_on`], advertising `advertised` (`host:port`) as its address in
+    /// metadata instead, so clients reach it through what listens there (a TLS front:
+    /// [`super::tls_front`]).
+    pub fn start_advertising(port: u16, advertised: &str) -> Broker {
         let t0 = Instant::now();
         let bin = tansu_bin();
         let log = run_dir().join(format!("tansu-{port}.log"));
         let out =
             fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
         let err = out.try_clone().expect("cloning log file handle");
-        let url = format!("tcp://127.0.0.1:{port}");
         let mut cmd = Command::new(&bin);
         cmd.arg("broker")
             .args(["--storage-engine", "memory://tansu/"])
-            .args(["--listener-url", &url])
-            .args(["--advertised-listener-url", &url])
+            .args(["--listener-url", &format!("tcp://127.0.0.1:{port}")])
+            .args(["--advertised-listener-url", &format!("tcp://{advertised}")])
             .current_dir(run_dir())
             .stdin(Stdio::null())
             .stdout(out)

@@ -26,6 +26,7 @@ pub mod redis;
 pub mod relay;
 mod run;
 pub mod server;
+pub mod tls_front;
 pub mod webhook;
 
 pub use http::{http_get, metric_sum, metric_value, scrape_metrics};
