@@ -214,10 +214,11 @@ struct RunArgs {
     /// pg_signal_backend (or the holder's role, or superuser).
     #[arg(long, env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS")]
     terminate_stale_walsender_after_secs: Option<u64>,
-    /// Exactly-once mode: a transactional producer commits each PostgreSQL transaction's
-    /// events with a checkpoint record in one Kafka transaction; read_committed consumers see
-    /// every event once, also after a crash. Needs a broker with transactions and the
-    /// checkpoint topic (cleanup.policy=compact).
+    /// Exactly-once mode: a transactional producer commits consecutive PostgreSQL
+    /// transactions' events in batches (a config file's exactly_once_max_batch_* and
+    /// exactly_once_batch_linger_ms), each with a checkpoint record in one Kafka transaction;
+    /// read_committed consumers see every event once, also after a crash. Needs a broker with
+    /// transactions and the checkpoint topic (cleanup.policy=compact).
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE")]
     exactly_once: bool,
     /// With --exactly-once: the Kafka transactional.id [default: outbox-relay-<pipeline name>];
