@@ -3,6 +3,7 @@
 
 use crate::config::ConfigError;
 use crate::exactly_once::{CheckpointError, RefusedEvent, TransactionError};
+use crate::lsn::Lsn;
 use crate::router::RouteError;
 use crate::sink::kafka::ProducerError;
 use crate::sink::{ConnectError, DeliveryError};
@@ -17,8 +18,9 @@ pub enum Error {
     Source(#[from] SourceError),
     #[error(transparent)]
     Outbox(#[from] OutboxError),
-    #[error(transparent)]
-    Route(#[from] RouteError),
+    /// Bad routing input in the event at `lsn` (a [`RouteError`] names the event id).
+    #[error("at LSN {lsn}, {route}")]
+    Route { lsn: Lsn, route: RouteError },
     /// Kafka reported a failed delivery (asynchronously: later records may be in flight).
     #[error(transparent)]
     Delivery(#[from] DeliveryError),
@@ -97,7 +99,7 @@ impl Error {
             Error::Checkpoint(e) => retry_or_stop(e.is_transient()),
             Error::Config(_)
             | Error::Outbox(_)
-            | Error::Route(_)
+            | Error::Route { .. }
             | Error::Producer(_)
             | Error::Polling(_)
             | Error::Listen { .. } => Recovery::Stop,

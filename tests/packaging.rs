@@ -83,7 +83,12 @@ fn the_dockerfile_copies_every_file_the_crate_includes() {
         "the scan finds src/'s include_str! of sql/slot_record.sql: {included:?}"
     );
     for (file, path) in included {
-        let top = path.components().next().unwrap().as_os_str().to_string_lossy();
+        let top = path
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
         assert!(
             copied.contains(top.as_ref()) || copied.contains(path.to_string_lossy().as_ref()),
             "{} includes {}, which docker/Dockerfile's build stage does not copy (it copies \

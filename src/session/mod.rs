@@ -396,7 +396,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             self.metrics,
             &event,
             time_ms.unwrap_or(commit_time_ms),
-        )?;
+        )
+        .map_err(|route| Error::Route { lsn, route })?;
         if let Some(eos) = &mut self.eos {
             // Refused for good in an earlier session, whose transaction was aborted for it.
             if let (Some(refused), Some(topic)) = (
@@ -691,7 +692,7 @@ pub(crate) fn route_or_dead_letter(
         Ok(record) => Ok(record),
         Err(e) => match (&config.on_bad_event, &config.dead_letter_topic) {
             (OnBadEvent::DeadLetter, Some(topic)) => {
-                warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), topic = %topic, reason = %e, "event sent to the dead-letter topic");
+                warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), lsn = %event.lsn, topic = %topic, reason = %e, "event sent to the dead-letter topic");
                 metrics.dead_lettered(e.reason_label());
                 Ok(Router::dead_letter(event, &e, topic, time_ms))
             }

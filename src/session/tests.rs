@@ -591,6 +591,27 @@ async fn failures_the_source_records_settle_their_events_and_the_session_goes_on
     );
 }
 
+/// Bad routing input stops the session with an error naming the event's LSN as well as its
+/// id (README: "an error naming the event id and LSN"); the router alone knows no LSN.
+#[tokio::test(start_paused = true)]
+async fn bad_routing_input_names_the_events_lsn_and_id() {
+    let config = config();
+    let mut items = transaction(0, 2);
+    let SourceItem::Event { event, .. } = &mut items[2] else {
+        panic!("the transaction's second event")
+    };
+    event.aggregate_type = Bytes::from_static(b"bad type");
+    let lsn = event.lsn;
+    let (source, _) = FakeSource::new(items);
+    let (sink, _) = FakeSink::new(usize::MAX, usize::MAX);
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(60)).await;
+    let error = crate::error::chain(&result.expect_err("bad input stops the session"));
+    assert!(
+        error.contains(&format!("at LSN {lsn}")) && error.contains("event e0.1"),
+        "{error}"
+    );
+}
+
 /// Found by the simulation (schedule 26554): bad input met while a shutdown's drain finishes
 /// the open transaction stops the session, and the drain after such an error waited a whole
 /// `shutdown_timeout` again, so the stop took up to twice the timeout (here 4 s instead of 3).
@@ -609,7 +630,7 @@ async fn bad_input_met_while_draining_does_not_extend_the_shutdown() {
     let run_for = Duration::from_secs(1);
     let (result, ran) = run_session(&config, source, sink, run_for).await;
     let error = result.expect_err("bad input stops the session");
-    assert!(matches!(error, Error::Route(_)), "{error:?}");
+    assert!(matches!(error, Error::Route { .. }), "{error:?}");
     assert_eq!(*sent.lock().unwrap(), ["e0.0"]);
     assert_eq!(
         ran,

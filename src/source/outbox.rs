@@ -93,7 +93,7 @@ pub enum OutboxError {
         "insert at LSN {lsn} for relation {rel_id} that was never described by a Relation message"
     )]
     UnknownRelation { rel_id: u32, lsn: Lsn },
-    #[error("outbox table {table} has no column {column:?} (columns.{field}) at LSN {lsn}; its columns are {present}: set columns.{field} to the column's name")]
+    #[error("outbox table {table} has no column {column:?} (columns.{field}) at LSN {lsn}{}; its columns are {present}: set columns.{field} to the column's name", event(.event_id))]
     MissingColumn {
         table: String,
         /// The config field that names the column (`event_type`, `route.by_field`, ...).
@@ -102,12 +102,16 @@ pub enum OutboxError {
         /// The table's columns in that Relation message, comma-separated.
         present: String,
         lsn: Lsn,
+        /// The row's `columns.id` value, if the table has that column and it is not NULL.
+        event_id: Option<String>,
     },
-    #[error("insert at LSN {lsn} into {renamed}, which was the outbox table {table} earlier in this stream: set table to its new name (or insert into {table})")]
+    #[error("insert at LSN {lsn}{} into {renamed}, which was the outbox table {table} earlier in this stream: set table to its new name (or insert into {table})", event(.event_id))]
     Renamed {
         table: String,
         renamed: String,
         lsn: Lsn,
+        /// As in `MissingColumn`.
+        event_id: Option<String>,
     },
     #[error(
         "outbox row at LSN {lsn} (event id {event_id}) has NULL in required column {column:?}"
@@ -127,6 +131,13 @@ pub enum OutboxError {
     InvalidOp { op: &'static str, lsn: Lsn },
     #[error("outbox message at LSN {lsn} is not a valid event: {reason}")]
     InvalidMessage { lsn: Lsn, reason: String },
+}
+
+/// " (event id X)", or nothing when the row's id is not known.
+fn event(event_id: &Option<String>) -> String {
+    event_id
+        .as_ref()
+        .map_or_else(String::new, |id| format!(" (event id {id})"))
 }
 
 #[derive(Debug)]
@@ -150,8 +161,12 @@ enum RelationKind {
     /// The outbox table; `Err` when a mapped column is missing.
     Outbox(Result<ColumnIndexes, Missing>),
     /// The outbox table earlier in this stream, now under another name (`schema.table`):
-    /// an insert into it stops the pipeline instead of passing unpublished.
-    Renamed(String),
+    /// an insert into it stops the pipeline instead of passing unpublished. `id_index`: the
+    /// `columns.id` column's place, to name the row.
+    Renamed {
+        name: String,
+        id_index: Option<usize>,
+    },
 }
 
 /// A mapped column the table's latest Relation message does not have.
@@ -160,6 +175,8 @@ struct Missing {
     field: &'static str,
     column: String,
     present: String,
+    /// The `columns.id` column's place, to name the row (`None`: that column is missing).
+    id_index: Option<usize>,
 }
 
 /// Relation cache plus the mapping of outbox rows to events.
@@ -291,8 +308,12 @@ impl OutboxDecoder {
         let renamed_here = !named
             && matches!(
                 self.relations.get(&relation.rel_id),
-                Some(RelationKind::Outbox(_) | RelationKind::Renamed(_))
+                Some(RelationKind::Outbox(_) | RelationKind::Renamed { .. })
             );
+        let id_index = relation
+            .columns
+            .iter()
+            .position(|c| c.name == self.columns.id);
         let kind = if named || (!renamed_here && self.oid == Some(relation.rel_id)) {
             let find = |field: &'static str, name: &str| {
                 relation
@@ -308,6 +329,7 @@ impl OutboxDecoder {
                             .map(|c| c.name.as_str())
                             .collect::<Vec<_>>()
                             .join(", "),
+                        id_index,
                     })
             };
             let c = &self.columns;
@@ -337,13 +359,14 @@ impl OutboxDecoder {
                 })
             })())
         } else if renamed_here {
-            RelationKind::Renamed(
-                TableName {
+            RelationKind::Renamed {
+                name: TableName {
                     schema: relation.namespace.clone(),
                     name: relation.name.clone(),
                 }
                 .to_string(),
-            )
+                id_index,
+            }
         } else {
             RelationKind::Other
         };
@@ -359,6 +382,11 @@ impl OutboxDecoder {
         insert: &InsertBody,
         lsn: Lsn,
     ) -> Result<Option<OutboxEvent>, OutboxError> {
+        let values = &insert.new_tuple.columns;
+        let event_id = |index: Option<usize>| match index.and_then(|i| values.get(i)) {
+            Some(TupleValue::Text(id)) => Some(String::from_utf8_lossy(id).into_owned()),
+            _ => None,
+        };
         let indexes = match self.relations.get(&insert.rel_id) {
             None => {
                 return Err(OutboxError::UnknownRelation {
@@ -367,11 +395,12 @@ impl OutboxDecoder {
                 })
             }
             Some(RelationKind::Other) => return Ok(None),
-            Some(RelationKind::Renamed(renamed)) => {
+            Some(RelationKind::Renamed { name, id_index }) => {
                 return Err(OutboxError::Renamed {
                     table: self.table.to_string(),
-                    renamed: renamed.clone(),
+                    renamed: name.clone(),
                     lsn,
+                    event_id: event_id(*id_index),
                 })
             }
             Some(RelationKind::Outbox(Err(missing))) => {
@@ -381,11 +410,11 @@ impl OutboxDecoder {
                     column: missing.column.clone(),
                     present: missing.present.clone(),
                     lsn,
+                    event_id: event_id(missing.id_index),
                 })
             }
             Some(RelationKind::Outbox(Ok(indexes))) => indexes,
         };
-        let values = &insert.new_tuple.columns;
         let text = |index: usize, name: &str| -> Result<Option<Bytes>, OutboxError> {
             match values.get(index) {
                 Some(TupleValue::Text(bytes)) => Ok(Some(bytes.clone())),

@@ -166,6 +166,7 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     let bad_types = vec!["no spaces allowed".to_string()];
     let witness = setup.witness().await;
     let (bad, _) = write_events(&setup.db.client, 1, 1, &bad_types, 1, 1, Duration::ZERO).await;
+    let bad_lsn = setup.db.change_lsn(&witness, &bad[0].id).await;
     let bad_commit_end = setup.commit_end_of(&witness, &bad[0].id).await;
 
     let status = relay.wait(Duration::from_secs(30));
@@ -175,8 +176,8 @@ async fn illegal_topic_name_halts_without_confirming_the_transaction() {
     );
     let log = relay.log();
     assert!(
-        log.contains(&bad[0].id),
-        "error names the event id {}:\n{log}",
+        log.contains(&format!("at LSN {bad_lsn}, event {}", bad[0].id)),
+        "error names the event's LSN {bad_lsn} and id {}:\n{log}",
         bad[0].id
     );
     let topics = setup.topics();

@@ -459,10 +459,11 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     for needle in [
         r#"has no column "event_type" (columns.event_type)"#,
         "aggregate_id, kind, payload",
+        &format!("(event id {})", renamed.id),
     ] {
         assert!(
             log.contains(needle),
-            "the error names the column and the table's columns ({needle:?}):\n{log}"
+            "the error names the column, the table's columns and the row ({needle:?}):\n{log}"
         );
     }
     let confirmed = setup.confirmed_flush().await;
@@ -527,9 +528,9 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         "the relay passed over an insert into the renamed outbox ({moved})"
     );
     assert!(
-        relay
-            .log()
-            .contains("into public.outbox_moved, which was the outbox table public.outbox"),
+        relay.log().contains(&format!(
+            "(event id {moved}) into public.outbox_moved, which was the outbox table public.outbox"
+        )),
         "{}",
         relay.log()
     );

@@ -719,6 +719,25 @@ impl TestDb {
         .await
     }
 
+    /// The LSN (as PostgreSQL prints it, `0/16B3748`) of the first change, committed after
+    /// witness slot `slot` was created, containing `needle`: an outbox INSERT's own LSN, the
+    /// one the relay names. Waits like [`TestDb::commit_end_lsn`].
+    pub async fn change_lsn(&self, slot: &str, needle: &str) -> String {
+        let what = format!("witness slot {slot} to see a change containing {needle}");
+        super::wait_for(&what, Duration::from_secs(30), || async {
+            self.client
+                .query_opt(
+                    "SELECT lsn::text FROM pg_logical_slot_peek_changes($1, NULL, NULL)
+                     WHERE strpos(data, $2) > 0 LIMIT 1",
+                    &[&slot, &needle],
+                )
+                .await
+                .unwrap_or_else(|e| panic!("reading witness slot {slot}: {e}"))
+                .map(|r| r.get::<_, String>(0))
+        })
+        .await
+    }
+
     /// Drops replication slot `slot` if it exists (waits up to 30 s for it to become inactive).
     pub async fn drop_slot(&self, slot: &str) {
         within(

@@ -86,14 +86,19 @@ fn missing_column_is_an_error_naming_it() {
     };
     let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), columns, None);
     let first = events(&mut decoder).remove(0).unwrap_err();
+    let OutboxError::MissingColumn {
+        column, event_id, ..
+    } = &first
+    else {
+        panic!("{first}")
+    };
+    assert_eq!(column, "aggregatetype");
+    // The row is named by its id, which the table still has.
+    let id = event_id.clone().expect("the row's id");
     assert!(
-        matches!(&first, OutboxError::MissingColumn { column, .. } if column == "aggregatetype"),
-        "{first}"
-    );
-    assert!(
-        first
-            .to_string()
-            .contains("has no column \"aggregatetype\" (columns.aggregate_type) at LSN 0/0; its columns are id, aggregate_type, "),
+        first.to_string().contains(&format!(
+            "has no column \"aggregatetype\" (columns.aggregate_type) at LSN 0/0 (event id {id}); its columns are id, aggregate_type, "
+        )),
         "{first}"
     );
 }
@@ -140,6 +145,24 @@ fn inserts_into_the_renamed_outbox_are_errors() {
     assert_eq!(
         err.to_string(),
         "insert at LSN 0/5 into public.\"Outbox_Old\", which was the outbox table public.outbox earlier in this stream: set table to its new name (or insert into public.outbox)"
+    );
+    // A row with an id is named by it.
+    let id_at = relation
+        .columns
+        .iter()
+        .position(|c| c.name == "id")
+        .unwrap();
+    let mut values = vec![crate::source::pgoutput::TupleValue::Null; relation.columns.len()];
+    values[id_at] = crate::source::pgoutput::TupleValue::Text(bytes::Bytes::from_static(b"e-42"));
+    let with_id = InsertBody {
+        rel_id: relation.rel_id,
+        new_tuple: crate::source::pgoutput::TupleData { columns: values },
+    };
+    let err = decoder.on_insert(&with_id, Lsn(5)).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("insert at LSN 0/5 (event id e-42) into public.\"Outbox_Old\""),
+        "{err}"
     );
     // Renamed again, still not passed over; a table never the outbox is.
     relation.name = "elsewhere".into();
