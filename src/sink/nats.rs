@@ -21,7 +21,8 @@
 //! JetStream) or if it is larger than the server's `max_payload` (a server closes the
 //! connection of a client that sends more).
 
-use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage, ErrorCode};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
+use async_nats::jetstream::{self, message::PublishMessage, ErrorCode};
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, ServerAddr};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -177,13 +178,18 @@ impl Publisher for NatsPublisher {
         let subject = record.topic.clone();
         let server = self.server.clone();
         Box::pin(async move {
-            let ack = jetstream
-                .send_publish(subject.clone(), message)
-                .await
-                .map_err(|e| classify(&e, &subject, &server))?;
-            ack.await
-                .map(|_ack| ())
-                .map_err(|e| classify(&e, &subject, &server))
+            let published = match jetstream.send_publish(subject.clone(), message).await {
+                Ok(ack) => ack.await.map(|_ack| ()),
+                Err(e) => Err(e),
+            };
+            match published {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
+                    let stream = jetstream.stream_by_subject(subject.as_str()).await;
+                    Err(no_responders(stream, &subject, &server))
+                }
+                Err(e) => Err(classify(&e, &subject, &server)),
+            }
         })
     }
 }
@@ -262,18 +268,38 @@ fn header_value(value: &[u8]) -> Result<&str, &'static str> {
     }
 }
 
-/// A publish failure as the ordered sink's [`PublishError`]: no stream for the subject, a
-/// message larger than the stream's `max_msg_size`, JetStream not enabled or a sealed stream
-/// is a refusal; a timeout, a lost connection, a full stream or an unavailable cluster is
-/// retried.
+/// A publish nobody answered ("no responders") as the ordered sink's [`PublishError`], by
+/// what JetStream says of the subject (`stream`: `stream_by_subject`'s answer). No stream
+/// takes it: a refusal. A stream does: retried, for that stream's leader is out of reach for
+/// now (its server restarting, a leader election; nats.go retries this too). The lookup
+/// failing (the JetStream API itself unavailable): retried.
+fn no_responders(
+    stream: Result<String, jetstream::context::GetStreamByNameError>,
+    subject: &str,
+    server: &str,
+) -> PublishError {
+    match stream {
+        Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => PublishError::refused(format!(
+            "{server}: no stream takes subject {subject:?} (no responders): create a stream whose subjects cover it"
+        )),
+        Ok(stream) => PublishError::retry(format!(
+            "{server}: stream {stream:?} takes subject {subject:?} but did not answer (no responders): its leader is out of reach"
+        )),
+        Err(e) => PublishError::retry(format!(
+            "{server}: nothing answered for subject {subject:?} (no responders), and looking up its stream failed: {e}"
+        )),
+    }
+}
+
+/// A publish failure as the ordered sink's [`PublishError`]: a message larger than the
+/// stream's `max_msg_size`, JetStream not enabled or a sealed stream is a refusal; a timeout,
+/// a lost connection, a full stream or an unavailable cluster is retried ("no responders":
+/// [`no_responders`]).
 fn classify(e: &jetstream::context::PublishError, subject: &str, server: &str) -> PublishError {
     let code = std::error::Error::source(e)
         .and_then(|source| source.downcast_ref::<jetstream::Error>())
         .map(jetstream::Error::error_code);
     match e.kind() {
-        PublishErrorKind::StreamNotFound => PublishError::refused(format!(
-            "{server}: no stream takes subject {subject:?} (no responders): create a stream whose subjects cover it"
-        )),
         PublishErrorKind::TimedOut => PublishError::retry(format!(
             "{server}: no PubAck for subject {subject:?} within {} s",
             ACK_TIMEOUT.as_secs()

@@ -30,6 +30,27 @@ pub fn start(port: u16, args: &[&str]) -> ServerProcess {
     })
 }
 
+/// Starts JetStream cluster node `name` (cluster `outbox-test`) for clients on `port`, for
+/// the other nodes on `route`, joining the nodes whose route ports are `others`; its store in
+/// the run directory, so a stopped node comes back with its streams.
+pub fn start_cluster_node(name: &str, port: u16, route: u16, others: &[u16]) -> ServerProcess {
+    let dir = ServerProcess::data_dir(&format!("nats-{name}"), port);
+    let routes: Vec<String> = others
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect();
+    let (name, routes) = (name.to_owned(), routes.join(","));
+    ServerProcess::spawn("nats-server", port, Duration::from_secs(30), move || {
+        let mut cmd = Command::new("nats-server");
+        cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-sd", &dir.display().to_string()])
+            .args(["--server_name", &name, "--cluster_name", "outbox-test"])
+            .args(["--cluster", &format!("nats://127.0.0.1:{route}")])
+            .args(["--routes", &routes]);
+        cmd
+    })
+}
+
 /// `nats://127.0.0.1:<port>`.
 pub fn nats_url(server: &ServerProcess) -> String {
     format!("nats://127.0.0.1:{}", server.port)

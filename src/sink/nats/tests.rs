@@ -96,3 +96,37 @@ fn a_message_over_max_payload_is_too_large_counting_the_headers() {
         "{e:?}"
     );
 }
+
+/// "No responders" is a refusal only when JetStream has no stream for the subject; a stream
+/// whose leader did not answer (its server restarting) and a failed lookup are retried.
+#[test]
+fn no_responders_is_a_refusal_only_without_a_stream_for_the_subject() {
+    use async_nats::jetstream::context::{GetStreamByNameError, GetStreamByNameErrorKind};
+
+    let refused = no_responders(
+        Err(GetStreamByNameError::new(
+            GetStreamByNameErrorKind::NotFound,
+        )),
+        "Order.events",
+        "nats://h:4222",
+    );
+    assert_eq!(refused.failure, Failure::Refused { too_large: false });
+    assert!(refused
+        .reason
+        .contains("no stream takes subject \"Order.events\""));
+
+    let leaderless = no_responders(Ok("OUTBOX".into()), "Order.events", "nats://h:4222");
+    assert_eq!(leaderless.failure, Failure::Retry);
+    assert!(
+        leaderless.reason.contains("stream \"OUTBOX\""),
+        "{}",
+        leaderless.reason
+    );
+
+    let unknown = no_responders(
+        Err(GetStreamByNameError::new(GetStreamByNameErrorKind::Request)),
+        "Order.events",
+        "nats://h:4222",
+    );
+    assert_eq!(unknown.failure, Failure::Retry);
+}

@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::support::nats::operator::{stranger_creds, Operator};
-use crate::support::nats::{create_stream, jetstream, nats_url, read_subjects, start, stream_name};
+use crate::support::nats::{
+    create_stream, jetstream, nats_url, read_subjects, start, start_cluster_node, stream_name,
+};
 use crate::support::server::ServerProcess;
 use crate::support::{free_port, wait_for, within, Auth, Consumed, Relay};
 use crate::{assert_delivered, insert, write_events, Setup};
@@ -645,4 +647,90 @@ async fn tls_verifies_the_server_with_the_system_roots() {
         "the error names the server and TLS:\n{}",
         crate::support::tail_lines(&log, 20)
     );
+}
+
+/// A three-node JetStream cluster, a stream of one replica, and the node holding it stopped
+/// while events come: publishes get "no responders" though the stream exists. The relay,
+/// connected to another node, retries them (JetStream still knows the stream: its leader is
+/// out of reach) instead of refusing them, and once the node is back every event is in the
+/// stream, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_responders_from_a_stream_whose_node_is_down_is_retried_not_refused() {
+    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let nodes: Vec<ServerProcess> = (0..3)
+        .map(|i| {
+            let others: Vec<u16> = (0..3).filter(|j| *j != i).map(|j| ports[j].1).collect();
+            start_cluster_node(&format!("n{i}"), ports[i].0, ports[i].1, &others)
+        })
+        .collect();
+    let setup = super::setup("nats_leaderless", &["Order"]).await;
+    let destinations = setup.topics();
+    let js = jetstream(&nodes[0]).await;
+    // The cluster's meta leader is elected within seconds of the routes connecting.
+    let config = async_nats::jetstream::stream::Config {
+        name: stream_name(&destinations[0]),
+        subjects: destinations.clone(),
+        storage: async_nats::jetstream::stream::StorageType::File,
+        num_replicas: 1,
+        ..Default::default()
+    };
+    wait_for(
+        "the cluster to create the stream",
+        Duration::from_secs(60),
+        || async { js.get_or_create_stream(config.clone()).await.ok() },
+    )
+    .await;
+    let leader = wait_for("the stream's leader", Duration::from_secs(30), || async {
+        let mut stream = js.get_stream(&config.name).await.ok()?;
+        let info = stream.info().await.ok()?;
+        info.cluster.as_ref()?.leader.clone()
+    })
+    .await;
+    let holder = (0..3).find(|i| leader == format!("n{i}")).unwrap();
+    let other = &nodes[(holder + 1) % 3];
+    let js = jetstream(other).await;
+
+    let (_dir, args) = nats_relay_args(&setup, &format!("url = \"{}\"", nats_url(other)), "");
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let mut written = vec![insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 0}"#).await];
+    wait_for(
+        "the first event in the stream",
+        Duration::from_secs(60),
+        || async { (!read_subjects(&js, &destinations).await.is_empty()).then_some(()) },
+    )
+    .await;
+
+    nodes[holder].stop();
+    for n in 1..=5 {
+        let payload = format!(r#"{{"n": {n}}}"#);
+        written.push(insert(&setup.db.client, &setup.types[0], "k1", &payload).await);
+    }
+    // Until the relay meets "no responders" and retries it; the relay stopping fails the test.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = relay.log();
+        if log.contains("did not answer (no responders)") {
+            break;
+        }
+        let tail = crate::support::tail_lines(&log, 30);
+        assert!(
+            relay.is_running(),
+            "the relay stopped while the stream's node was down:\n{tail}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay met no \"no responders\" within 60 s of the node's stop:\n{tail}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    nodes[holder].start();
+    wait_for(
+        "every event in the stream",
+        Duration::from_secs(90),
+        || async { (read_subjects(&js, &destinations).await.len() >= written.len()).then_some(()) },
+    )
+    .await;
+    assert_delivered(&written, &read_subjects(&js, &destinations).await, true);
+    drop(relay);
 }
