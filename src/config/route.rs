@@ -42,13 +42,18 @@ pub struct OutboxColumns {
     pub event_type: String,
     /// The Kafka value, byte for byte as PostgreSQL prints it; NULL gives a tombstone.
     pub payload: String,
-    /// Optional jsonb object whose entries become Kafka headers.
+    /// Optional jsonb object whose entries become Kafka headers: a table without a column of
+    /// the default name ([`DEFAULT_HEADERS_COLUMN`]) has no row headers; another name must
+    /// exist (a misspelling is a missing column, not headers silently left out).
     pub headers: String,
     /// Optional `timestamptz` or `timestamp` column (a `timestamp` is taken as UTC) whose
     /// value is the Kafka record timestamp; `None` or a NULL value: the commit time.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
 }
+
+/// The default `columns.headers`, the one mapped column a table may lack.
+pub const DEFAULT_HEADERS_COLUMN: &str = "headers";
 
 impl Default for OutboxColumns {
     fn default() -> Self {
@@ -58,7 +63,7 @@ impl Default for OutboxColumns {
             aggregate_id: "aggregate_id".into(),
             event_type: "event_type".into(),
             payload: "payload".into(),
-            headers: "headers".into(),
+            headers: DEFAULT_HEADERS_COLUMN.into(),
             timestamp: None,
         }
     }

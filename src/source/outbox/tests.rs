@@ -103,6 +103,23 @@ fn missing_column_is_an_error_naming_it() {
     );
 }
 
+/// The `headers` column may be missing under its default name (Debezium's table has none);
+/// another `columns.headers` must exist: a misspelling is a missing column, not headers
+/// silently left out.
+#[test]
+fn only_the_default_headers_column_may_be_missing() {
+    let columns = OutboxColumns {
+        headers: "hdrs".into(),
+        ..OutboxColumns::default()
+    };
+    let mut decoder = OutboxDecoder::new("public.outbox".parse().unwrap(), columns, None);
+    let first = events(&mut decoder).remove(0).unwrap_err();
+    assert!(
+        matches!(&first, OutboxError::MissingColumn { column, field: "headers", .. } if column == "hdrs"),
+        "{first}"
+    );
+}
+
 #[test]
 fn other_tables_are_not_events() {
     let mut decoder = OutboxDecoder::new(

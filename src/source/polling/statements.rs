@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use super::{PollingError, FAILED, PENDING, PUBLISHED};
-use crate::config::{MarkMode, PipelineConfig};
+use crate::config::{MarkMode, PipelineConfig, DEFAULT_HEADERS_COLUMN};
 use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
@@ -111,9 +111,11 @@ impl Statements {
         let (event_type, _) = need("columns.event_type", &c.event_type)?;
         let (payload, payload_kind) = need("columns.payload", &c.payload)?;
         let (created_at, _) = need("polling.created_at_column", &p.created_at_column)?;
-        let headers = match columns.contains_key(&c.headers) {
-            true => format!("o.{}::text", quote_ident(&c.headers)),
-            false => "NULL::text".to_owned(),
+        // Only the default name may be missing (see `OutboxColumns::headers`).
+        let headers = if c.headers == DEFAULT_HEADERS_COLUMN && !columns.contains_key(&c.headers) {
+            "NULL::text".to_owned()
+        } else {
+            format!("o.{}::text", need("columns.headers", &c.headers)?.0)
         };
         let routed_by = match config.route.by_field.as_deref() {
             Some(column) if column != c.aggregate_type => {

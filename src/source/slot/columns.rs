@@ -19,7 +19,7 @@ use crate::source::SourceError;
 pub const PUBLISH_GENERATED_MIN_VERSION_NUM: i32 = 180_000;
 
 /// A column the relay maps: the config field naming it, the column, and whether the relay
-/// stops at an insert without it (`columns.headers` is optional).
+/// stops at an insert without it (`columns.headers` is optional under its default name).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapped<'a> {
     pub field: &'static str,
@@ -47,7 +47,7 @@ pub fn mapped_columns(config: &PipelineConfig) -> Vec<Mapped<'_>> {
         Mapped {
             field: "columns.headers",
             column: &c.headers,
-            required: false,
+            required: c.headers != crate::config::DEFAULT_HEADERS_COLUMN,
         },
     ];
     mapped.extend(
@@ -238,6 +238,9 @@ mod tests {
         assert!(mapped
             .iter()
             .all(|m| m.required != (m.field == "columns.headers")));
+        // Another name than the default is required: a misspelling is a missing column.
+        config.columns.headers = "hdrs".into();
+        assert!(mapped_columns(&config).iter().all(|m| m.required));
     }
 
     #[test]
