@@ -21,7 +21,9 @@
 //! JetStream) or if it is larger than the server's `max_payload` (a server closes the
 //! connection of a client that sends more).
 
-use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishErrorKind};
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishErrorKind, RequestErrorKind,
+};
 use async_nats::jetstream::{self, message::PublishMessage, ErrorCode};
 use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap, ServerAddr};
 use bytes::Bytes;
@@ -272,7 +274,9 @@ fn header_value(value: &[u8]) -> Result<&str, &'static str> {
 /// what JetStream says of the subject (`stream`: `stream_by_subject`'s answer). No stream
 /// takes it: a refusal. A stream does: retried, for that stream's leader is out of reach for
 /// now (its server restarting, a leader election; nats.go retries this too). The lookup
-/// failing (the JetStream API itself unavailable): retried.
+/// unanswered too, or answered that JetStream is not enabled for the account: a refusal (no
+/// JetStream, nothing to wait for). Any other failed lookup (a leaderless cluster's API
+/// error, a timeout): retried.
 fn no_responders(
     stream: Result<String, jetstream::context::GetStreamByNameError>,
     subject: &str,
@@ -285,10 +289,36 @@ fn no_responders(
         Ok(stream) => PublishError::retry(format!(
             "{server}: stream {stream:?} takes subject {subject:?} but did not answer (no responders): its leader is out of reach"
         )),
+        Err(e) if without_jetstream(&e) => PublishError::refused(format!(
+            "{server}: nothing answered for subject {subject:?} (no responders) and JetStream is not enabled for this account or server ({e}): run nats-server with -js"
+        )),
         Err(e) => PublishError::retry(format!(
             "{server}: nothing answered for subject {subject:?} (no responders), and looking up its stream failed: {e}"
         )),
     }
+}
+
+/// Whether a failed `stream_by_subject` says there is no JetStream: somewhere in its chain of
+/// causes its API request had no responders, or the API answered JetStream is not enabled.
+fn without_jetstream(e: &jetstream::context::GetStreamByNameError) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(error) = cause {
+        if let Some(request) = error.downcast_ref::<jetstream::context::RequestError>() {
+            if request.kind() == RequestErrorKind::NoResponders {
+                return true;
+            }
+        }
+        if let Some(api) = error.downcast_ref::<jetstream::Error>() {
+            if matches!(
+                api.error_code(),
+                ErrorCode::JETSTREAM_NOT_ENABLED | ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+            ) {
+                return true;
+            }
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// A publish failure as the ordered sink's [`PublishError`]: a message larger than the

@@ -101,7 +101,9 @@ fn a_message_over_max_payload_is_too_large_counting_the_headers() {
 /// whose leader did not answer (its server restarting) and a failed lookup are retried.
 #[test]
 fn no_responders_is_a_refusal_only_without_a_stream_for_the_subject() {
-    use async_nats::jetstream::context::{GetStreamByNameError, GetStreamByNameErrorKind};
+    use async_nats::jetstream::context::{
+        GetStreamByNameError, GetStreamByNameErrorKind, RequestError, RequestErrorKind,
+    };
 
     let refused = no_responders(
         Err(GetStreamByNameError::new(
@@ -129,4 +131,24 @@ fn no_responders_is_a_refusal_only_without_a_stream_for_the_subject() {
         "nats://h:4222",
     );
     assert_eq!(unknown.failure, Failure::Retry);
+
+    // Nothing answers the JetStream API either: no JetStream, nothing to wait for (async-nats
+    // wraps the request's error once more, as here).
+    let no_jetstream = no_responders(
+        Err(GetStreamByNameError::with_source(
+            GetStreamByNameErrorKind::Request,
+            RequestError::with_source(
+                RequestErrorKind::Other,
+                RequestError::new(RequestErrorKind::NoResponders),
+            ),
+        )),
+        "Order.events",
+        "nats://h:4222",
+    );
+    assert_eq!(no_jetstream.failure, Failure::Refused { too_large: false });
+    assert!(
+        no_jetstream.reason.contains("JetStream is not enabled"),
+        "{}",
+        no_jetstream.reason
+    );
 }

@@ -734,3 +734,31 @@ async fn no_responders_from_a_stream_whose_node_is_down_is_retried_not_refused()
     assert_delivered(&written, &read_subjects(&js, &destinations).await, true);
     drop(relay);
 }
+
+/// A server without JetStream: publishes get "no responders" and so does the stream lookup.
+/// There is nothing to wait for, so the relay stops naming it rather than retrying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_jetstream_stops_the_pipeline_naming_it() {
+    let port = free_port();
+    let plain = ServerProcess::spawn("nats-server", port, Duration::from_secs(30), move || {
+        let mut cmd = std::process::Command::new("nats-server");
+        cmd.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        cmd
+    });
+    let setup = super::setup("nats_no_js", &["Order"]).await;
+    let (_dir, args) = nats_relay_args(&setup, &format!("url = \"{}\"", nats_url(&plain)), "");
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert!(
+        !status.success(),
+        "the relay exited with {status} without JetStream"
+    );
+    assert!(
+        log.contains("JetStream is not enabled"),
+        "the error says why:\n{}",
+        crate::support::tail_lines(&log, 30)
+    );
+}
