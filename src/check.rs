@@ -554,7 +554,9 @@ impl ClientErrors {
 
 impl ClientContext for ClientErrors {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        if (level as i32) <= (RDKafkaLogLevel::Warning as i32) {
+        // CONFWARN: a producer property set on this consumer (acks, linger.ms, ...), which
+        // would crowd out the errors that matter.
+        if (level as i32) <= (RDKafkaLogLevel::Warning as i32) && fac != "CONFWARN" {
             self.keep(format!("{fac} {log_message}"));
         }
     }
@@ -668,4 +670,39 @@ pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, Strin
         failover: r.get(7),
         standby: failover::standby_slot_state(config).await,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// librdkafka's warnings about producer properties on `check`'s consumer (CONFWARN) are
+    /// not kept: with `acks`, `enable.idempotence` and `linger.ms` set they filled every slot
+    /// before the certificate or SASL error came.
+    #[test]
+    fn client_errors_keep_the_failures_not_the_configuration_warnings() {
+        let errors = ClientErrors::default();
+        for property in ["acks", "enable.idempotence", "linger.ms"] {
+            errors.log(
+                RDKafkaLogLevel::Warning,
+                "CONFWARN",
+                &format!("[thrd:app]: Configuration property {property} is a producer property and will be ignored by this consumer instance"),
+            );
+        }
+        errors.log(
+            RDKafkaLogLevel::Error,
+            "FAIL",
+            "ssl://k:9093/bootstrap: SSL handshake failed: certificate verify failed",
+        );
+        errors.log(
+            RDKafkaLogLevel::Debug,
+            "BROKER",
+            "ssl://k:9093/bootstrap: connecting",
+        );
+        let kept = errors.0.lock().unwrap();
+        assert_eq!(
+            *kept,
+            ["FAIL ssl://k:9093/bootstrap: SSL handshake failed: certificate verify failed"]
+        );
+    }
 }
