@@ -18,8 +18,9 @@ pub enum Error {
     Source(#[from] SourceError),
     #[error(transparent)]
     Outbox(#[from] OutboxError),
-    /// Bad routing input in the event at `lsn` (a [`RouteError`] names the event id).
-    #[error("at LSN {lsn}, {route}")]
+    /// Bad routing input in the event at `lsn` (a [`RouteError`] names the event id);
+    /// [`Lsn::ZERO`] for a polled row, which has none (then no LSN is named).
+    #[error("{}{route}", at_lsn(*.lsn))]
     Route { lsn: Lsn, route: RouteError },
     /// Kafka reported a failed delivery (asynchronously: later records may be in flight).
     #[error(transparent)]
@@ -104,6 +105,15 @@ impl Error {
             | Error::Polling(_)
             | Error::Listen { .. } => Recovery::Stop,
         }
+    }
+}
+
+/// "at LSN X, ", or nothing for [`Lsn::ZERO`] (no LSN: a polled row).
+fn at_lsn(lsn: Lsn) -> String {
+    if lsn == Lsn::ZERO {
+        String::new()
+    } else {
+        format!("at LSN {lsn}, ")
     }
 }
 

@@ -393,6 +393,11 @@ async fn polling_bad_input_halts_naming_the_event_after_marking_what_went_before
         log.contains(&bad.id) && log.contains("not a topic"),
         "the error names the event:\n{log}"
     );
+    // A polled row has no LSN: none is named (0/0 would be a wrong one).
+    assert!(
+        !log.contains("LSN 0/0"),
+        "a polled row named at LSN 0/0:\n{log}"
+    );
     assert_eq!(
         setup.status_of(&good.id).await.0,
         "PUBLISHED",
