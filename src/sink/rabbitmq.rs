@@ -39,6 +39,8 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ErrorKind, ExchangeKind};
 
+use tracing::warn;
+
 use super::ordered::{PublishError, Publisher};
 use super::{ConnectError, Record};
 use crate::config::sink::MAX_ROUTING_KEY_BYTES;
@@ -92,6 +94,11 @@ impl RabbitMqPublisher {
         let connection = Connection::connect_uri(uri, properties)
             .await
             .map_err(|e| error(connect_retryable(&e), e.to_string()))?;
+        // One channel per message awaiting its confirm (module docs); 0: no limit.
+        let channel_max = usize::from(connection.configuration().channel_max());
+        if channel_max != 0 && config.max_concurrency > channel_max {
+            warn!(%server, max_concurrency = config.max_concurrency, channel_max, "sink.max_concurrency is above the server's channel_max: publishes beyond it fail to open a channel and are retried; lower max_concurrency or raise channel_max");
+        }
         let channel = open_channel(&connection)
             .await
             .map_err(|e| error(true, format!("opening a channel: {e}")))?;
@@ -224,9 +231,17 @@ impl Publisher for RabbitMqPublisher {
                             "{server}: the connection is closed"
                         )));
                     }
-                    open_channel(&connection).await.map_err(|e| {
-                        lost(&connection, format!("{server}: opening a channel: {e}"))
-                    })?
+                    tokio::time::timeout(CONFIRM_TIMEOUT, open_channel(&connection))
+                        .await
+                        .map_err(|_| {
+                            PublishError::retry(format!(
+                                "{server}: no channel opened within {} s",
+                                CONFIRM_TIMEOUT.as_secs()
+                            ))
+                        })?
+                        .map_err(|e| {
+                            lost(&connection, format!("{server}: opening a channel: {e}"))
+                        })?
                 }
             };
             let publishing = async {

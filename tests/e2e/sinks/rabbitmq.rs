@@ -425,3 +425,39 @@ async fn a_message_over_the_servers_max_message_size_is_refused_as_too_large() {
     let got = server.read(&destinations).await;
     assert_delivered(&[before], &got, true);
 }
+
+/// A `max_concurrency` above the server's `channel_max` (2047 by default) is named at
+/// connect: each message awaiting its confirm needs a channel of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_concurrency_above_channel_max_is_named() {
+    let server = shared();
+    let setup = setup("rabbitmq_channel_max", &["Order"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{settings}\nmax_concurrency = 5000\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+        settings = server.sink_settings(),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let event = insert(&setup.db.client, &setup.types[0], "k1", r#"{"n": 1}"#).await;
+    let got = read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&[event], &got, true);
+    let log = relay.log();
+    assert!(
+        log.contains("above the server's channel_max") && log.contains("channel_max=2047"),
+        "{}",
+        tail_lines(&log, 20)
+    );
+    drop(relay);
+}
