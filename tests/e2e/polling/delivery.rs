@@ -171,6 +171,21 @@ async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missi
         out.contains("FAIL") && out.contains("no column \"status\""),
         "{out}"
     );
+    // A columns.headers other than the default must exist: a misspelling fails, not passes
+    // with every row's headers left out.
+    let (ok, out) = check(setup.relay_args(
+        "misspelt",
+        &bootstrap,
+        "[pipelines.columns]\nheaders = \"hdrs\"",
+        "",
+        None,
+    ))
+    .await;
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("FAIL") && out.contains("\"hdrs\"") && out.contains("columns.headers"),
+        "{out}"
+    );
     client
         .batch_execute(&format!(
             "CREATE ROLE reader_{0} LOGIN; GRANT SELECT ON outbox TO reader_{0};",
