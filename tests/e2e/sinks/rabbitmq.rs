@@ -81,6 +81,16 @@ impl SinkServer for RabbitMq {
 
 sink_scenarios!(shared(), RabbitMq::new(free_port()), bad_routing_input);
 
+/// A config file's text: one pipeline on `setup` with the RabbitMQ sink table `sink` (its
+/// TOML lines after `kind`).
+fn pipeline_toml(setup: &crate::Setup, sink: &str) -> String {
+    format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{sink}\n",
+        slot = setup.slot,
+        url = setup.db.url(crate::support::Auth::Trust),
+    )
+}
+
 /// A persistent message with the event id as `message_id`, JSON content type, the commit time
 /// and every header; its routing key has a space, which no Kafka topic may have.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,11 +184,7 @@ async fn check_finds_the_exchange_and_refuses_bad_credentials() {
     let setup = setup("rabbitmq_check", &["Order"]).await;
     server.prepare(&setup.topics()).await;
     let check = |settings: String| {
-        let toml = format!(
-            "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{settings}\n",
-            slot = setup.slot,
-            url = setup.db.url(crate::support::Auth::Trust),
-        );
+        let toml = pipeline_toml(&setup, &settings);
         let (dir, mut args) = run_with_config(&toml);
         args[0] = "check".into();
         let mut relay = Relay::spawn(&args);
@@ -217,11 +223,7 @@ async fn check_finds_the_exchange_and_refuses_bad_credentials() {
 
     // `run` with it stops the pipeline (retrying cannot fix a refused login), password hidden.
     let toml_settings = format!("url = \"{bad}\"\nexchange = \"{EXCHANGE}\"");
-    let toml = format!(
-        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{toml_settings}\n",
-        slot = setup.slot,
-        url = setup.db.url(crate::support::Auth::Trust),
-    );
+    let toml = pipeline_toml(&setup, &toml_settings);
     let (_dir, args) = run_with_config(&toml);
     let mut relay = Relay::spawn(&args);
     let status = relay.wait(Duration::from_secs(60));
@@ -391,11 +393,7 @@ async fn a_message_over_the_servers_max_message_size_is_refused_as_too_large() {
         server.sink_settings(),
         4 * MAX_MESSAGE_SIZE
     );
-    let toml = format!(
-        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{toml_settings}\n",
-        slot = setup.slot,
-        url = setup.db.url(crate::support::Auth::Trust),
-    );
+    let toml = pipeline_toml(&setup, &toml_settings);
     let (_dir, args) = run_with_config(&toml);
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
@@ -434,11 +432,9 @@ async fn a_max_concurrency_above_channel_max_is_named() {
     let setup = setup("rabbitmq_channel_max", &["Order"]).await;
     let destinations = setup.topics();
     server.prepare(&destinations).await;
-    let toml = format!(
-        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"rabbitmq\"\n{settings}\nmax_concurrency = 5000\n",
-        slot = setup.slot,
-        url = setup.db.url(crate::support::Auth::Trust),
-        settings = server.sink_settings(),
+    let toml = pipeline_toml(
+        &setup,
+        &format!("{}\nmax_concurrency = 5000", server.sink_settings()),
     );
     let (_dir, args) = run_with_config(&toml);
     let relay = Relay::spawn(&args);
