@@ -210,7 +210,7 @@ impl Statements {
                 (
                     Some(format!(
                         "UPDATE {table} SET {retries} = {retries} + 1,
-                            {next} = now() + least($2::float8 * power(2::float8, least({retries}, 40)), $3::float8) * interval '1 millisecond',
+                            {next} = clock_timestamp() + least($2::float8 * power(2::float8, least({retries}, 40)), $3::float8) * interval '1 millisecond',
                             {status} = CASE WHEN {retries} + 1 >= $4::int4 THEN {failed} ELSE {status} END
                          WHERE {ctids}
                          RETURNING {id}::text, {status}::text, {retries}::int8",
