@@ -31,7 +31,7 @@ const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 const DEFAULT_TOPIC_REGEX: &str = "(?<routedByValue>.*)";
 const DEFAULT_TOPIC_REPLACEMENT: &str = "outbox.event.${routedByValue}";
 /// Java producer properties with the same name and meaning in librdkafka.
-const SAME_PRODUCER_PROPERTIES: &[&str] = &[
+pub(super) const SAME_PRODUCER_PROPERTIES: &[&str] = &[
     "batch.size",
     "client.id",
     "compression.type",

@@ -113,7 +113,19 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
                         &format!("producer.{option}"),
                         "outbox-relay writes keys and values as bytes; no serializer to set",
                     ),
-                    _ => properties.push((option, value)),
+                    "acks" | "enable.idempotence" => sink.note(
+                        &format!("producer.{option}"),
+                        "outbox-relay always uses acks=all and enable.idempotence=true",
+                    ),
+                    _ if super::SAME_PRODUCER_PROPERTIES.contains(&option.as_str()) => {
+                        properties.push((option, value))
+                    }
+                    // A Java property (sasl.jaas.config, buffer.memory, ...): librdkafka would
+                    // refuse it, and its value may be a secret, never printed.
+                    _ => sink.note(
+                        &format!("producer.{option}"),
+                        "a Java producer property: set the librdkafka equivalent under kafka.properties by hand",
+                    ),
                 }
             }
             pipeline.kafka.properties = properties;
@@ -317,6 +329,10 @@ impl SinkOptions {
         let vhost =
             percent_encoding::utf8_percent_encode(&vhost, percent_encoding::NON_ALPHANUMERIC);
         let exchange = self.take("exchange").unwrap_or_default();
+        if exchange.is_empty() {
+            // Debezium Server publishes to an exchange named after each topic then.
+            self.note("exchange", "not set: Debezium published each message to an exchange named after its topic (routing key \"\" unless set); outbox-relay publishes to one exchange, here the default one (routing key = the destination, which names the queue): declare a topic exchange, set sink.exchange and bind your queues to it by routing key");
+        }
         let from_topic = self
             .take("routingKeyFromTopicName")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));

@@ -81,6 +81,42 @@ fn a_kafka_sink_keeps_its_producer_settings_and_the_source_its_slot() {
     );
 }
 
+/// Java-only producer properties are noted, not copied: librdkafka refuses them, and one such
+/// as `sasl.jaas.config` holds the password, which the import never prints.
+#[test]
+fn java_producer_properties_are_noted_not_copied_and_their_secrets_not_printed() {
+    let imported = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=kafka\ndebezium.sink.kafka.producer.bootstrap.servers=k1:9092\ndebezium.sink.kafka.producer.security.protocol=SASL_SSL\ndebezium.sink.kafka.producer.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username=\"k\" password=\"s3cret\";\ndebezium.sink.kafka.producer.ssl.truststore.password=s3cret2\ndebezium.sink.kafka.producer.buffer.memory=33554432\n"
+    ))
+    .unwrap();
+    assert!(
+        !imported.toml.contains("s3cret"),
+        "a secret in the output:\n{}",
+        imported.toml
+    );
+    let file: crate::config::file::FileConfig = toml::from_str(&imported.toml).unwrap();
+    assert_eq!(
+        file.pipelines[0].kafka.properties,
+        [("security.protocol".to_string(), "SASL_SSL".to_string())]
+    );
+    for option in [
+        "debezium.sink.kafka.producer.sasl.jaas.config",
+        "debezium.sink.kafka.producer.ssl.truststore.password",
+        "debezium.sink.kafka.producer.buffer.memory",
+    ] {
+        assert!(
+            option_noted(&imported, option),
+            "{option} not noted: {:?}",
+            imported.notes
+        );
+    }
+    assert!(
+        imported.notes.iter().all(|n| !n.reason.contains("s3cret")),
+        "{:?}",
+        imported.notes
+    );
+}
+
 #[test]
 fn a_redis_sink_becomes_a_redis_url_with_its_password_from_the_environment() {
     let imported = import(&format!(
@@ -192,5 +228,20 @@ fn nats_rabbitmq_and_http_sinks_carry_their_server_and_note_the_rest() {
         option_noted(&http, "debezium.sink.http.retries"),
         "{:?}",
         http.notes
+    );
+}
+
+/// Without `exchange` Debezium Server published to an exchange named after each topic; the
+/// relay publishes to one: that difference is noted.
+#[test]
+fn a_rabbitmq_sink_without_an_exchange_notes_debeziums_exchange_per_topic() {
+    let imported = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\n"
+    ))
+    .unwrap();
+    assert!(
+        option_noted(&imported, "debezium.sink.rabbitmq.exchange"),
+        "{:?}",
+        imported.notes
     );
 }
