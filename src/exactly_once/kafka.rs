@@ -248,9 +248,11 @@ impl rdkafka::ClientContext for CheckpointReader {
 
 impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
 
-/// Reads the exactly-once checkpoint of `pipeline` from `topic`: assigns every partition from
-/// the beginning with a `read_committed` consumer, reads each to its end (the last stable
-/// offset: records of open transactions wait, those of aborted ones are never seen) and
+/// Reads the exactly-once checkpoint of `pipeline` from `topic`: first waits until, in every
+/// partition, the last stable offset has reached the high watermark the read began with (see
+/// [`wait_for_open_transactions`]), then assigns every partition from the beginning with a
+/// `read_committed` consumer, reads each to its end (records of aborted transactions are
+/// never seen) and
 /// returns the last value under the key `pipeline` (the highest of the partitions' last
 /// values, should the key be in several after partitions were added). Blocking work runs on
 /// tokio's blocking pool.
@@ -275,6 +277,10 @@ pub async fn read_checkpoint(
         .set("enable.partition.eof", "true")
         .set("isolation.level", "read_committed")
         .set("allow.auto.create.topics", "false");
+    // The same client reading uncommitted records: its watermark query gives the high
+    // watermark, the read_committed one's the last stable offset.
+    let mut uncommitted = client.clone();
+    uncommitted.set("isolation.level", "read_uncommitted");
     let (topic, pipeline) = (topic.to_owned(), pipeline.to_owned());
     let read = move || -> Result<Option<StoredCheckpoint>, CheckpointError> {
         let kafka = |source| CheckpointError::Kafka {
@@ -282,6 +288,9 @@ pub async fn read_checkpoint(
             source,
         };
         let consumer: BaseConsumer<CheckpointReader> = client
+            .create_with_context(CheckpointReader)
+            .map_err(kafka)?;
+        let uncommitted: BaseConsumer<CheckpointReader> = uncommitted
             .create_with_context(CheckpointReader)
             .map_err(kafka)?;
         let deadline = std::time::Instant::now() + CHECKPOINT_READ_TIMEOUT;
@@ -294,6 +303,8 @@ pub async fn read_checkpoint(
             .find(|t| t.name() == topic)
             .map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len()));
         let partitions = checkpoint_partitions(&topic, found)?;
+        wait_for_open_transactions(&consumer, &uncommitted, &topic, partitions, deadline)
+            .map_err(|e| e.unwrap_or_else(|| CheckpointError::Timeout(topic.clone())))?;
         let mut assignment = TopicPartitionList::new();
         for partition in 0..partitions {
             let partition = i32::try_from(partition).expect("partition count fits i32");
@@ -349,6 +360,51 @@ pub async fn read_checkpoint(
         Ok(last.into_iter().flatten().max_by_key(|c| c.lsn))
     };
     detached("read-checkpoint", read).await
+}
+
+/// Waits until every partition's last stable offset (`committed`'s watermark query, a
+/// `read_committed` client) has reached its high watermark as `uncommitted` (the same client,
+/// `read_uncommitted`) first saw it: until every transaction open when the read began has
+/// committed or aborted. The checkpoint topic is shared by pipelines and relays, and another
+/// producer's open transaction holds the last stable offset, where a `read_committed` read
+/// ends, before this pipeline's later checkpoints: without the wait the read would return an
+/// older one and the transactions after it would be committed to Kafka again.
+///
+/// Returns `Err(None)` at `deadline` (an open transaction lasts at most the producer's
+/// `transaction.timeout.ms`, 60 s by default), `Err(Some(_))` if a query fails.
+fn wait_for_open_transactions(
+    committed: &BaseConsumer<CheckpointReader>,
+    uncommitted: &BaseConsumer<CheckpointReader>,
+    topic: &str,
+    partitions: usize,
+    deadline: std::time::Instant,
+) -> Result<(), Option<CheckpointError>> {
+    let kafka = |source| {
+        Some(CheckpointError::Kafka {
+            topic: topic.to_owned(),
+            source,
+        })
+    };
+    let left = || deadline.saturating_duration_since(std::time::Instant::now());
+    for partition in 0..partitions {
+        let partition = i32::try_from(partition).expect("partition count fits i32");
+        let (_, high) = uncommitted
+            .fetch_watermarks(topic, partition, left())
+            .map_err(kafka)?;
+        loop {
+            let (_, stable) = committed
+                .fetch_watermarks(topic, partition, left())
+                .map_err(kafka)?;
+            if stable >= high {
+                break;
+            }
+            if left() < Duration::from_millis(100) {
+                return Err(None);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
 }
 
 /// Runs the blocking `f` on a thread of its own and returns its result. Dropping the future
