@@ -161,7 +161,10 @@ impl Statements {
             })
         };
         let (pending, stats_pending) = (pending_on("o.")?, pending_on("")?);
-        let (blocking, due) = match p.mark {
+        // `blocking`: an earlier row of the aggregate its later ones wait behind; `stuck`: one
+        // this cycle cannot take (FAILED, when it blocks, or waiting for its retry), whose
+        // followers are left out of the batch rather than fill it (see `select`).
+        let (blocking, due, stuck) = match p.mark {
             MarkMode::Status => {
                 let (status, _) = need("polling.status_column", &p.status_column)?;
                 need("polling.published_at_column", &p.published_at_column)?;
@@ -173,13 +176,34 @@ impl Statements {
                 } else {
                     format!("p.{status} = {}", lit(PENDING))
                 };
+                let waiting = format!(
+                    "(p.{status} = {} AND p.{next_retry_at} > now())",
+                    lit(PENDING)
+                );
+                let stuck = if p.failed_blocks_aggregate {
+                    format!("(p.{status} = {} OR {waiting})", lit(FAILED))
+                } else {
+                    waiting
+                };
                 (
                     blocking,
                     format!(" AND (o.{next_retry_at} IS NULL OR o.{next_retry_at} <= now())"),
+                    Some(stuck),
                 )
             }
-            MarkMode::Flag => (pending_on("p.")?, String::new()),
-            MarkMode::Delete => ("true".to_owned(), String::new()),
+            MarkMode::Flag => (pending_on("p.")?, String::new(), None),
+            MarkMode::Delete => ("true".to_owned(), String::new(), None),
+        };
+        // Rows behind a stuck predecessor would only be held after the LIMIT took them, and
+        // `batch_size` of them would keep every other aggregate out of every batch.
+        let behind_stuck = match stuck {
+            Some(stuck) => format!(
+                " AND NOT EXISTS (SELECT 1 FROM {table} p
+                    WHERE p.{aggregate_id} = o.{aggregate_id}
+                      AND p.{aggregate_type} = o.{aggregate_type} AND {stuck}
+                      AND (p.{created_at}, p.{id}) < (o.{created_at}, o.{id}))"
+            ),
+            None => String::new(),
         };
         // The count stops at the batch size: a row with more blocking predecessors cannot
         // have them all in its batch anyway.
@@ -194,7 +218,7 @@ impl Statements {
                         LIMIT $1) older)::int8
                     {extra_select}
              FROM {table} o
-             WHERE {pending}{due}
+             WHERE {pending}{due}{behind_stuck}
              ORDER BY o.{created_at}, o.{id}
              LIMIT $1
              FOR UPDATE OF o SKIP LOCKED"

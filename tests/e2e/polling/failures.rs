@@ -453,3 +453,52 @@ async fn polling_refuses_a_partitioned_outbox_naming_why() {
         );
     }
 }
+
+/// Rows held behind a FAILED predecessor do not fill the batch: with `batch_size = 2`, one
+/// aggregate's first event FAILED and two more behind it, another aggregate's later event is
+/// still published (the held rows were taken by the LIMIT first, every cycle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_behind_a_failed_event_do_not_keep_other_aggregates_out_of_the_batch() {
+    let setup = Setup::new("poll_held", &["Order"], 1).await;
+    let (client, order) = (&setup.db.client, &setup.types[0]);
+    let x1 = insert(client, order, "x", r#"{"n": 1}"#).await;
+    client
+        .execute(
+            "UPDATE outbox SET status = 'FAILED' WHERE id = $1::text::uuid",
+            &[&x1.id],
+        )
+        .await
+        .unwrap();
+    let x2 = insert(client, order, "x", r#"{"n": 2}"#).await;
+    let x3 = insert(client, order, "x", r#"{"n": 3}"#).await;
+    let y1 = insert(client, order, "y", r#"{"n": 1}"#).await;
+    let bootstrap = kafka().bootstrap();
+    let relay = Relay::spawn(&setup.relay_args(
+        "poller",
+        &bootstrap,
+        "batch_size = 2\nmin_interval_ms = 5\nmax_interval_ms = 100",
+        "",
+        None,
+    ));
+    wait_for(
+        "the other aggregate's event to be published",
+        Duration::from_secs(30),
+        || async { (setup.status_of(&y1.id).await.0 == "PUBLISHED").then_some(()) },
+    )
+    .await;
+    for held in [&x2, &x3] {
+        assert_eq!(
+            setup.status_of(&held.id).await.0,
+            "PENDING",
+            "an event behind the FAILED one was published"
+        );
+    }
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(30))
+        .await;
+    assert_eq!(
+        consumed.iter().map(id_of).collect::<Vec<_>>(),
+        [y1.id.clone()]
+    );
+    drop(relay);
+}
