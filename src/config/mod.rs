@@ -594,6 +594,11 @@ mod tests {
             redact_url("redis+unix:///run/redis.sock?db=0&pass=secret"),
             "redis+unix:///run/redis.sock?db=0&pass=***"
         );
+        // A webhook URL's token, key or signature (the sink's config is logged at start).
+        assert_eq!(
+            redact_url("https://h/in?Token=s3cret&v=1&code=abc&sig=x"),
+            "https://h/in?Token=***&v=1&code=***&sig=***"
+        );
     }
 
     #[test]

@@ -41,8 +41,26 @@ impl fmt::Debug for SourceUrl {
     }
 }
 
+/// Query parameters whose values [`redact_url`] hides (compared in lower case).
+const SECRET_PARAMETERS: &[&str] = &[
+    "password",
+    "pass",
+    "token",
+    "access_token",
+    "secret",
+    "key",
+    "apikey",
+    "api_key",
+    "api-key",
+    "code",
+    "sig",
+    "signature",
+    "auth",
+];
+
 /// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
-/// or key=value string (`password=secret` -> `password=***`) for logs and errors.
+/// or key=value string (`password=secret` -> `password=***`) for logs and errors, and the
+/// values of query parameters such as `token`, `key` or `sig` (`SECRET_PARAMETERS`).
 pub fn redact_url(url: &str) -> String {
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
@@ -59,12 +77,17 @@ pub fn redact_url(url: &str) -> String {
                 );
             }
         }
-        // A password may also come as a query parameter.
+        // A password may also come as a query parameter, and a webhook's URL often carries a
+        // token or a signature there.
         if let Some((base, query)) = out.clone().split_once('?') {
             let query: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((name @ ("password" | "pass"), _)) => format!("{name}=***"),
+                    Some((name, _))
+                        if SECRET_PARAMETERS.contains(&name.to_ascii_lowercase().as_str()) =>
+                    {
+                        format!("{name}=***")
+                    }
                     _ => pair.to_owned(),
                 })
                 .collect();

@@ -250,10 +250,10 @@ impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
 
 /// Reads the exactly-once checkpoint of `pipeline` from `topic`: first waits until, in every
 /// partition, the last stable offset has reached the high watermark the read began with (see
-/// [`wait_for_open_transactions`]), then assigns every partition from the beginning with a
+/// `wait_for_open_transactions`), then assigns every partition from the beginning with a
 /// `read_committed` consumer, reads each to its end (records of aborted transactions are
-/// never seen) and
-/// returns the last value under the key `pipeline` (the highest of the partitions' last
+/// never seen) and returns the last value under the key `pipeline` (the highest of the
+/// partitions' last
 /// values, should the key be in several after partitions were added). Blocking work runs on
 /// tokio's blocking pool.
 ///
