@@ -253,9 +253,8 @@ impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
 /// `wait_for_open_transactions`), then assigns every partition from the beginning with a
 /// `read_committed` consumer, reads each to its end (records of aborted transactions are
 /// never seen) and returns the last value under the key `pipeline` (the highest of the
-/// partitions' last
-/// values, should the key be in several after partitions were added). Blocking work runs on
-/// tokio's blocking pool.
+/// partitions' last values, should the key be in several after partitions were added). The
+/// blocking work runs on a thread of its own (`detached`).
 ///
 /// Returns `Ok(None)` when the topic has no checkpoint for this pipeline (or its last value
 /// is a tombstone), and an error if the topic does not exist, a value is not an LSN, or the
