@@ -506,7 +506,14 @@ impl Router {
         for part in &self.template {
             match part {
                 Part::Literal(text) => topic.push_str(text),
-                Part::RoutedBy => topic.push_str(&cased),
+                // Debezium's replacement takes the regex's own `routedByValue` group if it has
+                // one (its default regex is `(?<routedByValue>.*)`: the whole value).
+                Part::RoutedBy => topic.push_str(
+                    captures
+                        .as_ref()
+                        .and_then(|c| c.name("routedByValue"))
+                        .map_or(&*cased, |m| m.as_str()),
+                ),
                 // Groups exist (checked at start); one that took no part in the match is empty.
                 Part::Index(n) => topic.push_str(
                     captures

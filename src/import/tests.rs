@@ -92,6 +92,8 @@ fn debeziums_outbox_example_loads_with_the_same_topics_and_columns() {
         "tombstones.on.delete",
         "columns.event_type",
         "value.converter",
+        // Kafka Connect's default JsonConverter quoted the key: other partitions now.
+        "key.converter",
     ] {
         assert!(notes.contains(&option), "no note for {option}: {notes:?}");
     }

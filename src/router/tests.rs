@@ -346,6 +346,24 @@ fn timestamp_column_sets_the_record_time_and_null_falls_back_to_the_commit_time(
     }
 }
 
+/// A `route.topic_regex` with a group named `routedByValue` gives `${routedByValue}` that
+/// group, as Debezium's `route.topic.regex` does; without one it is the whole value.
+#[test]
+fn a_routed_by_value_group_of_the_regex_is_what_routed_by_value_stands_for() {
+    let router = with(
+        route(
+            "outbox.event.${routedByValue}",
+            Some(r"(?<routedByValue>[a-z]+)_v[0-9]+"),
+        ),
+        None,
+        pipeline(),
+    );
+    assert_eq!(
+        router.route(&event("order_v2"), 0).unwrap().topic,
+        "outbox.event.order"
+    );
+}
+
 #[test]
 fn topic_regex_groups_by_name_and_number_after_the_case() {
     let router = with(
