@@ -20,6 +20,10 @@ const SINK: &str = "debezium.sink.";
 /// Sink types outbox-relay has, as Debezium Server names them.
 const SINK_TYPES: &[&str] = &["kafka", "redis", "nats-jetstream", "rabbitmq", "http"];
 
+/// Debezium Server's HTTP sink: its header prefix and request timeout when not set.
+const DEBEZIUM_HTTP_HEADER_PREFIX: &str = "X-DEBEZIUM-";
+const DEBEZIUM_HTTP_TIMEOUT_MS: u64 = 60_000;
+
 /// Whether `connector` is a Debezium Server file (it has `debezium.source.*` or
 /// `debezium.sink.type`) rather than a Kafka Connect connector.
 pub(super) fn is_server(connector: &Connector) -> bool {
@@ -352,17 +356,24 @@ impl SinkOptions {
         )
     }
 
-    /// `debezium.sink.http.*` as an HTTP sink (every event to the one URL, as Debezium did).
+    /// `debezium.sink.http.*` as an HTTP sink (every event to the one URL, as Debezium did),
+    /// with Debezium's defaults for the header prefix and the request timeout where the file
+    /// did not set them.
     fn http(&mut self) -> HttpConfig {
         let mut http = HttpConfig {
             url: SinkUrl(self.take("url").unwrap_or_default()),
             ..HttpConfig::default()
         };
-        if let Some(prefix) = self.take("headers.prefix") {
-            http.header_prefix = prefix;
-        }
-        if let Some(ms) = self.take("timeout.ms").and_then(|ms| ms.parse().ok()) {
-            http.request_timeout_ms = ms;
+        // Debezium Server's own defaults, where the file relied on them.
+        http.header_prefix = self
+            .take("headers.prefix")
+            .unwrap_or_else(|| DEBEZIUM_HTTP_HEADER_PREFIX.into());
+        http.request_timeout_ms = self
+            .take("timeout.ms")
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(DEBEZIUM_HTTP_TIMEOUT_MS);
+        if self.take("headers.encode.base64").as_deref() != Some("false") {
+            self.note("headers.encode.base64", "true or not set (Debezium's default): Debezium sent header values base64-encoded; outbox-relay sends them as text, so receivers that decode them must stop");
         }
         if self.take("authentication.type").is_some() {
             self.note("authentication.type", "outbox-relay signs each request (Standard Webhooks, sink.secret_file) instead of sending a JWT");

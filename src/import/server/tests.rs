@@ -245,3 +245,24 @@ fn a_rabbitmq_sink_without_an_exchange_notes_debeziums_exchange_per_topic() {
         imported.notes
     );
 }
+
+/// An HTTP sink that relied on Debezium Server's defaults keeps its header prefix and
+/// timeout, and the base64 header values it no longer gets are noted.
+#[test]
+fn an_http_sink_keeps_debeziums_default_prefix_and_timeout() {
+    let imported = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=http\ndebezium.sink.http.url=https://hooks.example.com/in\n"
+    ))
+    .unwrap();
+    let file: crate::config::file::FileConfig = toml::from_str(&imported.toml).unwrap();
+    let SinkConfig::Http(http) = &file.pipelines[0].sink else {
+        panic!("{}", imported.toml)
+    };
+    assert_eq!(http.header_prefix, "X-DEBEZIUM-");
+    assert_eq!(http.request_timeout_ms, 60_000);
+    assert!(
+        option_noted(&imported, "debezium.sink.http.headers.encode.base64"),
+        "{:?}",
+        imported.notes
+    );
+}
