@@ -227,9 +227,15 @@ impl NatsConfig {
 fn parse_server(text: &str) -> Result<NatsServer, String> {
     let (scheme, rest) = text.split_once("://").unwrap_or(("nats", text));
     if scheme != "nats" && scheme != "tls" {
+        // A lone user is a token in NATS: all of the user info goes.
+        let host = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
+        let shown = if host.len() < rest.len() {
+            format!("{scheme}://***@{host}")
+        } else {
+            text.to_owned()
+        };
         return Err(format!(
-            "server {:?}: scheme {scheme:?} is not nats:// or tls://",
-            crate::config::redact_url(text)
+            "server {shown:?}: scheme {scheme:?} is not nats:// or tls://"
         ));
     }
     let (user_info, host) = match rest.rfind('@') {
@@ -317,6 +323,18 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("user"), "{e}");
+    }
+
+    /// A lone user in a NATS URL is a token: a URL refused for its scheme is shown without it.
+    #[test]
+    fn a_refused_url_does_not_show_its_token() {
+        let (_, problems) = resolve(NatsConfig {
+            url: NatsUrl("wss://s3cret@n1:443".into()),
+            ..NatsConfig::default()
+        });
+        let text = format!("{problems:?}");
+        assert!(text.contains("is not nats:// or tls://"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
     }
 
     #[test]
