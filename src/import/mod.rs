@@ -506,6 +506,9 @@ impl Importer {
         }
         let tombstone_on_null = get(self, "route.tombstone.on.empty.payload")
             .is_some_and(|t| t.trim().eq_ignore_ascii_case("true"));
+        if tombstone_on_null {
+            self.note(&option("route.tombstone.on.empty.payload"), "true: Debezium sent a tombstone for a NULL payload and also for an empty or blank text one; outbox-relay's tombstone is for NULL only (an empty text payload is a zero-byte value): write NULL for a deletion");
+        }
         let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
             .into_iter()
             .find_map(|name| get(self, name).map(|value| (option(name), value)));
