@@ -498,7 +498,7 @@ async fn rows_behind_a_failed_event_do_not_keep_other_aggregates_out_of_the_batc
         .await;
     assert_eq!(
         consumed.iter().map(id_of).collect::<Vec<_>>(),
-        [y1.id.clone()]
+        std::slice::from_ref(&y1.id)
     );
     drop(relay);
 }
