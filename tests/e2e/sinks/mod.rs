@@ -68,6 +68,11 @@ fn relay_args(
     run_with_config(&toml)
 }
 
+/// The pipeline keys that send refused events to `destination` (`on_bad_event = "dead_letter"`).
+fn dead_letter_to(destination: &str) -> String {
+    format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{destination}\"")
+}
+
 /// Reads `destinations` until at least `expected` records arrived, then once more after
 /// `settle` (to see duplicates). Panics at `deadline` with how many arrived.
 async fn read_until(
@@ -281,11 +286,7 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
     // Dead letter.
     let dead_letter = format!("{}.dead-letter", setup.slot);
     server.prepare(std::slice::from_ref(&dead_letter)).await;
-    let (_dir, args) = relay_args(
-        &setup,
-        server,
-        &format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dead_letter}\""),
-    );
+    let (_dir, args) = relay_args(&setup, server, &dead_letter_to(&dead_letter));
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     let after = insert(client, &good_type, "k1", r#"{"n": 3}"#).await;

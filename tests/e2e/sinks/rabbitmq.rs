@@ -16,7 +16,7 @@ use crate::support::server::ServerProcess;
 use crate::support::{free_port, tail_lines, Consumed, Relay};
 use crate::{assert_delivered, insert, run_with_config};
 
-use super::{read_until, relay_args, setup, sink_scenarios, SinkServer};
+use super::{dead_letter_to, read_until, relay_args, setup, sink_scenarios, SinkServer};
 
 struct RabbitMq {
     server: ServerProcess,
@@ -317,11 +317,7 @@ async fn each_returned_message_refuses_its_own_event_with_many_in_flight() {
     server.prepare(&destinations).await;
     server.prepare(std::slice::from_ref(&dead_letter)).await;
     server.refuse(&destinations[1]).await;
-    let (_dir, args) = relay_args(
-        &setup,
-        server,
-        &format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dead_letter}\""),
-    );
+    let (_dir, args) = relay_args(&setup, server, &dead_letter_to(&dead_letter));
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     // One transaction, every event its own aggregate: all of them may be in flight at once.
