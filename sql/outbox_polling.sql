@@ -33,6 +33,11 @@ CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (created_at, id) WHERE statu
 -- The order check: earlier pending or failed rows of the same aggregate.
 CREATE INDEX IF NOT EXISTS outbox_unpublished_by_aggregate
   ON outbox (aggregate_id, aggregate_type, created_at, id) WHERE status IN ('PENDING', 'FAILED');
+-- Rows held back: FAILED ones and those waiting for a retry, which a poll looks for before
+-- each earlier row of their aggregate (small: only rows that failed at least once).
+CREATE INDEX IF NOT EXISTS outbox_stuck_by_aggregate
+  ON outbox (aggregate_id, aggregate_type, created_at, id)
+  WHERE status = 'FAILED' OR (status = 'PENDING' AND next_retry_at IS NOT NULL);
 -- The retention purge (purge_published_after_secs).
 CREATE INDEX IF NOT EXISTS outbox_published_at ON outbox (published_at) WHERE status = 'PUBLISHED';
 

@@ -114,9 +114,10 @@ pub enum PollingError {
     #[error("outbox row {event_id} has NULL in required column {column:?}")]
     Null { event_id: String, column: String },
     /// Rows are marked by `ctid`, which is unique in one table only: on a partitioned or
-    /// inherited table a mark would also hit the rows at the same place in the other ones.
-    #[error("outbox table {table} is partitioned or has child tables (inheritance), which the polling source does not support (it marks rows by ctid, unique only within one table): poll each partition as a table of its own, or use log tailing")]
-    Partitioned { table: String },
+    /// inherited table a mark would also hit the rows at the same place in the other ones,
+    /// and a view or a foreign table has none.
+    #[error("outbox table {table} is not a plain table: it is partitioned, has child tables (inheritance), or is a view or a foreign table, which the polling source does not support (it marks rows by ctid, unique only within one plain table): poll each partition as a table of its own, or use log tailing")]
+    NotPlain { table: String },
 }
 
 /// A polling pipeline's sessions, for [`crate::supervisor::supervise`]: transient errors

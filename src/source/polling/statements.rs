@@ -51,7 +51,8 @@ impl Statements {
     /// Reads the table's columns and builds the statements.
     ///
     /// Returns an error naming the table or the column if one the configuration needs is
-    /// not there, or the table if it is partitioned or has child tables.
+    /// not there, or the table if it is not a plain one (partitioned, with child tables, a
+    /// view, a foreign table).
     pub(crate) async fn prepare(
         client: &Client,
         config: &PipelineConfig,
@@ -82,14 +83,14 @@ impl Statements {
         }
         let split = client
             .query_one(
-                "SELECT c.relkind = 'p' OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid)
+                "SELECT c.relkind <> 'r' OR EXISTS (SELECT 1 FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid)
                  FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1)",
                 &[&table],
             )
             .await
             .map_err(SourceError::Sql)?;
         if split.get::<_, bool>(0) {
-            return Err(PollingError::Partitioned {
+            return Err(PollingError::NotPlain {
                 table: config.table.to_string(),
             }
             .into());
