@@ -599,6 +599,16 @@ mod tests {
             redact_url("https://h/in?Token=s3cret&v=1&code=abc&sig=x"),
             "https://h/in?Token=***&v=1&code=***&sig=***"
         );
+        assert_eq!(
+            redact_url(
+                "postgres://h/db?sslpassword=x&sslkey=/k.pem&application_name=keys&pass%77ord=y"
+            ),
+            "postgres://h/db?sslpassword=***&sslkey=/k.pem&application_name=keys&pass%77ord=***"
+        );
+        assert_eq!(
+            redact_url("https://s3/b?X-Amz-Security-Token=t&X-Amz-Signature=s&client_secret=c"),
+            "https://s3/b?X-Amz-Security-Token=***&X-Amz-Signature=***&client_secret=***"
+        );
     }
 
     #[test]

@@ -41,26 +41,25 @@ impl fmt::Debug for SourceUrl {
     }
 }
 
-/// Query parameters whose values [`redact_url`] hides (compared in lower case).
+/// Query parameters whose values [`redact_url`] hides: these names, and any that contains
+/// one of [`SECRET_WORDS`] (compared percent-decoded and in lower case).
 const SECRET_PARAMETERS: &[&str] = &[
-    "password",
-    "pass",
-    "token",
-    "access_token",
-    "secret",
-    "key",
-    "apikey",
-    "api_key",
-    "api-key",
-    "code",
-    "sig",
-    "signature",
-    "auth",
+    "pass", "key", "apikey", "api_key", "api-key", "code", "sig", "auth",
 ];
+/// See [`SECRET_PARAMETERS`]: `sslpassword`, `client_secret`, `X-Amz-Security-Token`, ...
+const SECRET_WORDS: &[&str] = &["password", "secret", "token", "signature", "credential"];
+
+/// Whether the query parameter `name` holds a secret (see [`SECRET_PARAMETERS`]).
+fn is_secret_parameter(name: &str) -> bool {
+    let name = percent_encoding::percent_decode_str(name)
+        .decode_utf8_lossy()
+        .to_ascii_lowercase();
+    SECRET_PARAMETERS.contains(&name.as_str()) || SECRET_WORDS.iter().any(|w| name.contains(w))
+}
 
 /// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
 /// or key=value string (`password=secret` -> `password=***`) for logs and errors, and the
-/// values of query parameters such as `token`, `key` or `sig` (`SECRET_PARAMETERS`).
+/// values of query parameters such as `token`, `key`, `sig` or `sslpassword`.
 pub fn redact_url(url: &str) -> String {
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
@@ -83,11 +82,7 @@ pub fn redact_url(url: &str) -> String {
             let query: Vec<String> = query
                 .split('&')
                 .map(|pair| match pair.split_once('=') {
-                    Some((name, _))
-                        if SECRET_PARAMETERS.contains(&name.to_ascii_lowercase().as_str()) =>
-                    {
-                        format!("{name}=***")
-                    }
+                    Some((name, _)) if is_secret_parameter(name) => format!("{name}=***"),
                     _ => pair.to_owned(),
                 })
                 .collect();
