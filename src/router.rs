@@ -232,6 +232,9 @@ impl Template {
     }
 }
 
+/// The `route.topic_regex` group that `${routedByValue}` stands for when the regex has it.
+const ROUTED_BY_GROUP: &str = "routedByValue";
+
 /// Compiles `route.topic_regex` anchored at both ends: the whole value must match.
 ///
 /// Returns an error with the regex crate's explanation if it does not compile.
@@ -507,13 +510,16 @@ impl Router {
             match part {
                 Part::Literal(text) => topic.push_str(text),
                 // Debezium's replacement takes the regex's own `routedByValue` group if it has
-                // one (its default regex is `(?<routedByValue>.*)`: the whole value).
-                Part::RoutedBy => topic.push_str(
-                    captures
-                        .as_ref()
-                        .and_then(|c| c.name("routedByValue"))
-                        .map_or(&*cased, |m| m.as_str()),
-                ),
+                // one (its default regex is `(?<routedByValue>.*)`: the whole value); like
+                // any group, one that took no part in the match is empty.
+                Part::RoutedBy => topic.push_str(match (&self.regex, &captures) {
+                    (Some((_, regex)), Some(c))
+                        if regex.capture_names().any(|n| n == Some(ROUTED_BY_GROUP)) =>
+                    {
+                        c.name(ROUTED_BY_GROUP).map_or("", |m| m.as_str())
+                    }
+                    _ => &cased,
+                }),
                 // Groups exist (checked at start); one that took no part in the match is empty.
                 Part::Index(n) => topic.push_str(
                     captures

@@ -362,6 +362,19 @@ fn a_routed_by_value_group_of_the_regex_is_what_routed_by_value_stands_for() {
         router.route(&event("order_v2"), 0).unwrap().topic,
         "outbox.event.order"
     );
+    // A group that took no part in the match is empty, as any group is (and as in Java).
+    let optional = with(
+        route(
+            "outbox.${routedByValue}events",
+            Some(r"(?:(?<routedByValue>[a-z]+)\.)?[0-9]+"),
+        ),
+        None,
+        pipeline(),
+    );
+    assert_eq!(
+        optional.route(&event("42"), 0).unwrap().topic,
+        "outbox.events"
+    );
 }
 
 #[test]
