@@ -572,7 +572,7 @@ impl ClientContext for ClientErrors {
 impl ConsumerContext for ClientErrors {}
 
 /// Whether the brokers answer a metadata request with the pipeline's librdkafka settings.
-/// A failure names the bootstrap servers and librdkafka's last client error.
+/// A failure names the bootstrap servers and librdkafka's first errors ([`ClientErrors`]).
 pub(crate) async fn check_kafka(config: &PipelineConfig) -> Finding {
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.kafka.bootstrap_servers);

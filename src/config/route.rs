@@ -55,6 +55,14 @@ pub struct OutboxColumns {
 /// The default `columns.headers`, the one mapped column a table may lack.
 pub const DEFAULT_HEADERS_COLUMN: &str = "headers";
 
+impl OutboxColumns {
+    /// Whether the table may lack the `headers` column: only under its default name (see
+    /// [`OutboxColumns::headers`]).
+    pub fn headers_optional(&self) -> bool {
+        self.headers == DEFAULT_HEADERS_COLUMN
+    }
+}
+
 impl Default for OutboxColumns {
     fn default() -> Self {
         OutboxColumns {

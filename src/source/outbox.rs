@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::pgoutput::{InsertBody, MessageBody, RelationBody, TupleValue, TypeBody};
-use crate::config::{OutboxColumns, TableName, DEFAULT_HEADERS_COLUMN};
+use crate::config::{OutboxColumns, TableName};
 use crate::lsn::Lsn;
 
 /// One outbox row, as text bytes PostgreSQL printed.
@@ -351,7 +351,7 @@ impl OutboxDecoder {
                     aggregate_id: find("aggregate_id", &c.aggregate_id)?,
                     event_type: find("event_type", &c.event_type)?,
                     payload,
-                    headers: if c.headers == DEFAULT_HEADERS_COLUMN {
+                    headers: if c.headers_optional() {
                         find("headers", &c.headers).ok()
                     } else {
                         Some(find("headers", &c.headers)?)

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use super::{PollingError, FAILED, PENDING, PUBLISHED};
-use crate::config::{MarkMode, PipelineConfig, DEFAULT_HEADERS_COLUMN};
+use crate::config::{MarkMode, PipelineConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
@@ -127,7 +127,7 @@ impl Statements {
         let (payload, payload_kind) = need("columns.payload", &c.payload)?;
         let (created_at, _) = need("polling.created_at_column", &p.created_at_column)?;
         // Only the default name may be missing (see `OutboxColumns::headers`).
-        let headers = if c.headers == DEFAULT_HEADERS_COLUMN && !columns.contains_key(&c.headers) {
+        let headers = if c.headers_optional() && !columns.contains_key(&c.headers) {
             "NULL::text".to_owned()
         } else {
             format!("o.{}::text", need("columns.headers", &c.headers)?.0)

@@ -47,7 +47,7 @@ pub fn mapped_columns(config: &PipelineConfig) -> Vec<Mapped<'_>> {
         Mapped {
             field: "columns.headers",
             column: &c.headers,
-            required: c.headers != crate::config::DEFAULT_HEADERS_COLUMN,
+            required: !c.headers_optional(),
         },
     ];
     mapped.extend(
