@@ -311,12 +311,19 @@ impl Router {
                 extra.len() - 1
             }
         };
+        // Debezium's replacement takes the regex's own `routedByValue` group if it has one
+        // (its default regex is `(?<routedByValue>.*)`: the whole value): that group then, empty
+        // when it took no part in the match, like any group.
+        let routed_by_group = regex
+            .as_ref()
+            .is_some_and(|(_, r)| r.capture_names().any(|n| n == Some(ROUTED_BY_GROUP)));
         let template = parsed
             .parts
             .into_iter()
             .map(|p| match p {
                 Part::Column(name) => Part::Column(index(&name)),
                 Part::Literal(t) => Part::Literal(t),
+                Part::RoutedBy if routed_by_group => Part::Name(ROUTED_BY_GROUP.to_owned()),
                 Part::RoutedBy => Part::RoutedBy,
                 Part::Index(n) => Part::Index(n),
                 Part::Name(n) => Part::Name(n),
@@ -509,17 +516,7 @@ impl Router {
         for part in &self.template {
             match part {
                 Part::Literal(text) => topic.push_str(text),
-                // Debezium's replacement takes the regex's own `routedByValue` group if it has
-                // one (its default regex is `(?<routedByValue>.*)`: the whole value); like
-                // any group, one that took no part in the match is empty.
-                Part::RoutedBy => topic.push_str(match (&self.regex, &captures) {
-                    (Some((_, regex)), Some(c))
-                        if regex.capture_names().any(|n| n == Some(ROUTED_BY_GROUP)) =>
-                    {
-                        c.name(ROUTED_BY_GROUP).map_or("", |m| m.as_str())
-                    }
-                    _ => &cased,
-                }),
+                Part::RoutedBy => topic.push_str(&cased),
                 // Groups exist (checked at start); one that took no part in the match is empty.
                 Part::Index(n) => topic.push_str(
                     captures
