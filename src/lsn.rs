@@ -12,6 +12,11 @@ pub struct Lsn(pub u64);
 impl Lsn {
     /// `0/0`, PostgreSQL's `InvalidXLogRecPtr`.
     pub const ZERO: Lsn = Lsn(0);
+
+    /// The LSN as a log field, or no field for [`Lsn::ZERO`] (a polled row has no LSN).
+    pub fn known(self) -> Option<tracing::field::DisplayValue<Lsn>> {
+        (self != Lsn::ZERO).then(|| tracing::field::display(self))
+    }
 }
 
 impl From<u64> for Lsn {
@@ -54,6 +59,13 @@ mod tests {
         assert_eq!(lsn.to_string(), "0/113E1080");
         assert_eq!("1A/B".parse::<Lsn>().unwrap(), Lsn((0x1A << 32) | 0xB));
         assert_eq!(Lsn((0x1A << 32) | 0xB).to_string(), "1A/B");
+    }
+
+    #[test]
+    fn names_a_known_lsn_only() {
+        assert!(Lsn::ZERO.known().is_none());
+        let shown = Lsn((0x1A << 32) | 0xB).known().map(|v| format!("{v:?}"));
+        assert_eq!(shown.as_deref(), Some("1A/B"));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::ack::{AckTracker, EventToken, TrackerError};
-use crate::config::{OnBadEvent, PipelineConfig};
+use crate::config::{OnBadEvent, PipelineConfig, SourceKind};
 use crate::error::{chain, Error, Recovery};
 use crate::exactly_once::{ExactlyOnce, Placement, TransactionError};
 use crate::lsn::Lsn;
@@ -178,7 +178,13 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         }
         let flush = self.flush_lsn();
         self.source.close().await;
-        info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped");
+        // A polling source's positions are its cycle numbers, not LSNs.
+        match self.config.source_kind {
+            SourceKind::LogTailing => {
+                info!(pipeline = %self.config.name, confirmed_flush_lsn = %flush, "stopped")
+            }
+            SourceKind::Polling => info!(pipeline = %self.config.name, cycle = flush.0, "stopped"),
+        }
         result
     }
 
@@ -692,7 +698,7 @@ pub(crate) fn route_or_dead_letter(
         Ok(record) => Ok(record),
         Err(e) => match (&config.on_bad_event, &config.dead_letter_topic) {
             (OnBadEvent::DeadLetter, Some(topic)) => {
-                warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), lsn = %event.lsn, topic = %topic, reason = %e, "event sent to the dead-letter topic");
+                warn!(pipeline = %config.name, event_id = %String::from_utf8_lossy(&event.id), lsn = event.lsn.known(), topic = %topic, reason = %e, "event sent to the dead-letter topic");
                 metrics.dead_lettered(e.reason_label());
                 Ok(Router::dead_letter(event, &e, topic, time_ms))
             }

@@ -420,6 +420,57 @@ async fn polling_bad_input_halts_naming_the_event_after_marking_what_went_before
     assert_eq!(id_of(&consumed[0]), good.id);
 }
 
+/// `on_bad_event = "dead_letter"` with the polling source: the bad row goes to the
+/// dead-letter topic and is marked, the rows after it flow, and the warning names the event
+/// but no LSN (a polled row has none; it said `lsn=0/0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_bad_input_is_dead_lettered_and_marked() {
+    let mut setup = Setup::new("poll_dlq", &["Order"], 1).await;
+    let dlq = format!("{}.dlq", setup.name);
+    kafka().create_topic(&dlq, 1);
+    setup.pipeline_keys = format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"");
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    let good = insert(client, &t, "k1", r#"{"n": 1}"#).await;
+    let bad = insert(client, "not a topic", "k2", r#"{"n": 2}"#).await;
+    let after = insert(client, &t, "k3", r#"{"n": 3}"#).await;
+    let relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+
+    let dead = consume(
+        &kafka().bootstrap(),
+        &[&dlq],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one record in the dead-letter topic");
+    assert_eq!(id_of(&dead[0]), bad.id);
+    assert_eq!(dead[0].value.as_deref(), Some(br#"{"n": 2}"#.as_slice()));
+    let consumed = setup
+        .consume_all(2, Duration::from_secs(1), Duration::from_secs(30))
+        .await;
+    let ids: Vec<String> = consumed.iter().map(id_of).collect();
+    assert_eq!(ids, [good.id.clone(), after.id.clone()]);
+    for row in [&good, &bad, &after] {
+        wait_for(
+            "every row marked PUBLISHED",
+            Duration::from_secs(30),
+            || async { (setup.status_of(&row.id).await.0 == "PUBLISHED").then_some(()) },
+        )
+        .await;
+    }
+    let log = relay.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("dead-letter topic") && l.contains(&bad.id))
+        .unwrap_or_else(|| panic!("a warning names the dead-lettered event:\n{log}"));
+    assert!(
+        !warning.contains("lsn="),
+        "a polled row has no LSN to name: {warning}"
+    );
+}
+
 /// A partitioned outbox table, or a view, is refused with a reason, by `check` and at start:
 /// rows are marked by ctid, which the partitions repeat, so a mark would also hit another
 /// partition's row at the same place (published without being sent, or deleted); a view has

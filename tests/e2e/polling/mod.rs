@@ -39,6 +39,8 @@ struct Setup {
     name: String,
     types: Vec<String>,
     dir: tempfile::TempDir,
+    /// TOML lines of the `[[pipelines]]` entry that [`Setup::relay_args`] writes.
+    pipeline_keys: String,
 }
 
 impl Setup {
@@ -54,6 +56,7 @@ impl Setup {
             name,
             types,
             dir: tempfile::tempdir().unwrap(),
+            pipeline_keys: String::new(),
         }
     }
 
@@ -108,10 +111,12 @@ source_url = "{url}"
 source_kind = "polling"
 table = "{table}"
 shutdown_timeout_secs = 5
+{pipeline_keys}
 [pipelines.polling]
 {polling}
 "#,
-                name = self.name
+                name = self.name,
+                pipeline_keys = self.pipeline_keys,
             ),
         )
         .unwrap();
