@@ -44,8 +44,14 @@ impl TransactionalSink for KafkaSink {
 /// `transaction.timeout.ms` defaults to 60 s too: a transaction the coordinator would abort
 /// anyway is given up on by then.
 const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long reading the checkpoint topic to its end may take at session start.
+/// How long reading the checkpoint topic to its end may take at session start, after the
+/// wait for open transactions.
 const CHECKPOINT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the checkpoint read waits for transactions open in the checkpoint topic when it
+/// begins: longer than an abandoned one lives with the defaults (the broker aborts it after
+/// its producer's `transaction.timeout.ms`, librdkafka's 60 s, checking every 10 s by
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms`).
+const OPEN_TRANSACTION_WAIT: Duration = Duration::from_secs(90);
 
 /// A Kafka transaction call failed.
 #[derive(Debug, thiserror::Error)]
@@ -257,8 +263,9 @@ impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
 /// blocking work runs on a thread of its own (`detached`).
 ///
 /// Returns `Ok(None)` when the topic has no checkpoint for this pipeline (or its last value
-/// is a tombstone), and an error if the topic does not exist, a value is not an LSN, or the
-/// end is not reached within 60 s.
+/// is a tombstone), and an error if the topic does not exist, a value is not a checkpoint, a
+/// transaction stays open for `OPEN_TRANSACTION_WAIT` (90 s) or the end is not reached
+/// within `CHECKPOINT_READ_TIMEOUT` (60 s) after it.
 pub async fn read_checkpoint(
     config: &KafkaConfig,
     topic: &str,
@@ -292,7 +299,6 @@ pub async fn read_checkpoint(
         let uncommitted: BaseConsumer<CheckpointReader> = uncommitted
             .create_with_context(CheckpointReader)
             .map_err(kafka)?;
-        let deadline = std::time::Instant::now() + CHECKPOINT_READ_TIMEOUT;
         let metadata = consumer
             .fetch_metadata(Some(&topic), CHECKPOINT_READ_TIMEOUT)
             .map_err(kafka)?;
@@ -302,8 +308,9 @@ pub async fn read_checkpoint(
             .find(|t| t.name() == topic)
             .map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len()));
         let partitions = checkpoint_partitions(&topic, found)?;
-        wait_for_open_transactions(&consumer, &uncommitted, &topic, partitions, deadline)
-            .map_err(|e| e.unwrap_or_else(|| CheckpointError::Timeout(topic.clone())))?;
+        let waiting = std::time::Instant::now() + OPEN_TRANSACTION_WAIT;
+        wait_for_open_transactions(&consumer, &uncommitted, &topic, partitions, waiting)?;
+        let deadline = std::time::Instant::now() + CHECKPOINT_READ_TIMEOUT;
         let mut assignment = TopicPartitionList::new();
         for partition in 0..partitions {
             let partition = i32::try_from(partition).expect("partition count fits i32");
@@ -369,21 +376,22 @@ pub async fn read_checkpoint(
 /// ends, before this pipeline's later checkpoints: without the wait the read would return an
 /// older one and the transactions after it would be committed to Kafka again.
 ///
-/// Returns `Err(None)` at `deadline` (an open transaction lasts at most the producer's
-/// `transaction.timeout.ms`, 60 s by default), `Err(Some(_))` if a query fails.
+/// Returns [`CheckpointError::OpenTransaction`], naming the partition and its offsets, when
+/// a transaction is still open at `deadline` (it lasts at most its producer's
+/// `transaction.timeout.ms`, 60 s by default, and the broker's check that aborts it), and
+/// [`CheckpointError::Kafka`] if a query fails.
 fn wait_for_open_transactions(
     committed: &BaseConsumer<CheckpointReader>,
     uncommitted: &BaseConsumer<CheckpointReader>,
     topic: &str,
     partitions: usize,
     deadline: std::time::Instant,
-) -> Result<(), Option<CheckpointError>> {
-    let kafka = |source| {
-        Some(CheckpointError::Kafka {
-            topic: topic.to_owned(),
-            source,
-        })
+) -> Result<(), CheckpointError> {
+    let kafka = |source| CheckpointError::Kafka {
+        topic: topic.to_owned(),
+        source,
     };
+    let begun = std::time::Instant::now();
     let left = || deadline.saturating_duration_since(std::time::Instant::now());
     for partition in 0..partitions {
         let partition = i32::try_from(partition).expect("partition count fits i32");
@@ -398,7 +406,13 @@ fn wait_for_open_transactions(
                 break;
             }
             if left() < Duration::from_millis(100) {
-                return Err(None);
+                return Err(CheckpointError::OpenTransaction {
+                    topic: topic.to_owned(),
+                    partition,
+                    last_stable_offset: stable,
+                    high_watermark: high,
+                    waited_secs: begun.elapsed().as_secs(),
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -539,6 +553,25 @@ mod tests {
         mock.topic_error("checkpoints", RD_KAFKA_RESP_ERR_NO_ERROR)
             .unwrap();
         assert!(matches!(read("checkpoints"), Ok(None)));
+
+        // Another producer's transaction outlasting the wait: the next session tries again,
+        // and the error says where the read is held.
+        let open = || CheckpointError::OpenTransaction {
+            topic: "checkpoints".into(),
+            partition: 2,
+            last_stable_offset: 41,
+            high_watermark: 57,
+            waited_secs: 90,
+        };
+        assert_eq!(
+            crate::error::Error::Checkpoint(open()).recovery(),
+            crate::error::Recovery::Retry
+        );
+        let text = open().to_string();
+        assert!(
+            text.starts_with("checkpoint topic \"checkpoints\" partition 2: a transaction is still open after 90 s (last stable offset 41, high watermark 57)"),
+            "{text}"
+        );
     }
 
     #[test]

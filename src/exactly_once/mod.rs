@@ -74,8 +74,20 @@ pub enum CheckpointError {
         #[source]
         source: rdkafka::error::KafkaError,
     },
-    #[error("checkpoint topic {0:?} was not read to its end within 60 s (a transaction open for longer holds read_committed readers back)")]
+    #[error("checkpoint topic {0:?} was not read to its end within 60 s")]
     Timeout(String),
+    /// A transaction (this relay's or another's: the topic is shared) was still open in a
+    /// partition when the wait for it ended; a `read_committed` read would stop before the
+    /// checkpoints written after it. Transient: it ends when its producer commits or aborts,
+    /// or when the broker aborts it after that producer's `transaction.timeout.ms`.
+    #[error("checkpoint topic {topic:?} partition {partition}: a transaction is still open after {waited_secs} s (last stable offset {last_stable_offset}, high watermark {high_watermark}); the checkpoints after it cannot be read until its producer commits or aborts it, or the broker aborts it after that producer's transaction.timeout.ms")]
+    OpenTransaction {
+        topic: String,
+        partition: i32,
+        last_stable_offset: i64,
+        high_watermark: i64,
+        waited_secs: u64,
+    },
     /// The checkpoint read back belongs to another source (see [`StoredCheckpoint::verify`]).
     #[error("checkpoint of pipeline {pipeline:?} in topic {topic:?} does not belong to this source: {reason}; passing over events by it would lose them. If the pipeline was moved to this database on purpose, delete its checkpoint (a tombstone record keyed {pipeline:?} in {topic:?}) or give it a new pipeline name and transactional_id; otherwise point it back at the database the checkpoint names")]
     Foreign {
@@ -105,7 +117,7 @@ impl CheckpointError {
             CheckpointError::Kafka { source, .. } => {
                 !source.rdkafka_error_code().is_some_and(refused)
             }
-            CheckpointError::Timeout(_) => true,
+            CheckpointError::Timeout(_) | CheckpointError::OpenTransaction { .. } => true,
             CheckpointError::Topic { code, .. } => !(refused(*code) || *code == InvalidTopic),
             CheckpointError::MissingTopic(_)
             | CheckpointError::Foreign { .. }
