@@ -11,8 +11,9 @@
 //! no pipeline has exactly that name). Such a variable changes one field of a pipeline that
 //! the file defines; naming a pipeline the file does not have, or no field, is an error
 //! naming the variable. Values parse as figment's `Env` parses them (`5` a number, `true` a
-//! boolean), except that a field the file holds as a string, and every `kafka.properties`
-//! value, stays a string. Environment variable names cannot contain `.`, so property names with
+//! boolean), except that a field the file holds as a string, every `kafka.properties`
+//! value and the secrets (`secret`, `token`, `nkey`) stay strings. A value of the wrong type
+//! is named by its field path, never shown. Environment variable names cannot contain `.`, so property names with
 //! dots (`linger.ms`) cannot be reached this way: write `"linger.ms" = "${LINGER_MS}"` in the
 //! file instead.
 //!
@@ -214,14 +215,19 @@ fn select_pipeline(pipelines: &[Value], selector: &str) -> Result<usize, String>
     }
 }
 
+/// Fields that hold secrets (the HTTP sink's `secret`, NATS's `token` and `nkey`): an
+/// override of one is its text as it is, never a number (`0042` is not 42).
+const SECRET_FIELDS: [&str; 3] = ["secret", "token", "nkey"];
+
 /// Sets `path` in `dict` to `raw`, creating tables on the way. The value is parsed as
-/// figment's `Env` parses values, unless the file holds a string there or it is a
-/// `kafka.properties` value (always strings).
+/// figment's `Env` parses values, unless the file holds a string there, it is a
+/// `kafka.properties` value (always strings) or a secret ([`SECRET_FIELDS`]).
 ///
 /// Returns the dotted path of a level that exists and is not a table.
 fn set_path(dict: &mut Dict, path: &[String], raw: &str) -> Result<(), String> {
     let (last, parents) = path.split_last().expect("path has at least one segment");
-    let keep_string = parents.ends_with(&["kafka".to_owned(), "properties".to_owned()]);
+    let keep_string = parents.ends_with(&["kafka".to_owned(), "properties".to_owned()])
+        || SECRET_FIELDS.contains(&last.as_str());
     let mut at = dict;
     for (depth, key) in parents.iter().enumerate() {
         let entry = at
@@ -263,7 +269,7 @@ pub(crate) fn resolve(
                     } else {
                         e.path.join(".")
                     },
-                    problem: e.kind.to_string(),
+                    problem: without_value(&e.kind),
                 })
                 .collect(),
         )
@@ -382,6 +388,39 @@ pub(crate) fn resolve(
         metrics_listen: file.metrics.listen,
     };
     Ok((relay, problems))
+}
+
+/// figment's text for `kind` without the value it found, which may be a secret: the field
+/// path names where it is (`invalid type: found unsigned int, expected a string`).
+fn without_value(kind: &figment::error::Kind) -> String {
+    use figment::error::{Actual, Kind};
+    let shown = |actual: &Actual| match actual {
+        Actual::Bool(_) => "a boolean".to_owned(),
+        Actual::Unsigned(_) => "unsigned int".to_owned(),
+        Actual::Signed(_) => "signed int".to_owned(),
+        Actual::Float(_) => "float".to_owned(),
+        Actual::Char(_) => "char".to_owned(),
+        Actual::Str(_) => "string".to_owned(),
+        Actual::Bytes(_) => "bytes".to_owned(),
+        Actual::Other(_) => "a value".to_owned(),
+        other => other.to_string(),
+    };
+    match kind {
+        Kind::InvalidType(actual, expected) => {
+            format!("invalid type: found {}, expected {expected}", shown(actual))
+        }
+        Kind::InvalidValue(actual, expected) => {
+            format!(
+                "invalid value: found {}, expected {expected}",
+                shown(actual)
+            )
+        }
+        Kind::Unsupported(actual) => format!("unsupported type {}", shown(actual)),
+        Kind::UnsupportedKey(actual, expected) => {
+            format!("unsupported key {}: expected {expected}", shown(actual))
+        }
+        other => other.to_string(),
+    }
 }
 
 /// Replaces each `${NAME}` in `value` with the environment variable `NAME`.

@@ -395,3 +395,46 @@ fn expands_environment_references() {
     assert!(expand("${NOPE}", &env).unwrap_err().contains("NOPE"));
     assert!(expand("${PW", &env).is_err());
 }
+
+/// An override of a secret is the variable's text as it is (`0042` is no number 42), and a
+/// value of the wrong type is named by its field, never shown (it may be a secret).
+#[test]
+fn overrides_keep_secrets_as_text_and_type_errors_do_not_show_values() {
+    let toml = r#"
+        [[pipelines]]
+        name = "hooks"
+        source_url = "postgres://u@h/orders"
+        slot = "hooks_slot"
+        publication = "pub"
+        table = "outbox"
+        [pipelines.sink]
+        kind = "http"
+        url = "https://hooks.example.com/{destination}"
+    "#;
+    let config = load_with_overrides(
+        toml,
+        &[("OUTBOX_RELAY__PIPELINES__0__SINK__SECRET", "0042")],
+    )
+    .unwrap();
+    let SinkConfig::Http(http) = &config.pipelines[0].sink else {
+        panic!("not http")
+    };
+    assert_eq!(&*http.secret, "0042");
+
+    let without_url = toml.replace("url = \"https", "# url = \"https");
+    let errors = load_with_overrides(
+        &without_url,
+        &[("OUTBOX_RELAY__PIPELINES__0__SINK__URL", "987654321")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains("sink.url") || errors.contains("sink"),
+        "{errors}"
+    );
+    assert!(errors.contains("expected"), "{errors}");
+    assert!(
+        !errors.contains("987654321"),
+        "the value is shown: {errors}"
+    );
+}
