@@ -320,10 +320,9 @@ pub async fn read_checkpoint(
         }
         consumer.assign(&assignment).map_err(kafka)?;
         let mut at_end = vec![false; partitions];
-        // The last value of each partition (records of one partition are in order); a key
-        // lives in one partition unless partitions were added to the topic, and checkpoints
-        // only grow, so the highest of them is the checkpoint.
-        let mut last = vec![None; partitions];
+        // The last record of each partition for the key (records of one partition are in
+        // order), with its timestamp; see `latest`.
+        let mut last: Vec<Option<Last>> = vec![None; partitions];
         while at_end.contains(&false) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -347,7 +346,7 @@ pub async fn read_checkpoint(
                     else {
                         continue;
                     };
-                    *slot = match message.payload() {
+                    let checkpoint = match message.payload() {
                         None => None,
                         Some(value) => Some(StoredCheckpoint::decode(value).map_err(|reason| {
                             CheckpointError::Value {
@@ -358,14 +357,43 @@ pub async fn read_checkpoint(
                             }
                         })?),
                     };
+                    let timestamp_ms = message.timestamp().to_millis().unwrap_or(i64::MIN);
+                    *slot = Some((timestamp_ms, checkpoint));
                 }
                 // Another pipeline's checkpoint.
                 Some(Ok(_)) => {}
             }
         }
-        Ok(last.into_iter().flatten().max_by_key(|c| c.lsn))
+        Ok(latest(last.into_iter().flatten()))
     };
     detached("read-checkpoint", read).await
+}
+
+/// A partition's last record for the pipeline's key: its timestamp (Unix ms) and its
+/// checkpoint, `None` for a tombstone.
+type Last = (i64, Option<StoredCheckpoint>);
+
+/// The checkpoint among the partitions' last records for the key. A key lives in one
+/// partition unless partitions were added to the topic, or a tool with another partitioner
+/// than the relay's (murmur2, the Java client's) wrote to it, e.g. an operator's tombstone.
+/// Checkpoints only grow, so of the values the highest is the checkpoint; a tombstone later
+/// than that value's record (by timestamp; at the same millisecond too, since passing over
+/// events by a deleted checkpoint would lose them) deletes it.
+fn latest(last: impl Iterator<Item = Last>) -> Option<StoredCheckpoint> {
+    let (mut value, mut tombstone): (Option<(i64, StoredCheckpoint)>, Option<i64>) = (None, None);
+    for (timestamp_ms, checkpoint) in last {
+        match checkpoint {
+            None => tombstone = tombstone.max(Some(timestamp_ms)),
+            Some(c) if value.as_ref().is_none_or(|(_, v)| c.lsn > v.lsn) => {
+                value = Some((timestamp_ms, c))
+            }
+            Some(_) => {}
+        }
+    }
+    match (value, tombstone) {
+        (Some((at, _)), Some(deleted)) if deleted >= at => None,
+        (value, _) => value.map(|(_, c)| c),
+    }
 }
 
 /// Waits until every partition's last stable offset (`committed`'s watermark query, a
@@ -571,6 +599,59 @@ mod tests {
         assert!(
             text.starts_with("checkpoint topic \"checkpoints\" partition 2: a transaction is still open after 90 s (last stable offset 41, high watermark 57)"),
             "{text}"
+        );
+    }
+
+    /// The key in several partitions (partitions added, or a tombstone written by a tool
+    /// with another partitioner): the highest value, unless a later tombstone deletes it.
+    #[test]
+    fn a_tombstone_in_another_partition_deletes_the_checkpoint() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+
+        let mock: MockCluster<'static, DefaultProducerContext> =
+            MockCluster::new(1).expect("a librdkafka mock cluster");
+        mock.create_topic("checkpoints", 3, 1).unwrap();
+        let producer: rdkafka::producer::BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", mock.bootstrap_servers())
+            .create()
+            .unwrap();
+        let write = |partition: i32, timestamp_ms: i64, key: &str, value: Option<&str>| {
+            let mut record = BaseRecord::<str, str>::to("checkpoints")
+                .key(key)
+                .partition(partition)
+                .timestamp(timestamp_ms);
+            if let Some(value) = value {
+                record = record.payload(value);
+            }
+            producer.send(record).map_err(|(e, _)| e).unwrap();
+            producer.flush(Duration::from_secs(10)).unwrap();
+        };
+        let config = KafkaConfig {
+            bootstrap_servers: mock.bootstrap_servers(),
+            properties: Vec::new(),
+        };
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let read = || {
+            runtime
+                .block_on(read_checkpoint(&config, "checkpoints", "orders"))
+                .unwrap()
+                .map(|c| c.lsn.to_string())
+        };
+
+        write(0, 1_000, "orders", Some("0/100"));
+        write(0, 1_500, "billing", Some("0/900"));
+        assert_eq!(read().as_deref(), Some("0/100"));
+        // A higher LSN in another partition, its clock behind: checkpoints only grow.
+        write(2, 500, "orders", Some("0/200"));
+        assert_eq!(read().as_deref(), Some("0/200"));
+        write(1, 2_000, "orders", None);
+        assert_eq!(read(), None, "the later tombstone deleted the checkpoint");
+        write(2, 3_000, "orders", Some("0/300"));
+        assert_eq!(
+            read().as_deref(),
+            Some("0/300"),
+            "written after the tombstone"
         );
     }
 
