@@ -31,7 +31,7 @@ use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
-use crate::source::replication::ReplicationClient;
+use crate::source::replication::{ReplicationClient, ReplicationStream};
 use crate::source::slot::{self, failover};
 use crate::source::slot_record::{self, Recorder};
 use crate::source::SourceError;
@@ -364,7 +364,7 @@ async fn run_session(
         true => exactly_once::timeline_history(&mut replication, identity.timeline).await?,
         false => Vec::new(),
     };
-    let stream = match replication
+    let mut stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
         .await
     {
@@ -421,27 +421,42 @@ async fn run_session(
         )
     };
     redo.forget_confirmed(confirmed_flush_lsn);
-    let (sink, mode) = match transactional_id {
-        Some(transactional_id) => {
-            let sink = kafka(Some(&transactional_id))?;
-            // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get
-            // the slot) never fences the active relay; WAL waits in the socket meanwhile.
-            let origin = Origin {
-                system_id: identity.system_id.clone(),
-                timeline: identity.timeline,
-                slot: config.slot.clone(),
-            };
-            let eos = exactly_once::start(&sink, config, origin, &history, redo.clone()).await?;
-            (AnySink::Kafka(sink), Mode::ExactlyOnce(eos))
-        }
-        None => (
-            AnySink::connect(config, || {
-                KafkaSink::new_or_shared(producers, &config.name, || kafka(None))
-            })
-            .await?,
-            Mode::AtLeastOnce,
-        ),
+    // Status updates at most every min(status interval, wal_sender_timeout / 2).
+    let mut status_interval = config.status_interval();
+    if !state.wal_sender_timeout.is_zero() {
+        status_interval = status_interval.min(state.wal_sender_timeout / 2);
+    }
+    let start_sink = async {
+        Ok::<_, Error>(match transactional_id {
+            Some(transactional_id) => {
+                let sink = kafka(Some(&transactional_id))?;
+                // Exactly-once: only after START_REPLICATION, so that a standby (which cannot get
+                // the slot) never fences the active relay; WAL waits in the socket meanwhile.
+                let origin = Origin {
+                    system_id: identity.system_id.clone(),
+                    timeline: identity.timeline,
+                    slot: config.slot.clone(),
+                };
+                let eos =
+                    exactly_once::start(&sink, config, origin, &history, redo.clone()).await?;
+                (AnySink::Kafka(sink), Mode::ExactlyOnce(eos))
+            }
+            None => (
+                AnySink::connect(config, || {
+                    KafkaSink::new_or_shared(producers, &config.name, || kafka(None))
+                })
+                .await?,
+                Mode::AtLeastOnce,
+            ),
+        })
     };
+    let (sink, mode) = keeping_alive(
+        &mut stream,
+        confirmed_flush_lsn,
+        status_interval,
+        start_sink,
+    )
+    .await?;
     info!(
         pipeline = %config.name,
         slot = %config.slot,
@@ -451,12 +466,6 @@ async fn run_session(
         "streaming"
     );
     progress.streaming();
-
-    // Status updates at most every min(status interval, wal_sender_timeout / 2).
-    let mut status_interval = config.status_interval();
-    if !state.wal_sender_timeout.is_zero() {
-        status_interval = status_interval.min(state.wal_sender_timeout / 2);
-    }
 
     let router = Router::new(config).map_err(ConfigError::from)?;
     let decoder = OutboxDecoder::new(
@@ -499,4 +508,31 @@ async fn run_session(
         task.finish(RECORD_FINISH_TIMEOUT).await;
     }
     result
+}
+
+/// Runs `start`, the sink's set-up after START_REPLICATION (exactly-once's fencing and
+/// checkpoint read, up to minutes; a sink's connect), while sending the walsender a status
+/// update every `interval` with the slot's `confirmed` flush LSN (nothing is read meanwhile:
+/// WAL waits in the socket). Without them the walsender ends the stream after
+/// `wal_sender_timeout` and the session fails, or a relay waiting to take over
+/// (`terminate_stale_walsender_after_secs`) takes the still `reply_time` for a dead relay's
+/// and ends this one (PostgreSQL docs, 53.4 "Streaming Replication Protocol", Standby
+/// status update).
+///
+/// Returns `start`'s result, or the error of a status update that could not be sent.
+async fn keeping_alive<T>(
+    stream: &mut ReplicationStream,
+    confirmed: Lsn,
+    interval: Duration,
+    start: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let mut updates = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    updates.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tokio::pin!(start);
+    loop {
+        tokio::select! {
+            result = &mut start => return result,
+            _ = updates.tick() => stream.send_status(confirmed, confirmed).await?,
+        }
+    }
 }

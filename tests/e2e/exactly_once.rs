@@ -1124,3 +1124,72 @@ async fn exactly_once_commits_a_backlog_in_batches_and_a_crash_before_the_confir
     );
     drop(relay);
 }
+
+/// An exactly-once start that outlasts `wal_sender_timeout` (every request to the broker
+/// slowed down: fencing, the checkpoint topic's watermarks and read take seconds) keeps its
+/// walsender: status updates go out while the sink is set up. Without them the walsender
+/// ended the stream after its timeout and the session's first read failed (a start that
+/// always took that long never streamed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_start_longer_than_wal_sender_timeout_keeps_its_walsender() {
+    let setup = Setup::new("eos_slow_start", &[], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "ALTER DATABASE {} SET wal_sender_timeout = '2s'",
+            setup.db.name
+        ))
+        .await
+        .unwrap();
+    let types = vec![format!("Order_{}", setup.db.name)];
+    let mock = mock_cluster(&types, 1);
+    mock.broker_round_trip_time(1, Duration::from_millis(700))
+        .unwrap();
+    let bootstrap = mock.bootstrap_servers();
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.push("--exactly-once".into());
+    let spawned = std::time::Instant::now();
+    let relay = Relay::spawn(&args);
+
+    wait_for(
+        "the relay to finish its exactly-once start",
+        Duration::from_secs(120),
+        || async {
+            let log = relay.log();
+            log.lines()
+                .any(|l| l.contains(" streaming pipeline="))
+                .then_some(())
+        },
+    )
+    .await;
+    let start = spawned.elapsed();
+    assert!(
+        start > Duration::from_secs(4),
+        "the start took {start:?}, within twice wal_sender_timeout: this test would show nothing"
+    );
+    mock.broker_round_trip_time(1, Duration::ZERO).unwrap();
+    let c = &setup.db.client;
+    let (expected, before) = write_events(c, 2, 3, &types, 2, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(
+            before[1],
+            "the transactions written after the start",
+            Duration::from_secs(60),
+        )
+        .await;
+    let consumed = read_committed(
+        &bootstrap,
+        &[&format!("{}.events", types[0])],
+        expected.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&expected, &consumed, true);
+    let log = relay.log();
+    assert!(
+        !log.contains("reconnecting"),
+        "a session ended (the start took {start:?}):\n{log}"
+    );
+}
