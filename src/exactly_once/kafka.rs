@@ -271,18 +271,7 @@ pub async fn read_checkpoint(
     topic: &str,
     pipeline: &str,
 ) -> Result<Option<StoredCheckpoint>, CheckpointError> {
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &config.bootstrap_servers);
-    for (key, value) in &config.properties {
-        client.set(key, value);
-    }
-    client
-        .set("group.id", format!("outbox-relay-checkpoint-{pipeline}"))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
-        .set("allow.auto.create.topics", "false");
+    let client = reader_config(config, pipeline);
     // The same client reading uncommitted records: its watermark query gives the high
     // watermark, the read_committed one's the last stable offset.
     let mut uncommitted = client.clone();
@@ -367,6 +356,29 @@ pub async fn read_checkpoint(
         Ok(latest(last.into_iter().flatten()))
     };
     detached("read-checkpoint", read).await
+}
+
+/// The checkpoint reader's client settings: the pipeline's Kafka settings (security,
+/// timeouts) but `client.rack`, then those of a `read_committed` reader of every partition.
+/// With `client.rack` a broker may send the fetches to a follower in the same rack
+/// (KIP-392), whose end may lag the leader's: the read would end there and return an older
+/// checkpoint, and the transactions after it would be committed again.
+fn reader_config(config: &KafkaConfig, pipeline: &str) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    client.set("bootstrap.servers", &config.bootstrap_servers);
+    for (key, value) in &config.properties {
+        if key != "client.rack" {
+            client.set(key, value);
+        }
+    }
+    client
+        .set("group.id", format!("outbox-relay-checkpoint-{pipeline}"))
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("allow.auto.create.topics", "false");
+    client
 }
 
 /// A partition's last record for the pipeline's key: its timestamp (Unix ms) and its
@@ -652,6 +664,26 @@ mod tests {
             read().as_deref(),
             Some("0/300"),
             "written after the tombstone"
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_reader_reads_from_leaders() {
+        let config = KafkaConfig {
+            bootstrap_servers: "k:9092".into(),
+            properties: vec![
+                ("client.rack".into(), "eu-west-1a".into()),
+                ("security.protocol".into(), "SASL_SSL".into()),
+                ("isolation.level".into(), "read_uncommitted".into()),
+            ],
+        };
+        let reader = reader_config(&config, "orders");
+        assert_eq!(reader.get("client.rack"), None, "a follower's end may lag");
+        assert_eq!(reader.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(reader.get("isolation.level"), Some("read_committed"));
+        assert_eq!(
+            reader.get("group.id"),
+            Some("outbox-relay-checkpoint-orders")
         );
     }
 
