@@ -330,9 +330,12 @@ async fn run_session(
     redo: &mut Redo,
     producers: &SharedProducers,
 ) -> Result<(), Error> {
-    let (client, connection) = slot::connect(config).await?;
+    // The replication connection chooses the server (target_session_attrs); the SQL
+    // connection goes to that one.
     let conninfo = config.source_config()?;
     let mut replication = ReplicationClient::connect(&conninfo).await?;
+    let server = replication.server().clone();
+    let (client, connection) = slot::connect_to(config, &server).await?;
     let identity = replication.identify_system().await?;
     // The slot record decides before the slot is created: a slot the relay streamed from
     // and that is gone now is never created again without `setup --accept-slot-loss`.
@@ -396,6 +399,7 @@ async fn run_session(
             .await?;
             Some(Recorder::spawn(
                 config,
+                server,
                 client,
                 connection,
                 confirmed_flush_lsn,

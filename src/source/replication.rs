@@ -189,6 +189,8 @@ pub struct ReplicationClient {
     reader: FramedRead<ReadHalf<Box<dyn Socket>>, BackendCodec>,
     writer: WriteHalf<Box<dyn Socket>>,
     server_params: HashMap<String, String>,
+    /// The host connected to, pinned to the address reached.
+    server: Endpoint,
 }
 
 /// The answer to `IDENTIFY_SYSTEM`.
@@ -235,7 +237,7 @@ impl ReplicationClient {
         tls_config: Option<Arc<rustls::ClientConfig>>,
         endpoint: Endpoint,
     ) -> Result<Self, SourceError> {
-        let stream = open_stream(config, &endpoint).await?;
+        let (stream, server) = open_stream_pinned(config, &endpoint).await?;
         let (socket, tls_server_end_point) = match (tls_config, endpoint.socket_path()) {
             (Some(tls_config), None) => {
                 negotiate_tls(stream, &endpoint.tls_name(), tls_config, tls.mode).await?
@@ -247,6 +249,7 @@ impl ReplicationClient {
             reader: FramedRead::new(read, BackendCodec),
             writer: write,
             server_params: HashMap::new(),
+            server,
         };
         client
             .startup(config, tls_server_end_point.as_deref())
@@ -392,6 +395,12 @@ impl ReplicationClient {
             Message::ErrorResponse(body) => Err(server_error(&body)),
             _ => Err(unexpected("authentication")),
         }
+    }
+
+    /// The host this connection reached, pinned to its address: where the pipeline's SQL
+    /// connection must go too ([`crate::source::slot::connect_to`]).
+    pub fn server(&self) -> &Endpoint {
+        &self.server
     }
 
     /// A server parameter reported at startup (`server_version`, ...).
@@ -675,8 +684,17 @@ pub(crate) async fn open_stream(
     config: &tokio_postgres::Config,
     endpoint: &Endpoint,
 ) -> Result<Box<dyn Socket>, SourceError> {
+    Ok(open_stream_pinned(config, endpoint).await?.0)
+}
+
+/// Like [`open_stream`], and returns `endpoint` pinned to the address it reached (a host
+/// name resolves to that address again), so that another connection reaches the same server.
+async fn open_stream_pinned(
+    config: &tokio_postgres::Config,
+    endpoint: &Endpoint,
+) -> Result<(Box<dyn Socket>, Endpoint), SourceError> {
     if let Some(path) = endpoint.socket_path() {
-        return Ok(Box::new(UnixStream::connect(path).await?));
+        return Ok((Box::new(UnixStream::connect(path).await?), endpoint.clone()));
     }
     let stream = match endpoint.addr {
         Some(addr) => TcpStream::connect((addr, endpoint.port)).await?,
@@ -684,7 +702,11 @@ pub(crate) async fn open_stream(
     };
     stream.set_nodelay(true)?;
     set_keepalive(&stream, config)?;
-    Ok(Box::new(stream))
+    let pinned = Endpoint {
+        addr: Some(stream.peer_addr()?.ip()),
+        ..endpoint.clone()
+    };
+    Ok((Box::new(stream), pinned))
 }
 
 /// Detects a dead server or network without relying on the walsender's own messages: a

@@ -382,12 +382,37 @@ pub async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection),
     connect_notified(config, None).await
 }
 
+/// Like [`connect`], to `server` alone: the server the pipeline's replication connection
+/// reached ([`ReplicationClient::server`](super::replication::ReplicationClient::server)).
+/// The two connections choose their hosts each by themselves otherwise, and could reach
+/// different servers (a host refusing ordinary connections but not walsenders, or the
+/// reverse): the slot checks, the slot record and the confirmed LSN would then be another
+/// server's than the WAL streamed.
+pub async fn connect_to(
+    config: &PipelineConfig,
+    server: &super::target::Endpoint,
+) -> Result<(Client, SqlConnection), crate::Error> {
+    let (client, connection) =
+        super::target::connect_sql_to(&config.source_config()?, server).await?;
+    Ok(driven(client, connection, None))
+}
+
 /// Like [`connect`]; each notification (`LISTEN`) the server sends wakes `notified`.
 pub async fn connect_notified(
     config: &PipelineConfig,
     notified: Option<Arc<Notify>>,
 ) -> Result<(Client, SqlConnection), crate::Error> {
-    let (client, mut connection) = super::target::connect_sql(&config.source_config()?).await?;
+    let (client, connection) = super::target::connect_sql(&config.source_config()?).await?;
+    Ok(driven(client, connection, notified))
+}
+
+/// `client` with its `connection` driven by a task of its own, each notification waking
+/// `notified`; the task ends when the returned guard is dropped.
+fn driven(
+    client: Client,
+    mut connection: super::target::SqlConnectionIo,
+    notified: Option<Arc<Notify>>,
+) -> (Client, SqlConnection) {
     let connection = AbortOnDrop(tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
@@ -403,7 +428,7 @@ pub async fn connect_notified(
             }
         }
     }));
-    Ok((client, connection))
+    (client, connection)
 }
 
 /// Owns the task driving a tokio-postgres connection; aborts it when dropped.

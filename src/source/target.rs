@@ -407,6 +407,28 @@ pub async fn connect_sql(info: &ConnInfo) -> Result<(Client, SqlConnectionIo), S
     Ok((chosen.client, chosen.connection))
 }
 
+/// Like [`connect_sql`], to `server` alone (the host a replication connection of `info`
+/// reached: [`super::replication::ReplicationClient::server`]), whatever it is now: the
+/// replication connection chose it by `target_session_attrs` already.
+///
+/// Returns an error if that server cannot be reached or refuses, or TLS cannot be set up.
+pub async fn connect_sql_to(
+    info: &ConnInfo,
+    server: &Endpoint,
+) -> Result<(Client, SqlConnectionIo), SourceError> {
+    let connector = SqlConnector {
+        info,
+        tls: MakeRustlsConnect::new(info.tls.client_config().map_err(SourceError::Tls)?),
+    };
+    let chosen = select(
+        TargetSessionAttrs::Any,
+        std::slice::from_ref(server),
+        &connector,
+    )
+    .await?;
+    Ok((chosen.client, chosen.connection))
+}
+
 struct SqlConnector<'a> {
     info: &'a ConnInfo,
     tls: MakeRustlsConnect,

@@ -12,6 +12,7 @@ use super::update;
 use crate::config::PipelineConfig;
 use crate::lsn::Lsn;
 use crate::source::slot::SqlConnection;
+use crate::source::target::Endpoint;
 
 /// How often, at most, the record's confirmed LSN is updated: often enough that a lost slot's
 /// message names a recent position, rare enough to be no load (one small UPDATE).
@@ -42,12 +43,14 @@ impl RecorderTask {
 
 impl Recorder {
     /// Starts the task that records, at most every [`UPDATE_INTERVAL`], the confirmed LSNs
-    /// passed to [`Recorder::delivered`] ([`update`]) over `client` (made again with
-    /// [`crate::source::slot::connect`] after an error), and once more when the recorder is
+    /// passed to [`Recorder::delivered`] ([`update`]) over `client` (made again to `server`,
+    /// the one the pipeline streams from, with [`crate::source::slot::connect_to`] after an
+    /// error), and once more when the recorder is
     /// dropped. A failed write is logged and retried with the next LSN: the row already says the
     /// relay streamed from the slot, only its LSN is older.
     pub fn spawn(
         config: &PipelineConfig,
+        server: Endpoint,
         client: Client,
         connection: SqlConnection,
         confirmed: Lsn,
@@ -55,6 +58,7 @@ impl Recorder {
         let (tx, rx) = watch::channel(confirmed);
         let writer = SqlWriter {
             config: config.clone(),
+            server,
             connection: Some((client, connection)),
         };
         let task = tokio::spawn(pace(rx, confirmed, UPDATE_INTERVAL, writer));
@@ -85,6 +89,8 @@ trait WriteRecord: Send {
 /// Writes with [`update`] over a connection of its own, made again after an error.
 struct SqlWriter {
     config: PipelineConfig,
+    /// The server the pipeline streams from: a new connection goes there.
+    server: Endpoint,
     connection: Option<(Client, SqlConnection)>,
 }
 
@@ -92,7 +98,9 @@ impl WriteRecord for SqlWriter {
     async fn write(&mut self, lsn: Lsn) -> bool {
         let config = &self.config;
         if self.connection.is_none() {
-            self.connection = crate::source::slot::connect(config).await.ok();
+            self.connection = crate::source::slot::connect_to(config, &self.server)
+                .await
+                .ok();
         }
         let Some((client, _)) = &self.connection else {
             return false;
