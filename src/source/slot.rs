@@ -331,12 +331,14 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, Sou
 
 /// Reads the slot's `confirmed_flush_lsn`; `None` if there is no such slot.
 ///
-/// Returns an error if the slot is not a pgoutput logical slot of the current database.
+/// Returns an error if the slot is not a pgoutput logical slot of the current database, is
+/// lost, or is a standby's synchronized copy of the primary's failover slot.
 async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
     let row = client
         .query_opt(
             "SELECT plugin, slot_type, database = current_database(), confirmed_flush_lsn::text, wal_status,
-                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool
+                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool,
+                    coalesce((to_jsonb(s) ->> 'synced')::bool, false) AND pg_is_in_recovery()
              FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
@@ -353,6 +355,14 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     if same_database != Some(true) {
         return Err(SourceError::Config(format!(
             "replication slot {slot:?} belongs to another database"
+        )));
+    }
+    // PostgreSQL 17+: a standby's copy of the primary's failover slot, kept by slot
+    // synchronization. START_REPLICATION refuses it (55000, retried forever) until the
+    // standby is promoted.
+    if row.get::<_, bool>(7) {
+        return Err(SourceError::Config(format!(
+            "replication slot {slot:?} on this server is a copy synchronized from the primary (a failover slot, synced = true): a standby cannot stream from it until it is promoted; connect to the primary (a multi-host source_url wants target_session_attrs=primary)"
         )));
     }
     let wal_status: Option<String> = row.get(4);

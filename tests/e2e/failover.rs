@@ -281,3 +281,60 @@ async fn target_session_attrs_primary_passes_over_a_standby_listed_first() {
     assert_delivered(&written, &consumed, false);
     assert!(relay.is_running());
 }
+
+/// With the default `any` and the standby listed first, a standby that holds the failover
+/// slot's synchronized copy is not streamed from (PostgreSQL refuses: 55000, which the relay
+/// retried forever): the relay exits naming the copy and `target_session_attrs=primary`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synced_failover_slot_on_a_standby_listed_first_is_refused_naming_it() {
+    let pair = Pair::start("synced_first").await;
+    let mut args = pair.relay_args(true, Some("primary"));
+    args.push("--failover".into());
+    let mut created = Relay::spawn(&[&["setup".to_string()], &args[1..]].concat());
+    let status = created.wait(Duration::from_secs(60));
+    assert!(
+        status.success(),
+        "setup --failover failed:\n{}",
+        created.log()
+    );
+    // The standby keeps a synced copy once the slot has moved on the primary (as in
+    // relay_survives_a_failover).
+    pair.primary.psql(
+        "postgres",
+        &format!(
+            "ALTER SYSTEM SET synchronized_standby_slots = '{}'",
+            pair.physical_slot
+        ),
+    );
+    pair.primary.psql("postgres", "SELECT pg_reload_conf()");
+    let setup = &pair.setup;
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (_, before_commit) =
+        write_events(&setup.db.client, 2, 1, &setup.types, 1, 0, Duration::ZERO).await;
+    setup
+        .wait_confirmed_past(
+            *before_commit.last().unwrap(),
+            "the relay on the primary to confirm",
+            Duration::from_secs(60),
+        )
+        .await;
+    pair.wait_standby_caught_up().await;
+    pair.wait_slot_synced().await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+
+    let mut args = pair.relay_args(true, None);
+    args.push("--failover".into());
+    let mut on_standby = Relay::spawn(&args);
+    let status = on_standby.wait(Duration::from_secs(60));
+    assert!(!status.success(), "{status}");
+    let log = on_standby.log();
+    assert!(
+        log.contains(&format!(
+            "replication slot {:?} on this server is a copy synchronized from the primary",
+            pair.setup.slot
+        )) && log.contains("target_session_attrs=primary"),
+        "the relay names the synced copy and the way out:\n{log}"
+    );
+}
