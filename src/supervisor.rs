@@ -104,7 +104,8 @@ impl SessionProgress {
 
 /// Runs `sessions` until `shutdown` is cancelled (then `Ok`) or an error classed
 /// [`Recovery::Stop`] ends the pipeline (then that error). Sets the pipeline's state for
-/// `/readyz`, counts restarts in `outbox_relay_reconnects_total` and logs each with its reason.
+/// `/readyz`, counts restarts after a transient error in `outbox_relay_reconnects_total` (not
+/// a standby's retries) and logs each with its reason.
 pub async fn supervise(
     pipeline: &str,
     metrics: &PipelineMetrics,
@@ -126,8 +127,11 @@ pub async fn supervise(
                 () = stopped_during_set_up(shutdown, &progress) => None,
             }
         };
-        // The session's producer is gone: nothing is awaiting an acknowledgement any more.
+        // The session's producer is gone: nothing is awaiting an acknowledgement any more
+        // (records a shared producer still holds are the next session's to count).
         metrics.oldest_unacked_age.set(0.0);
+        metrics.in_flight_events.set(0);
+        metrics.in_flight_bytes.set(0);
         if progress.has_advanced() {
             retry = backoff();
             failed_sessions = 0;
@@ -152,6 +156,10 @@ pub async fn supervise(
                 return Err(e);
             }
             Recovery::StandBy => {
+                // Not a failure (another relay streams): neither a reconnect nor a failed
+                // session.
+                failed_sessions = 0;
+                metrics.set_failed_sessions(0);
                 let delay = next(&mut stand_by).min(STAND_BY_RETRY);
                 warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, "another relay holds the slot or the transactional id, or no host fits target_session_attrs yet; standing by");
                 delay
@@ -162,11 +170,11 @@ pub async fn supervise(
                 metrics.set_failed_sessions(failed_sessions);
                 let delay = next(&mut retry);
                 warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, failed_sessions, "pipeline session ended; reconnecting");
+                metrics.reconnects.inc();
                 delay
             }
         };
         metrics.set_state(PipelineState::Reconnecting, Some(chain(&e)));
-        metrics.reconnects.inc();
         tokio::select! {
             _ = shutdown.cancelled() => {
                 metrics.set_state(PipelineState::Stopped, None);
@@ -341,6 +349,30 @@ mod tests {
             "standby retries every 1 to 3 s: {gaps:?}"
         );
         assert!(gauge_line(&metrics, 0), "{}", metrics.render());
+        assert_eq!(p.reconnects.get(), 0, "standing by is not reconnecting");
+    }
+
+    /// A relay that failed, then stands by while another streams: no failed sessions, and
+    /// nothing in flight, whatever its last session left in the gauges.
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_that_ends_up_standing_by_shows_no_failures_and_nothing_in_flight() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        p.in_flight_events.set(5_000);
+        p.in_flight_bytes.set(1 << 20);
+        let mut failing = Fake::new(3, false, closed);
+        supervise("p", &p, &CancellationToken::new(), &mut failing)
+            .await
+            .unwrap();
+        assert_eq!(p.reconnects.get(), 3);
+        assert_eq!((p.in_flight_events.get(), p.in_flight_bytes.get()), (0, 0));
+        let mut standing_by = Fake::new(2, false, slot_in_use);
+        p.set_failed_sessions(3);
+        supervise("p", &p, &CancellationToken::new(), &mut standing_by)
+            .await
+            .unwrap();
+        assert!(gauge_line(&metrics, 0), "{}", metrics.render());
+        assert_eq!(p.reconnects.get(), 3, "standing by is not reconnecting");
     }
 
     #[tokio::test(start_paused = true)]
