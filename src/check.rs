@@ -18,7 +18,7 @@ use tokio_postgres::Client;
 use crate::config::{InvalidOpBehavior, MarkMode, PipelineConfig, SourceKind};
 use crate::error::chain;
 use crate::source::slot::failover::Invalidation;
-use crate::source::{slot, SourceError};
+use crate::source::{slot, slot_record, SourceError};
 
 pub mod failover;
 mod sink;
@@ -297,8 +297,24 @@ async fn check_postgres(
             &[&config.slot],
         )
         .await?;
-    out.push(match row {
-        None if config.create_slot => finding(
+    // A missing slot the relay streamed from is never created again: the start refuses.
+    let recorded = match (&row, config.slot_record) {
+        (None, true) => slot_record::read(client, &config.slot_record_schema, &config.slot)
+            .await
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    out.push(match (row, recorded) {
+        (None, Some(r)) => finding(
+            "slot",
+            Verdict::Fail,
+            format!(
+                "{} does not exist but the relay streamed from it (last confirmed LSN {} at {}): the relay will not create it again; reconcile the events after it, then outbox-relay setup --accept-slot-loss",
+                config.slot, r.confirmed_lsn, r.confirmed_at
+            ),
+        ),
+        (None, None) if config.create_slot => finding(
             "slot",
             Verdict::Warn,
             format!(
@@ -306,7 +322,7 @@ async fn check_postgres(
                 config.slot
             ),
         ),
-        None => finding(
+        (None, None) => finding(
             "slot",
             Verdict::Fail,
             format!(
@@ -314,7 +330,7 @@ async fn check_postgres(
                 config.slot
             ),
         ),
-        Some(r) => {
+        (Some(r), _) => {
             let (plugin, same_db, wal_status, pid): (
                 Option<String>,
                 Option<bool>,

@@ -189,6 +189,17 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
         "{log}"
     );
 
+    // `check` fails on it too, as the start does (it passed: "the relay will create it").
+    let log = refused(&args(&setup, Auth::Scram, "check", &[]));
+    assert!(
+        log.contains("FAIL")
+            && log.contains(&format!(
+                "but the relay streamed from it (last confirmed LSN {}",
+                format_lsn(recorded)
+            )),
+        "{log}"
+    );
+
     // `setup` without the acknowledgement refuses too.
     let log = refused(&args(&setup, Auth::Scram, "setup", &[]));
     assert!(log.contains("--accept-slot-loss"), "{log}");
