@@ -439,11 +439,20 @@ pub async fn check(config: &PipelineConfig, client: &Client, out: &mut Vec<Findi
 }
 
 /// The pipeline with `standby_url` as its source URL, to connect to the standby as to the
-/// primary (the same libpq environment and TLS rules); `None` without `standby_url`.
+/// primary (the same libpq environment and TLS rules), except that `PGTARGETSESSIONATTRS`
+/// does not apply: set for the source URL (`primary`), it made the standby unfit. `None`
+/// without `standby_url`.
 pub fn standby_pipeline(config: &PipelineConfig) -> Option<PipelineConfig> {
-    let url = config.standby_url.clone()?;
+    let mut url = config.standby_url.clone()?.0;
+    if !url.contains("target_session_attrs") {
+        match url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            true if url.contains('?') => url.push_str("&target_session_attrs=any"),
+            true => url.push_str("?target_session_attrs=any"),
+            false => url.push_str(" target_session_attrs=any"),
+        }
+    }
     Some(PipelineConfig {
-        source_url: url,
+        source_url: crate::config::SourceUrl(url),
         source_url_file: None,
         ..config.clone()
     })
@@ -454,9 +463,11 @@ pub fn standby_pipeline(config: &PipelineConfig) -> Option<PipelineConfig> {
 /// Returns an error (the chain as text, naming `standby_url`) if it cannot be made.
 pub async fn connect_standby(config: &PipelineConfig) -> Result<(Client, SqlConnection), String> {
     let standby = standby_pipeline(config).ok_or("standby_url is not set")?;
-    slot::connect(&standby)
-        .await
-        .map_err(|e| chain(&e).replace("source_url", "standby_url"))
+    slot::connect(&standby).await.map_err(|e| {
+        chain(&e)
+            .replace("source_url", "standby_url")
+            .replace("source url", "standby_url")
+    })
 }
 
 /// The standby's copy of the slot for `status`: `synced`, `temporary`, `local`,

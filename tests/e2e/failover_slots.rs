@@ -227,6 +227,19 @@ async fn check_and_status_follow_a_standby_until_it_keeps_the_failover_slot() {
             "{check} is not ok:\n{log}"
         );
     }
+    // PGTARGETSESSIONATTRS set for the source URL does not make the standby unfit (check
+    // said it could not connect to standby_url and skipped the standby checks).
+    let mut with_env = Relay::spawn_with_env(
+        &as_command(&args, "check"),
+        &[("PGTARGETSESSIONATTRS", "primary")],
+    );
+    assert!(!with_env.wait(Duration::from_secs(60)).success());
+    let log = with_env.log();
+    assert!(
+        log.lines()
+            .any(|l| l.starts_with("  FAIL") && l.contains("hot_standby_feedback")),
+        "the standby checks ran with PGTARGETSESSIONATTRS=primary:\n{log}"
+    );
 
     standby.psql("postgres", "ALTER SYSTEM SET hot_standby_feedback = on");
     standby.psql("postgres", "SELECT pg_reload_conf()");

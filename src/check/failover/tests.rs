@@ -333,3 +333,33 @@ fn each_standby_problem_names_the_host_and_setting() {
     assert_eq!(verdict_of(&findings, "standby").0, Verdict::Fail);
     assert_eq!(findings.len(), 1);
 }
+
+/// `PGTARGETSESSIONATTRS` is for the source URL: the standby URL gets `any` of its own,
+/// unless it says otherwise.
+#[test]
+fn the_standby_url_is_not_held_to_the_source_urls_target_session_attrs() {
+    let standby = |url: &str| {
+        let mut config = PipelineConfig::new("p", "outbox".parse().unwrap());
+        config.standby_url = Some(crate::config::SourceUrl(url.into()));
+        let pipeline = standby_pipeline(&config).unwrap();
+        let target = pipeline.source_config().unwrap().target;
+        (pipeline.source_url.0, target)
+    };
+    use crate::source::target::TargetSessionAttrs::{Any, Standby};
+    assert_eq!(
+        standby("postgres://u@s/db"),
+        ("postgres://u@s/db?target_session_attrs=any".into(), Any)
+    );
+    assert_eq!(
+        standby("postgres://u@s/db?sslmode=require").0,
+        "postgres://u@s/db?sslmode=require&target_session_attrs=any"
+    );
+    assert_eq!(
+        standby("host=s dbname=db user=u").0,
+        "host=s dbname=db user=u target_session_attrs=any"
+    );
+    assert_eq!(
+        standby("postgres://u@s/db?target_session_attrs=standby").1,
+        Standby
+    );
+}
