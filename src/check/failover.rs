@@ -28,6 +28,8 @@ pub struct SlotOnPrimary {
     pub standby_slots: StandbySlots,
     /// `idle_replication_slot_timeout` (PostgreSQL 18); `None` before 18, zero when off.
     pub idle_timeout: Option<Duration>,
+    /// The server is a standby (the pipeline decodes there).
+    pub in_recovery: bool,
 }
 
 /// Reads [`SlotOnPrimary`] for `slot`.
@@ -46,6 +48,10 @@ pub async fn slot_on_primary(client: &Client, slot: &str) -> Result<SlotOnPrimar
         failover: failover::is_failover_slot(client, slot).await?,
         standby_slots: failover::standby_slots(client).await?,
         idle_timeout,
+        in_recovery: client
+            .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+            .await?
+            .get(0),
     })
 }
 
@@ -80,6 +86,11 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
         });
     } else {
         out.push(match (primary.failover, config.failover) {
+            (None, true) if primary.in_recovery => finding(
+                "failover slot",
+                Verdict::Fail,
+                format!("{slot} cannot be created with FAILOVER on {host}, a standby (PostgreSQL refuses: a slot for decoding on a standby cannot be a failover slot); set failover = false, or create the failover slot on the primary"),
+            ),
             (None, true) => finding("failover slot", Verdict::Ok, format!("{slot} will be created with FAILOVER")),
             (None, false) => finding("failover slot", Verdict::Ok, format!("{slot} will be created without FAILOVER (failover = false): a database failover loses it")),
             (Some(true), _) => finding("failover slot", Verdict::Ok, format!("{slot} is a failover slot on {host}")),

@@ -21,6 +21,7 @@ fn primary(version_num: i32, failover: Option<bool>) -> SlotOnPrimary {
             }],
         },
         idle_timeout: None,
+        in_recovery: false,
     }
 }
 
@@ -362,4 +363,25 @@ fn the_standby_url_is_not_held_to_the_source_urls_target_session_attrs() {
         standby("postgres://u@s/db?target_session_attrs=standby").1,
         Standby
     );
+}
+
+/// A pipeline decoding on a standby cannot have its slot created with FAILOVER (PostgreSQL
+/// refuses it there): check fails instead of promising it.
+#[test]
+fn a_failover_slot_to_be_created_on_a_standby_fails() {
+    let on_standby = SlotOnPrimary {
+        in_recovery: true,
+        ..primary(170010, None)
+    };
+    let findings = primary_findings(&config(true), &on_standby);
+    let slot = findings
+        .iter()
+        .find(|f| f.check == "failover slot")
+        .expect("a failover slot finding");
+    assert_eq!(slot.verdict, Verdict::Fail, "{slot:?}");
+    assert!(slot.detail.contains("a standby"), "{slot:?}");
+    let on_primary = primary_findings(&config(true), &primary(170010, None));
+    assert!(on_primary
+        .iter()
+        .any(|f| f.check == "failover slot" && f.verdict == Verdict::Ok));
 }
