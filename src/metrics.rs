@@ -146,7 +146,7 @@ impl Metrics {
             in_flight_events: labelled_gauge(&r, "outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged.", &["pipeline", "sink"]),
             in_flight_bytes: labelled_gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records.", &["pipeline", "sink"]),
             streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
-            lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL and the confirmed flush LSN."),
+            lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL (the replayed end on a standby) and the slot's confirmed flush LSN, read every 10 s."),
             oldest_unacked_age: {
                 let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting the sink's acknowledgement was handed to it; 0 when none."), &["pipeline", "sink"]).expect("valid metric");
                 r.register(Box::new(metric.clone())).expect("metric registered once");

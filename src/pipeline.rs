@@ -117,8 +117,8 @@ impl supervisor::Sessions for LogTailing<'_> {
     }
 }
 
-/// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason and failover
-/// metrics every [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made
+/// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
+/// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made
 /// again after an error), whether or not this relay holds the slot. For a failover slot it
 /// also reads `synchronized_standby_slots`: while a physical slot named there cannot confirm
 /// changes, the walsender sends none and the relay would look idle, so it logs a warning
@@ -171,6 +171,9 @@ async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
                         .map(|i| i.reason.as_str()),
                 );
                 metrics.set_slot_failover(wal.as_ref().is_some_and(|w| w.failover));
+                if let Some(lag) = wal.as_ref().and_then(|w| w.lag_bytes) {
+                    metrics.lag_bytes.set(lag.max(0));
+                }
                 let message = standby_slots.as_ref().and_then(|s| s.stall_message());
                 metrics.set_standby_slots_stalled(message.is_some());
                 match (&message, &stall) {

@@ -231,10 +231,10 @@ impl<W: WalStream> Source for LogicalSource<W> {
         self.metrics
             .confirmed_flush_lsn
             .set(i64::try_from(flush.0).unwrap_or(i64::MAX));
+        // Not the slot's lag (outbox_relay_replication_lag_bytes, read from the server by
+        // the slot watcher): XLogData's end of WAL is the record's own LSN, a keepalive's
+        // how far the walsender has sent, so this is at most what is in flight.
         let lag = self.server_wal_end.0.saturating_sub(flush.0);
-        self.metrics
-            .lag_bytes
-            .set(i64::try_from(lag).unwrap_or(i64::MAX));
         self.progress.published += confirmation.delivered;
         self.log_progress(flush, lag);
         Ok(())

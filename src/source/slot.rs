@@ -225,22 +225,25 @@ pub struct SlotWal {
     pub invalidation: Option<Invalidation>,
     /// Whether it is a failover slot (false before PostgreSQL 17).
     pub failover: bool,
+    /// Bytes of WAL from the slot's `confirmed_flush_lsn` to the server's end of WAL (the
+    /// replayed end on a standby); `None` when the slot has confirmed nothing.
+    pub lag_bytes: Option<i64>,
 }
 
-/// Reads `wal_status`, `safe_wal_size`, the invalidation reason and the failover flag of
-/// `slot`; `Ok(None)` if there is no such slot.
+/// Reads `wal_status`, `safe_wal_size`, the invalidation reason, the failover flag and the
+/// lag of `slot`; `Ok(None)` if there is no such slot.
 ///
 /// Returns an error if the query fails.
 pub async fn slot_wal(client: &Client, slot: &str) -> Result<Option<SlotWal>, SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT wal_status, safe_wal_size, to_jsonb(s) ->> 'invalidation_reason',
-                    (to_jsonb(s) ->> 'conflicting')::bool,
-                    COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
-             FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
+    let sql = format!(
+        "SELECT wal_status, safe_wal_size, to_jsonb(s) ->> 'invalidation_reason',
+                (to_jsonb(s) ->> 'conflicting')::bool,
+                COALESCE((to_jsonb(s) ->> 'failover')::bool, false),
+                pg_catalog.pg_wal_lsn_diff({}, confirmed_flush_lsn)::bigint
+         FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1",
+        standby::WAL_END_SQL
+    );
+    let row = client.query_opt(&sql, &[&slot]).await?;
     Ok(row.map(|row| {
         let wal_status: Option<String> = row.get(0);
         SlotWal {
@@ -249,6 +252,7 @@ pub async fn slot_wal(client: &Client, slot: &str) -> Result<Option<SlotWal>, So
             wal_status,
             safe_wal_size: row.get(1),
             failover: row.get(4),
+            lag_bytes: row.get(5),
         }
     }))
 }

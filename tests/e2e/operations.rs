@@ -711,3 +711,47 @@ async fn an_imported_debezium_connector_takes_over_its_slot_and_keeps_its_topics
     assert_delivered(&written, &consumed, true);
     drop(relay);
 }
+
+/// `outbox_relay_replication_lag_bytes` is the slot's lag on the server: with the broker
+/// away and the relay's reads held by its in-flight limit, it grows with the WAL written
+/// (it showed what the relay had read past its confirmed LSN: a couple of records).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_lag_is_the_slots_lag_while_reads_are_held() {
+    let setup = Setup::new("lag_gauge", &["Order"], 1).await;
+    let unreachable = format!("127.0.0.1:{}", support::free_port());
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&unreachable, Auth::Trust);
+    args.extend([
+        "--max-in-flight-events".into(),
+        "2".into(),
+        "--metrics-listen".into(),
+        metrics.clone(),
+    ]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let start = setup.db.current_wal_insert_lsn().await;
+    for n in 0..100 {
+        crate::insert(
+            &setup.db.client,
+            &setup.types[0],
+            &format!("k{n}"),
+            &format!(r#"{{"n": {n}, "pad": "{}"}}"#, "p".repeat(2_000)),
+        )
+        .await;
+    }
+    let written = setup.db.current_wal_insert_lsn().await - start;
+    let series = format!(
+        "outbox_relay_replication_lag_bytes{{pipeline=\"{}\"}}",
+        setup.slot
+    );
+    wait_for(
+        "the lag gauge to count the WAL written behind the held reads",
+        Duration::from_secs(60),
+        || async {
+            let text = support::scrape_metrics(&metrics).await;
+            (metric_value(&text, &series) >= written as f64).then_some(())
+        },
+    )
+    .await;
+    assert!(relay.is_running(), "{}", relay.log());
+}
