@@ -228,7 +228,14 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             let read = self.has_capacity(in_flight)
                 && (!draining || self.tracker.in_transaction())
                 && eos_reads;
-            if draining && !self.tracker.in_transaction() && in_flight.events == 0 && !uncommitted {
+            // Done once nothing is left to publish: a record waiting for room (a dead-letter
+            // copy of a record refused after its Commit) belongs to a read transaction too.
+            if draining
+                && !self.tracker.in_transaction()
+                && in_flight.events == 0
+                && self.blocked.is_empty()
+                && !uncommitted
+            {
                 break;
             }
 

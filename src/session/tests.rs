@@ -147,13 +147,19 @@ impl Source for FakeSource {
 }
 
 /// Accepts records while it holds fewer than `queue_limit`, acknowledges each at once except
-/// the first `hold` ones, which never get an outcome (an unavailable partition), and those
-/// numbered (from 0, in send order) in `fail`, which time out (a retryable failure).
+/// the first `hold` ones, which never get an outcome (an unavailable partition), those
+/// numbered (from 0, in send order) in `fail`, which time out (a retryable failure), and
+/// those in `refuse`, which the broker refuses for good [`REFUSAL_DELAY`] after their send.
+/// With `full = Some((topic, n))` the first `n` records for `topic` find the queue full
+/// whatever it holds (as when an ended session's records fill the pipeline's room).
 struct FakeSink {
     queue_limit: usize,
     hold: usize,
     fail: Vec<usize>,
-    ready: VecDeque<(Delivery, usize)>,
+    refuse: Vec<usize>,
+    full: Option<(&'static str, usize)>,
+    /// Outcomes with the record's size and when they come.
+    ready: VecDeque<(Delivery, usize, tokio::time::Instant)>,
     in_flight: InFlight,
     /// Event ids in the order the sink accepted them.
     sent: Arc<Mutex<Vec<String>>>,
@@ -166,6 +172,8 @@ impl FakeSink {
             queue_limit,
             hold,
             fail: Vec::new(),
+            refuse: Vec::new(),
+            full: None,
             ready: VecDeque::new(),
             in_flight: InFlight::default(),
             sent: sent.clone(),
@@ -179,22 +187,41 @@ impl Sink for FakeSink {
         if self.in_flight.events >= self.queue_limit {
             return Err(SendError::Full(Box::new(record)));
         }
+        if let Some((topic, n)) = &mut self.full {
+            if *n > 0 && record.topic == *topic {
+                *n -= 1;
+                return Err(SendError::Full(Box::new(record)));
+            }
+        }
         let size = record.size();
         self.in_flight.events += 1;
         self.in_flight.bytes += size;
         let mut sent = self.sent.lock().unwrap();
         sent.push(record.event_id());
         if sent.len() > self.hold {
-            let result = match self.fail.contains(&(sent.len() - 1)) {
-                false => Ok(()),
-                true => Err(DeliveryError {
+            let number = sent.len() - 1;
+            let mut at = tokio::time::Instant::now();
+            let result = if self.fail.contains(&number) {
+                Err(DeliveryError {
                     event_id: record.event_id(),
                     topic: record.topic.clone(),
                     reason: "Local: Message timed out".into(),
                     retryable: true,
                     too_large: false,
                     record: None,
-                }),
+                })
+            } else if self.refuse.contains(&number) {
+                at += REFUSAL_DELAY;
+                Err(DeliveryError {
+                    event_id: record.event_id(),
+                    topic: record.topic.clone(),
+                    reason: "Broker: Invalid record".into(),
+                    retryable: false,
+                    too_large: false,
+                    record: Some(Box::new(record.clone())),
+                })
+            } else {
+                Ok(())
             };
             let delivery = Delivery {
                 token,
@@ -203,14 +230,18 @@ impl Sink for FakeSink {
                 latency: Duration::ZERO,
                 timestamp_ms: None,
             };
-            self.ready.push_back((delivery, size));
+            self.ready.push_back((delivery, size, at));
         }
         Ok(())
     }
 
     async fn next_delivery(&mut self) -> Option<Delivery> {
+        // Cancel-safe: the outcome stays queued until the sleep is over.
+        if let Some(&(_, _, at)) = self.ready.front() {
+            tokio::time::sleep_until(at).await;
+        }
         match self.ready.pop_front() {
-            Some((delivery, size)) => {
+            Some((delivery, size, _)) => {
                 self.in_flight.events -= 1;
                 self.in_flight.bytes -= size;
                 Some(delivery)
@@ -227,6 +258,9 @@ impl Sink for FakeSink {
         None
     }
 }
+
+/// How long after its send [`FakeSink`] refuses a record numbered in `refuse`.
+const REFUSAL_DELAY: Duration = Duration::from_millis(100);
 
 /// Runs a session over `source` and `sink` and cancels it after `run_for` (virtual time);
 /// returns its result and how long it ran.
@@ -637,5 +671,39 @@ async fn bad_input_met_while_draining_does_not_extend_the_shutdown() {
         run_for + config.shutdown_timeout(),
         "the stop took {ran:?}, the shutdown timeout is {:?}",
         config.shutdown_timeout()
+    );
+}
+
+/// Found by review: a shutdown's drain ended once nothing was in flight and no transaction
+/// was open, with a dead-letter copy still waiting for room in the sink's queue: the
+/// transaction whose record the broker refused after its Commit was read stayed unconfirmed,
+/// so the graceful stop published all of it again on restart.
+#[tokio::test(start_paused = true)]
+async fn a_drain_waits_for_a_dead_letter_copy_that_found_the_queue_full() {
+    let config = PipelineConfig {
+        on_bad_event: OnBadEvent::DeadLetter,
+        dead_letter_topic: Some("outbox.dead-letter".into()),
+        ..config()
+    };
+    let (source, log) = FakeSource::new(transaction(0, 2));
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    // The broker refuses the second record after the Commit was read and the shutdown
+    // began; its copy finds the queue full at its send and at the retry in the same turn.
+    sink.refuse = vec![1];
+    sink.full = Some(("outbox.dead-letter", 2));
+    let run_for = REFUSAL_DELAY / 2;
+    let (result, ran) = run_session(&config, source, sink, run_for).await;
+    result.unwrap();
+    assert!(
+        ran < run_for + config.shutdown_timeout(),
+        "the drain timed out after {ran:?}"
+    );
+    assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e0.1"]);
+    let log = log.lock().unwrap();
+    assert_eq!(
+        log.confirmations.last(),
+        Some(&commit_end(0)),
+        "the drain stopped before the dead-letter copy was sent: {:?}",
+        log.confirmations
     );
 }
