@@ -107,7 +107,8 @@ pub use metrics::Metrics;
 
 /// Runs every pipeline until `shutdown` completes, then drains them (in-flight deliveries up
 /// to each pipeline's `shutdown_timeout_secs`, final status update) and returns. Serves
-/// `/metrics`, `/healthz` and `/readyz` on `metrics_listen` when given.
+/// `/metrics`, `/healthz` and `/readyz` on `metrics_listen` when given, until every pipeline
+/// has ended (so through the drain).
 ///
 /// The pipelines must have passed [`validation::pipelines`] (or [`validation::pipeline`]) at
 /// start; `run` checks nothing again. A pipeline stopped by a permanent error does not stop the
@@ -119,6 +120,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let token = CancellationToken::new();
+    // The endpoint outlives the pipelines' drain (its own token), so the drain can be watched.
+    let server_token = CancellationToken::new();
     let server = match metrics_listen {
         Some(listen) => {
             let listener = health::bind(listen)
@@ -127,7 +130,7 @@ pub async fn run(
             Some(tokio::spawn(health::serve(
                 listener,
                 metrics.clone(),
-                token.clone(),
+                server_token.clone(),
             )))
         }
         None => None,
@@ -159,6 +162,7 @@ pub async fn run(
         }
     }
     token.cancel();
+    server_token.cancel();
     if let Some(server) = server {
         match server.await {
             Ok(Err(e)) => tracing::warn!(error = %e, "metrics endpoint failed"),

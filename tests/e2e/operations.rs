@@ -755,3 +755,69 @@ async fn replication_lag_is_the_slots_lag_while_reads_are_held() {
     .await;
     assert!(relay.is_running(), "{}", relay.log());
 }
+
+/// Found by review: the metrics endpoint shared the pipelines' shutdown token, so it closed as
+/// a shutdown's drain began: no `/metrics`, `/healthz` or `/readyz` for the drain's length (up
+/// to `shutdown_timeout_secs`), just while an operator watches the in-flight records go out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_are_served_until_a_shutdowns_drain_ends() {
+    let setup = Setup::new("drain_metrics", &["Order"], 1).await;
+    let unreachable = format!("127.0.0.1:{}", support::free_port());
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&unreachable, Auth::Trust);
+    args.extend([
+        "--metrics-listen".into(),
+        metrics.clone(),
+        "--shutdown-timeout-secs".into(),
+        "30".into(),
+    ]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    crate::insert(&setup.db.client, &setup.types[0], "k1", "{}").await;
+    let series = format!(
+        "outbox_relay_in_flight_events{{pipeline=\"{}\",sink=\"kafka\"}}",
+        setup.slot
+    );
+    wait_for(
+        "the event to wait in flight for the unreachable broker",
+        Duration::from_secs(60),
+        || async {
+            let text = support::scrape_metrics(&metrics).await;
+            (metric_value(&text, &series) >= 1.0).then_some(())
+        },
+    )
+    .await;
+
+    relay.sigterm();
+    wait_for(
+        "the relay to start draining",
+        Duration::from_secs(30),
+        || async {
+            relay
+                .log()
+                .contains("draining before shutdown")
+                .then_some(())
+        },
+    )
+    .await;
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let answer = http_get(&metrics, path).await;
+        assert!(
+            matches!(answer, Some((status, _)) if status == 200 || status == 503),
+            "GET {path} during the drain: {answer:?}\n{}",
+            relay.log()
+        );
+    }
+    let text = support::scrape_metrics(&metrics).await;
+    assert_eq!(metric_value(&text, &series), 1.0, "the drain's record");
+    assert!(
+        relay.is_running(),
+        "the drain ended before the endpoint was read: {}",
+        relay.log()
+    );
+    relay.wait(Duration::from_secs(60));
+    assert!(
+        http_get(&metrics, "/healthz").await.is_none(),
+        "the endpoint outlived the relay"
+    );
+}
