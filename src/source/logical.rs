@@ -36,8 +36,6 @@ pub struct LogicalSource<W: WalStream = ReplicationStream> {
     stream: W,
     decoder: OutboxDecoder,
     op_invalid_behavior: InvalidOpBehavior,
-    /// The server's end of WAL, as last reported in XLogData or a keepalive.
-    server_wal_end: Lsn,
     /// A keepalive asked for a reply that was not sent yet.
     reply_requested: bool,
     /// For the catch-up progress line: when it was last logged, with the counts then.
@@ -61,7 +59,6 @@ impl<W: WalStream> LogicalSource<W> {
             stream,
             decoder,
             op_invalid_behavior,
-            server_wal_end: confirmed_flush_lsn,
             reply_requested: false,
             progress: Progress {
                 at: Instant::now(),
@@ -84,12 +81,8 @@ impl<W: WalStream> LogicalSource<W> {
     fn on_message(&mut self, message: ReplicationMessage) -> Result<Option<SourceItem>, Error> {
         match message {
             ReplicationMessage::XLogData {
-                wal_start,
-                wal_end,
-                data,
-                ..
+                wal_start, data, ..
             } => {
-                self.server_wal_end = self.server_wal_end.max(wal_end);
                 let message = pgoutput::decode(data).map_err(|source| SourceError::Decode {
                     lsn: wal_start,
                     source,
@@ -101,7 +94,6 @@ impl<W: WalStream> LogicalSource<W> {
                 reply_requested,
                 ..
             } => {
-                self.server_wal_end = self.server_wal_end.max(wal_end);
                 self.reply_requested |= reply_requested;
                 Ok(Some(SourceItem::Idle(wal_end)))
             }
@@ -231,10 +223,11 @@ impl<W: WalStream> Source for LogicalSource<W> {
         self.metrics
             .confirmed_flush_lsn
             .set(i64::try_from(flush.0).unwrap_or(i64::MAX));
-        // Not the slot's lag (outbox_relay_replication_lag_bytes, read from the server by
-        // the slot watcher): XLogData's end of WAL is the record's own LSN, a keepalive's
-        // how far the walsender has sent, so this is at most what is in flight.
-        let lag = self.server_wal_end.0.saturating_sub(flush.0);
+        // The slot's lag as the slot watcher last read it from the server (at most
+        // SLOT_WATCH_INTERVAL old), not the stream's: XLogData's end of WAL is the record's own
+        // LSN and a keepalive's is how far the walsender has sent, so the stream never shows
+        // more than what is in flight, and a backlog never got its line.
+        let lag = u64::try_from(self.metrics.lag_bytes.get()).unwrap_or(0);
         self.progress.published += confirmation.delivered;
         self.log_progress(flush, lag);
         Ok(())
@@ -271,7 +264,8 @@ struct Progress {
 struct CatchUp {
     /// Records acknowledged per second since the last snapshot.
     events_per_sec: f64,
-    /// WAL between the confirmed flush LSN and the server's end of WAL, bytes.
+    /// The slot's lag as last read from the server (`outbox_relay_replication_lag_bytes`):
+    /// WAL between its confirmed flush LSN and the server's end of WAL, bytes.
     lag_bytes: u64,
     /// `lag_bytes` at the rate the flush LSN moved since the last snapshot; `None` when it did
     /// not move.
@@ -279,8 +273,8 @@ struct CatchUp {
 }
 
 impl Progress {
-    /// Called at each confirmation, `flush` being the confirmed LSN and `lag` the bytes behind
-    /// the server's end of WAL. Once [`PROGRESS_INTERVAL`] has passed since the snapshot, starts
+    /// Called at each confirmation, `flush` being the confirmed LSN and `lag` the slot's bytes
+    /// behind the server's end of WAL. Once [`PROGRESS_INTERVAL`] has passed since the snapshot, starts
     /// a new one at `now` and returns the line to log if `lag` is over
     /// [`PROGRESS_MIN_LAG_BYTES`]; before that, returns `None` and keeps counting.
     fn tick(&mut self, now: Instant, flush: Lsn, lag: u64) -> Option<CatchUp> {

@@ -756,6 +756,42 @@ async fn replication_lag_is_the_slots_lag_while_reads_are_held() {
     assert!(relay.is_running(), "{}", relay.log());
 }
 
+/// Found by review: the "catching up" line measured its lag from the stream, whose XLogData
+/// headers carry the record's own LSN as the end of WAL, so however far behind the slot was,
+/// the line never came. It now uses the slot's lag read from the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catching_up_is_logged_while_the_slot_is_far_behind() {
+    let setup = Setup::new("catching_up", &["Order"], 1).await;
+    let unreachable = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&unreachable, Auth::Trust);
+    args.extend(["--max-in-flight-events".into(), "2".into()]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    for n in 0..3 {
+        crate::insert(&setup.db.client, &setup.types[0], &format!("k{n}"), "{}").await;
+    }
+    // 24 MiB of WAL behind the held reads (rows under the TOAST threshold, so uncompressed).
+    setup
+        .db
+        .client
+        .batch_execute(
+            "CREATE TABLE padding (v text);
+             INSERT INTO padding SELECT repeat(md5(n::text), 32) FROM generate_series(1, 24000) n;",
+        )
+        .await
+        .expect("write padding WAL");
+    relay
+        .wait_for_log("catching up", Duration::from_secs(60))
+        .await;
+    let log = relay.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("catching up"))
+        .expect("the line was found above");
+    assert!(line.contains("lag_bytes="), "{line}");
+    assert!(relay.is_running(), "{log}");
+}
+
 /// Found by review: the metrics endpoint shared the pipelines' shutdown token, so it closed as
 /// a shutdown's drain began: no `/metrics`, `/healthz` or `/readyz` for the drain's length (up
 /// to `shutdown_timeout_secs`), just while an operator watches the in-flight records go out.
