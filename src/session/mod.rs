@@ -312,9 +312,26 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         Ok(())
     }
 
-    /// Waits until `deadline` for the outcomes of records in flight, acknowledging them.
+    /// Waits until `deadline` for the outcomes of records in flight, acknowledging them, and
+    /// (at least once) sends the records still waiting for room in the sink's queue: the
+    /// dead-letter copy of a record refused after its Commit was read holds its transaction's
+    /// confirmation. Exactly-once leaves them: their sink transaction has ended.
     async fn drain_in_flight(&mut self, deadline: tokio::time::Instant) {
-        while self.sink.in_flight().events > 0 {
+        loop {
+            if self.eos.is_none() && self.send_blocked().is_err() {
+                break;
+            }
+            let blocked = self.eos.is_none() && !self.blocked.is_empty();
+            if self.sink.in_flight().events == 0 {
+                if !blocked
+                    || tokio::time::timeout_at(deadline, sleep(QUEUE_FULL_RETRY))
+                        .await
+                        .is_err()
+                {
+                    break;
+                }
+                continue;
+            }
             let Ok(Some(delivery)) =
                 tokio::time::timeout_at(deadline, self.sink.next_delivery()).await
             else {

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::*;
 use crate::metrics::Metrics;
-use crate::source::outbox::ValueKind;
+use crate::source::outbox::{OutboxError, ValueKind};
 use crate::source::FailureHandling;
 
 fn config() -> PipelineConfig {
@@ -71,12 +71,14 @@ struct SourceLog {
 
 /// Hands out scripted items, then waits forever; records failed deliveries itself (as the
 /// polling source does) when `records_failures`; with `delay = Some((n, after))`, hands out
-/// item number `n` (from 0) only `after` its first call.
+/// item number `n` (from 0) only `after` its first call; with `fail_at = Some(n)`, fails with
+/// bad input (a relation it never saw) instead of handing out item number `n`.
 struct FakeSource {
     items: VecDeque<SourceItem>,
     log: Arc<Mutex<SourceLog>>,
     records_failures: bool,
     delay: Option<(usize, Duration)>,
+    fail_at: Option<usize>,
     handed: usize,
     first_call: Option<tokio::time::Instant>,
 }
@@ -89,6 +91,7 @@ impl FakeSource {
             log: log.clone(),
             records_failures: false,
             delay: None,
+            fail_at: None,
             handed: 0,
             first_call: None,
         };
@@ -105,6 +108,13 @@ impl Source for FakeSource {
             // Cancel-safe: the deadline stays the same on the next call.
             tokio::time::sleep_until(first_call + after).await;
             self.delay = None;
+        }
+        if self.fail_at == Some(self.handed) {
+            return Err(OutboxError::UnknownRelation {
+                rel_id: 7,
+                lsn: Lsn(START.0 + 0x10_0000),
+            }
+            .into());
         }
         self.handed += 1;
         match self.items.pop_front() {
@@ -698,6 +708,36 @@ async fn a_drain_waits_for_a_dead_letter_copy_that_found_the_queue_full() {
         ran < run_for + config.shutdown_timeout(),
         "the drain timed out after {ran:?}"
     );
+    assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e0.1"]);
+    let log = log.lock().unwrap();
+    assert_eq!(
+        log.confirmations.last(),
+        Some(&commit_end(0)),
+        "the drain stopped before the dead-letter copy was sent: {:?}",
+        log.confirmations
+    );
+}
+
+/// Found by review: the drain after bad input stopped the session waited only for records in
+/// flight, so a dead-letter copy that found the sink's queue full (of a record the broker
+/// refused after its Commit was read) was never sent: its transaction stayed unconfirmed and
+/// was published again on restart.
+#[tokio::test(start_paused = true)]
+async fn the_drain_after_bad_input_sends_a_dead_letter_copy_that_found_the_queue_full() {
+    let config = PipelineConfig {
+        on_bad_event: OnBadEvent::DeadLetter,
+        dead_letter_topic: Some("outbox.dead-letter".into()),
+        ..config()
+    };
+    let (mut source, log) = FakeSource::new(transaction(0, 2));
+    // Bad input right after the transaction's Commit, before the broker's refusal comes.
+    source.fail_at = Some(4);
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.refuse = vec![1];
+    sink.full = Some(("outbox.dead-letter", 1));
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(10)).await;
+    let error = result.expect_err("bad input stops the session");
+    assert!(matches!(error, Error::Outbox(_)), "{error:?}");
     assert_eq!(*sent.lock().unwrap(), ["e0.0", "e0.1", "e0.1"]);
     let log = log.lock().unwrap();
     assert_eq!(
