@@ -77,6 +77,9 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Hi
 pub enum PipelineState {
     Connecting,
     Streaming,
+    /// A shutdown began: finishing the open transaction and what is in flight, reading no
+    /// new one (up to `shutdown_timeout_secs`).
+    Draining,
     /// Waiting to reconnect after a transient error.
     Reconnecting,
     /// Stopped by an error that retrying cannot fix.

@@ -31,7 +31,7 @@ use crate::config::{OnBadEvent, PipelineConfig, SourceKind};
 use crate::error::{chain, Error, Recovery};
 use crate::exactly_once::{ExactlyOnce, Placement, TransactionError};
 use crate::lsn::Lsn;
-use crate::metrics::PipelineMetrics;
+use crate::metrics::{PipelineMetrics, PipelineState};
 use crate::router::{RouteError, Router};
 use crate::sink::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
 use crate::source::outbox::OutboxEvent;
@@ -244,6 +244,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 // 1. Shutdown: stop taking new transactions, drain what is in flight.
                 _ = &mut cancelled, if !draining => {
                     info!(pipeline = %self.config.name, in_flight = in_flight.events, "draining before shutdown");
+                    self.metrics.set_state(PipelineState::Draining, None);
                     self.drain_deadline = Some(tokio::time::Instant::now() + self.config.shutdown_timeout());
                 }
                 _ = until(self.drain_deadline), if draining && !mutated(Mutation::DrainForever) => {
