@@ -419,8 +419,26 @@ fn without_value(kind: &figment::error::Kind) -> String {
         Kind::UnsupportedKey(actual, expected) => {
             format!("unsupported key {}: expected {expected}", shown(actual))
         }
+        Kind::Message(message) => without_snippet(message),
         other => other.to_string(),
     }
+}
+
+/// A parse error's text without the parser's snippet of the file (`5 | secret = "...`), which
+/// may hold a secret: `TOML parse error at line 5, column 27: invalid basic string`.
+fn without_snippet(message: &str) -> String {
+    let is_snippet = |line: &str| {
+        line.trim_start()
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .trim_start()
+            .starts_with('|')
+    };
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !is_snippet(line))
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 /// Replaces each `${NAME}` in `value` with the environment variable `NAME`.

@@ -438,3 +438,17 @@ fn overrides_keep_secrets_as_text_and_type_errors_do_not_show_values() {
         "the value is shown: {errors}"
     );
 }
+
+/// Found by review: a syntax error went out with the TOML parser's snippet of the line, so an
+/// unterminated secret was printed in the log. The error gives the line and column instead.
+#[test]
+fn a_syntax_error_names_the_line_without_showing_it() {
+    let toml = "[[pipelines]]\nname = \"hooks\"\n[pipelines.sink]\nkind = \"http\"\nsecret = \"s3cr3t-value-xyz\nurl = \"https://h\"\n";
+    let errors = load_str(toml, &[]).unwrap_err().to_string();
+    assert!(errors.contains("line 5"), "{errors}");
+    assert!(!errors.contains("s3cr3t"), "the line is shown: {errors}");
+    let unquoted = toml.replace("\"s3cr3t-value-xyz", "0042");
+    let errors = load_str(&unquoted, &[]).unwrap_err().to_string();
+    assert!(errors.contains("line 5"), "{errors}");
+    assert!(!errors.contains("0042"), "the line is shown: {errors}");
+}
