@@ -15,7 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::time::{interval, MissedTickBehavior};
+use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -32,14 +33,14 @@ use crate::sink::AnySink;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::source::replication::{ReplicationClient, ReplicationStream};
-use crate::source::slot::{self, failover};
+use crate::source::slot;
 use crate::source::slot_record::{self, Recorder};
+use crate::source::target::Endpoint;
 use crate::source::SourceError;
 use crate::supervisor::{self, SessionProgress};
 
-/// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
-/// retention changes over minutes, and the query is cheap.
-const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+mod slot_watch;
+
 /// How long a session's end waits for the slot record's last update: one small UPDATE.
 const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Runs the pipeline until `shutdown` is cancelled (then `Ok`) or a permanent error stops it.
@@ -66,10 +67,16 @@ pub async fn run(
         return supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await;
     }
     // Aborted when `run` returns (the guard drops the task).
-    let _slot_watch = AbortOnDrop(tokio::spawn(watch_slot(config.clone(), metrics.clone())));
+    let (server, watched) = watch::channel(None);
+    let _slot_watch = AbortOnDrop(tokio::spawn(slot_watch::watch_slot(
+        config.clone(),
+        metrics.clone(),
+        watched,
+    )));
     let mut sessions = LogTailing {
         config: &config,
         metrics: &metrics,
+        server,
         slot_seen: false,
         holder_watch: HolderWatch::default(),
         redo: Redo::default(),
@@ -85,6 +92,8 @@ struct LogTailing<'a> {
     /// Once this process streamed from the slot, a missing slot means someone dropped it and
     /// the events after its confirmed LSN may be gone: never re-create it silently.
     slot_seen: bool,
+    /// The server the last session's replication connection reached, for the slot watcher.
+    server: watch::Sender<Option<Endpoint>>,
     holder_watch: HolderWatch,
     /// Exactly-once: events Kafka refused for good, dead-lettered in the redo of their
     /// transaction.
@@ -104,6 +113,7 @@ impl supervisor::Sessions for LogTailing<'_> {
             shutdown,
             !self.slot_seen && self.config.create_slot,
             progress,
+            &self.server,
             &mut self.holder_watch,
             &mut self.redo,
             self.producers,
@@ -114,93 +124,6 @@ impl supervisor::Sessions for LogTailing<'_> {
             self.redo.add(refused.as_ref().clone());
         }
         result
-    }
-}
-
-/// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
-/// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an SQL connection of its own (kept open, made
-/// again after an error), whether or not this relay holds the slot. For a failover slot it
-/// also reads `synchronized_standby_slots`: while a physical slot named there cannot confirm
-/// changes, the walsender sends none and the relay would look idle, so it logs a warning
-/// naming the setting and the slots (again when they change) and sets
-/// `outbox_relay_standby_slots_stalled`. Runs until aborted.
-async fn watch_slot(config: PipelineConfig, metrics: PipelineMetrics) {
-    let mut timer = interval(SLOT_WATCH_INTERVAL);
-    timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut connection = None;
-    // The stall last logged, so that a lasting one is logged once.
-    let mut stall: Option<String> = None;
-    loop {
-        timer.tick().await;
-        // Each step within one interval: a half-open connection must not freeze the metrics
-        // until TCP gives up.
-        if connection.is_none() {
-            match tokio::time::timeout(SLOT_WATCH_INTERVAL, slot::connect(&config)).await {
-                Ok(Ok(c)) => connection = Some(c),
-                Ok(Err(e)) => {
-                    // The session logs the same failure; this is only for the metrics.
-                    debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
-                    continue;
-                }
-                Err(_) => {
-                    debug!(pipeline = %config.name, "connecting to read the slot's wal_status timed out");
-                    continue;
-                }
-            }
-        }
-        let Some((client, _)) = &connection else {
-            continue;
-        };
-        let read = async {
-            let wal = slot::slot_wal(client, &config.slot).await?;
-            let standby_slots = match &wal {
-                Some(wal) if wal.failover => Some(failover::standby_slots(client).await?),
-                _ => None,
-            };
-            Ok::<_, crate::source::SourceError>((wal, standby_slots))
-        };
-        match tokio::time::timeout(SLOT_WATCH_INTERVAL, read).await {
-            Ok(Ok((wal, standby_slots))) => {
-                metrics.set_slot_wal(
-                    wal.as_ref().and_then(|w| w.wal_status.as_deref()),
-                    wal.as_ref().and_then(|w| w.safe_wal_size),
-                );
-                metrics.set_slot_invalidation(
-                    wal.as_ref()
-                        .and_then(|w| w.invalidation.as_ref())
-                        .map(|i| i.reason.as_str()),
-                );
-                metrics.set_slot_failover(wal.as_ref().is_some_and(|w| w.failover));
-                if let Some(lag) = wal.as_ref().and_then(|w| w.lag_bytes) {
-                    metrics.lag_bytes.set(lag.max(0));
-                }
-                let message = standby_slots.as_ref().and_then(|s| s.stall_message());
-                metrics.set_standby_slots_stalled(message.is_some());
-                match (&message, &stall) {
-                    (Some(now), before) if before.as_ref() != Some(now) => warn!(
-                        pipeline = %config.name,
-                        slot = %config.slot,
-                        setting = "synchronized_standby_slots",
-                        "failover slot stalled: {now}"
-                    ),
-                    (None, Some(_)) => info!(
-                        pipeline = %config.name,
-                        slot = %config.slot,
-                        "synchronized_standby_slots no longer holds the failover slot back"
-                    ),
-                    _ => {}
-                }
-                stall = message;
-            }
-            Ok(Err(e)) => {
-                debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
-                connection = None;
-            }
-            Err(_) => {
-                debug!(pipeline = %config.name, "reading the slot's wal_status timed out; reconnecting");
-                connection = None;
-            }
-        }
     }
 }
 
@@ -329,6 +252,7 @@ async fn run_session(
     shutdown: &CancellationToken,
     create_slot: bool,
     progress: &SessionProgress,
+    reached: &watch::Sender<Option<Endpoint>>,
     holder_watch: &mut HolderWatch,
     redo: &mut Redo,
     producers: &SharedProducers,
@@ -338,6 +262,11 @@ async fn run_session(
     let conninfo = config.source_config()?;
     let mut replication = ReplicationClient::connect(&conninfo).await?;
     let server = replication.server().clone();
+    reached.send_if_modified(|known| {
+        let changed = known.as_ref() != Some(&server);
+        *known = Some(server.clone());
+        changed
+    });
     let (client, connection) = slot::connect_to(config, &server).await?;
     let identity = replication.identify_system().await?;
     // The slot record decides before the slot is created: a slot the relay streamed from

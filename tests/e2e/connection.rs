@@ -413,3 +413,62 @@ async fn hostile_database_defaults_do_not_break_the_sessions() {
     );
     assert!(!relay.log().contains("reconnecting"), "{}", relay.log());
 }
+
+/// A source URL whose first host refuses walsenders but takes SQL: the pipeline's SQL
+/// connection (slot checks, confirmed LSN) and the slot watcher (the slot's metrics) go to
+/// the server the replication connection reached, the second host. Found by review: the
+/// watcher chose its host by itself and read the first host's (missing) slot, so the slot's
+/// `wal_status` and lag described another server than the WAL streamed from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_connections_follow_the_host_the_walsender_was_reached_on() {
+    let refusing = support::PgCluster::start_private(&unique_name("nowalsender"));
+    // No walsender slots: a walsender is refused (53300, a transient error, so the next
+    // host is tried), an ordinary connection is not.
+    refusing.psql("postgres", "ALTER SYSTEM SET max_wal_senders = 0");
+    refusing.restart("fast");
+    let setup = Setup::new("pinned_sql", &["Order"], 1).await;
+    // The same database on the refusing host, where SQL connections succeed first.
+    let decoy = refusing.create_database(&setup.db.name).await;
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{}",
+        refusing.port(),
+        setup.db.port(),
+        setup.db.name
+    );
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let at = args.iter().position(|a| a == "--source-url").unwrap() + 1;
+    args[at] = url;
+    args.extend(["--metrics-listen".into(), metrics.clone()]);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 4, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, true);
+
+    let reserved = format!(
+        "outbox_relay_slot_wal_status{{pipeline=\"{}\",status=\"reserved\"}}",
+        setup.slot
+    );
+    wait_for(
+        "the slot watcher to read the streamed slot's wal_status",
+        Duration::from_secs(45),
+        || async {
+            let text = support::scrape_metrics(&metrics).await;
+            (support::metric_value(&text, &reserved) == 1.0).then_some(())
+        },
+    )
+    .await;
+    let slots: i64 = decoy
+        .client
+        .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "a slot was made on the host refusing walsenders");
+    drop(relay);
+    refusing.stop("fast");
+}

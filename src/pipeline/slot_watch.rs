@@ -1,0 +1,123 @@
+//! The slot watcher: the slot's WAL metrics, read from the server over SQL.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::{interval, MissedTickBehavior};
+use tracing::{debug, info, warn};
+
+use crate::config::PipelineConfig;
+use crate::error::chain;
+use crate::metrics::PipelineMetrics;
+use crate::source::slot::{self, failover};
+use crate::source::target::Endpoint;
+
+/// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
+/// retention changes over minutes, and the query is cheap.
+pub(super) const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
+/// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an
+/// SQL connection of its own (kept open, made again after an error), whether or not this
+/// relay holds the slot. For a failover slot it also reads `synchronized_standby_slots`:
+/// while a physical slot named there cannot confirm changes, the walsender sends none and
+/// the relay would look idle, so it logs a warning naming the setting and the slots (again
+/// when they change) and sets `outbox_relay_standby_slots_stalled`. Runs until aborted.
+///
+/// It reads the server `server` names: the one the last session's replication connection
+/// reached (a new one when that changes), or before any did, the host the source URL's
+/// settings choose. Left to choose by itself, it could read another host's slot (a host
+/// refusing walsenders but not SQL) while the WAL streamed from elsewhere.
+pub(super) async fn watch_slot(
+    config: PipelineConfig,
+    metrics: PipelineMetrics,
+    mut server: watch::Receiver<Option<Endpoint>>,
+) {
+    let mut timer = interval(SLOT_WATCH_INTERVAL);
+    timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut connection = None;
+    // The stall last logged, so that a lasting one is logged once.
+    let mut stall: Option<String> = None;
+    loop {
+        timer.tick().await;
+        if server.has_changed().unwrap_or(false) {
+            connection = None;
+        }
+        let target = server.borrow_and_update().clone();
+        // Each step within one interval: a half-open connection must not freeze the metrics
+        // until TCP gives up.
+        if connection.is_none() {
+            let connect = async {
+                match &target {
+                    Some(endpoint) => slot::connect_to(&config, endpoint).await,
+                    None => slot::connect(&config).await,
+                }
+            };
+            match tokio::time::timeout(SLOT_WATCH_INTERVAL, connect).await {
+                Ok(Ok(c)) => connection = Some(c),
+                Ok(Err(e)) => {
+                    // The session logs the same failure; this is only for the metrics.
+                    debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                    continue;
+                }
+                Err(_) => {
+                    debug!(pipeline = %config.name, "connecting to read the slot's wal_status timed out");
+                    continue;
+                }
+            }
+        }
+        let Some((client, _)) = &connection else {
+            continue;
+        };
+        let read = async {
+            let wal = slot::slot_wal(client, &config.slot).await?;
+            let standby_slots = match &wal {
+                Some(wal) if wal.failover => Some(failover::standby_slots(client).await?),
+                _ => None,
+            };
+            Ok::<_, crate::source::SourceError>((wal, standby_slots))
+        };
+        match tokio::time::timeout(SLOT_WATCH_INTERVAL, read).await {
+            Ok(Ok((wal, standby_slots))) => {
+                metrics.set_slot_wal(
+                    wal.as_ref().and_then(|w| w.wal_status.as_deref()),
+                    wal.as_ref().and_then(|w| w.safe_wal_size),
+                );
+                metrics.set_slot_invalidation(
+                    wal.as_ref()
+                        .and_then(|w| w.invalidation.as_ref())
+                        .map(|i| i.reason.as_str()),
+                );
+                metrics.set_slot_failover(wal.as_ref().is_some_and(|w| w.failover));
+                if let Some(lag) = wal.as_ref().and_then(|w| w.lag_bytes) {
+                    metrics.lag_bytes.set(lag.max(0));
+                }
+                let message = standby_slots.as_ref().and_then(|s| s.stall_message());
+                metrics.set_standby_slots_stalled(message.is_some());
+                match (&message, &stall) {
+                    (Some(now), before) if before.as_ref() != Some(now) => warn!(
+                        pipeline = %config.name,
+                        slot = %config.slot,
+                        setting = "synchronized_standby_slots",
+                        "failover slot stalled: {now}"
+                    ),
+                    (None, Some(_)) => info!(
+                        pipeline = %config.name,
+                        slot = %config.slot,
+                        "synchronized_standby_slots no longer holds the failover slot back"
+                    ),
+                    _ => {}
+                }
+                stall = message;
+            }
+            Ok(Err(e)) => {
+                debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
+                connection = None;
+            }
+            Err(_) => {
+                debug!(pipeline = %config.name, "reading the slot's wal_status timed out; reconnecting");
+                connection = None;
+            }
+        }
+    }
+}
