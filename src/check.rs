@@ -299,14 +299,21 @@ async fn check_postgres(
         .await?;
     // A missing slot the relay streamed from is never created again: the start refuses.
     let recorded = match (&row, config.slot_record) {
-        (None, true) => slot_record::read(client, &config.slot_record_schema, &config.slot)
-            .await
-            .ok()
-            .flatten(),
-        _ => None,
+        (None, true) => recorded_slot(client, config).await,
+        _ => Ok(None),
     };
     out.push(match (row, recorded) {
-        (None, Some(r)) => finding(
+        // The start reads the record too, and stops on the same error.
+        (None, Err(e)) => finding(
+            "slot",
+            Verdict::Fail,
+            format!(
+                "{} does not exist and its slot record cannot be read, so the start refuses: {}",
+                config.slot,
+                chain(&e)
+            ),
+        ),
+        (None, Ok(Some(r))) => finding(
             "slot",
             Verdict::Fail,
             format!(
@@ -314,7 +321,7 @@ async fn check_postgres(
                 config.slot, r.confirmed_lsn, r.confirmed_at
             ),
         ),
-        (None, None) if config.create_slot => finding(
+        (None, Ok(None)) if config.create_slot => finding(
             "slot",
             Verdict::Warn,
             format!(
@@ -322,7 +329,7 @@ async fn check_postgres(
                 config.slot
             ),
         ),
-        (None, None) => finding(
+        (None, Ok(None)) => finding(
             "slot",
             Verdict::Fail,
             format!(
@@ -544,6 +551,25 @@ async fn check_polling(
         });
     }
     Ok(())
+}
+
+/// The record of the configured slot, read as the start reads it; `None` when there is none,
+/// or no record table yet (the start creates it).
+///
+/// Returns the start's error for a record it cannot read (grants, an invalid row).
+async fn recorded_slot(
+    client: &Client,
+    config: &PipelineConfig,
+) -> Result<Option<slot_record::SlotRecord>, SourceError> {
+    let table = slot_record::table(&config.slot_record_schema);
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await?
+        .get(0);
+    match exists {
+        true => slot_record::read(client, &config.slot_record_schema, &config.slot).await,
+        false => Ok(None),
+    }
 }
 
 fn quote(ident: &str) -> String {

@@ -200,6 +200,29 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
         "{log}"
     );
 
+    // A record the start cannot read fails `check` too (it passed: read errors were taken
+    // for no record, "the relay will create it").
+    let corrupt = |timeline: &str| {
+        format!(
+            "UPDATE outbox_relay.streamed_slots SET timeline = {timeline} WHERE slot_name = '{}'",
+            setup.slot
+        )
+    };
+    setup.db.client.batch_execute(&corrupt("-1")).await.unwrap();
+    let log = refused(&args(&setup, Auth::Scram, "check", &[]));
+    assert!(
+        log.contains("FAIL")
+            && log.contains("slot record cannot be read")
+            && log.contains("invalid timeline"),
+        "{log}"
+    );
+    setup
+        .db
+        .client
+        .batch_execute(&corrupt(&timeline.to_string()))
+        .await
+        .unwrap();
+
     // `setup` without the acknowledgement refuses too.
     let log = refused(&args(&setup, Auth::Scram, "setup", &[]));
     assert!(log.contains("--accept-slot-loss"), "{log}");
