@@ -292,7 +292,8 @@ async fn check_postgres(
     let row = client
         .query_opt(
             "SELECT plugin, database = current_database(), wal_status, active_pid,
-                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool
+                    to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool,
+                    coalesce((to_jsonb(s) ->> 'synced')::bool, false) AND pg_is_in_recovery()
              FROM pg_replication_slots s WHERE slot_name = $1",
             &[&config.slot],
         )
@@ -349,6 +350,13 @@ async fn check_postgres(
                     "slot",
                     Verdict::Fail,
                     format!("{} is not a pgoutput slot of this database", config.slot),
+                )
+            } else if r.get::<_, bool>(6) {
+                // The start refuses it (START_REPLICATION would, until a promotion).
+                finding(
+                    "slot",
+                    Verdict::Fail,
+                    slot::synced_copy_refused(&config.slot),
                 )
             } else if wal_status.as_deref() == Some("lost") {
                 finding(

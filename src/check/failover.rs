@@ -94,6 +94,11 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
             (None, true) => finding("failover slot", Verdict::Ok, format!("{slot} will be created with FAILOVER")),
             (None, false) => finding("failover slot", Verdict::Ok, format!("{slot} will be created without FAILOVER (failover = false): a database failover loses it")),
             (Some(true), _) => finding("failover slot", Verdict::Ok, format!("{slot} is a failover slot on {host}")),
+            (Some(false), true) if primary.in_recovery => finding(
+                "failover slot",
+                Verdict::Fail,
+                format!("{slot} on {host}, a standby, is not a failover slot although failover = true, and PostgreSQL cannot make it one there (ALTER_REPLICATION_SLOT: 'cannot enable failover for a replication slot on the standby'); set failover = false, or stream from the primary's failover slot"),
+            ),
             (Some(false), true) => finding(
                 "failover slot",
                 Verdict::Fail,

@@ -333,6 +333,12 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, Sou
         .ok_or_else(|| SourceError::Config(format!("replication slot {slot:?} disappeared")))
 }
 
+/// Why the relay refuses to stream from `slot` on a server in recovery that holds it as a
+/// synchronized copy of the primary's failover slot (PostgreSQL 17+, `synced = true`).
+pub fn synced_copy_refused(slot: &str) -> String {
+    format!("replication slot {slot:?} on this server is a copy synchronized from the primary (a failover slot, synced = true): a standby cannot stream from it until it is promoted; connect to the primary (a multi-host source_url wants target_session_attrs=primary)")
+}
+
 /// Reads the slot's `confirmed_flush_lsn`; `None` if there is no such slot.
 ///
 /// Returns an error if the slot is not a pgoutput logical slot of the current database, is
@@ -365,9 +371,7 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     // synchronization. START_REPLICATION refuses it (55000, retried forever) until the
     // standby is promoted.
     if row.get::<_, bool>(7) {
-        return Err(SourceError::Config(format!(
-            "replication slot {slot:?} on this server is a copy synchronized from the primary (a failover slot, synced = true): a standby cannot stream from it until it is promoted; connect to the primary (a multi-host source_url wants target_session_attrs=primary)"
-        )));
+        return Err(SourceError::Config(synced_copy_refused(slot)));
     }
     let wal_status: Option<String> = row.get(4);
     if wal_status.as_deref() == Some("lost") {

@@ -337,4 +337,15 @@ async fn a_synced_failover_slot_on_a_standby_listed_first_is_refused_naming_it()
         )) && log.contains("target_session_attrs=primary"),
         "the relay names the synced copy and the way out:\n{log}"
     );
+    // `check` fails on it as the start does (it said "slot ... ok").
+    let mut check = Relay::spawn(&[&["check".to_string()], &args[1..]].concat());
+    let status = check.wait(Duration::from_secs(60));
+    let log = check.log();
+    assert!(!status.success(), "check passed:\n{log}");
+    assert!(
+        log.lines().any(|l| l.contains("FAIL")
+            && l.contains("slot")
+            && l.contains("is a copy synchronized from the primary")),
+        "{log}"
+    );
 }

@@ -385,3 +385,29 @@ fn a_failover_slot_to_be_created_on_a_standby_fails() {
         .iter()
         .any(|f| f.check == "failover slot" && f.verdict == Verdict::Ok));
 }
+
+/// Found by review: an existing slot without FAILOVER on a standby, with failover = true, was
+/// sent to `setup` (ALTER_REPLICATION_SLOT), which PostgreSQL refuses on a standby.
+#[test]
+fn a_slot_on_a_standby_without_failover_is_not_sent_to_setup() {
+    let on_standby = SlotOnPrimary {
+        in_recovery: true,
+        ..primary(170010, Some(false))
+    };
+    let findings = primary_findings(&config(true), &on_standby);
+    let slot = findings
+        .iter()
+        .find(|f| f.check == "failover slot")
+        .expect("a failover slot finding");
+    assert_eq!(slot.verdict, Verdict::Fail, "{slot:?}");
+    assert!(
+        slot.detail.contains("a standby") && !slot.detail.contains("outbox-relay setup"),
+        "{slot:?}"
+    );
+    let on_primary = primary_findings(&config(true), &primary(170010, Some(false)));
+    let slot = on_primary
+        .iter()
+        .find(|f| f.check == "failover slot")
+        .expect("a failover slot finding");
+    assert!(slot.detail.contains("outbox-relay setup"), "{slot:?}");
+}
