@@ -146,7 +146,7 @@ impl Metrics {
             consecutive_failed_sessions: gauge(&r, "outbox_relay_consecutive_failed_sessions", "Sessions in a row that ended in a retryable error without progress (no flush LSN confirmed, no polling batch marked); 0 once a session makes progress."),
             kafka_transactions: counter(&r, "outbox_relay_kafka_transactions_total", "Exactly-once mode: Kafka transactions ended, by outcome (committed, aborted).", &["pipeline", "outcome"]),
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
-            in_flight_events: labelled_gauge(&r, "outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged.", &["pipeline", "sink"]),
+            in_flight_events: labelled_gauge(&r, "outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged (with those an ended session left in a shared Kafka producer).", &["pipeline", "sink"]),
             in_flight_bytes: labelled_gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records.", &["pipeline", "sink"]),
             streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
             lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL (the replayed end on a standby) and the slot's confirmed flush LSN, read every 10 s."),

@@ -128,7 +128,8 @@ pub async fn supervise(
             }
         };
         // The session's producer is gone: nothing is awaiting an acknowledgement any more
-        // (records a shared producer still holds are the next session's to count).
+        // (records a shared producer still holds are the next session's to count: its sink's
+        // left_over).
         metrics.oldest_unacked_age.set(0.0);
         metrics.in_flight_events.set(0);
         metrics.in_flight_bytes.set(0);

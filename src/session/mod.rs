@@ -672,6 +672,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             self.progress.advanced();
         }
         self.last_confirm = tokio::time::Instant::now();
+        // Also on the timer: left-over records' reports come to no session.
+        self.update_in_flight_gauges();
         self.metrics.oldest_unacked_age.set(
             self.sink
                 .oldest_in_flight()
@@ -680,10 +682,14 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         Ok(())
     }
 
+    /// The session's records in flight, with those its pipeline's ended sessions left in a
+    /// shared producer (they hold its reads as much).
     fn update_in_flight_gauges(&self) {
-        let in_flight = self.sink.in_flight();
-        self.metrics.in_flight_events.set(in_flight.events as i64);
-        self.metrics.in_flight_bytes.set(in_flight.bytes as i64);
+        let (own, left_over) = (self.sink.in_flight(), self.sink.left_over());
+        let events = own.events + left_over.events;
+        let bytes = own.bytes + left_over.bytes;
+        self.metrics.in_flight_events.set(events as i64);
+        self.metrics.in_flight_bytes.set(bytes as i64);
     }
 }
 

@@ -168,6 +168,8 @@ struct FakeSink {
     fail: Vec<usize>,
     refuse: Vec<usize>,
     full: Option<(&'static str, usize)>,
+    /// What it reports an ended session left in a shared client ([`Sink::left_over`]).
+    left_over: InFlight,
     /// Outcomes with the record's size and when they come.
     ready: VecDeque<(Delivery, usize, tokio::time::Instant)>,
     in_flight: InFlight,
@@ -184,6 +186,7 @@ impl FakeSink {
             fail: Vec::new(),
             refuse: Vec::new(),
             full: None,
+            left_over: InFlight::default(),
             ready: VecDeque::new(),
             in_flight: InFlight::default(),
             sent: sent.clone(),
@@ -258,6 +261,10 @@ impl Sink for FakeSink {
             }
             None => std::future::pending().await,
         }
+    }
+
+    fn left_over(&self) -> InFlight {
+        self.left_over
     }
 
     fn in_flight(&self) -> InFlight {
@@ -746,4 +753,43 @@ async fn the_drain_after_bad_input_sends_a_dead_letter_copy_that_found_the_queue
         "the drain stopped before the dead-letter copy was sent: {:?}",
         log.confirmations
     );
+}
+
+/// Found by review: the in-flight gauges counted only the session's own records, so while an
+/// ended session's records in a shared producer held the pipeline's reads they read 0.
+#[tokio::test(start_paused = true)]
+async fn the_in_flight_gauges_count_what_an_ended_session_left_in_a_shared_producer() {
+    let config = config();
+    let (source, _) = FakeSource::new(transaction(0, 1));
+    let (mut sink, _) = FakeSink::new(usize::MAX, usize::MAX);
+    sink.left_over = InFlight {
+        events: 3,
+        bytes: 300,
+    };
+    let metrics = Metrics::new().pipeline(&config.name);
+    let progress = SessionProgress::new(metrics.clone());
+    let session = Session::new(
+        &config,
+        &metrics,
+        source,
+        sink,
+        Router::new(&config).unwrap(),
+        Mode::AtLeastOnce,
+        START,
+        &progress,
+    );
+    let shutdown = CancellationToken::new();
+    let watch = async {
+        tokio::time::sleep(config.status_interval() * 2).await;
+        let seen = (
+            metrics.in_flight_events.get(),
+            metrics.in_flight_bytes.get(),
+        );
+        shutdown.cancel();
+        seen
+    };
+    let (_, (events, bytes)) =
+        tokio::join!(session.run(&shutdown, config.status_interval()), watch);
+    assert_eq!(events, 1 + 3, "the session's record and the 3 left over");
+    assert!(bytes > 300, "{bytes} bytes");
 }

@@ -120,6 +120,13 @@ impl Sink for AnySink {
         }
     }
 
+    fn left_over(&self) -> InFlight {
+        match self {
+            AnySink::Kafka(sink) => sink.left_over(),
+            AnySink::Ordered(sink) => sink.left_over(),
+        }
+    }
+
     fn oldest_in_flight(&self) -> Option<Instant> {
         match self {
             AnySink::Kafka(sink) => sink.oldest_in_flight(),

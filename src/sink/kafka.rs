@@ -367,6 +367,12 @@ impl Sink for KafkaSink {
         self.in_flight
     }
 
+    fn left_over(&self) -> InFlight {
+        self.share
+            .as_ref()
+            .map_or_else(InFlight::default, |share| share.left_over())
+    }
+
     /// Constant time: the first accepted without a report.
     fn oldest_in_flight(&self) -> Option<Instant> {
         self.sent.front().and_then(|(_, sent)| *sent)

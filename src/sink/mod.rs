@@ -134,6 +134,13 @@ pub trait Sink: Send {
     /// What was accepted and has no outcome yet.
     fn in_flight(&self) -> InFlight;
 
+    /// What the pipeline's ended sessions left in a client this sink shares (a shared Kafka
+    /// producer's records that have no report yet): not this sink's to await, but counted
+    /// against the pipeline's limits until their reports come. None for other sinks.
+    fn left_over(&self) -> InFlight {
+        InFlight::default()
+    }
+
     /// When the oldest record that has no outcome yet was accepted; `None` when nothing is
     /// awaiting its outcome. May take time linear in the records in flight: call it on a
     /// timer, not per record.

@@ -577,6 +577,11 @@ mod tests {
         }
         drop(a);
         let mut a = sink(&producers, "a");
+        assert_eq!(
+            a.left_over().events,
+            5,
+            "the next session sees what is left over"
+        );
         assert!(
             matches!(
                 a.send(record("a"), token(&mut tracker)),
