@@ -77,8 +77,9 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Hi
 pub enum PipelineState {
     Connecting,
     Streaming,
-    /// A shutdown began: finishing the open transaction and what is in flight, reading no
-    /// new one (up to `shutdown_timeout_secs`).
+    /// A shutdown began, or an error that stops the pipeline: finishing what is in flight
+    /// (after a shutdown, the open transaction too), reading nothing new, for up to
+    /// `shutdown_timeout_secs`.
     Draining,
     /// Waiting to reconnect after a transient error.
     Reconnecting,

@@ -170,6 +170,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             // Within what is left of a shutdown's drain, if one began (the simulation found a
             // stop that took twice the shutdown timeout: bad input met while the drain
             // finished the open transaction, then a second drain of a whole timeout).
+            self.metrics
+                .set_state(PipelineState::Draining, Some(chain(e)));
             self.drain_in_flight(end_by).await;
         }
         if let Err(e) = self.confirm().await {
@@ -316,13 +318,19 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
     /// Waits until `deadline` for the outcomes of records in flight, acknowledging them, and
     /// (at least once) sends the records still waiting for room in the sink's queue: the
     /// dead-letter copy of a record refused after its Commit was read holds its transaction's
-    /// confirmation. Exactly-once leaves them: their sink transaction has ended.
+    /// confirmation. Exactly-once leaves them: their sink transaction has ended. A waiting
+    /// record the sink refuses is logged, and the others stay unsent (their transactions
+    /// unconfirmed); the records in flight are still awaited.
     async fn drain_in_flight(&mut self, deadline: tokio::time::Instant) {
+        let mut sending = self.eos.is_none();
         loop {
-            if self.eos.is_none() && self.send_blocked().is_err() {
-                break;
+            if sending {
+                if let Err(e) = self.send_blocked() {
+                    warn!(pipeline = %self.config.name, error = %chain(&e), "a record waiting for room in the sink's queue was refused while draining; its transaction and those after it stay unconfirmed (read again after a restart)");
+                    sending = false;
+                }
             }
-            let blocked = self.eos.is_none() && !self.blocked.is_empty();
+            let blocked = sending && !self.blocked.is_empty();
             if self.sink.in_flight().events == 0 {
                 if !blocked
                     || tokio::time::timeout_at(deadline, sleep(QUEUE_FULL_RETRY))

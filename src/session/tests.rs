@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 use super::*;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, PipelineState};
 use crate::source::outbox::{OutboxError, ValueKind};
 use crate::source::FailureHandling;
 
@@ -161,13 +161,19 @@ impl Source for FakeSource {
 /// numbered (from 0, in send order) in `fail`, which time out (a retryable failure), and
 /// those in `refuse`, which the broker refuses for good [`REFUSAL_DELAY`] after their send.
 /// With `full = Some((topic, n))` the first `n` records for `topic` find the queue full
-/// whatever it holds (as when an ended session's records fill the pipeline's room).
+/// whatever it holds (as when an ended session's records fill the pipeline's room). Dead-letter
+/// copies (topic [`DEAD_LETTER_TOPIC`]) of the events in `copy_full_once` find it full at their
+/// first send, and those of `copy_refused` are refused at send (a topic that does not exist).
+/// Outcomes numbered in `delay` come that much later.
 struct FakeSink {
     queue_limit: usize,
     hold: usize,
     fail: Vec<usize>,
     refuse: Vec<usize>,
     full: Option<(&'static str, usize)>,
+    copy_full_once: Vec<String>,
+    copy_refused: Vec<String>,
+    delay: Vec<(usize, Duration)>,
     /// What it reports an ended session left in a shared client ([`Sink::left_over`]).
     left_over: InFlight,
     /// Outcomes with the record's size and when they come.
@@ -186,6 +192,9 @@ impl FakeSink {
             fail: Vec::new(),
             refuse: Vec::new(),
             full: None,
+            copy_full_once: Vec::new(),
+            copy_refused: Vec::new(),
+            delay: Vec::new(),
             left_over: InFlight::default(),
             ready: VecDeque::new(),
             in_flight: InFlight::default(),
@@ -206,6 +215,23 @@ impl Sink for FakeSink {
                 return Err(SendError::Full(Box::new(record)));
             }
         }
+        let id = record.event_id();
+        if record.topic == DEAD_LETTER_TOPIC {
+            if let Some(i) = self.copy_full_once.iter().position(|e| *e == id) {
+                self.copy_full_once.remove(i);
+                return Err(SendError::Full(Box::new(record)));
+            }
+            if self.copy_refused.contains(&id) {
+                return Err(SendError::Refused(DeliveryError {
+                    event_id: id,
+                    topic: record.topic.clone(),
+                    reason: "Broker: Unknown topic or partition".into(),
+                    retryable: false,
+                    too_large: false,
+                    record: Some(Box::new(record)),
+                }));
+            }
+        }
         let size = record.size();
         self.in_flight.events += 1;
         self.in_flight.bytes += size;
@@ -214,6 +240,9 @@ impl Sink for FakeSink {
         if sent.len() > self.hold {
             let number = sent.len() - 1;
             let mut at = tokio::time::Instant::now();
+            if let Some((_, delay)) = self.delay.iter().find(|(n, _)| *n == number) {
+                at += *delay;
+            }
             let result = if self.fail.contains(&number) {
                 Err(DeliveryError {
                     event_id: record.event_id(),
@@ -278,6 +307,8 @@ impl Sink for FakeSink {
 
 /// How long after its send [`FakeSink`] refuses a record numbered in `refuse`.
 const REFUSAL_DELAY: Duration = Duration::from_millis(100);
+/// The dead-letter topic of the tests that dead-letter.
+const DEAD_LETTER_TOPIC: &str = "outbox.dead-letter";
 
 /// Runs a session over `source` and `sink` and cancels it after `run_for` (virtual time);
 /// returns its result and how long it ran.
@@ -792,4 +823,80 @@ async fn the_in_flight_gauges_count_what_an_ended_session_left_in_a_shared_produ
         tokio::join!(session.run(&shutdown, config.status_interval()), watch);
     assert_eq!(events, 1 + 3, "the session's record and the 3 left over");
     assert!(bytes > 300, "{bytes} bytes");
+}
+
+/// Found by review: the drain after bad input stopped waiting for the records in flight once
+/// a waiting dead-letter copy was refused at its send: an earlier copy acknowledged within the
+/// drain's time went unconfirmed, and its transaction was published again on restart.
+#[tokio::test(start_paused = true)]
+async fn the_drain_after_bad_input_still_awaits_what_is_in_flight_after_a_copy_is_refused() {
+    let config = PipelineConfig {
+        on_bad_event: OnBadEvent::DeadLetter,
+        dead_letter_topic: Some(DEAD_LETTER_TOPIC.into()),
+        ..config()
+    };
+    let mut items = transaction(0, 1);
+    items.extend(transaction(1, 1));
+    let (mut source, log) = FakeSource::new(items);
+    // Bad input after the second Commit, before the broker refuses either record.
+    source.fail_at = Some(6);
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.refuse = vec![0, 1];
+    // e0.0's copy (the third record sent) is acknowledged 500 ms after its send; e1.0's
+    // finds the queue full, then is refused.
+    sink.delay = vec![(2, Duration::from_millis(500))];
+    sink.copy_full_once = vec!["e1.0".into()];
+    sink.copy_refused = vec!["e1.0".into()];
+    let (result, ran) = run_session(&config, source, sink, Duration::from_secs(10)).await;
+    let error = result.expect_err("bad input stops the session");
+    assert!(matches!(error, Error::Outbox(_)), "{error:?}");
+    assert_eq!(*sent.lock().unwrap(), ["e0.0", "e1.0", "e0.0"]);
+    let log = log.lock().unwrap();
+    assert_eq!(
+        log.confirmations.last(),
+        Some(&commit_end(0)),
+        "the first transaction's copy was acknowledged within the drain: {:?}",
+        log.confirmations
+    );
+    assert!(ran < config.shutdown_timeout(), "the drain took {ran:?}");
+}
+
+/// Found by review: while the session drained after bad input stopped it, `/readyz` still
+/// said "streaming".
+#[tokio::test(start_paused = true)]
+async fn the_drain_after_bad_input_is_shown_as_draining() {
+    let config = config();
+    let (mut source, _) = FakeSource::new(transaction(0, 1));
+    source.fail_at = Some(3);
+    // Never acknowledged: the drain lasts the shutdown timeout.
+    let (sink, _) = FakeSink::new(usize::MAX, usize::MAX);
+    let all = Metrics::new();
+    let metrics = all.pipeline(&config.name);
+    metrics.set_state(PipelineState::Streaming, None);
+    let progress = SessionProgress::new(metrics.clone());
+    let session = Session::new(
+        &config,
+        &metrics,
+        source,
+        sink,
+        Router::new(&config).unwrap(),
+        Mode::AtLeastOnce,
+        START,
+        &progress,
+    );
+    let shutdown = CancellationToken::new();
+    let watch = async {
+        tokio::time::sleep(config.shutdown_timeout() / 2).await;
+        all.health()[&config.name].clone()
+    };
+    let (result, health) = tokio::join!(session.run(&shutdown, config.status_interval()), watch);
+    assert!(result.is_err(), "{result:?}");
+    assert_eq!(health.state, PipelineState::Draining, "{health:?}");
+    assert!(
+        health
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("relation")),
+        "{health:?}"
+    );
 }
