@@ -21,6 +21,7 @@ use crate::source::slot::failover::Invalidation;
 use crate::source::{slot, slot_record, SourceError};
 
 pub mod failover;
+mod record;
 mod sink;
 pub mod standby;
 
@@ -383,6 +384,9 @@ async fn check_postgres(
             }
         }
     });
+    if config.slot_record {
+        out.push(record::record_finding(config, client).await?);
+    }
     Ok(())
 }
 

@@ -363,3 +363,50 @@ async fn a_record_in_another_schema_is_written_there_and_still_refuses_a_dropped
     );
     assert!(!slot_exists(&setup).await, "the relay re-created the slot");
 }
+
+/// `check` fails on a slot record the start cannot write or create, with the grants it needs:
+/// it said nothing (the slot existed) or "the relay will create it", and the start stopped.
+/// Found by review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_on_a_slot_record_the_relay_cannot_write_or_create() {
+    let setup = Setup::new("grants", &["Order"], 1).await;
+    setup.db.create_slot(&setup.slot).await;
+    let check = args(&setup, Auth::Scram, "check", &[]);
+    let record_line = |log: &str| {
+        log.lines()
+            .find(|l| l.contains("slot record"))
+            .unwrap_or_else(|| panic!("no slot record line:\n{log}"))
+            .to_owned()
+    };
+    let mut relay = Relay::spawn(&check);
+    relay.wait(START_FAILURE_DEADLINE);
+    let line = record_line(&relay.log());
+    assert!(line.contains("ok") && line.contains("writable"), "{line}");
+
+    setup
+        .db
+        .client
+        .batch_execute("REVOKE INSERT ON outbox_relay.streamed_slots FROM relay_scram")
+        .await
+        .unwrap();
+    let line = record_line(&refused(&check));
+    assert!(
+        line.contains("FAIL") && line.contains("INSERT") && line.contains("sql/roles.sql"),
+        "{line}"
+    );
+    // The start stops on it too.
+    let log = refused(&args(&setup, Auth::Scram, "run", &[]));
+    assert!(log.contains("cannot write the slot record"), "{log}");
+
+    setup
+        .db
+        .client
+        .batch_execute("DROP TABLE outbox_relay.streamed_slots")
+        .await
+        .unwrap();
+    let line = record_line(&refused(&check));
+    assert!(
+        line.contains("FAIL") && line.contains("may not create it"),
+        "{line}"
+    );
+}

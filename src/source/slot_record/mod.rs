@@ -127,6 +127,15 @@ pub fn decide(
     }
 }
 
+/// What the relay's role needs for the record in `schema`, and the way out.
+pub fn grants_needed(schema: &str) -> String {
+    format!(
+        "run sql/slot_record.sql as the database owner and grant the relay's role USAGE ON SCHEMA {} and SELECT, INSERT, UPDATE ON {} (DELETE too for `setup --accept-slot-loss`; sql/roles.sql), or GRANT CREATE ON DATABASE to it so that it creates them, or turn the record off with slot_record = false (--no-slot-record), after which a relay started after its slot was lost creates a new slot and never publishes the events in between",
+        quote_ident(schema),
+        table(schema)
+    )
+}
+
 /// The record table of `schema`, quoted: `"outbox_relay"."streamed_slots"`.
 pub fn table(schema: &str) -> String {
     format!("{}.{}", quote_ident(schema), quote_ident(TABLE))
@@ -163,8 +172,9 @@ fn privilege_error(schema: &str, doing: &str, error: tokio_postgres::Error) -> S
         .map_or_else(|| error.to_string(), |e| e.message().to_owned());
     match error.code() {
         Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => SourceError::Config(format!(
-            "cannot {doing} the slot record {}: {detail}; run sql/slot_record.sql as the database owner and grant the relay's role USAGE ON SCHEMA {} and SELECT, INSERT, UPDATE ON {} (DELETE too for `setup --accept-slot-loss`; sql/roles.sql), or GRANT CREATE ON DATABASE to it so that it creates them, or turn the record off with slot_record = false (--no-slot-record), after which a relay started after its slot was lost creates a new slot and never publishes the events in between",
-            table(schema), quote_ident(schema), table(schema)
+            "cannot {doing} the slot record {}: {detail}; {}",
+            table(schema),
+            grants_needed(schema)
         )),
         Some(code) if *code == SqlState::READ_ONLY_SQL_TRANSACTION => SourceError::Config(format!(
             "cannot {doing} the slot record {} on this server, a standby: run sql/slot_record.sql on the primary, or set slot_record = false (--no-slot-record)",
