@@ -25,14 +25,19 @@ pub(super) const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 /// when they change) and sets `outbox_relay_standby_slots_stalled`. Runs until aborted.
 ///
 /// It reads the server `server` names: the one the last session's replication connection
-/// reached (a new one when that changes), or before any did, the host the source URL's
-/// settings choose. Left to choose by itself, it could read another host's slot (a host
+/// reached (a new one when that changes), or if none did within its first interval, the host
+/// the source URL's settings choose. Left to choose by itself, it could read another host's slot (a host
 /// refusing walsenders but not SQL) while the WAL streamed from elsewhere.
 pub(super) async fn watch_slot(
     config: PipelineConfig,
     metrics: PipelineMetrics,
     mut server: watch::Receiver<Option<Endpoint>>,
 ) {
+    // The first read waits, up to one interval, for the first session to reach its server,
+    // rather than read the host the URL's settings choose by themselves.
+    if server.borrow().is_none() {
+        let _ = tokio::time::timeout(SLOT_WATCH_INTERVAL, server.changed()).await;
+    }
     let mut timer = interval(SLOT_WATCH_INTERVAL);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut connection = None;

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::support::{self, kafka, pg, unique_name, wait_for, Auth, Relay};
+use crate::support::{self, http_get, kafka, pg, unique_name, wait_for, Auth, Relay};
 use crate::{assert_delivered, write_events, Setup};
 
 /// The relay's own parsing of a source URL (TLS parameters included; any host).
@@ -440,7 +440,26 @@ async fn sql_connections_follow_the_host_the_walsender_was_reached_on() {
     let at = args.iter().position(|a| a == "--source-url").unwrap() + 1;
     args[at] = url;
     args.extend(["--metrics-listen".into(), metrics.clone()]);
+    // Made beforehand, so that the first reading of the streamed server finds it.
+    setup.db.create_slot(&setup.slot).await;
     let relay = Relay::spawn(&args);
+    let reserved = format!(
+        "outbox_relay_slot_wal_status{{pipeline=\"{}\",status=\"reserved\"}}",
+        setup.slot
+    );
+    // The slot's first reading is already the streamed server's (it was the first host's,
+    // for up to one interval).
+    let first = wait_for(
+        "the slot watcher's first reading",
+        Duration::from_secs(45),
+        || async {
+            let text = http_get(&metrics, "/metrics").await?.1;
+            text.contains(&reserved)
+                .then(|| support::metric_value(&text, &reserved))
+        },
+    )
+    .await;
+    assert_eq!(first, 1.0, "the first reading was not the streamed slot's");
     setup.wait_streaming().await;
     let (written, _) =
         write_events(&setup.db.client, 4, 2, &setup.types, 2, 0, Duration::ZERO).await;
@@ -449,10 +468,6 @@ async fn sql_connections_follow_the_host_the_walsender_was_reached_on() {
         .await;
     assert_delivered(&written, &consumed, true);
 
-    let reserved = format!(
-        "outbox_relay_slot_wal_status{{pipeline=\"{}\",status=\"reserved\"}}",
-        setup.slot
-    );
     wait_for(
         "the slot watcher to read the streamed slot's wal_status",
         Duration::from_secs(45),
