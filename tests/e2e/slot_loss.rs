@@ -383,30 +383,72 @@ async fn check_fails_on_a_slot_record_the_relay_cannot_write_or_create() {
     let line = record_line(&relay.log());
     assert!(line.contains("ok") && line.contains("writable"), "{line}");
 
-    setup
-        .db
-        .client
-        .batch_execute("REVOKE INSERT ON outbox_relay.streamed_slots FROM relay_scram")
+    let sql = |statements: &'static str| setup.db.client.batch_execute(statements);
+    // Column grants, as the start needs them, are enough (the writes are EXPLAINed).
+    sql("REVOKE INSERT, UPDATE ON outbox_relay.streamed_slots FROM relay_scram;
+         GRANT INSERT (slot_name, pipeline, system_identifier, timeline, confirmed_lsn, confirmed_at, first_streamed_at),
+               UPDATE (pipeline, system_identifier, timeline, confirmed_lsn, confirmed_at)
+           ON outbox_relay.streamed_slots TO relay_scram")
+    .await
+    .unwrap();
+    let mut relay = Relay::spawn(&check);
+    relay.wait(START_FAILURE_DEADLINE);
+    let line = record_line(&relay.log());
+    assert!(line.contains("ok") && line.contains("writable"), "{line}");
+
+    sql("REVOKE INSERT ON outbox_relay.streamed_slots FROM relay_scram")
         .await
         .unwrap();
     let line = record_line(&refused(&check));
     assert!(
-        line.contains("FAIL") && line.contains("INSERT") && line.contains("sql/roles.sql"),
+        line.contains("FAIL") && line.contains("cannot write") && line.contains("sql/roles.sql"),
         "{line}"
     );
     // The start stops on it too.
     let log = refused(&args(&setup, Auth::Scram, "run", &[]));
     assert!(log.contains("cannot write the slot record"), "{log}");
 
+    // A role without USAGE on the schema (the query finding the table failed, naming no
+    // grant); the test roles have it through pg_read_all_data.
+    let role = format!("{}_nousage", setup.db.name);
     setup
         .db
         .client
-        .batch_execute("DROP TABLE outbox_relay.streamed_slots")
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN REPLICATION; GRANT SELECT ON public.outbox TO {role}"
+        ))
         .await
         .unwrap();
+    let mut without_usage = check.clone();
+    let at = without_usage
+        .iter()
+        .position(|a| a == "--source-url")
+        .unwrap()
+        + 1;
+    without_usage[at] = format!(
+        "postgres://{role}@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    let line = record_line(&refused(&without_usage));
+    assert!(
+        line.contains("FAIL")
+            && line.contains("may not use schema")
+            && line.contains("USAGE ON SCHEMA"),
+        "{line}"
+    );
+    setup
+        .db
+        .client
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .unwrap();
+
+    // No table, in a schema the role may not create in: CREATE on that schema is the grant.
+    sql("DROP TABLE outbox_relay.streamed_slots").await.unwrap();
     let line = record_line(&refused(&check));
     assert!(
-        line.contains("FAIL") && line.contains("may not create it"),
+        line.contains("FAIL") && line.contains("GRANT CREATE ON SCHEMA \"outbox_relay\""),
         "{line}"
     );
 }

@@ -326,14 +326,7 @@ pub async fn streaming(
     }
     client
         .execute(
-            &format!(
-                "INSERT INTO {} AS r (slot_name, pipeline, system_identifier, timeline, confirmed_lsn, confirmed_at, first_streamed_at)
-                 VALUES ($1, $2, $3, $4, $5::text::pg_lsn, now(), now())
-                 ON CONFLICT (slot_name) DO UPDATE SET pipeline = EXCLUDED.pipeline,
-                   system_identifier = EXCLUDED.system_identifier, timeline = EXCLUDED.timeline,
-                   confirmed_lsn = EXCLUDED.confirmed_lsn, confirmed_at = EXCLUDED.confirmed_at",
-                table(schema)
-            ),
+            &upsert_sql(schema),
             &[
                 &config.slot,
                 &config.name,
@@ -342,6 +335,51 @@ pub async fn streaming(
                 &confirmed.to_string(),
             ],
         )
+        .await
+        .map_err(|e| privilege_error(schema, "write", e))?;
+    Ok(())
+}
+
+/// [`streaming`]'s statement: $1 slot, $2 pipeline, $3 system identifier, $4 timeline
+/// (bigint), $5 confirmed LSN (text).
+fn upsert_sql(schema: &str) -> String {
+    format!(
+        "INSERT INTO {} AS r (slot_name, pipeline, system_identifier, timeline, confirmed_lsn, confirmed_at, first_streamed_at)
+         VALUES ($1, $2, $3, $4, $5::text::pg_lsn, now(), now())
+         ON CONFLICT (slot_name) DO UPDATE SET pipeline = EXCLUDED.pipeline,
+           system_identifier = EXCLUDED.system_identifier, timeline = EXCLUDED.timeline,
+           confirmed_lsn = EXCLUDED.confirmed_lsn, confirmed_at = EXCLUDED.confirmed_at",
+        table(schema)
+    )
+}
+
+/// [`update`]'s statement: $1 slot, $2 LSN sent (text).
+fn update_sql(schema: &str) -> String {
+    format!(
+        "UPDATE {} AS r SET confirmed_lsn = LEAST($2::text::pg_lsn, s.confirmed_flush_lsn), confirmed_at = now()
+         FROM pg_catalog.pg_replication_slots s
+         WHERE r.slot_name = $1 AND s.slot_name = $1
+           AND LEAST($2::text::pg_lsn, s.confirmed_flush_lsn) > r.confirmed_lsn
+         RETURNING r.confirmed_lsn::text",
+        table(schema)
+    )
+}
+
+/// Whether the role may run the statements that write the record (for `check`): `EXPLAIN`s
+/// them, which checks their privileges, column grants included, and writes nothing.
+///
+/// Returns the error the start would meet (naming the grants), or a query's error.
+pub async fn may_write(client: &Client, schema: &str) -> Result<(), SourceError> {
+    let explain = |sql: String| format!("EXPLAIN {sql}");
+    client
+        .query(
+            &explain(upsert_sql(schema)),
+            &[&"", &"", &"", &0i64, &"0/0"],
+        )
+        .await
+        .map_err(|e| privilege_error(schema, "write", e))?;
+    client
+        .query(&explain(update_sql(schema)), &[&"", &"0/0"])
         .await
         .map_err(|e| privilege_error(schema, "write", e))?;
     Ok(())
@@ -359,17 +397,7 @@ pub async fn update(
     sent: Lsn,
 ) -> Result<Option<Lsn>, SourceError> {
     let row = client
-        .query_opt(
-            &format!(
-                "UPDATE {} AS r SET confirmed_lsn = LEAST($2::text::pg_lsn, s.confirmed_flush_lsn), confirmed_at = now()
-                 FROM pg_catalog.pg_replication_slots s
-                 WHERE r.slot_name = $1 AND s.slot_name = $1
-                   AND LEAST($2::text::pg_lsn, s.confirmed_flush_lsn) > r.confirmed_lsn
-                 RETURNING r.confirmed_lsn::text",
-                table(schema)
-            ),
-            &[&slot, &sent.to_string()],
-        )
+        .query_opt(&update_sql(schema), &[&slot, &sent.to_string()])
         .await
         .map_err(|e| privilege_error(schema, "write", e))?;
     row.map(|row| {
