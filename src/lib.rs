@@ -65,11 +65,12 @@
 //!   a record Kafka refused inside a transaction.
 //! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
-//!   sink of each session, and hands both source kinds to the supervisor.
+//!   sink of each session, and hands both source kinds to the supervisor; `pipeline::slot_watch`
+//!   reads the slot's metrics from the server the sessions reached.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
 //!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby,
-//!   `check::sink` the sink (reachable, authenticated, what its kind can tell about the
-//!   destinations).
+//!   `check::record` the slot record's table and grants, `check::sink` the sink (reachable,
+//!   authenticated, what its kind can tell about the destinations).
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.

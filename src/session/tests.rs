@@ -310,6 +310,27 @@ const REFUSAL_DELAY: Duration = Duration::from_millis(100);
 /// The dead-letter topic of the tests that dead-letter.
 const DEAD_LETTER_TOPIC: &str = "outbox.dead-letter";
 
+/// An at-least-once session over `source` and `sink` from [`START`].
+fn at_least_once<'a>(
+    config: &'a PipelineConfig,
+    metrics: &'a PipelineMetrics,
+    progress: &'a SessionProgress,
+    source: FakeSource,
+    sink: FakeSink,
+) -> Session<'a, FakeSource, FakeSink> {
+    let router = Router::new(config).unwrap();
+    Session::new(
+        config,
+        metrics,
+        source,
+        sink,
+        router,
+        Mode::AtLeastOnce,
+        START,
+        progress,
+    )
+}
+
 /// Runs a session over `source` and `sink` and cancels it after `run_for` (virtual time);
 /// returns its result and how long it ran.
 async fn run_session(
@@ -320,7 +341,6 @@ async fn run_session(
 ) -> (Result<(), Error>, Duration) {
     let metrics = Metrics::new().pipeline(&config.name);
     let progress = SessionProgress::new(metrics.clone());
-    let router = Router::new(config).unwrap();
     let shutdown = CancellationToken::new();
     let cancel = shutdown.clone();
     let timer = tokio::spawn(async move {
@@ -328,16 +348,7 @@ async fn run_session(
         cancel.cancel();
     });
     let started = tokio::time::Instant::now();
-    let session = Session::new(
-        config,
-        &metrics,
-        source,
-        sink,
-        router,
-        Mode::AtLeastOnce,
-        START,
-        &progress,
-    );
+    let session = at_least_once(config, &metrics, &progress, source, sink);
     let result = tokio::time::timeout(
         run_for + Duration::from_secs(600),
         session.run(&shutdown, config.status_interval()),
@@ -799,16 +810,7 @@ async fn the_in_flight_gauges_count_what_an_ended_session_left_in_a_shared_produ
     };
     let metrics = Metrics::new().pipeline(&config.name);
     let progress = SessionProgress::new(metrics.clone());
-    let session = Session::new(
-        &config,
-        &metrics,
-        source,
-        sink,
-        Router::new(&config).unwrap(),
-        Mode::AtLeastOnce,
-        START,
-        &progress,
-    );
+    let session = at_least_once(&config, &metrics, &progress, source, sink);
     let shutdown = CancellationToken::new();
     let watch = async {
         tokio::time::sleep(config.status_interval() * 2).await;
@@ -874,16 +876,7 @@ async fn the_drain_after_bad_input_is_shown_as_draining() {
     let metrics = all.pipeline(&config.name);
     metrics.set_state(PipelineState::Streaming, None);
     let progress = SessionProgress::new(metrics.clone());
-    let session = Session::new(
-        &config,
-        &metrics,
-        source,
-        sink,
-        Router::new(&config).unwrap(),
-        Mode::AtLeastOnce,
-        START,
-        &progress,
-    );
+    let session = at_least_once(&config, &metrics, &progress, source, sink);
     let shutdown = CancellationToken::new();
     let watch = async {
         tokio::time::sleep(config.shutdown_timeout() / 2).await;
