@@ -182,10 +182,21 @@ pub async fn check_failover(
         return Err(SourceError::Config(server.failover_unsupported()));
     }
     if failover::is_failover_slot(client, slot).await? == Some(false) {
-        warn!(
-            slot,
-            "failover = true but the slot is not a failover slot, so a standby does not keep it and a database failover loses it: stop the relay and run `outbox-relay setup` (it turns FAILOVER on while no walsender holds the slot)"
-        );
+        let in_recovery: bool = client
+            .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+            .await?
+            .get(0);
+        if in_recovery {
+            warn!(
+                slot,
+                "failover = true but the slot is not a failover slot, and on this standby PostgreSQL cannot make it one ('cannot enable failover for a replication slot on the standby'): set failover = false, or stream from the primary's failover slot"
+            );
+        } else {
+            warn!(
+                slot,
+                "failover = true but the slot is not a failover slot, so a standby does not keep it and a database failover loses it: stop the relay and run `outbox-relay setup` (it turns FAILOVER on while no walsender holds the slot)"
+            );
+        }
     }
     Ok(())
 }
