@@ -170,7 +170,7 @@ ROLLBACK;
 SQL
 echo "3 committed events (2 Order, 1 Customer), 1 rolled back"
 
-step "the events as a Kafka consumer sees them"
+step "the events as a Kafka consumer sees them (examples/tail.rs, an rdkafka consumer)"
 target/debug/examples/tail --bootstrap-servers "$BOOTSTRAP" --topics Order.events,Customer.events --count 3 --timeout-secs 30
 
 step "the slot: confirmed only after Kafka acknowledged"

@@ -17,6 +17,8 @@ if [ "$#" -eq 0 ]; then
   elif ! cargo fmt --check -- -l; then  # lists the files that are not formatted
     echo "tests/run.sh: the files above are not formatted (cargo fmt --check); run cargo fmt" >&2
     [ "$status" -ne 0 ] || status=1
+  else
+    echo "tests/run.sh: formatting checked (cargo fmt --check)"
   fi
 fi
 exit "$status"
