@@ -84,19 +84,7 @@ pub(super) async fn watch_slot(
         };
         match tokio::time::timeout(SLOT_WATCH_INTERVAL, read).await {
             Ok(Ok((wal, standby_slots))) => {
-                metrics.set_slot_wal(
-                    wal.as_ref().and_then(|w| w.wal_status.as_deref()),
-                    wal.as_ref().and_then(|w| w.safe_wal_size),
-                );
-                metrics.set_slot_invalidation(
-                    wal.as_ref()
-                        .and_then(|w| w.invalidation.as_ref())
-                        .map(|i| i.reason.as_str()),
-                );
-                metrics.set_slot_failover(wal.as_ref().is_some_and(|w| w.failover));
-                if let Some(lag) = wal.as_ref().and_then(|w| w.lag_bytes) {
-                    metrics.lag_bytes.set(lag.max(0));
-                }
+                set_slot_gauges(&metrics, wal.as_ref());
                 let message = standby_slots.as_ref().and_then(|s| s.stall_message());
                 metrics.set_standby_slots_stalled(message.is_some());
                 match (&message, &stall) {
@@ -124,5 +112,53 @@ pub(super) async fn watch_slot(
                 connection = None;
             }
         }
+    }
+}
+
+/// Sets the slot's gauges from one reading; `None`: there is no such slot. The lag is 0
+/// without a slot or before it confirmed anything (the last one read would stay for good).
+fn set_slot_gauges(metrics: &PipelineMetrics, wal: Option<&slot::SlotWal>) {
+    metrics.set_slot_wal(
+        wal.and_then(|w| w.wal_status.as_deref()),
+        wal.and_then(|w| w.safe_wal_size),
+    );
+    metrics.set_slot_invalidation(
+        wal.and_then(|w| w.invalidation.as_ref())
+            .map(|i| i.reason.as_str()),
+    );
+    metrics.set_slot_failover(wal.is_some_and(|w| w.failover));
+    let lag = wal.and_then(|w| w.lag_bytes).unwrap_or(0);
+    metrics.lag_bytes.set(lag.max(0));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// Found by review: the lag gauge kept its last reading once the slot was gone, while
+    /// the other slot gauges were cleared.
+    #[test]
+    fn a_reading_without_the_slot_clears_the_lag() {
+        let metrics = Metrics::new().pipeline("p");
+        let wal = slot::SlotWal {
+            wal_status: Some("reserved".into()),
+            safe_wal_size: None,
+            invalidation: None,
+            failover: false,
+            lag_bytes: Some(4096),
+        };
+        set_slot_gauges(&metrics, Some(&wal));
+        assert_eq!(metrics.lag_bytes.get(), 4096);
+        set_slot_gauges(&metrics, None);
+        assert_eq!(metrics.lag_bytes.get(), 0, "the lag of a slot that is gone");
+        set_slot_gauges(
+            &metrics,
+            Some(&slot::SlotWal {
+                lag_bytes: None,
+                ..wal
+            }),
+        );
+        assert_eq!(metrics.lag_bytes.get(), 0);
     }
 }
