@@ -14,7 +14,7 @@ use crate::source::target::Endpoint;
 
 /// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
 /// retention changes over minutes, and the query is cheap.
-pub(super) const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
 /// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an
@@ -26,8 +26,8 @@ pub(super) const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 ///
 /// It reads the server `server` names: the one the last session's replication connection
 /// reached (a new one when that changes), or if none did within its first interval, the host
-/// the source URL's settings choose. Left to choose by itself, it could read another host's slot (a host
-/// refusing walsenders but not SQL) while the WAL streamed from elsewhere.
+/// the source URL's settings choose. Left to choose by itself, it could read another host's
+/// slot (a host refusing walsenders but not SQL) while the WAL streamed from elsewhere.
 pub(super) async fn watch_slot(
     config: PipelineConfig,
     metrics: PipelineMetrics,

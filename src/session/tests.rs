@@ -310,6 +310,15 @@ const REFUSAL_DELAY: Duration = Duration::from_millis(100);
 /// The dead-letter topic of the tests that dead-letter.
 const DEAD_LETTER_TOPIC: &str = "outbox.dead-letter";
 
+/// [`config`] with `on_bad_event = "dead_letter"` to [`DEAD_LETTER_TOPIC`].
+fn dead_letter_config() -> PipelineConfig {
+    PipelineConfig {
+        on_bad_event: OnBadEvent::DeadLetter,
+        dead_letter_topic: Some(DEAD_LETTER_TOPIC.into()),
+        ..config()
+    }
+}
+
 /// An at-least-once session over `source` and `sink` from [`START`].
 fn at_least_once<'a>(
     config: &'a PipelineConfig,
@@ -739,17 +748,13 @@ async fn bad_input_met_while_draining_does_not_extend_the_shutdown() {
 /// so the graceful stop published all of it again on restart.
 #[tokio::test(start_paused = true)]
 async fn a_drain_waits_for_a_dead_letter_copy_that_found_the_queue_full() {
-    let config = PipelineConfig {
-        on_bad_event: OnBadEvent::DeadLetter,
-        dead_letter_topic: Some("outbox.dead-letter".into()),
-        ..config()
-    };
+    let config = dead_letter_config();
     let (source, log) = FakeSource::new(transaction(0, 2));
     let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
     // The broker refuses the second record after the Commit was read and the shutdown
     // began; its copy finds the queue full at its send and at the retry in the same turn.
     sink.refuse = vec![1];
-    sink.full = Some(("outbox.dead-letter", 2));
+    sink.full = Some((DEAD_LETTER_TOPIC, 2));
     let run_for = REFUSAL_DELAY / 2;
     let (result, ran) = run_session(&config, source, sink, run_for).await;
     result.unwrap();
@@ -773,17 +778,13 @@ async fn a_drain_waits_for_a_dead_letter_copy_that_found_the_queue_full() {
 /// was published again on restart.
 #[tokio::test(start_paused = true)]
 async fn the_drain_after_bad_input_sends_a_dead_letter_copy_that_found_the_queue_full() {
-    let config = PipelineConfig {
-        on_bad_event: OnBadEvent::DeadLetter,
-        dead_letter_topic: Some("outbox.dead-letter".into()),
-        ..config()
-    };
+    let config = dead_letter_config();
     let (mut source, log) = FakeSource::new(transaction(0, 2));
     // Bad input right after the transaction's Commit, before the broker's refusal comes.
     source.fail_at = Some(4);
     let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
     sink.refuse = vec![1];
-    sink.full = Some(("outbox.dead-letter", 1));
+    sink.full = Some((DEAD_LETTER_TOPIC, 1));
     let (result, _) = run_session(&config, source, sink, Duration::from_secs(10)).await;
     let error = result.expect_err("bad input stops the session");
     assert!(matches!(error, Error::Outbox(_)), "{error:?}");
@@ -832,11 +833,7 @@ async fn the_in_flight_gauges_count_what_an_ended_session_left_in_a_shared_produ
 /// drain's time went unconfirmed, and its transaction was published again on restart.
 #[tokio::test(start_paused = true)]
 async fn the_drain_after_bad_input_still_awaits_what_is_in_flight_after_a_copy_is_refused() {
-    let config = PipelineConfig {
-        on_bad_event: OnBadEvent::DeadLetter,
-        dead_letter_topic: Some(DEAD_LETTER_TOPIC.into()),
-        ..config()
-    };
+    let config = dead_letter_config();
     let mut items = transaction(0, 1);
     items.extend(transaction(1, 1));
     let (mut source, log) = FakeSource::new(items);

@@ -274,8 +274,8 @@ struct CatchUp {
 
 impl Progress {
     /// Called at each confirmation, `flush` being the confirmed LSN and `lag` the slot's bytes
-    /// behind the server's end of WAL. Once [`PROGRESS_INTERVAL`] has passed since the snapshot, starts
-    /// a new one at `now` and returns the line to log if `lag` is over
+    /// behind the server's end of WAL. Once [`PROGRESS_INTERVAL`] has passed since the
+    /// snapshot, starts a new one at `now` and returns the line to log if `lag` is over
     /// [`PROGRESS_MIN_LAG_BYTES`]; before that, returns `None` and keeps counting.
     fn tick(&mut self, now: Instant, flush: Lsn, lag: u64) -> Option<CatchUp> {
         let elapsed = now.saturating_duration_since(self.at);
