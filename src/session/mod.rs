@@ -148,7 +148,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
     /// confirmed (up to the shutdown timeout), so a restart after the fix publishes as little
     /// again as possible; the failing event's transaction stays unconfirmed. After a failed
     /// delivery nothing more is awaited: later records of the same key may be queued behind
-    /// it, and dropping the sink purges them.
+    /// it, and the sink withdraws them ([`Sink::withdraw_in_flight`]).
     pub async fn run(
         mut self,
         shutdown: &CancellationToken,
@@ -164,6 +164,9 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             eos.end(fenced, self.metrics, end_by).await;
         }
         if let Err(e) = &result {
+            if matches!(e, Error::Delivery(_)) {
+                self.sink.withdraw_in_flight();
+            }
             if e.recovery() != Recovery::Stop || matches!(e, Error::Delivery(_)) {
                 return result;
             }

@@ -133,4 +133,11 @@ impl Sink for AnySink {
             AnySink::Ordered(sink) => sink.oldest_in_flight(),
         }
     }
+
+    fn withdraw_in_flight(&mut self) {
+        match self {
+            AnySink::Kafka(sink) => sink.withdraw_in_flight(),
+            AnySink::Ordered(sink) => sink.withdraw_in_flight(),
+        }
+    }
 }

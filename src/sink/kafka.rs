@@ -271,10 +271,15 @@ impl KafkaSink {
 
 impl Sink for KafkaSink {
     fn send(&mut self, mut record: Record, token: EventToken) -> Result<(), SendError> {
+        // Retired after a failed delivery of a pipeline sharing it: a fresh one, once nothing
+        // of this pipeline's is in the old one (its records must not overtake each other).
+        if self.producer.is_retired() {
+            self.renew = true;
+        }
         if self.renew && self.in_flight.events == 0 {
             self.renew_producer();
         }
-        if self.left_over_fills_the_limits() {
+        if self.producer.is_retired() || self.left_over_fills_the_limits() {
             return Err(SendError::Full(Box::new(record)));
         }
         let size = record.size();
@@ -324,8 +329,16 @@ impl Sink for KafkaSink {
                 if let ReportTo::Queue(_, meta) = *kafka_record.delivery_opaque {
                     record.topic = meta.topic;
                 }
-                if let KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) = error {
-                    return Err(SendError::Full(Box::new(record)));
+                match error {
+                    KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) => {
+                        return Err(SendError::Full(Box::new(record)));
+                    }
+                    // Retired since the check above (`PolledProducer::send`).
+                    KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue) => {
+                        self.renew = true;
+                        return Err(SendError::Full(Box::new(record)));
+                    }
+                    _ => {}
                 }
                 let refused = self.refused(&error, size, record);
                 // A producer that refuses every record (a fatal idempotence error) is replaced,
@@ -377,11 +390,41 @@ impl Sink for KafkaSink {
     fn oldest_in_flight(&self) -> Option<Instant> {
         self.sent.front().and_then(|(_, sent)| *sent)
     }
+
+    /// Retires the producer ([`PolledProducer::retire`]) when records of this session are
+    /// still in it: its own producer would go on sending them until its delivery thread
+    /// destroys it (up to a second later), a shared one for as long as it lives. A shared
+    /// producer's other pipelines lose their queued records with it: each of their sessions
+    /// meets a failed delivery (`PurgeQueue`, retryable) and starts again from its confirmed
+    /// LSN, on the group's fresh producer. A transactional producer is left as it is: its
+    /// transaction is aborted.
+    fn withdraw_in_flight(&mut self) {
+        let unreported = self.in_flight.events - self.taken.len();
+        if unreported == 0 || self.client.get("transactional.id").is_some() {
+            return;
+        }
+        match &self.share {
+            Some(share) if !self.producer.is_retired() => {
+                tracing::warn!(
+                    records = unreported,
+                    "withdrawing the records queued behind a failed delivery from the producer shared with other pipelines; their records queued there fail too, and their sessions start again from their confirmed LSN"
+                );
+                share.group.retire(&self.producer);
+            }
+            // Another pipeline's failed delivery retired it: what is left is on its way.
+            Some(_) => {}
+            None => self.producer.retire(),
+        }
+    }
 }
 
 impl KafkaSink {
     fn describe(&self, error: &KafkaError, size: usize) -> String {
         match error.rdkafka_error_code() {
+            // Only a retired producer purges while its sink awaits the outcome (shared).
+            Some(RDKafkaErrorCode::PurgeQueue) => format!(
+                "{error}: withdrawn, unsent, from the producer this pipeline shares, after a failed delivery of a pipeline sharing it (record of {size} bytes)"
+            ),
             Some(RDKafkaErrorCode::MessageSizeTooLarge) => format!(
                 "{error}: record of {size} bytes (key, value and headers) exceeds the limit (producer message.max.bytes = {}; the broker's and topic's max.message.bytes apply too)",
                 self.message_max_bytes
@@ -622,6 +665,62 @@ mod tests {
         sink.reported(stuck);
         assert_eq!(sink.oldest_in_flight(), None);
         sink.in_flight.events = 0;
+    }
+
+    /// A session ending on a failed delivery withdraws what its own producer still queues at
+    /// once: the producer is destroyed only when its delivery thread next wakes (up to a
+    /// second later, the clone below standing for its reference), and went on sending until
+    /// then (review).
+    #[tokio::test]
+    async fn withdrawn_records_of_its_own_producer_are_purged_at_once() {
+        // No broker: the records stay queued in librdkafka.
+        let mut sink = KafkaSink::new(&kafka(&[]), "withdraw-test", 10, 1 << 20, None).unwrap();
+        let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
+        tracker.begin().unwrap();
+        for _ in 0..2 {
+            let record = Record {
+                topic: "t".into(),
+                key: Some(bytes::Bytes::from_static(b"k")),
+                value: Some(bytes::Bytes::from_static(b"v")),
+                headers: vec![],
+                timestamp_ms: None,
+                partition: None,
+            };
+            sink.send(record, tracker.track_event().unwrap()).unwrap();
+        }
+        let (reports, kept) = (Arc::clone(&sink.reports), sink.producer.clone());
+        sink.withdraw_in_flight();
+        drop(sink);
+        let deadline = std::time::Duration::from_secs(30);
+        let mut taken = Vec::new();
+        while taken.len() < 2 {
+            let mut more = Vec::new();
+            tokio::time::timeout(
+                deadline,
+                std::future::poll_fn(|cx| reports.poll_take(cx, &mut more)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{} of 2 reports within {deadline:?}", taken.len()));
+            taken.append(&mut more);
+        }
+        for (_, report) in &taken {
+            let code = report
+                .as_ref()
+                .err()
+                .and_then(|(e, _)| e.rdkafka_error_code());
+            assert_eq!(code, Some(RDKafkaErrorCode::PurgeQueue));
+        }
+        let (record, _) = PolledProducer::record("t");
+        let refused = kept
+            .send(record.payload(b"v".as_slice()))
+            .map_err(|(e, _)| e);
+        assert!(
+            matches!(
+                refused,
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue))
+            ),
+            "a retired producer took a record: {refused:?}"
+        );
     }
 
     #[test]

@@ -145,4 +145,15 @@ pub trait Sink: Send {
     /// awaiting its outcome. May take time linear in the records in flight: call it on a
     /// timer, not per record.
     fn oldest_in_flight(&self) -> Option<std::time::Instant>;
+
+    /// The session ends on a failed delivery: the records still in flight may be behind the
+    /// failed one, of its key, and must not reach the destination before its second copy
+    /// (DESIGN.md, I3). A client that would still send them once the session has ended (a
+    /// Kafka producer: shared with other pipelines, or destroyed only later) withdraws those
+    /// it has not sent yet; their outcomes, if anyone awaits them, are failures. Records
+    /// already on their way are not called back.
+    ///
+    /// Does nothing by default: the other sinks hold one record of a key at a time, and their
+    /// clients end with the session.
+    fn withdraw_in_flight(&mut self) {}
 }

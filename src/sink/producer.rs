@@ -29,9 +29,11 @@ use std::time::{Duration, Instant};
 use futures::channel::oneshot;
 use futures::task::AtomicWaker;
 use rdkafka::config::ClientConfig;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedMessage;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext, PurgeConfig,
+};
 use rdkafka::ClientContext;
 
 use crate::ack::EventToken;
@@ -191,6 +193,8 @@ pub struct PolledProducer {
     // Fields drop in order: this reference goes before the stop flag is set, so the delivery
     // thread's is normally the last one.
     producer: Arc<BaseProducer<DeliveryContext>>,
+    /// Set by [`PolledProducer::retire`]: its queue was purged, and no record goes in again.
+    retired: Arc<AtomicBool>,
     _stop: Arc<StopOnDrop>,
 }
 
@@ -255,6 +259,7 @@ impl PolledProducer {
             })?;
         let producer = PolledProducer {
             producer,
+            retired: Arc::default(),
             _stop: Arc::new(StopOnDrop(stop)),
         };
         let primed = Arc::downgrade(&producer.producer);
@@ -270,14 +275,49 @@ impl PolledProducer {
 
     /// Queues `record` (made by [`PolledProducer::record`] or [`PolledProducer::queued_record`]);
     /// its delivery report completes the future or goes into the queue. On error the record is
-    /// given back (`QueueFull` among them: wait for a
-    /// delivery, then send it again).
+    /// given back (`QueueFull` among them: wait for a delivery, then send it again;
+    /// `PurgeQueue`: the producer is retired, [`PolledProducer::retire`]).
     #[allow(clippy::result_large_err)] // the record is given back to be sent again
     pub fn send<'a>(
         &self,
         record: ProducerRecord<'a>,
     ) -> Result<(), (KafkaError, ProducerRecord<'a>)> {
-        self.producer.send(record)
+        if self.is_retired() {
+            return Err((
+                KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue),
+                record,
+            ));
+        }
+        self.producer.send(record)?;
+        // Retired while the record went in, perhaps after `retire`'s purge: it must not go out
+        // either (purging again takes only what the retired producer still queues).
+        if self.is_retired() {
+            self.purge_queue();
+        }
+        Ok(())
+    }
+
+    /// Purges every record the producer still queues (not those already sent to a broker,
+    /// whose outcome comes as usual) and takes no record again: each purged record gets a
+    /// failed delivery report (`PurgeQueue`), and [`PolledProducer::send`] refuses with that
+    /// error from now on.
+    ///
+    /// For a session that ends on a failed delivery: its records behind the failed one must
+    /// not reach the broker before the failed one's second copy, and a producer that outlives
+    /// the session (shared, or destroyed only when its delivery thread next wakes) would
+    /// still send them.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.purge_queue();
+    }
+
+    /// Whether [`PolledProducer::retire`] was called on this producer (or a clone).
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
+    }
+
+    fn purge_queue(&self) {
+        self.producer.purge(PurgeConfig::default().queue());
     }
 
     /// Creates a record for `topic` and the future its delivery report completes.

@@ -23,6 +23,11 @@
 //!   producer becomes the group's; the other members keep the one they use until they renew
 //!   too (a fatal error makes every member's next record fail, so all do) or until their next
 //!   session has nothing left over in it.
+//! - **Records behind a failed one.** A session that ends on a failed delivery withdraws the
+//!   records it still has queued ([`Group::retire`]): they must not reach the broker before
+//!   the failed record's second copy. librdkafka purges only a whole producer's queue, so the
+//!   other members' queued records go too (their sessions fail and start again from their
+//!   confirmed LSN) and the group moves on to a fresh producer: isolation gives way to order.
 //!
 //! Polling pipelines share in the same way, among themselves: they are grouped by their
 //! effective settings (with the polling source's `message.timeout.ms` default applied), and a
@@ -190,6 +195,19 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Retires `old` ([`PolledProducer::retire`]) for a member whose session ended on a
+    /// failed delivery with records behind it: the next producer any member gets is a fresh
+    /// one. Each member moves to it once nothing of its own is left in `old`.
+    pub(crate) fn retire(&self, old: &PolledProducer) {
+        let mut current = lock(&self.current);
+        old.retire();
+        if current.as_ref().is_some_and(|p| p.same(old)) {
+            *current = None;
+        }
+    }
+}
+
 /// One pipeline's part of a [`Group`]: its limits and what it has in the producer.
 pub(crate) struct Share {
     pub(crate) group: Arc<Group>,
@@ -219,7 +237,9 @@ impl Share {
     pub(crate) fn producer(&self) -> Result<(PolledProducer, bool), KafkaError> {
         let mut state = lock(&self.state);
         let (producer, renew) = match &state.producer {
-            Some(used) if state.left_over != InFlight::default() => (used.clone(), state.renew),
+            Some(used) if state.left_over != InFlight::default() => {
+                (used.clone(), state.renew || used.is_retired())
+            }
             Some(used) if state.renew => (self.group.renew(used)?, false),
             _ => (self.group.current()?, false),
         };
@@ -725,6 +745,109 @@ mod tests {
         let a = sink(&producers, "a");
         assert!(!a.producer.same(&old), "the next session kept the producer");
         assert!(b.producer.same(&old), "b was moved");
+    }
+
+    /// A session that ends on a failed delivery withdraws its records queued behind the failed
+    /// one from the shared producer (review: they stayed there and went out after the session
+    /// had ended, before the failed record's second copy, or for good after a halt). The other
+    /// member's record queued there fails with them, unsent, and its next one goes through the
+    /// group's fresh producer.
+    #[tokio::test]
+    async fn a_failed_delivery_withdraws_the_records_queued_behind_it() {
+        let mock = cluster();
+        let producers = timing_out_pair(&mock, pipeline);
+        let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
+        let old = a.producer.clone();
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        a.send(valued("a", "failed"), token(&mut tracker)).unwrap();
+        // The next record goes in after the first failed and before the session learns of it.
+        let deadline = Instant::now() + DEADLINE;
+        while a.reports.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the first record did not time out within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        a.send(valued("a", "behind"), token(&mut tracker)).unwrap();
+        b.send(valued("a", "of b"), token(&mut tracker)).unwrap();
+        assert_timed_out(next(&mut a, "pipeline a").await);
+        a.withdraw_in_flight();
+        drop(a);
+        let withdrawn = next(&mut b, "pipeline b").await;
+        let error = withdrawn
+            .result
+            .expect_err("b's queued record was not withdrawn");
+        assert!(
+            error.retryable && error.reason.contains("withdrawn"),
+            "{error:?}"
+        );
+        mock.partition_leader("a", 0, Some(1)).unwrap();
+        b.send(valued("a", "after"), token(&mut tracker)).unwrap();
+        assert!(!b.producer.same(&old), "b kept the retired producer");
+        let delivered = next(&mut b, "pipeline b").await;
+        assert!(delivered.result.is_ok(), "{:?}", delivered.result);
+        assert_eq!(
+            values_up_to(&mock, "a", "after"),
+            ["after"],
+            "a withdrawn record reached the partition"
+        );
+        let share = producers.share("a").unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        while share.left_over() != InFlight::default() {
+            assert!(
+                Instant::now() < deadline,
+                "the withdrawn records of a still count as left over after {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let a = sink(&producers, "a");
+        assert!(
+            a.producer.same(&b.producer),
+            "a made another fresh producer"
+        );
+    }
+
+    fn valued(topic: &str, value: &'static str) -> Record {
+        Record {
+            value: Some(Bytes::from_static(value.as_bytes())),
+            ..record(topic)
+        }
+    }
+
+    /// The values in partition 0 of `topic` on `mock`, from the start up to the first `last`.
+    fn values_up_to(
+        mock: &MockCluster<'static, DefaultProducerContext>,
+        topic: &str,
+        last: &str,
+    ) -> Vec<String> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{Message, Offset, TopicPartitionList};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", mock.bootstrap_servers())
+            .set("group.id", "values-up-to")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a consumer of the mock cluster");
+        let mut partitions = TopicPartitionList::new();
+        partitions
+            .add_partition_offset(topic, 0, Offset::Beginning)
+            .unwrap();
+        consumer.assign(&partitions).unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        let mut values = Vec::new();
+        while values.last().is_none_or(|v| v != last) {
+            assert!(
+                Instant::now() < deadline,
+                "{last:?} not read from {topic} within {DEADLINE:?}; read {values:?}"
+            );
+            if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+                let message = message.expect("a record of the mock cluster");
+                values.push(String::from_utf8_lossy(message.payload().unwrap_or_default()).into());
+            }
+        }
+        values
     }
 
     /// A fatal idempotence error refuses every member's records: each renews, onto one fresh
