@@ -350,6 +350,8 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 break;
             };
             if self.on_delivery(delivery).is_err() {
+                // A failed delivery: what is behind it must not go out (as in `run`).
+                self.sink.withdraw_in_flight();
                 break;
             }
         }

@@ -729,6 +729,28 @@ async fn a_failed_delivery_has_the_sink_withdraw_the_records_behind_it() {
     assert_eq!(*withdrew.lock().unwrap(), Vec::<usize>::new());
 }
 
+/// Bad input stops the session and its drain meets a refused record with two more behind it:
+/// the sink withdraws them, as when a failed delivery ends the session (review: the drain
+/// stopped there and left them to go out after the pipeline had halted).
+#[tokio::test(start_paused = true)]
+async fn a_failed_delivery_in_the_drain_after_bad_input_withdraws_the_records_behind_it() {
+    let config = config();
+    let mut items = transaction(0, 4);
+    let SourceItem::Event { event, .. } = &mut items[4] else {
+        panic!("the transaction's fourth event")
+    };
+    event.aggregate_type = Bytes::from_static(b"bad type");
+    let (source, _) = FakeSource::new(items);
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.refuse = vec![0];
+    let withdrew = Arc::clone(&sink.withdrew);
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(60)).await;
+    let error = result.expect_err("bad input stops the session");
+    assert!(matches!(&error, Error::Route { .. }), "{error:?}");
+    assert_eq!(sent.lock().unwrap().len(), 3);
+    assert_eq!(*withdrew.lock().unwrap(), [2]);
+}
+
 /// Bad routing input stops the session with an error naming the event's LSN as well as its
 /// id (README: "an error naming the event id and LSN"); the router alone knows no LSN.
 #[tokio::test(start_paused = true)]

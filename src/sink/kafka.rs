@@ -174,6 +174,15 @@ impl Drop for KafkaSink {
     /// the pipeline's limits until its reports come, and a fresh producer the session wanted
     /// goes to the next one.
     fn drop(&mut self) {
+        // A failure the session ended before handling (taken and not returned yet; or still
+        // in the queue of a producer of its own: a shared one's queue goes to the share, which
+        // withdraws on a failure): what is behind it must not go out before its second copy,
+        // as when the session ends on one.
+        if self.taken.iter().any(|(_, report)| report.is_err())
+            || (self.share.is_none() && self.reports.has_failure())
+        {
+            self.withdraw_in_flight();
+        }
         if let Some(share) = &self.share {
             // Reports taken already came: what is left is the records without one.
             let mut left = self.in_flight;
@@ -394,10 +403,10 @@ impl Sink for KafkaSink {
     /// Retires the producer ([`PolledProducer::retire`]) when records of this session are
     /// still in it: its own producer would go on sending them until its delivery thread
     /// destroys it (up to a second later), a shared one for as long as it lives. A shared
-    /// producer's other pipelines lose their queued records with it: each of their sessions
-    /// meets a failed delivery (`PurgeQueue`, retryable) and starts again from its confirmed
-    /// LSN, on the group's fresh producer. A transactional producer is left as it is: its
-    /// transaction is aborted.
+    /// producer's other pipelines lose their records in it too: each of their sessions meets
+    /// a failed delivery (`PurgeQueue` or `PurgeInflight`, retryable) and starts again from
+    /// its confirmed LSN, on the group's fresh producer. A transactional producer is left as
+    /// it is: its transaction is aborted.
     fn withdraw_in_flight(&mut self) {
         let unreported = self.in_flight.events - self.taken.len();
         if unreported == 0 || self.client.get("transactional.id").is_some() {
@@ -422,8 +431,8 @@ impl KafkaSink {
     fn describe(&self, error: &KafkaError, size: usize) -> String {
         match error.rdkafka_error_code() {
             // Only a retired producer purges while its sink awaits the outcome (shared).
-            Some(RDKafkaErrorCode::PurgeQueue) => format!(
-                "{error}: withdrawn, unsent, from the producer this pipeline shares, after a failed delivery of a pipeline sharing it (record of {size} bytes)"
+            Some(RDKafkaErrorCode::PurgeQueue | RDKafkaErrorCode::PurgeInflight) => format!(
+                "{error}: withdrawn from the producer this pipeline shares after a failed delivery of a pipeline sharing it (record of {size} bytes)"
             ),
             Some(RDKafkaErrorCode::MessageSizeTooLarge) => format!(
                 "{error}: record of {size} bytes (key, value and headers) exceeds the limit (producer message.max.bytes = {}; the broker's and topic's max.message.bytes apply too)",
@@ -581,14 +590,6 @@ mod tests {
             code,
             rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
         );
-        let record = || Record {
-            topic: "t".into(),
-            key: Some(bytes::Bytes::from_static(b"k")),
-            value: Some(bytes::Bytes::from_static(b"v")),
-            headers: vec![],
-            timestamp_ms: None,
-            partition: None,
-        };
         let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
         tracker.begin().unwrap();
         match sink.send(record(), tracker.track_event().unwrap()) {
@@ -678,15 +679,7 @@ mod tests {
         let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
         tracker.begin().unwrap();
         for _ in 0..2 {
-            let record = Record {
-                topic: "t".into(),
-                key: Some(bytes::Bytes::from_static(b"k")),
-                value: Some(bytes::Bytes::from_static(b"v")),
-                headers: vec![],
-                timestamp_ms: None,
-                partition: None,
-            };
-            sink.send(record, tracker.track_event().unwrap()).unwrap();
+            sink.send(record(), tracker.track_event().unwrap()).unwrap();
         }
         let (reports, kept) = (Arc::clone(&sink.reports), sink.producer.clone());
         sink.withdraw_in_flight();
@@ -723,6 +716,39 @@ mod tests {
         );
     }
 
+    /// A session that ends (its source failed, say) with a record's failure still in its
+    /// queue retires its own producer, as one that ends on the failure does (review: the
+    /// records behind it went on until the delivery thread destroyed the producer).
+    #[tokio::test]
+    async fn a_failure_left_untaken_withdraws_the_records_behind_it() {
+        let mock = rdkafka::mocking::MockCluster::new(1).expect("a librdkafka mock cluster");
+        mock.create_topic("t", 1, 1).unwrap();
+        mock.partition_leader("t", 0, None).unwrap();
+        let config = KafkaConfig {
+            bootstrap_servers: mock.bootstrap_servers(),
+            ..kafka(&[("message.timeout.ms", "1000")])
+        };
+        let mut sink = KafkaSink::new(&config, "untaken-test", 10, 1 << 20, None).unwrap();
+        let mut tracker = crate::ack::AckTracker::new(crate::lsn::Lsn(0x100));
+        tracker.begin().unwrap();
+        sink.send(record(), tracker.track_event().unwrap()).unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while !sink.reports.has_failure() {
+            assert!(
+                Instant::now() < deadline,
+                "the record did not time out in 30 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        sink.send(record(), tracker.track_event().unwrap()).unwrap();
+        let kept = sink.producer.clone();
+        drop(sink);
+        assert!(
+            kept.is_retired(),
+            "the producer went on with a record behind a failure"
+        );
+    }
+
     #[test]
     fn refusals_that_publishing_again_cannot_fix_are_not_retried() {
         use RDKafkaErrorCode::*;
@@ -748,6 +774,18 @@ mod tests {
             NotEnoughReplicas,
         ] {
             assert!(is_retryable(&delivery(transient)), "{transient:?}");
+        }
+    }
+
+    /// A record for topic `t` with key `k` and value `v`.
+    fn record() -> Record {
+        Record {
+            topic: "t".into(),
+            key: Some(bytes::Bytes::from_static(b"k")),
+            value: Some(bytes::Bytes::from_static(b"v")),
+            headers: vec![],
+            timestamp_ms: None,
+            partition: None,
         }
     }
 

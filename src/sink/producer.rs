@@ -22,7 +22,7 @@
 //! out within a few round trips.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -96,7 +96,7 @@ pub struct ReportQueue {
 }
 
 /// Called with each report that comes after [`ReportQueue::close`].
-type Orphaned = Box<dyn Fn(&RecordMeta) + Send + Sync>;
+type Orphaned = Box<dyn Fn(&RecordMeta, &DeliveryReport) + Send + Sync>;
 
 #[derive(Default)]
 struct QueueState {
@@ -108,7 +108,7 @@ impl ReportQueue {
     fn push(&self, meta: RecordMeta, report: DeliveryReport) {
         let mut state = lock(&self.state);
         if let Some(orphaned) = &state.orphaned {
-            orphaned(&meta);
+            orphaned(&meta, &report);
             return;
         }
         let was_empty = state.reports.is_empty();
@@ -144,11 +144,19 @@ impl ReportQueue {
         lock(&self.state).reports.is_empty()
     }
 
+    /// Whether a report not taken yet is a failure.
+    pub fn has_failure(&self) -> bool {
+        lock(&self.state)
+            .reports
+            .iter()
+            .any(|(_, report)| report.is_err())
+    }
+
     /// The sink has gone: reports not taken yet, and every later one, go to `orphaned`.
     pub fn close(&self, orphaned: Orphaned) {
         let mut state = lock(&self.state);
-        for (meta, _) in state.reports.drain(..) {
-            orphaned(&meta);
+        for (meta, report) in state.reports.drain(..) {
+            orphaned(&meta, &report);
         }
         state.orphaned = Some(orphaned);
     }
@@ -156,9 +164,12 @@ impl ReportQueue {
 
 /// Locks `mutex`; a panic elsewhere while it was held leaves plain data, still usable.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Locks `lock` for reading, as [`lock`] does.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Client context: librdkafka's logs and errors go to `tracing` (rdkafka's defaults); each
@@ -194,7 +205,9 @@ pub struct PolledProducer {
     // thread's is normally the last one.
     producer: Arc<BaseProducer<DeliveryContext>>,
     /// Set by [`PolledProducer::retire`]: its queue was purged, and no record goes in again.
-    retired: Arc<AtomicBool>,
+    /// [`PolledProducer::send`] holds it for reading while it queues a record, so no record
+    /// goes in once it is set.
+    retired: Arc<RwLock<bool>>,
     _stop: Arc<StopOnDrop>,
 }
 
@@ -282,42 +295,36 @@ impl PolledProducer {
         &self,
         record: ProducerRecord<'a>,
     ) -> Result<(), (KafkaError, ProducerRecord<'a>)> {
-        if self.is_retired() {
+        let retired = read(&self.retired);
+        if *retired {
             return Err((
                 KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue),
                 record,
             ));
         }
-        self.producer.send(record)?;
-        // Retired while the record went in, perhaps after `retire`'s purge: it must not go out
-        // either (purging again takes only what the retired producer still queues).
-        if self.is_retired() {
-            self.purge_queue();
-        }
-        Ok(())
+        self.producer.send(record)
     }
 
-    /// Purges every record the producer still queues (not those already sent to a broker,
-    /// whose outcome comes as usual) and takes no record again: each purged record gets a
-    /// failed delivery report (`PurgeQueue`), and [`PolledProducer::send`] refuses with that
-    /// error from now on.
+    /// Takes no record again and purges every record the producer holds, queued, waiting to be
+    /// retried or sent and awaiting the broker's answer: each gets a failed delivery report
+    /// (`PurgeQueue` or `PurgeInflight`, the latter perhaps written by the broker all the
+    /// same), and nothing is sent or retried after, so what a partition gets of them is a
+    /// prefix in send order. [`PolledProducer::send`] refuses with `PurgeQueue` from now on.
+    /// Does not wait for librdkafka's broker threads to finish the purge.
     ///
     /// For a session that ends on a failed delivery: its records behind the failed one must
     /// not reach the broker before the failed one's second copy, and a producer that outlives
     /// the session (shared, or destroyed only when its delivery thread next wakes) would
-    /// still send them.
+    /// still send them, or retry them after the failed one.
     pub fn retire(&self) {
-        self.retired.store(true, Ordering::SeqCst);
-        self.purge_queue();
+        *self.retired.write().unwrap_or_else(PoisonError::into_inner) = true;
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight().non_blocking());
     }
 
     /// Whether [`PolledProducer::retire`] was called on this producer (or a clone).
     pub fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::SeqCst)
-    }
-
-    fn purge_queue(&self) {
-        self.producer.purge(PurgeConfig::default().queue());
+        *read(&self.retired)
     }
 
     /// Creates a record for `topic` and the future its delivery report completes.
@@ -412,7 +419,7 @@ mod tests {
         queue.push(meta(0, 10), Ok(()));
         let bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = Arc::clone(&bytes);
-        queue.close(Box::new(move |m: &RecordMeta| {
+        queue.close(Box::new(move |m: &RecordMeta, _: &DeliveryReport| {
             counted.fetch_add(m.size, Ordering::SeqCst);
         }));
         assert_eq!(bytes.load(Ordering::SeqCst), 10, "the report not taken");

@@ -23,11 +23,12 @@
 //!   producer becomes the group's; the other members keep the one they use until they renew
 //!   too (a fatal error makes every member's next record fail, so all do) or until their next
 //!   session has nothing left over in it.
-//! - **Records behind a failed one.** A session that ends on a failed delivery withdraws the
-//!   records it still has queued ([`Group::retire`]): they must not reach the broker before
-//!   the failed record's second copy. librdkafka purges only a whole producer's queue, so the
-//!   other members' queued records go too (their sessions fail and start again from their
-//!   confirmed LSN) and the group moves on to a fresh producer: isolation gives way to order.
+//! - **Records behind a failed one.** A record that fails with records of its pipeline behind
+//!   it that no session will wait for (its session ends on the failure, or ended before it)
+//!   retires the producer ([`Group::retire`]): they must not reach the broker before the failed
+//!   record's second copy. librdkafka purges only a whole producer, so the other members'
+//!   records in it go too (their sessions fail and start again from their confirmed LSN) and
+//!   the group moves on to a fresh producer: isolation gives way to order.
 //!
 //! Polling pipelines share in the same way, among themselves: they are grouped by their
 //! effective settings (with the polling source's `message.timeout.ms` default applied), and a
@@ -46,7 +47,7 @@ use rdkafka::error::KafkaError;
 
 use super::{producer_config, DEFAULT_MESSAGE_MAX_BYTES};
 use crate::config::{KafkaConfig, PipelineConfig, SinkConfig, SourceKind};
-use crate::sink::producer::{PolledProducer, RecordMeta, ReportQueue};
+use crate::sink::producer::{DeliveryReport, PolledProducer, RecordMeta, ReportQueue};
 use crate::sink::InFlight;
 use crate::source::polling;
 
@@ -196,12 +197,12 @@ impl Group {
 }
 
 impl Group {
-    /// Retires `old` ([`PolledProducer::retire`]) for a member whose session ended on a
-    /// failed delivery with records behind it: the next producer any member gets is a fresh
-    /// one. Each member moves to it once nothing of its own is left in `old`.
+    /// Retires `old` ([`PolledProducer::retire`]) for a member whose record failed with
+    /// records behind it that no session will wait for: the next producer any member gets is
+    /// a fresh one. Each member moves to it once nothing of its own is left in `old`.
     pub(crate) fn retire(&self, old: &PolledProducer) {
-        let mut current = lock(&self.current);
         old.retire();
+        let mut current = lock(&self.current);
         if current.as_ref().is_some_and(|p| p.same(old)) {
             *current = None;
         }
@@ -282,10 +283,22 @@ impl Share {
             state.left_over.bytes += left.bytes;
         }
         let share = Arc::clone(self);
-        reports.close(Box::new(move |meta: &RecordMeta| {
+        reports.close(Box::new(move |meta: &RecordMeta, report: &DeliveryReport| {
             let mut state = lock(&share.state);
             state.left_over.events -= 1;
             state.left_over.bytes -= meta.size;
+            // A record no session awaits failed (it timed out): the pipeline's next session
+            // publishes it again from the slot, and its records behind it must not go first.
+            if report.is_err() && state.left_over != InFlight::default() {
+                if let Some(producer) = state.producer.clone().filter(|p| !p.is_retired()) {
+                    tracing::warn!(
+                        records = state.left_over.events,
+                        "a record of an ended session failed in the producer shared with other pipelines; withdrawing the records queued behind it"
+                    );
+                    drop(state);
+                    share.group.retire(&producer);
+                }
+            }
         }));
     }
 }
@@ -481,8 +494,17 @@ mod tests {
         mock: &MockCluster<'static, DefaultProducerContext>,
         kind: fn(&str, &str, &[(&str, &str)]) -> PipelineConfig,
     ) -> SharedProducers {
+        timing_out_pair_after(mock, kind, "1000")
+    }
+
+    /// [`timing_out_pair`] with a timeout of `timeout_ms`.
+    fn timing_out_pair_after(
+        mock: &MockCluster<'static, DefaultProducerContext>,
+        kind: fn(&str, &str, &[(&str, &str)]) -> PipelineConfig,
+        timeout_ms: &str,
+    ) -> SharedProducers {
         let bootstrap = mock.bootstrap_servers();
-        let settings = [("message.timeout.ms", "1000")];
+        let settings = [("message.timeout.ms", timeout_ms)];
         SharedProducers::for_pipelines(&[
             kind("a", &bootstrap, &settings),
             kind("b", &bootstrap, &settings),
@@ -495,6 +517,18 @@ mod tests {
             "{:?}",
             delivery.result
         );
+    }
+
+    /// Waits until the report of the first record `a` sent has come, not taken yet.
+    async fn first_report_waits(a: &KafkaSink) {
+        let deadline = Instant::now() + DEADLINE;
+        while a.reports.is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the first record did not time out within {DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     async fn next(sink: &mut KafkaSink, what: &str) -> Delivery {
@@ -692,14 +726,7 @@ mod tests {
         // producer yet, so the second goes into the same one and has its whole 1 s timeout left
         // when the session ends (a fixed sleep between the two sends left too little on a
         // loaded machine: in CI both reports came before the session ended).
-        let deadline = Instant::now() + DEADLINE;
-        while a.reports.is_empty() {
-            assert!(
-                Instant::now() < deadline,
-                "the first record did not time out within {DEADLINE:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        first_report_waits(&a).await;
         a.send(record("a"), token(&mut tracker)).unwrap();
         assert!(a.producer.same(&old), "a renewed before taking its report");
         assert_timed_out(next(&mut a, "pipeline a").await);
@@ -755,21 +782,16 @@ mod tests {
     #[tokio::test]
     async fn a_failed_delivery_withdraws_the_records_queued_behind_it() {
         let mock = cluster();
-        let producers = timing_out_pair(&mock, pipeline);
+        // Long enough that the records sent after the first one's timeout do not time out
+        // themselves before the session withdraws them on a loaded machine.
+        let producers = timing_out_pair_after(&mock, pipeline, "5000");
         let (mut a, mut b) = (sink(&producers, "a"), sink(&producers, "b"));
         let old = a.producer.clone();
         mock.partition_leader("a", 0, None).unwrap();
         let mut tracker = tracker();
         a.send(valued("a", "failed"), token(&mut tracker)).unwrap();
         // The next record goes in after the first failed and before the session learns of it.
-        let deadline = Instant::now() + DEADLINE;
-        while a.reports.is_empty() {
-            assert!(
-                Instant::now() < deadline,
-                "the first record did not time out within {DEADLINE:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        first_report_waits(&a).await;
         a.send(valued("a", "behind"), token(&mut tracker)).unwrap();
         b.send(valued("a", "of b"), token(&mut tracker)).unwrap();
         assert_timed_out(next(&mut a, "pipeline a").await);
@@ -793,20 +815,61 @@ mod tests {
             ["after"],
             "a withdrawn record reached the partition"
         );
-        let share = producers.share("a").unwrap();
-        let deadline = Instant::now() + DEADLINE;
-        while share.left_over() != InFlight::default() {
-            assert!(
-                Instant::now() < deadline,
-                "the withdrawn records of a still count as left over after {DEADLINE:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        left_over_goes(&producers, "a").await;
         let a = sink(&producers, "a");
         assert!(
             a.producer.same(&b.producer),
             "a made another fresh producer"
         );
+    }
+
+    /// A session that ends (here: its source failed) with a failed report it has not taken
+    /// withdraws what is behind it all the same, and so does a record that fails once no
+    /// session awaits it (review: both left the records behind the failure to go out first).
+    #[tokio::test]
+    async fn failures_no_session_handled_withdraw_the_records_behind_them() {
+        let mock = cluster();
+        let producers = timing_out_pair(&mock, pipeline);
+        mock.partition_leader("a", 0, None).unwrap();
+        let mut tracker = tracker();
+        // The session ends with the first record's failure in its queue.
+        let mut a = sink(&producers, "a");
+        let old = a.producer.clone();
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        first_report_waits(&a).await;
+        a.send(record("a"), token(&mut tracker)).unwrap();
+        drop(a);
+        assert!(
+            old.is_retired(),
+            "an untaken failure left the producer running"
+        );
+        left_over_goes(&producers, "a").await;
+        // The session ends before its first record fails: both are left over.
+        let mut a = sink(&producers, "a");
+        let old = a.producer.clone();
+        for _ in 0..2 {
+            a.send(record("a"), token(&mut tracker)).unwrap();
+        }
+        drop(a);
+        left_over_goes(&producers, "a").await;
+        assert!(
+            old.is_retired(),
+            "a left-over record's failure left the producer running"
+        );
+    }
+
+    /// Waits until pipeline `name` has no records left over in the shared producer.
+    async fn left_over_goes(producers: &SharedProducers, name: &str) {
+        let share = producers.share(name).unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        while share.left_over() != InFlight::default() {
+            assert!(
+                Instant::now() < deadline,
+                "{name} still has {:?} left over after {DEADLINE:?}",
+                share.left_over()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     fn valued(topic: &str, value: &'static str) -> Record {
