@@ -149,9 +149,9 @@ pub trait Sink: Send {
     /// The session ends on a failed delivery: the records still in flight may be behind the
     /// failed one, of its key, and must not reach the destination before its second copy
     /// (DESIGN.md, I3). A client that would still send them once the session has ended (a
-    /// Kafka producer: shared with other pipelines, or destroyed only later) withdraws those
-    /// it has not sent yet; their outcomes, if anyone awaits them, are failures. Records
-    /// already on their way are not called back.
+    /// Kafka producer: shared with other pipelines, or destroyed only later) withdraws them:
+    /// it sends and retries nothing more, and their outcomes, if anyone awaits them, are
+    /// failures. A record already on its way may still be written.
     ///
     /// Does nothing by default: the other sinks hold one record of a key at a time, and their
     /// clients end with the session.

@@ -144,14 +144,6 @@ impl ReportQueue {
         lock(&self.state).reports.is_empty()
     }
 
-    /// Whether a report not taken yet is a failure.
-    pub fn has_failure(&self) -> bool {
-        lock(&self.state)
-            .reports
-            .iter()
-            .any(|(_, report)| report.is_err())
-    }
-
     /// The sink has gone: reports not taken yet, and every later one, go to `orphaned`.
     pub fn close(&self, orphaned: Orphaned) {
         let mut state = lock(&self.state);

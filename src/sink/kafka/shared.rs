@@ -19,22 +19,27 @@
 //!   partitions' records, whichever pipeline sent them.
 //! - **Order.** A pipeline changes producer only with nothing of its own in flight or left
 //!   over, so its records of one partition never go through two producers at once. When a
-//!   member renews its producer (a timed-out record, a fatal idempotence error), the fresh
+//!   member renews its producer (a polling member's timed-out record, a fatal idempotence
+//!   error, a retired producer), the fresh
 //!   producer becomes the group's; the other members keep the one they use until they renew
 //!   too (a fatal error makes every member's next record fail, so all do) or until their next
 //!   session has nothing left over in it.
-//! - **Records behind a failed one.** A record that fails with records of its pipeline behind
-//!   it that no session will wait for (its session ends on the failure, or ended before it)
-//!   retires the producer ([`Group::retire`]): they must not reach the broker before the failed
-//!   record's second copy. librdkafka purges only a whole producer, so the other members'
-//!   records in it go too (their sessions fail and start again from their confirmed LSN) and
-//!   the group moves on to a fresh producer: isolation gives way to order.
+//! - **Records behind a failed one.** A log-tailing member's record that fails (a broker's
+//!   refusal) with records of its pipeline behind it that no session will wait for (its
+//!   session ends on the failure, or ended before it) retires the producer
+//!   ([`Group::retire`]): they must not reach the broker before the failed record's second
+//!   copy. librdkafka purges only a whole producer, so the other members' records in it go too
+//!   (their sessions fail and start again from their confirmed LSN) and the group moves on to
+//!   a fresh producer: isolation gives way to order. So log-tailing pipelines whose records
+//!   can time out (an operator's `message.timeout.ms`) share no producer: each timeout would
+//!   do the same.
 //!
 //! Polling pipelines share in the same way, among themselves: they are grouped by their
 //! effective settings (with the polling source's `message.timeout.ms` default applied), and a
 //! polling member's part of the queue is max(`max_in_flight_events`, `polling.batch_size`).
 //! A polling and a log-tailing pipeline never share a producer: a timed-out record ends a
-//! log-tailing session but is only recorded by the polling source, which goes on.
+//! log-tailing session but is only recorded by the polling source, which goes on (and whose
+//! failures withdraw nothing: it gave up their order when it recorded them).
 //!
 //! Exactly-once pipelines keep their own transactional producer, and a pipeline alone with its
 //! settings keeps a producer of its own per session (as before: destroyed, and its queue
@@ -68,11 +73,18 @@ impl SharedProducers {
     /// its first session), with queue limits that hold every member's limits at once.
     ///
     /// Polling and log-tailing pipelines never share one: a polling source records a
-    /// timed-out record's failure and goes on, a log-tailing session ends on it (and relies
-    /// on `message.timeout.ms = 0` unless the operator sets one).
+    /// timed-out record's failure and goes on, a log-tailing session ends on it. A log-tailing
+    /// pipeline whose records can time out (a `message.timeout.ms` of the operator's) shares
+    /// none: at each timeout its session withdraws what it has behind the record, which in a
+    /// shared producer takes every member's records (module docs).
     pub fn for_pipelines(pipelines: &[PipelineConfig]) -> SharedProducers {
+        SharedProducers::grouping(pipelines.iter().filter(|p| shares_its_producer(p)))
+    }
+
+    /// [`SharedProducers::for_pipelines`] without its choice of who may share.
+    fn grouping<'a>(pipelines: impl Iterator<Item = &'a PipelineConfig>) -> SharedProducers {
         let mut groups: Vec<(SourceKind, KafkaConfig, Vec<&PipelineConfig>)> = Vec::new();
-        for pipeline in pipelines.iter().filter(|p| shares_its_producer(p)) {
+        for pipeline in pipelines {
             let kafka = effective_kafka(pipeline);
             match groups
                 .iter_mut()
@@ -83,8 +95,8 @@ impl SharedProducers {
             }
         }
         let mut shares = Vec::new();
-        for (_, kafka, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
-            let group = Arc::new(Group::new(&kafka, &members));
+        for (kind, kafka, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
+            let group = Arc::new(Group::new(kind, &kafka, &members));
             for member in members {
                 shares.push((
                     member.name.clone(),
@@ -113,10 +125,20 @@ impl SharedProducers {
     }
 }
 
-/// Whether a pipeline's sessions may use a shared producer: at-least-once, Kafka (either
-/// source kind).
+/// Whether a pipeline's sessions may use a shared producer: at-least-once, Kafka, polling or
+/// log tailing whose records cannot time out.
 fn shares_its_producer(pipeline: &PipelineConfig) -> bool {
-    pipeline.sink == SinkConfig::Kafka && !pipeline.exactly_once
+    pipeline.sink == SinkConfig::Kafka
+        && !pipeline.exactly_once
+        && (pipeline.source_kind == SourceKind::Polling || !times_out(&pipeline.kafka))
+}
+
+/// Whether records of a producer with these settings can time out: `message.timeout.ms` or its
+/// alias `delivery.timeout.ms` set to anything but 0 (the relay sets 0 when neither is set).
+fn times_out(kafka: &KafkaConfig) -> bool {
+    kafka.properties.iter().any(|(key, value)| {
+        (key == "message.timeout.ms" || key == "delivery.timeout.ms") && value.trim() != "0"
+    })
 }
 
 /// The Kafka settings a pipeline's own producer would get from its source.
@@ -142,10 +164,14 @@ pub(crate) struct Group {
     pub(crate) client: ClientConfig,
     /// The producer new members' sessions get; `None` until the first session.
     current: Mutex<Option<PolledProducer>>,
+    /// Log tailing: a member's failed record with records behind it retires the producer
+    /// ([`Group::retire`]). Polling sources record a failure and go on, their order already
+    /// given up for it (`source::polling`), so theirs never withdraw.
+    pub(crate) withdraws: bool,
 }
 
 impl Group {
-    fn new(kafka: &KafkaConfig, members: &[&PipelineConfig]) -> Group {
+    fn new(kind: SourceKind, kafka: &KafkaConfig, members: &[&PipelineConfig]) -> Group {
         let message_max_bytes = kafka
             .properties
             .iter()
@@ -165,6 +191,7 @@ impl Group {
         Group {
             client: producer_config(kafka, SHARED_CLIENT_ID, events, bytes, None),
             current: Mutex::new(None),
+            withdraws: kind == SourceKind::LogTailing,
         }
     }
 
@@ -199,8 +226,12 @@ impl Group {
 impl Group {
     /// Retires `old` ([`PolledProducer::retire`]) for a member whose record failed with
     /// records behind it that no session will wait for: the next producer any member gets is
-    /// a fresh one. Each member moves to it once nothing of its own is left in `old`.
+    /// a fresh one. Each member moves to it once nothing of its own is left in `old`. Does
+    /// nothing for a polling group (`withdraws`).
     pub(crate) fn retire(&self, old: &PolledProducer) {
+        if !self.withdraws {
+            return;
+        }
         old.retire();
         let mut current = lock(&self.current);
         if current.as_ref().is_some_and(|p| p.same(old)) {
@@ -289,7 +320,8 @@ impl Share {
             state.left_over.bytes -= meta.size;
             // A record no session awaits failed (it timed out): the pipeline's next session
             // publishes it again from the slot, and its records behind it must not go first.
-            if report.is_err() && state.left_over != InFlight::default() {
+            if share.group.withdraws && report.is_err() && state.left_over != InFlight::default()
+            {
                 if let Some(producer) = state.producer.clone().filter(|p| !p.is_retired()) {
                     tracing::warn!(
                         records = state.left_over.events,
@@ -490,6 +522,11 @@ mod tests {
     /// Pipelines `a` and `b` (made by `kind`) sharing a producer on `mock` whose records time
     /// out after 1 s: long enough for a fresh producer's first record (about 50 ms here) on a
     /// loaded machine, and for a test thread to get on between two steps.
+    ///
+    /// Log-tailing pipelines whose records can time out share no producer
+    /// ([`SharedProducers::for_pipelines`]); grouped here all the same, a timeout is how these
+    /// tests make a record fail with others behind it or a member renew, which in the product
+    /// a broker's refusal or a fatal idempotence error does.
     fn timing_out_pair(
         mock: &MockCluster<'static, DefaultProducerContext>,
         kind: fn(&str, &str, &[(&str, &str)]) -> PipelineConfig,
@@ -505,10 +542,11 @@ mod tests {
     ) -> SharedProducers {
         let bootstrap = mock.bootstrap_servers();
         let settings = [("message.timeout.ms", timeout_ms)];
-        SharedProducers::for_pipelines(&[
+        let pair = [
             kind("a", &bootstrap, &settings),
             kind("b", &bootstrap, &settings),
-        ])
+        ];
+        SharedProducers::grouping(pair.iter())
     }
 
     fn assert_timed_out(delivery: Delivery) {
@@ -536,6 +574,33 @@ mod tests {
             .await
             .unwrap_or_else(|_| panic!("{what}: no delivery report within {DEADLINE:?}"))
             .unwrap_or_else(|| panic!("{what}: nothing in flight"))
+    }
+
+    /// A log-tailing pipeline whose records can time out keeps a producer of its own: each
+    /// timeout ends its session, which withdraws its records behind the timed-out one, and in a
+    /// shared producer that takes every member's records (review: a partition without a leader
+    /// restarted the other pipelines' sessions at every timeout). Polling ones still share.
+    #[test]
+    fn log_tailing_pipelines_whose_records_can_time_out_share_no_producer() {
+        for (key, value) in [
+            ("message.timeout.ms", "30000"),
+            ("delivery.timeout.ms", "1"),
+        ] {
+            let producers = SharedProducers::for_pipelines(&[
+                pipeline("a", "k:9092", &[(key, value)]),
+                pipeline("b", "k:9092", &[(key, value)]),
+                polling_pipeline("c", "k:9092", &[(key, value)]),
+                polling_pipeline("d", "k:9092", &[(key, value)]),
+            ]);
+            assert!(producers.share("a").is_none(), "{key} = {value}");
+            assert!(producers.share("b").is_none(), "{key} = {value}");
+            assert!(producers.share("c").is_some(), "{key} = {value}");
+        }
+        let producers = SharedProducers::for_pipelines(&[
+            pipeline("a", "k:9092", &[("message.timeout.ms", "0")]),
+            pipeline("b", "k:9092", &[("message.timeout.ms", "0")]),
+        ]);
+        assert!(producers.share("a").is_some(), "no timeout: shared");
     }
 
     #[test]
