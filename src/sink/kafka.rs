@@ -281,13 +281,14 @@ impl Sink for KafkaSink {
     fn send(&mut self, mut record: Record, token: EventToken) -> Result<(), SendError> {
         // Retired after a failed delivery of a pipeline sharing it: a fresh one, once nothing
         // of this pipeline's is in the old one (its records must not overtake each other).
-        if self.producer.is_retired() {
+        let retired = self.producer.is_retired();
+        if retired {
             self.renew = true;
         }
         if self.renew && self.in_flight.events == 0 {
             self.renew_producer();
         }
-        if self.producer.is_retired() || self.left_over_fills_the_limits() {
+        if (retired && self.producer.is_retired()) || self.left_over_fills_the_limits() {
             return Err(SendError::Full(Box::new(record)));
         }
         let size = record.size();
