@@ -31,8 +31,8 @@
 //!   copy. librdkafka purges only a whole producer, so the other members' records in it go too
 //!   (their sessions fail and start again from their confirmed LSN) and the group moves on to
 //!   a fresh producer: isolation gives way to order. So log-tailing pipelines whose records
-//!   can time out (an operator's `message.timeout.ms`) share no producer: each timeout would
-//!   do the same.
+//!   can time out or run out of retries (an operator's `message.timeout.ms` or `retries`)
+//!   share no producer: each such failure would do the same.
 //!
 //! Polling pipelines share in the same way, among themselves: they are grouped by their
 //! effective settings (with the polling source's `message.timeout.ms` default applied), and a
@@ -74,9 +74,10 @@ impl SharedProducers {
     ///
     /// Polling and log-tailing pipelines never share one: a polling source records a
     /// timed-out record's failure and goes on, a log-tailing session ends on it. A log-tailing
-    /// pipeline whose records can time out (a `message.timeout.ms` of the operator's) shares
-    /// none: at each timeout its session withdraws what it has behind the record, which in a
-    /// shared producer takes every member's records (module docs).
+    /// pipeline whose records can time out or run out of retries (an operator's
+    /// `message.timeout.ms` or `retries`) shares none: at each such failure its session
+    /// withdraws what it has behind the record, which in a shared producer takes every
+    /// member's records (module docs).
     pub fn for_pipelines(pipelines: &[PipelineConfig]) -> SharedProducers {
         SharedProducers::grouping(pipelines.iter().filter(|p| shares_its_producer(p)))
     }
@@ -126,19 +127,26 @@ impl SharedProducers {
 }
 
 /// Whether a pipeline's sessions may use a shared producer: at-least-once, Kafka, polling or
-/// log tailing whose records cannot time out.
+/// log tailing whose records librdkafka never gives up on.
 fn shares_its_producer(pipeline: &PipelineConfig) -> bool {
     pipeline.sink == SinkConfig::Kafka
         && !pipeline.exactly_once
-        && (pipeline.source_kind == SourceKind::Polling || !times_out(&pipeline.kafka))
+        && (pipeline.source_kind == SourceKind::Polling || !gives_up(&pipeline.kafka))
 }
 
-/// Whether records of a producer with these settings can time out: `message.timeout.ms` or its
-/// alias `delivery.timeout.ms` set to anything but 0 (the relay sets 0 when neither is set).
-fn times_out(kafka: &KafkaConfig) -> bool {
-    kafka.properties.iter().any(|(key, value)| {
-        (key == "message.timeout.ms" || key == "delivery.timeout.ms") && value.trim() != "0"
-    })
+/// Whether a producer with these settings can fail a record over a passing broker problem:
+/// `message.timeout.ms` or its alias `delivery.timeout.ms` set to anything but 0 (the relay
+/// sets 0 when neither is set), or `message.send.max.retries` or its alias `retries` set below
+/// librdkafka's default (no limit, 2147483647).
+fn gives_up(kafka: &KafkaConfig) -> bool {
+    kafka
+        .properties
+        .iter()
+        .any(|(key, value)| match key.as_str() {
+            "message.timeout.ms" | "delivery.timeout.ms" => value.trim() != "0",
+            "message.send.max.retries" | "retries" => value.trim() != "2147483647",
+            _ => false,
+        })
 }
 
 /// The Kafka settings a pipeline's own producer would get from its source.
@@ -576,15 +584,18 @@ mod tests {
             .unwrap_or_else(|| panic!("{what}: nothing in flight"))
     }
 
-    /// A log-tailing pipeline whose records can time out keeps a producer of its own: each
-    /// timeout ends its session, which withdraws its records behind the timed-out one, and in a
-    /// shared producer that takes every member's records (review: a partition without a leader
-    /// restarted the other pipelines' sessions at every timeout). Polling ones still share.
+    /// A log-tailing pipeline whose records can time out, or run out of retries, keeps a
+    /// producer of its own: each such failure ends its session, which withdraws its records
+    /// behind the failed one, and in a shared producer that takes every member's records
+    /// (review: a partition without a leader restarted the other pipelines' sessions at every
+    /// timeout). Polling ones still share.
     #[test]
     fn log_tailing_pipelines_whose_records_can_time_out_share_no_producer() {
         for (key, value) in [
             ("message.timeout.ms", "30000"),
             ("delivery.timeout.ms", "1"),
+            ("retries", "3"),
+            ("message.send.max.retries", "10"),
         ] {
             let producers = SharedProducers::for_pipelines(&[
                 pipeline("a", "k:9092", &[(key, value)]),
@@ -596,11 +607,15 @@ mod tests {
             assert!(producers.share("b").is_none(), "{key} = {value}");
             assert!(producers.share("c").is_some(), "{key} = {value}");
         }
+        let no_limit = [("message.timeout.ms", "0"), ("retries", "2147483647")];
         let producers = SharedProducers::for_pipelines(&[
-            pipeline("a", "k:9092", &[("message.timeout.ms", "0")]),
-            pipeline("b", "k:9092", &[("message.timeout.ms", "0")]),
+            pipeline("a", "k:9092", &no_limit),
+            pipeline("b", "k:9092", &no_limit),
         ]);
-        assert!(producers.share("a").is_some(), "no timeout: shared");
+        assert!(
+            producers.share("a").is_some(),
+            "no timeout, no retry limit: shared"
+        );
     }
 
     #[test]
