@@ -166,8 +166,9 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         if let Err(e) = &result {
             if matches!(e, Error::Delivery(_)) {
                 self.sink.withdraw_in_flight();
+                return result;
             }
-            if e.recovery() != Recovery::Stop || matches!(e, Error::Delivery(_)) {
+            if e.recovery() != Recovery::Stop {
                 return result;
             }
             // Within what is left of a shutdown's drain, if one began (the simulation found a
