@@ -599,6 +599,7 @@ mod tests {
             reason: "Broker: Message size too large".into(),
             retryable: false,
             too_large: true,
+            connection_lost: false,
             record: None,
         }
     }

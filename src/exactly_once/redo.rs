@@ -41,6 +41,7 @@ impl RefusedEvent {
             reason: self.reason.clone(),
             retryable: false,
             too_large: self.too_large,
+            connection_lost: false,
             record: None,
         }
     }

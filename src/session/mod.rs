@@ -650,6 +650,12 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 self.delivered += 1;
                 Ok(())
             }
+            // The source recorded it, but a client whose connection is gone fails every record
+            // after it too: end the session, so the next one connects again.
+            Err(e) if handling == FailureHandling::Recorded && e.connection_lost => {
+                self.settle(delivery.token)?;
+                Err(e.into())
+            }
             Err(_) if handling == FailureHandling::Recorded => self.settle(delivery.token),
             Err(e) => {
                 if e.retryable {

@@ -169,6 +169,8 @@ struct FakeSink {
     queue_limit: usize,
     hold: usize,
     fail: Vec<usize>,
+    /// Numbered records that fail because the client's connection is gone for good.
+    lose_connection: Vec<usize>,
     refuse: Vec<usize>,
     full: Option<(&'static str, usize)>,
     copy_full_once: Vec<String>,
@@ -192,6 +194,7 @@ impl FakeSink {
             queue_limit,
             hold,
             fail: Vec::new(),
+            lose_connection: Vec::new(),
             refuse: Vec::new(),
             full: None,
             copy_full_once: Vec::new(),
@@ -231,6 +234,7 @@ impl Sink for FakeSink {
                     reason: "Broker: Unknown topic or partition".into(),
                     retryable: false,
                     too_large: false,
+                    connection_lost: false,
                     record: Some(Box::new(record)),
                 }));
             }
@@ -246,13 +250,15 @@ impl Sink for FakeSink {
             if let Some((_, delay)) = self.delay.iter().find(|(n, _)| *n == number) {
                 at += *delay;
             }
-            let result = if self.fail.contains(&number) {
+            let lost = self.lose_connection.contains(&number);
+            let result = if self.fail.contains(&number) || lost {
                 Err(DeliveryError {
                     event_id: record.event_id(),
                     topic: record.topic.clone(),
                     reason: "Local: Message timed out".into(),
                     retryable: true,
                     too_large: false,
+                    connection_lost: lost,
                     record: None,
                 })
             } else if self.refuse.contains(&number) {
@@ -263,6 +269,7 @@ impl Sink for FakeSink {
                     reason: "Broker: Invalid record".into(),
                     retryable: false,
                     too_large: false,
+                    connection_lost: false,
                     record: Some(Box::new(record.clone())),
                 })
             } else {
@@ -695,6 +702,34 @@ async fn failures_the_source_records_settle_their_events_and_the_session_goes_on
     let log = log.lock().unwrap();
     assert!(
         log.confirmations.iter().all(|&lsn| lsn == START),
+        "confirmed past the failed event: {:?}",
+        log.confirmations
+    );
+}
+
+/// A client whose connection is gone for good (a closed RabbitMQ connection, a Redis server
+/// turned replica) fails every record after it: even where the source records the failure
+/// (polling), the session ends so that the next one connects again, and confirms nothing past
+/// the failed event. (The session went on with the dead client, and every polled row burnt its
+/// attempts against it.)
+#[tokio::test(start_paused = true)]
+async fn a_lost_connection_ends_the_session_even_where_the_source_records_failures() {
+    let config = config();
+    let items: Vec<SourceItem> = (0..3).flat_map(|i| transaction(i, 2)).collect();
+    let (mut source, log) = FakeSource::new(items);
+    source.records_failures = true;
+    let (mut sink, _) = FakeSink::new(usize::MAX, 0);
+    sink.lose_connection = vec![2];
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    let error = result.expect_err("a lost connection ends the session");
+    assert!(
+        matches!(&error, Error::Delivery(e) if e.retryable && e.connection_lost),
+        "{error:?}"
+    );
+    assert_eq!(error.recovery(), Recovery::Retry);
+    let log = log.lock().unwrap();
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn <= commit_end(0)),
         "confirmed past the failed event: {:?}",
         log.confirmations
     );

@@ -449,6 +449,7 @@ impl KafkaSink {
             topic: record.topic.clone(),
             retryable: is_retryable(error),
             too_large: is_too_large(error),
+            connection_lost: false,
             reason: self.describe(error, size),
             record: Some(Box::new(record)),
         }

@@ -82,6 +82,11 @@ pub struct DeliveryError {
     pub retryable: bool,
     /// The record is larger than the producer's or the broker's limit.
     pub too_large: bool,
+    /// The client's connection is gone and it will not reconnect by itself (a closed RabbitMQ
+    /// connection, a Redis server that turned replica or lost its credentials): the session
+    /// must end so the next one connects again, even where its source records the failure.
+    /// Implies `retryable`.
+    pub connection_lost: bool,
     /// The refused record as the client gave it back (`None` when it did not), for a
     /// dead-letter copy.
     pub record: Option<Box<Record>>,

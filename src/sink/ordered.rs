@@ -11,8 +11,11 @@
 //!
 //! Failures: a retryable one ([`Failure::Retry`]: a timeout, the server unavailable) is
 //! retried with backoff ([`FIRST_RETRY`] doubling up to [`MAX_RETRY`]), each attempt bounded by
-//! what is left of `delivery_timeout` after the record was accepted; then its outcome is a
-//! retryable [`DeliveryError`]. [`Failure::Broken`] (the connection is gone and the client will
+//! what is left of `delivery_timeout` after the record's first attempt; then its outcome is a
+//! retryable [`DeliveryError`]. The timeout measures the record's own attempts only: time spent
+//! queued behind its key's earlier records or waiting for a concurrency slot does not count, so
+//! a long run of one key's records (a big transaction, a backlog) is never failed for the time
+//! the records before it took. [`Failure::Broken`] (the connection is gone and the client will
 //! not reconnect) fails the record at once. A refusal ([`Failure::Refused`]: too large, not
 //! routable, not authorized) is the record's outcome at once.
 //!
@@ -118,7 +121,7 @@ pub trait Publisher: Send + Sync + 'static {
 pub struct OrderedSettings {
     /// Records published at once (of different keys); at least 1.
     pub max_concurrency: usize,
-    /// How long after its acceptance a record is retried before it fails.
+    /// How long after its first attempt a record is retried before it fails.
     pub delivery_timeout: Duration,
     /// Whether a refusal holds its key like a failure (`on_bad_event = "halt"`: nothing of
     /// the key after the refused record is published before the session stops).
@@ -137,8 +140,11 @@ struct Job {
     seq: u64,
     token: EventToken,
     record: Record,
-    /// On tokio's clock, which the delivery timeout is measured on.
+    /// On tokio's clock: the outcome's latency is measured from it.
     accepted: tokio::time::Instant,
+    /// When the record was first published, on tokio's clock: the delivery timeout is
+    /// measured from it. `None` while it waits for its key or a concurrency slot.
+    first_attempt: Option<tokio::time::Instant>,
 }
 
 /// What the sink sends its publishing task.
@@ -215,6 +221,7 @@ impl Sink for OrderedSink {
             token,
             record,
             accepted: tokio::time::Instant::now(),
+            first_attempt: None,
         };
         if let Err(mpsc::error::SendError(Command::Publish(job))) =
             self.jobs.send(Command::Publish(job))
@@ -226,6 +233,7 @@ impl Sink for OrderedSink {
                 reason: "the sink's publishing task ended".into(),
                 retryable: true,
                 too_large: false,
+                connection_lost: false,
                 record: Some(Box::new(job.record)),
             }));
         }
@@ -264,6 +272,7 @@ impl Sink for OrderedSink {
                         reason: "the sink's publishing task ended".into(),
                         retryable: true,
                         too_large: false,
+                        connection_lost: false,
                         record: None,
                     }),
                 };
@@ -350,8 +359,8 @@ impl<P: Publisher> Driver<P> {
     }
 
     /// Publishes `job`, after a backoff if this is a retry, waiting for the answer no longer
-    /// than the delivery timeout leaves.
-    fn attempt(&self, job: Job, attempt: u32) -> BoxFuture<'static, Attempt> {
+    /// than the delivery timeout leaves of the time since its first attempt.
+    fn attempt(&self, mut job: Job, attempt: u32) -> BoxFuture<'static, Attempt> {
         let publisher = Arc::clone(&self.publisher);
         let delay = match attempt {
             0 => Duration::ZERO,
@@ -364,7 +373,10 @@ impl<P: Publisher> Driver<P> {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let deadline = job.accepted + timeout;
+            let first = *job
+                .first_attempt
+                .get_or_insert_with(tokio::time::Instant::now);
+            let deadline = first + timeout;
             let result =
                 match tokio::time::timeout_at(deadline, publisher.publish(&job.record)).await {
                     Ok(result) => result,
@@ -387,14 +399,16 @@ impl<P: Publisher> Driver<P> {
         match result {
             Err(e)
                 if e.failure == Failure::Retry
-                    && job.accepted.elapsed() < self.settings.delivery_timeout =>
+                    && job
+                        .first_attempt
+                        .is_none_or(|first| first.elapsed() < self.settings.delivery_timeout) =>
             {
                 if self
                     .last_retry_warning
                     .is_none_or(|at| at.elapsed() >= RETRY_WARNING_INTERVAL)
                 {
                     self.last_retry_warning = Some(Instant::now());
-                    warn!(event_id = %job.record.event_id(), destination = %job.record.topic, reason = %e.reason, attempt = attempt + 1, "publishing failed; retrying (until delivery_timeout_ms after the record was accepted)");
+                    warn!(event_id = %job.record.event_id(), destination = %job.record.topic, reason = %e.reason, attempt = attempt + 1, "publishing failed; retrying (until delivery_timeout_ms after the record's first attempt)");
                 }
                 running.push(self.attempt(job, attempt + 1));
             }
@@ -434,6 +448,7 @@ impl<P: Publisher> Driver<P> {
                 reason: e.reason,
                 retryable: matches!(e.failure, Failure::Retry | Failure::Broken),
                 too_large: e.failure == Failure::Refused { too_large: true },
+                connection_lost: e.failure == Failure::Broken,
                 record: Some(Box::new(job.record)),
             }),
         };

@@ -94,6 +94,7 @@ fn delivery_error(
         reason: reason.into(),
         retryable,
         too_large,
+        connection_lost: false,
         record: None,
     }
 }

@@ -23,6 +23,8 @@ struct Server {
     hold: Mutex<Option<Vec<(String, oneshot::Sender<()>)>>>,
     /// Records being published now, and the most at once.
     running: Mutex<(usize, usize)>,
+    /// How long the server takes to answer each attempt (on tokio's clock).
+    latency: Mutex<Duration>,
 }
 
 impl Server {
@@ -60,6 +62,10 @@ impl Publisher for Fake {
             });
             if let Some(rx) = held {
                 let _ = rx.await;
+            }
+            let latency = *server.latency.lock().unwrap();
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
             }
             server.running.lock().unwrap().0 -= 1;
             let mut script = server.script.lock().unwrap();
@@ -257,6 +263,84 @@ async fn past_the_delivery_timeout_the_record_fails_and_its_key_stops() {
     assert!(
         attempts.iter().any(|(p, _)| p == "b1"),
         "another key is not held up"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_queued_behind_the_same_key_does_not_count_against_the_delivery_timeout() {
+    // One transaction of 300 events of one aggregate, a server answering in 20 ms: the last
+    // record waits 6 s for the ones before it, three times the delivery timeout.
+    let server = Arc::new(Server::default());
+    *server.latency.lock().unwrap() = Duration::from_millis(20);
+    let mut sink = sink(&server, 16, Duration::from_secs(2));
+    let payloads: Vec<String> = (0..300).map(|n| format!("p{n}")).collect();
+    let records: Vec<(Option<&str>, &str)> =
+        payloads.iter().map(|p| (Some("a"), p.as_str())).collect();
+    send_all(&mut sink, &records);
+    let got = outcomes(&mut sink).await;
+    let failed: Vec<_> = got.iter().filter(|(_, r)| r.is_err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 300 failed, first: {:?}",
+        failed.len(),
+        failed[0]
+    );
+    assert_eq!(got.len(), 300);
+    assert_eq!(
+        server.attempted(),
+        payloads,
+        "each record published once, in order"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn time_waiting_for_a_concurrency_slot_does_not_count_against_the_delivery_timeout() {
+    // 300 keys, 2 at a time, 20 ms each: the last waits 3 s for a slot; the timeout is 2 s.
+    let server = Arc::new(Server::default());
+    *server.latency.lock().unwrap() = Duration::from_millis(20);
+    let mut sink = sink(&server, 2, Duration::from_secs(2));
+    let keys: Vec<String> = (0..300).map(|n| format!("k{n}")).collect();
+    let records: Vec<(Option<&str>, &str)> = keys
+        .iter()
+        .map(|k| (Some(k.as_str()), k.as_str()))
+        .collect();
+    send_all(&mut sink, &records);
+    let got = outcomes(&mut sink).await;
+    let failed = got.iter().filter(|(_, r)| r.is_err()).count();
+    assert_eq!(failed, 0, "{failed} of 300 failed");
+    assert_eq!(server.attempted().len(), 300, "each record published once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_delivery_timeout_runs_from_a_record_s_first_attempt() {
+    // a1 takes 1.5 s to be acknowledged; a2 then fails every attempt: it is retried for its
+    // own 2 s (not the 0.5 s left since it was handed over), then fails.
+    let server = Arc::new(Server::default());
+    server
+        .script
+        .lock()
+        .unwrap()
+        .insert("a2", vec![Err(PublishError::retry("unavailable")); 1000]);
+    *server.latency.lock().unwrap() = Duration::from_millis(1500);
+    let mut sink = sink(&server, 8, Duration::from_secs(2));
+    let start = tokio::time::Instant::now();
+    send_all(&mut sink, &[(Some("a"), "a1"), (Some("a"), "a2")]);
+    let first = sink.next_delivery().await.unwrap();
+    assert!(first.result.is_ok());
+    *server.latency.lock().unwrap() = Duration::ZERO;
+    let second = sink.next_delivery().await.unwrap();
+    let error = second
+        .result
+        .expect_err("a2 fails after its delivery timeout");
+    assert!(error.retryable, "{error:?}");
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(3500),
+        "a2 failed {elapsed:?} after it was handed over: its 2 s must start at its first attempt, 1.5 s in"
+    );
+    assert!(
+        server.attempted().iter().filter(|p| *p == "a2").count() > 1,
+        "a2 was retried"
     );
 }
 

@@ -267,6 +267,7 @@ impl PollingSource {
                                 reason: e.reason.clone(),
                                 retryable: false,
                                 too_large: e.too_large,
+                                connection_lost: false,
                                 record: None,
                             });
                         }
@@ -449,6 +450,7 @@ impl Source for PollingSource {
                     reason: e.reason.clone(),
                     retryable: e.retryable,
                     too_large: e.too_large,
+                    connection_lost: e.connection_lost,
                     record: None,
                 })
             }
