@@ -21,7 +21,9 @@
 //! - Partition: the partition placement column's value, else chosen from the key.
 //!
 //! An event that fails any of these is a [`RouteError`]: the pipeline halts before
-//! confirming its transaction, or publishes [`Router::dead_letter`] (`on_bad_event`).
+//! confirming its transaction, or publishes [`Router::dead_letter`] (`on_bad_event`); a record
+//! the sink refuses for good becomes [`Router::dead_letter_refused`] (`router/dead_letter.rs`:
+//! a copy that is always deliverable, whatever the row held).
 //!
 //! [`Router::new`] builds the router from a pipeline's configuration and refuses options that
 //! cannot work, each problem with its field path (the checks are in `router/problems.rs`); the
@@ -40,17 +42,15 @@ use crate::config::{
     ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
     TopicCase, ValueFormat,
 };
-use crate::sink::{DeliveryError, Header, Record};
+use crate::sink::{Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
+mod dead_letter;
 mod problems;
 
-/// The dead-letter record's header with the reason.
-pub const ERROR_HEADER: &str = "outbox_relay_error";
-/// Header of a dead-letter record refused by Kafka: the topic the record was meant for.
-pub const TOPIC_HEADER: &str = "outbox_relay_topic";
+pub use dead_letter::{ERROR_HEADER, TOPIC_HEADER};
 
 /// An event that cannot be routed: bad input. The pipeline stops before confirming its
 /// transaction, or dead-letters it (`on_bad_event`).
@@ -433,58 +433,6 @@ impl Router {
             timestamp_ms: Some(timestamp_ms),
             partition,
         })
-    }
-
-    /// The dead-letter copy of a record Kafka refused for good (`error`): its key and headers,
-    /// plus `outbox_relay_error` (the reason, with the size and limit for an oversized record)
-    /// and `outbox_relay_topic` (where it was going), to `topic`. The value is kept, except for
-    /// a record refused as too large: the copy would be refused too, so it carries no value
-    /// (the event stays readable in the outbox table by its `id` if rows are kept).
-    pub fn dead_letter_refused(record: Record, error: &DeliveryError, topic: &str) -> Record {
-        let mut headers = record.headers;
-        headers.retain(|(name, _)| name != ERROR_HEADER && name != TOPIC_HEADER);
-        headers.push((
-            Cow::Borrowed(ERROR_HEADER),
-            Some(Bytes::from(error.reason.clone())),
-        ));
-        headers.push((Cow::Borrowed(TOPIC_HEADER), Some(Bytes::from(record.topic))));
-        Record {
-            topic: topic.to_owned(),
-            key: record.key,
-            value: if error.too_large { None } else { record.value },
-            headers,
-            // The producer's clock: the original timestamp may be why Kafka refused it
-            // (log.message.timestamp.*); it stays in the original row.
-            timestamp_ms: None,
-            partition: None,
-        }
-    }
-
-    /// The record that carries a bad `event` to `topic` instead: the original key and raw
-    /// payload, headers `id`, `event_type` (when known) and `outbox_relay_error` (`error`'s
-    /// text), at the commit time.
-    pub fn dead_letter(
-        event: &OutboxEvent,
-        error: &RouteError,
-        topic: &str,
-        commit_time_ms: i64,
-    ) -> Record {
-        let mut headers = vec![(Cow::Borrowed("id"), Some(event.id.clone()))];
-        if let Some(event_type) = &event.event_type {
-            headers.push((Cow::Borrowed("event_type"), Some(event_type.clone())));
-        }
-        headers.push((
-            Cow::Borrowed(ERROR_HEADER),
-            Some(Bytes::from(error.to_string())),
-        ));
-        Record {
-            topic: topic.to_owned(),
-            key: event.aggregate_id.clone(),
-            value: event.payload.clone(),
-            headers,
-            timestamp_ms: Some(commit_time_ms),
-            partition: None,
-        }
     }
 
     fn topic(&self, event: &OutboxEvent) -> Result<String, RouteError> {

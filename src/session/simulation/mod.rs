@@ -7,8 +7,9 @@
 //!
 //! # What a schedule is
 //! Drawn from its seed: the pipeline's limits (`max_in_flight_events` 1-6,
-//! `max_in_flight_bytes` 100-1500, a producer queue that may hold fewer records, the
-//! producer's and the broker's record size limits), at-least-once with or without
+//! `max_in_flight_bytes` 400-6000, a producer queue that may hold fewer records, the
+//! producer's and the broker's record size limits, a few KB: room for a dead-letter copy's
+//! document), at-least-once with or without
 //! `on_bad_event = "dead_letter"`, or exactly-once; a WAL of 1-4 transactions of 0-5 changes
 //! (outbox inserts and transactional logical messages with the prefix, which are events;
 //! inserts into another table and messages with another prefix, which are not; a

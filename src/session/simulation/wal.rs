@@ -143,7 +143,7 @@ impl Wal {
                             key: (rng.u8(0..20) != 0).then(|| format!("k{}", rng.usize(0..keys))),
                             aggregate_type: if bad_topic { "bad type" } else { "order" },
                             payload_len: if large && !bad_topic {
-                                rng.usize(300..900)
+                                rng.usize(1200..3600)
                             } else {
                                 rng.usize(2..60)
                             },

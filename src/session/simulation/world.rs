@@ -251,15 +251,15 @@ impl World {
             exactly_once,
             dead_letter,
             max_in_flight_events,
-            max_in_flight_bytes: rng.usize(100..1500),
+            max_in_flight_bytes: rng.usize(400..6000),
             status_interval_ms: rng.u64(200..=1000),
             shutdown_timeout_secs: rng.u64(1..=3),
             queue_limit: match rng.bool() {
                 true => rng.usize(1..=max_in_flight_events),
                 false => usize::MAX,
             },
-            producer_max_bytes: rng.usize(400..700),
-            broker_max_bytes: rng.usize(300..800),
+            producer_max_bytes: rng.usize(1600..2800),
+            broker_max_bytes: rng.usize(1200..3200),
             partitions: rng.usize(1..=3),
             batch: match exactly_once {
                 false => BatchLimits::SINGLE,
