@@ -387,7 +387,46 @@ async fn check_postgres(
     if config.slot_record {
         out.push(record::record_finding(config, client).await?);
     }
+    if let Some(prefix) = &config.message_prefix {
+        out.push(check_message_writers(prefix, client).await?);
+    }
     Ok(())
+}
+
+/// With `message_prefix`: whether PUBLIC may still call `pg_logical_emit_message` (its
+/// default), which lets any role that can connect publish events under the prefix.
+async fn check_message_writers(
+    prefix: &str,
+    client: &Client,
+) -> Result<Finding, tokio_postgres::Error> {
+    let public: Vec<String> = client
+        .query(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p
+             WHERE p.proname = 'pg_logical_emit_message'
+               AND p.pronamespace = 'pg_catalog'::regnamespace
+               AND has_function_privilege('public', p.oid, 'EXECUTE')
+             ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    Ok(match public.is_empty() {
+        true => finding(
+            "logical messages",
+            Verdict::Ok,
+            format!("only the roles granted pg_logical_emit_message can publish events with prefix {prefix:?}"),
+        ),
+        false => finding(
+            "logical messages",
+            Verdict::Warn,
+            format!(
+                "PUBLIC may execute {}: any role that can connect can publish events with prefix {prefix:?}, with any id, key and headers; revoke it from PUBLIC and grant it to the writer roles (sql/logical_messages.sql)",
+                public.join(", ")
+            ),
+        ),
+    })
 }
 
 /// Whether the table `quoted` has every column the mapping needs (the relay stops at the first

@@ -353,6 +353,70 @@ async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is(
     drop(relay);
 }
 
+/// With `message_prefix`, any role that can connect can publish events through
+/// `pg_logical_emit_message`, which PUBLIC may execute by default: `check` warns until
+/// `sql/logical_messages.sql` has revoked it, and a role without the grant can no longer call it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_while_public_may_emit_logical_messages_until_the_sql_kit_revokes_it() {
+    let setup = Setup::new("emit_grant", &["Order"], 1).await;
+    let c = &setup.db.client;
+    let writer = format!("{}_writer", setup.slot);
+    let outsider = format!("{}_outsider", setup.slot);
+    c.batch_execute(&format!("CREATE ROLE {writer}; CREATE ROLE {outsider}"))
+        .await
+        .unwrap();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[0] = "check".into();
+    args.extend(["--message-prefix".to_string(), "outbox".to_string()]);
+    let mut check = Relay::spawn(&args);
+    check.wait(Duration::from_secs(60));
+    let line = check
+        .log()
+        .lines()
+        .find(|l| l.contains("logical messages"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no logical messages finding:\n{}", check.log()));
+    assert!(
+        line.starts_with("WARN")
+            && line.contains("PUBLIC")
+            && line.contains("sql/logical_messages.sql"),
+        "{line}"
+    );
+
+    let kit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/logical_messages.sql"),
+    )
+    .unwrap()
+    .replace("ARRAY['orders_service']", &format!("ARRAY['{writer}']"));
+    // Twice: the kit is idempotent.
+    c.batch_execute(&kit).await.unwrap();
+    c.batch_execute(&kit).await.unwrap();
+    let mut check = Relay::spawn(&args);
+    check.wait(Duration::from_secs(60));
+    assert!(
+        check
+            .log()
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("logical messages")),
+        "{}",
+        check.log()
+    );
+    let emit = "SELECT pg_logical_emit_message(true, 'outbox', '{}')";
+    let denied = c
+        .batch_execute(&format!("SET ROLE {outsider}; {emit}"))
+        .await
+        .expect_err("a role without the grant emitted a message");
+    assert!(
+        denied.to_string().contains("permission denied")
+            || format!("{denied:?}").contains("permission denied"),
+        "{denied:?}"
+    );
+    c.batch_execute("RESET ROLE").await.unwrap();
+    c.batch_execute(&format!("SET ROLE {writer}; {emit}; RESET ROLE"))
+        .await
+        .expect("the writer role may emit");
+}
+
 /// Runs `outbox-relay probe --url URL` and returns its exit code and output.
 fn probe(url: &str) -> (Option<i32>, String) {
     let mut probe = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
