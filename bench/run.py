@@ -20,11 +20,12 @@ Contenders:
   same --kafka-property values) and records of the same shape. The broker-side limit: the
   relay cannot publish faster than this.
 - outbox-relay (release build).
-- wal2json relay: ../shared/peers/seed_cdc_relay.py (psycopg2 + wal2json + confluent-kafka;
+- wal2json relay: PEERS_DIR/seed_cdc_relay.py (psycopg2 + wal2json + confluent-kafka;
   confirms before the broker's ack, so an upper bound for that design).
-- polling relay: ../shared/peers/seed_poll_relay.py (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
+- polling relay: PEERS_DIR/seed_poll_relay.py (SELECT ... FOR UPDATE SKIP LOCKED LIMIT
   100 on its own outbox_events table, marks rows PUBLISHED in delivery callbacks).
-The peers run from ../shared/peers relative to the repo root (PEERS_DIR overrides); the
+The peers are not part of this repository: they run from PEERS_DIR (by default shared/peers
+beside the repository's folder) and are left out when missing; the
 wal2json relay needs postgresql-15-wal2json (installed with apt-get when missing, as root).
 Python dependencies go into bench/.venv.
 
@@ -107,7 +108,7 @@ PERF_DIR = None  # --perf
 def selected(contenders):
     return [c for c in contenders if c in SELECTED]
 
-# The peers' outbox (../shared/peers/README.md).
+# The peers' outbox (the README.md in PEERS_DIR).
 OUTBOX_EVENTS = """CREATE TABLE outbox_events (
     id UUID PRIMARY KEY DEFAULT gen_random_uuid(),
     aggregate_id VARCHAR(255) NOT NULL, aggregate_type VARCHAR(100) NOT NULL,
@@ -1250,7 +1251,7 @@ def main():
                     help="do not run tests/setup-deps.sh (PostgreSQL 15 and tansu are there already)")
     ap.add_argument("--peer-timeout", type=int, default=60,
                     help="seconds a peer relay may take to drain a backlog before it is stopped and scored")
-    ap.add_argument("--no-peers", action="store_true", help="without the reference relays in ../shared/peers")
+    ap.add_argument("--no-peers", action="store_true", help="without the reference relays in PEERS_DIR")
     ap.add_argument("--only", action="append", default=[], choices=SCENARIOS, help="run only these scenarios")
     ap.add_argument("--skip", action="append", default=[], choices=SCENARIOS, help="scenario to skip")
     ap.add_argument("--contender", action="append", default=[], choices=CONTENDERS,

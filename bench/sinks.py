@@ -12,8 +12,7 @@ slot, N single-row transactions (scenario 1's rows) committed while nothing read
   acknowledgement the relay waits for, into a destination of its own (`ceiling`), timed from
   its start to its exit, then counted the same way.
 The two alternate (forward in even rounds, reversed in odd ones); the ratio is the relay's
-events/s over the ceiling's. The relay publishes one key's events one at a time (README,
-Sinks) and reads and decodes the WAL as well, so its ceiling is a bound, not a target.
+events/s over the ceiling's. The relay publishes one key's events one at a time (docs/how-to/sinks/README.md) and reads and decodes the WAL as well, so its ceiling is a bound, not a target.
 
 A sink kind is a class with `kind`, `client` (the ceiling, for the printed rows),
 `start(work)`, `stop()`, `settings()` (the sink table's TOML lines), `ceiling(events,

@@ -56,8 +56,8 @@ PGBIN=/usr/lib/postgresql/15/bin
 as_pg() { if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi; }
 # Stops the relay with signal $1 (TERM: it drains in-flight deliveries and confirms the LSN;
 # KILL after a failure: the slot goes anyway), then drops slot quickstart and its row in the
-# slot record (see README, A slot is never silently replaced: the row would refuse a later
-# quickstart against the same database; the demo slot's loss is intended). Returns non-zero
+# slot record (see docs/concepts/guarantees.md, "A slot is never silently replaced": the row
+# would refuse a later quickstart against the same database; the demo slot's loss is intended). Returns non-zero
 # if the slot or the row could not be dropped.
 drop_demo_slot() {
   if [ -n "$RELAY_PID" ]; then

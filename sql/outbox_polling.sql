@@ -8,7 +8,7 @@
 --   VALUES ('Order', '42', 'OrderCreated', '{"total": 12.50}');
 -- The relay selects pending rows FOR UPDATE SKIP LOCKED, publishes them, and sets
 -- status = 'PUBLISHED', published_at = now() once Kafka acknowledged them. A delivery that
--- keeps failing ends as status = 'FAILED' (retry_count attempts; see the README).
+-- keeps failing ends as status = 'FAILED' (retry_count attempts; see docs/how-to/polling.md).
 
 CREATE TABLE IF NOT EXISTS outbox (
   id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),

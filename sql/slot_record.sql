@@ -1,6 +1,7 @@
 -- The slot record: which replication slots outbox-relay streamed from, so that a relay that
 -- finds its slot gone (dropped, or lost in a failover) refuses to create it again instead of
--- silently starting after the events it missed (README, "A slot is never silently replaced").
+-- silently starting after the events it missed (docs/concepts/guarantees.md,
+-- "A slot is never silently replaced").
 --
 -- The relay and `outbox-relay setup` create it on first start when the role may (CREATE on
 -- the database); otherwise run this file once as the database owner, then grant the relay's

@@ -20,5 +20,6 @@ if [ "$#" -eq 0 ]; then
   else
     echo "tests/run.sh: formatting checked (cargo fmt --check)"
   fi
+  tests/docs.sh || { [ "$status" -ne 0 ] || status=1; }  # links, table of contents, no history
 fi
 exit "$status"
