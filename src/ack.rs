@@ -1,6 +1,6 @@
 //! Ack tracking: turns Kafka delivery outcomes into the flush LSN confirmed to PostgreSQL.
 //!
-//! The invariant this module exists for (I4 in the README's "What it guarantees": no LSN past an unacknowledged event): the flush LSN sent to PostgreSQL never
+//! The invariant this module exists for (I4, LSN safety, in docs/concepts/guarantees.md: no LSN past an unacknowledged event): the flush LSN sent to PostgreSQL never
 //! passes the commit of a transaction that still has an event Kafka has not acknowledged.
 //! Confirming a transaction's end LSN tells the walsender never to send it again, so confirming
 //! early turns a later broker failure or crash into silent loss.
@@ -14,7 +14,7 @@
 //! Memory is one small entry per transaction that has events and is not yet confirmed: those
 //! with unacknowledged events and the acknowledged ones queued behind them. A transaction
 //! without outbox events folds into the one before it. [`AckTracker::unconfirmed_commits`]
-//! is what the session loop bounds (README, "Bounded memory"): a record that is never
+//! is what the session loop bounds (docs/concepts/guarantees.md, "Bounded memory"): a record that is never
 //! acknowledged must not let the queue behind it grow with the WAL read.
 //!
 //! The exactly-once checkpoint, a second position, lives in [`crate::exactly_once`].

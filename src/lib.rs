@@ -137,8 +137,8 @@ pub async fn run(
         None => None,
     };
     let mut tasks = JoinSet::new();
-    // At-least-once pipelines with the same Kafka settings share a producer (README,
-    // Performance: its threads and wakeups were most of an idle process's cost).
+    // At-least-once pipelines with the same Kafka settings share a producer
+    // (docs/how-to/several-databases.md: its threads and wakeups were most of an idle process's cost).
     let producers = sink::kafka::SharedProducers::for_pipelines(&pipelines);
     for pipeline in pipelines {
         let metrics = metrics.pipeline_with_sink(&pipeline.name, pipeline.sink.kind());

@@ -7,7 +7,7 @@
 //! [`crate::sink::kafka::SharedProducers`]), and a new session resumes from the slot's
 //! `confirmed_flush_lsn` after an exponential backoff with jitter. Since the relay confirms
 //! only what Kafka acknowledged (see [`crate::ack`]), everything after that LSN is published
-//! again: duplicates are possible after a failure, loss is not (README, "What it guarantees").
+//! again: duplicates are possible after a failure, loss is not (docs/concepts/guarantees.md).
 //!
 //! Exactly-once mode (opt-in) makes the producer transactional ([`crate::exactly_once`]). A
 //! new session fences the previous producer, reads the checkpoint back and passes over the

@@ -62,7 +62,7 @@ pub const DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS: u64 = 5;
 /// slot, the slot record ([`DEFAULT_SLOT_RECORD`]) keeps a lost one from being created again.
 pub const DEFAULT_CREATE_SLOT: bool = true;
 /// Remembering each slot the relay streamed from is what keeps a lost slot from being
-/// re-created silently on the next start (README, "A slot is never silently replaced").
+/// re-created silently on the next start (docs/concepts/guarantees.md, "A slot is never silently replaced").
 pub const DEFAULT_SLOT_RECORD: bool = true;
 /// The schema of the slot record table (`sql/slot_record.sql`): the relay's own, apart from
 /// the application's tables.

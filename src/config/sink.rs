@@ -355,7 +355,7 @@ impl fmt::Debug for SinkUrl {
 /// Each record is `XADD <stream> * id <event id> key <aggregate id> [event_type ...] [header
 /// fields] payload <value>`, the stream being the routed destination (`<aggregate_type>.events`
 /// by default). An `XADD` reply is an acknowledgement: how durable it is depends on the
-/// server's persistence settings (README, "Redis Streams").
+/// server's persistence settings (docs/how-to/sinks/redis.md, "What acknowledged means").
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
@@ -398,7 +398,7 @@ impl RedisConfig {
 /// Each record is a persistent message published with `mandatory` to `exchange`, its routing
 /// key the routed destination (`<aggregate_type>.events` by default): with a topic exchange,
 /// consumers bind `Order.#`, `*.events` and so on. The server's publisher confirm is the
-/// acknowledgement; a message no queue takes (returned) is refused. README, "RabbitMQ".
+/// acknowledgement; a message no queue takes (returned) is refused. docs/how-to/sinks/rabbitmq.md, "What acknowledged means".
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RabbitMqConfig {

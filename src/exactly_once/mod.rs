@@ -58,7 +58,7 @@ const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The checkpoint could not be read at session start.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpoint topic {0:?} does not exist: create it with cleanup.policy=compact (see README, exactly-once mode)")]
+    #[error("checkpoint topic {0:?} does not exist: create it with cleanup.policy=compact (see docs/concepts/exactly-once.md)")]
     MissingTopic(String),
     /// The broker's metadata named an error for the topic other than its absence: transient
     /// (no leader yet, a broker restarting) unless it refuses the relay

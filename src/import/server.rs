@@ -279,9 +279,9 @@ impl SinkOptions {
         };
         let scheme = if tls { "rediss" } else { "redis" };
         if let Some(format) = self.take("message.format") {
-            self.note("message.format", format!("{format}: outbox-relay writes one entry per event with the fields id, event headers, key and payload (README, Redis Streams), not Debezium's key -> value field"));
+            self.note("message.format", format!("{format}: outbox-relay writes one entry per event with the fields id, event headers, key and payload (docs/how-to/sinks/redis.md), not Debezium's key -> value field"));
         } else {
-            self.note("message.format", "not set, so Debezium wrote each entry as one field named after the key holding the value; outbox-relay writes the fields id, event headers, key and payload (README, Redis Streams): check your consumers");
+            self.note("message.format", "not set, so Debezium wrote each entry as one field named after the key holding the value; outbox-relay writes the fields id, event headers, key and payload (docs/how-to/sinks/redis.md): check your consumers");
         }
         RedisConfig {
             url: SinkUrl(format!("{scheme}://{credentials}{address}")),
@@ -301,7 +301,7 @@ impl SinkOptions {
         }
         for option in ["auth.jwt", "auth.seed", "auth.user", "auth.password"] {
             if self.take(option).is_some() {
-                self.note(option, "not copied: give the user and password in sink.url, or sink.token / nkey / credentials_file (README, NATS JetStream)");
+                self.note(option, "not copied: give the user and password in sink.url, or sink.token / nkey / credentials_file (docs/how-to/sinks/nats.md)");
             }
         }
         NatsConfig {

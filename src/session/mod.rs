@@ -50,7 +50,7 @@ const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
 /// produce response's reports cost one turn (its timers and wake-ups) instead of one each.
 /// Small enough that a shutdown is seen within microseconds. (Source items are taken one per
 /// turn: taking a socket read's worth at once doubled the walsender's CPU in the backlog
-/// benchmark, README Performance.)
+/// benchmark, docs/performance.md.)
 const READY_BATCH: usize = 64;
 
 /// The delivery guarantee of a session.

@@ -23,8 +23,7 @@ pub(crate) enum Mutation {
     /// Reading goes on while records wait for room in the sink's queue, and they are offered
     /// again newest first: later events of a key overtake earlier ones.
     Overtake,
-    /// Reading is gated on the in-flight counts only, not on the ack tracker's queue (issue 16,
-    /// defect 3).
+    /// Reading is gated on the in-flight counts only, not on the ack tracker's queue.
     NoTrackerBound,
     /// The drain at shutdown waits for every outcome, without its deadline.
     DrainForever,

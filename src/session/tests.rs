@@ -382,7 +382,7 @@ async fn run_session(
     (result, started.elapsed())
 }
 
-/// Issue 16, defect 3: reading was gated only on the sink's in-flight count, so behind one
+/// Reading was gated only on the sink's in-flight count, so behind one
 /// record that is never acknowledged every later (acknowledged) transaction stayed queued in
 /// the ack tracker, as many as the source had.
 #[tokio::test(start_paused = true)]
@@ -409,7 +409,7 @@ async fn one_unacknowledged_record_does_not_let_the_ack_tracker_grow_with_the_so
     );
 }
 
-/// Issue 16, defect 5: with the sink's queue full, `send` waited inside the select arm: no
+/// With the sink's queue full, `send` waited inside the select arm: no
 /// confirmations (the walsender times out) and no shutdown until an outcome came.
 #[tokio::test(start_paused = true)]
 async fn a_full_sink_queue_keeps_confirmations_and_shutdown_alive() {
@@ -787,7 +787,7 @@ async fn a_failed_delivery_in_the_drain_after_bad_input_withdraws_the_records_be
 }
 
 /// Bad routing input stops the session with an error naming the event's LSN as well as its
-/// id (README: "an error naming the event id and LSN"); the router alone knows no LSN.
+/// id (docs/concepts/guarantees.md, "Bad input"); the router alone knows no LSN.
 #[tokio::test(start_paused = true)]
 async fn bad_routing_input_names_the_events_lsn_and_id() {
     let config = config();

@@ -224,7 +224,7 @@ fn producer_config(
     // librdkafka counts key and value bytes against `queue.buffering.max.kbytes`; the relay
     // lets one record (up to `message.max.bytes`) go past its byte limit, plus the
     // exactly-once checkpoint record. Lower than that, the queue would be full before the
-    // in-flight limit is reached (issue 16, defect 5).
+    // in-flight limit is reached.
     let message_max_bytes = client
         .get("message.max.bytes")
         .and_then(|v| v.parse::<usize>().ok())
@@ -846,7 +846,7 @@ mod tests {
         assert_eq!(config.get("message.timeout.ms"), Some("0"));
         assert_eq!(config.get("queue.buffering.max.messages"), Some("100000"));
         assert_eq!(config.get("partitioner"), Some("murmur2_random"));
-        // librdkafka's 5 ms batching wait stays unless set (README: Performance).
+        // librdkafka's 5 ms batching wait stays unless set (docs/performance.md).
         assert_eq!(config.get("linger.ms"), None);
 
         let config = producer_config(
@@ -862,7 +862,7 @@ mod tests {
         assert_eq!(config.get("transactional.id"), Some("tx"));
     }
 
-    /// Issue 16, defect 5: librdkafka's byte limit below `max_in_flight_bytes` made its queue
+    /// Librdkafka's byte limit below `max_in_flight_bytes` made its queue
     /// full before the relay's limit, and `send` waited for room.
     #[test]
     fn librdkafka_queue_holds_the_in_flight_byte_limit_and_one_record_more() {

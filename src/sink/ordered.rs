@@ -106,7 +106,7 @@ impl PublishError {
 }
 
 /// A client of one sink kind: publishes a record and resolves once the server acknowledged it
-/// (what "acknowledged" means for each kind is in its module and the README).
+/// (what "acknowledged" means for each kind is in its module and its page under docs/how-to/sinks/).
 pub trait Publisher: Send + Sync + 'static {
     /// Publishes `record` (its `topic` is the routed destination: stream, subject, routing key
     /// or URL, as the kind defines). The future must not borrow `record`: clone what it needs

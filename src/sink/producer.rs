@@ -11,7 +11,7 @@
 //! A sink's records report into one queue, which wakes the sink's task only when it goes from
 //! empty to not empty: librdkafka hands over the reports of a produce response together, and
 //! the sink takes them together, one wake-up per batch instead of one per record (a future per
-//! record cost a wake-up, three allocations and a task node each; README, Performance).
+//! record cost a wake-up, three allocations and a task node each; docs/performance.md).
 //!
 //! A new idempotent producer gets its producer id (and so sends its first record) only when
 //! librdkafka's 500 ms id timer next finds a broker connected: on a cluster whose bootstrap

@@ -12,7 +12,7 @@
 //! The `XADD` reply is the acknowledgement: the entry is in the server's memory, and as durable
 //! as its persistence settings make it (with `appendonly yes` and `appendfsync always`, on
 //! disk; with the default `everysec`, at most the last second is lost if the server's machine
-//! fails; without AOF, everything since the last RDB snapshot). README, "Redis Streams".
+//! fails; without AOF, everything since the last RDB snapshot). docs/how-to/sinks/redis.md.
 
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};

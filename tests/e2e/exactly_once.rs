@@ -537,7 +537,7 @@ fn eos_args(setup: &Setup, bootstrap: &str) -> Vec<String> {
     args
 }
 
-/// Issue 16, defect 2: a checkpoint is only good for the WAL history it was written in. The
+/// A checkpoint is only good for the WAL history it was written in. The
 /// pipeline's checkpoint comes from the shared cluster; then the same pipeline name is pointed
 /// at a fresh cluster, whose events have LSNs below that checkpoint. The relay must refuse
 /// (naming what to do) and confirm nothing, instead of passing the events over as committed.
@@ -643,7 +643,7 @@ async fn exactly_once_refuses_a_checkpoint_of_another_cluster_and_confirms_nothi
     );
 }
 
-/// Issue 16, defect 1: with `on_bad_event = "dead_letter"`, a record the broker refuses for
+/// With `on_bad_event = "dead_letter"`, a record the broker refuses for
 /// good leaves the Kafka transaction abortable only. The relay aborts it and redoes the
 /// PostgreSQL transaction with that event in the dead-letter topic: the copy arrives, the
 /// other events arrive once in the read_committed view, and the slot moves past.
@@ -745,7 +745,7 @@ dead_letter_topic = "{dlq}"
     assert!(relay.is_running(), "{log}");
 }
 
-/// Issue 16, defect 4 (exactly-once part): a stop while the exactly-once start waits for a
+/// A stop while the exactly-once start waits for a
 /// transaction coordinator that never answers (librdkafka's init call: up to 60 s) ends the
 /// relay within seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -858,7 +858,7 @@ impl Drop for Standby<'_> {
     }
 }
 
-/// Issue 16, defect 2, a legitimate failover: a promoted standby of the same cluster has the
+/// A legitimate failover: a promoted standby of the same cluster has the
 /// same system identifier and timeline 2. The checkpoint written on timeline 1 before the
 /// switch point is accepted (and the next one written with timeline 2); one on timeline 1
 /// past the switch point is refused, read from the server's real `TIMELINE_HISTORY`.

@@ -368,7 +368,7 @@ async fn kill_9_at_random_moments_loses_nothing_and_keeps_key_order() {
     drop(relay);
 }
 
-/// Issue 5, case 1: the broker hangs longer than the producer's message timeout. librdkafka
+/// The broker hangs longer than the producer's message timeout. librdkafka
 /// gives up on the records; the relay must not skip them: it drops the producer, reconnects
 /// from the slot's confirmed LSN and publishes again, retrying with backoff until the broker is
 /// back. Meanwhile the slot stays before the first unacknowledged commit.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::{self, http_get, metric_value, pg, unique_name, wait_for, Auth, Relay};
 use crate::{write_events, Setup};
 
-/// Defect 4: a SIGTERM while the relay sets up its session, here creating its slot, which
+/// A SIGTERM while the relay sets up its session, here creating its slot, which
 /// waits for a transaction that stays open (the relay's SQL connection runs with
 /// `statement_timeout = 0`), ends the process within seconds, well under the 30 s shutdown
 /// timeout, with success and without ever streaming.
@@ -100,7 +100,7 @@ fn reconnect_delays_ms(log: &str) -> Vec<u64> {
         .collect()
 }
 
-/// Defect 6: a session that fails right after every start (here: the broker is unreachable
+/// A session that fails right after every start (here: the broker is unreachable
 /// and each record times out after 1 s, before anything is confirmed) is retried after a
 /// growing delay, not about every second, and `/readyz` and
 /// `outbox_relay_consecutive_failed_sessions` show the recurring error.

@@ -37,7 +37,7 @@
 //! a `read_committed` consumer does not see); reaches the last commit in the last session;
 //! every committed event reaches the broker (exactly-once: is visible exactly once); the first
 //! arrivals of each key are in commit order (exactly-once: of the visible records), except
-//! after an event the broker refused for good once it was sent (the README's known limit: a
+//! after an event the broker refused for good once it was sent (a known limit, docs/concepts/guarantees.md: a
 //! later record of its key may be acknowledged first); records and bytes in flight stay
 //! within the limits (bytes: one record past the limit, plus the larger headers of the
 //! dead-letter copies that replace refused records), and so do the committed transactions
@@ -480,7 +480,7 @@ mod tests {
         every_schedule(Guarantee::AtLeastOnce, "every_schedule_at_least_once");
     }
 
-    /// Issue 16, defect 1: with a dead-letter topic, a record the broker refuses for good
+    /// With a dead-letter topic, a record the broker refuses for good
     /// leaves the transaction abortable; the session aborts it and the next one redoes the
     /// transaction with the event in the dead-letter topic. (Before the redo, the copy was
     /// refused in the abortable transaction and every session met the same record again:

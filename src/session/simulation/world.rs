@@ -40,7 +40,7 @@ pub(crate) enum Guarantee {
     AtLeastOnce,
     /// Without a dead-letter topic and bad input.
     ExactlyOnce,
-    /// With a dead-letter topic and bad input: issue 16, defect 1.
+    /// With a dead-letter topic and bad input.
     ExactlyOnceWithDeadLetter,
 }
 
@@ -213,8 +213,8 @@ pub(super) struct World {
     pub log: Vec<Written>,
     written: HashSet<String>,
     /// Events the broker refused for good after accepting them: a later record of the same
-    /// key may be acknowledged first (README, "Known limits"), so they are exempt from the
-    /// order check.
+    /// key may be acknowledged first (docs/concepts/guarantees.md, "Known limits"), so they
+    /// are exempt from the order check.
     pub refused_after_send: HashSet<String>,
     pub coordinator: Coordinator,
     pub faults: Faults,

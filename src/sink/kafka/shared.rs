@@ -3,8 +3,8 @@
 //!
 //! Each librdkafka producer costs a main thread, a thread per broker, an internal broker thread
 //! and the relay's delivery report thread, and each wakes up on its own timers: with 50
-//! pipelines that was most of the process's threads and half its idle CPU (README,
-//! Performance). Pipelines whose `kafka` settings are equal share one producer instead, and
+//! pipelines that was most of the process's threads and half its idle CPU
+//! (docs/performance.md). Pipelines whose `kafka` settings are equal share one producer instead, and
 //! keep what separate producers gave them:
 //!
 //! - **Queue space.** librdkafka's queue limits are the sum of the members' in-flight limits

@@ -1,7 +1,7 @@
 use super::*;
 use crate::source::pgoutput::{decode, LogicalReplicationMessage};
 
-/// The captured PostgreSQL 15 stream (tests/fixtures/README: see ../shared/fixtures).
+/// The captured PostgreSQL 15 stream (tests/fixtures/README.md).
 fn fixture() -> Vec<LogicalReplicationMessage> {
     include_str!(concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -6,7 +6,7 @@ const FIXTURE: &str = include_str!(concat!(
     "/tests/fixtures/pgoutput-v1-stream.jsonl"
 ));
 
-/// One line of the fixture; see `/work/shared/fixtures/README.md` for the SQL behind it.
+/// One line of the fixture; see `tests/fixtures/README.md` for the SQL behind it.
 struct Line {
     lsn: Lsn,
     xid: u32,
