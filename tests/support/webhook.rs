@@ -45,6 +45,8 @@ struct Recorded {
     statuses: Mutex<HashMap<String, (StatusCode, Option<u64>)>>,
     /// Per path: requests answered with a status of `statuses`.
     refused: Mutex<HashMap<String, usize>>,
+    /// Per path: how long the receiver takes to answer.
+    delays: Mutex<HashMap<String, Duration>>,
 }
 
 /// The receiver (see the module docs).
@@ -159,7 +161,13 @@ impl WebhookServer {
         let app = axum::Router::new().fallback(
             move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
                 let recorded = Arc::clone(&recorded);
-                async move { answer(&recorded, method, uri, headers, body) }
+                async move {
+                    let delay = recorded.delays.lock().unwrap().get(&decoded(&uri)).copied();
+                    if let Some(delay) = delay {
+                        tokio::time::sleep(delay).await;
+                    }
+                    answer(&recorded, method, uri, headers, body)
+                }
             },
         );
         let _entered = runtime.enter();
@@ -201,6 +209,15 @@ impl WebhookServer {
         };
     }
 
+    /// Takes `delay` to answer each request for `path` from now on (a slow receiver).
+    pub fn delay(&self, path: &str, delay: Duration) {
+        self.recorded
+            .delays
+            .lock()
+            .unwrap()
+            .insert(path.to_owned(), delay);
+    }
+
     /// Every acknowledged request so far, in arrival order.
     pub fn received(&self) -> Vec<Received> {
         self.recorded.received.lock().unwrap().clone()
@@ -225,6 +242,13 @@ impl Drop for WebhookServer {
     }
 }
 
+/// The request's path, percent-decoded.
+fn decoded(uri: &Uri) -> String {
+    percent_encoding::percent_decode_str(uri.path())
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 fn answer(
     recorded: &Recorded,
     method: Method,
@@ -232,9 +256,7 @@ fn answer(
     headers: HeaderMap,
     body: Bytes,
 ) -> (StatusCode, HeaderMap) {
-    let path = percent_encoding::percent_decode_str(uri.path())
-        .decode_utf8_lossy()
-        .into_owned();
+    let path = decoded(&uri);
     let mut reply = HeaderMap::new();
     if let Some((status, retry_after)) = recorded.statuses.lock().unwrap().get(&path).copied() {
         *recorded.refused.lock().unwrap().entry(path).or_default() += 1;

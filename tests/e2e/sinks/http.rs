@@ -145,6 +145,52 @@ sink_scenarios!(
     bad_routing_input
 );
 
+/// A line break in a header value, which no HTTP header carries (a receiver's 431 is the same
+/// case): the dead-letter copy goes out all the same and the next row follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_no_request_can_carry_is_dead_lettered_and_the_next_row_follows() {
+    super::hostile_headers_are_dead_lettered(shared(), r#"{"trace": "a\nb"}"#).await;
+}
+
+/// One transaction of 300 events of one aggregate to a receiver that takes 20 ms per request,
+/// with `delivery_timeout_ms = 2000`: the last event waits 6 s behind the others, which must
+/// not count against its own timeout. Every event arrives once, in order, and the slot is
+/// confirmed. (The timeout ran from when the record was handed over: the session failed at
+/// about the 100th event, every time, republishing the ones before it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_transaction_of_one_aggregate_on_a_slow_receiver_is_not_timed_out() {
+    let mut server = Webhooks::new(WebhookServer::spawn(free_port()));
+    server.extra = "delivery_timeout_ms = 2000".into();
+    let setup = setup("http_slow", &["Order"]).await;
+    let destinations = setup.topics();
+    server.server.delay(
+        &format!("{HOOKS}{}", destinations[0]),
+        Duration::from_millis(20),
+    );
+    let (_dir, args) = relay_args(&setup, &server, "");
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let (written, before_commit) =
+        write_events(&setup.db.client, 1, 300, &setup.types, 1, 0, Duration::ZERO).await;
+    let got = read_until(
+        &server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_delivered(&written, &got, true);
+    setup
+        .wait_confirmed_past(
+            before_commit[0],
+            "the slot to be confirmed past the transaction",
+            Duration::from_secs(30),
+        )
+        .await;
+    drop(relay);
+}
+
 /// Each request carries `webhook-id` (the event id), a current `webhook-timestamp` and a
 /// `webhook-signature` that the Standard Webhooks scheme verifies with the secret from
 /// `secret_file` (and not with another secret).

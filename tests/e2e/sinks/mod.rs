@@ -360,6 +360,143 @@ pub(crate) async fn polling_main_job(server: &impl SinkServer) {
     drop(relay);
 }
 
+/// The server stopped for a few seconds under a polling pipeline: the relay connects again once
+/// it is back (a client that does not reconnect by itself, as lapin's, gets a new session), every
+/// event arrives, and every row ends PUBLISHED, none FAILED.
+pub(crate) async fn polling_server_restart(server: &impl SinkServer) {
+    let setup = setup(&format!("{}_pollrestart", server.kind()), &["Order"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let (_dir, args) = polling_relay_args(&setup, server, "").await;
+    let client = &setup.db.client;
+    let relay = Relay::spawn(&args);
+    let (mut written, _) = write_events(client, 5, 2, &setup.types, 3, 0, Duration::ZERO).await;
+    read_until(
+        server,
+        &destinations,
+        written.len(),
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+
+    server.stop();
+    let (during, _) =
+        write_events(client, 5, 2, &setup.types, 3, 10, Duration::from_millis(50)).await;
+    written.extend(during);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.start();
+    let (after, _) = write_events(client, 5, 2, &setup.types, 3, 20, Duration::ZERO).await;
+    written.extend(after);
+    let got = read_until(
+        server,
+        &destinations,
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_delivered(&written, &got, false);
+    wait_for(
+        "every outbox row to be marked PUBLISHED once the server is back",
+        Duration::from_secs(60),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE status <> 'PUBLISHED'),
+                            count(*) FILTER (WHERE status = 'FAILED')
+                     FROM outbox",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let (pending, failed): (i64, i64) = (row.get(0), row.get(1));
+            assert_eq!(failed, 0, "rows marked FAILED while the server was down");
+            (pending == 0).then_some(())
+        },
+    )
+    .await;
+    drop(relay);
+}
+
+/// A row whose headers the sink cannot carry (`headers`, a jsonb object), then an ordinary row
+/// of the same aggregate, with `on_bad_event = "dead_letter"`: the first goes to the
+/// dead-letter destination as a copy the sink takes, with the row's headers in its value, the
+/// second to its destination, and the slot is confirmed past both. (The copy kept the row's
+/// headers, was refused again, and the relay stopped on that row for good.)
+pub(crate) async fn hostile_headers_are_dead_lettered(server: &impl SinkServer, headers: &str) {
+    let setup = setup(&format!("{}_hostile", server.kind()), &["Order"]).await;
+    let destinations = setup.topics();
+    let dead_letter = format!("{}.dead-letter", setup.slot);
+    server
+        .prepare(&[destinations[0].clone(), dead_letter.clone()])
+        .await;
+    let (_dir, args) = relay_args(&setup, server, &dead_letter_to(&dead_letter));
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let client = &setup.db.client;
+    let row = client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ($1, 'k1', 'Test', '{\"n\": 1}', $2::text::jsonb) RETURNING id::text",
+            &[&setup.types[0], &headers],
+        )
+        .await
+        .unwrap();
+    let hostile_id: String = row.get(0);
+    let witness = setup.witness().await;
+    let after = insert(client, &setup.types[0], "k1", r#"{"n": 2}"#).await;
+    let after_commit = setup.commit_end_of(&witness, &after.id).await;
+    let got = read_until(
+        server,
+        &destinations[..1],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(std::slice::from_ref(&after), &got, true);
+    let dead = read_until(
+        server,
+        std::slice::from_ref(&dead_letter),
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    let document: serde_json::Value =
+        serde_json::from_slice(dead[0].value.as_deref().expect("the copy has a value")).unwrap();
+    assert_eq!(document["id"], hostile_id.as_str(), "{document}");
+    assert_eq!(document["topic"], destinations[0].as_str(), "{document}");
+    let expected: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(headers).unwrap();
+    for (name, value) in &expected {
+        let carried = document["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("header {name:?} not in the copy's value: {document}"));
+        assert_eq!(&carried["value"], value, "{document}");
+    }
+    assert!(
+        !dead[0]
+            .header_str("outbox_relay_error")
+            .unwrap_or_default()
+            .is_empty(),
+        "the copy says why: {:?}",
+        dead[0].headers
+    );
+    setup
+        .wait_confirmed_past(
+            after_commit - 1,
+            "the slot to be confirmed past the ordinary row after the dead-lettered one",
+            Duration::from_secs(30),
+        )
+        .await;
+    drop(relay);
+}
+
 /// Replaces the test database's outbox with the polling source's (`sql/outbox_polling.sql`)
 /// and returns `run --config` for a polling pipeline on it publishing to `server`, with
 /// `sink_extra` lines in its sink table.
@@ -457,6 +594,11 @@ macro_rules! sink_scenarios {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn polling_main_job() {
             crate::sinks::polling_main_job($shared).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn polling_server_restart() {
+            crate::sinks::polling_server_restart(&$private).await;
         }
     };
 }

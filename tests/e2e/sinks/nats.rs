@@ -97,6 +97,13 @@ impl SinkServer for Nats {
 
 sink_scenarios!(shared(), private(), bad_routing_input);
 
+/// A line break in a header value, which no NATS header carries: the dead-letter copy goes out
+/// all the same and the next row follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_nats_cannot_carry_is_dead_lettered_and_the_next_row_follows() {
+    super::hostile_headers_are_dead_lettered(shared(), r#"{"trace": "a\r\nNats-Msg-Id: x"}"#).await;
+}
+
 /// Events in the stream of `subject` (copies included).
 async fn stored(js: &async_nats::jetstream::Context, subject: &str) -> u64 {
     let name = stream_name(subject);

@@ -81,6 +81,14 @@ impl SinkServer for RabbitMq {
 
 sink_scenarios!(shared(), RabbitMq::new(free_port()), bad_routing_input);
 
+/// A header name over AMQP's 255 bytes: the dead-letter copy goes out all the same and the next
+/// row follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_amqp_cannot_carry_is_dead_lettered_and_the_next_row_follows() {
+    let headers = format!(r#"{{"{}": "v"}}"#, "h".repeat(300));
+    super::hostile_headers_are_dead_lettered(shared(), &headers).await;
+}
+
 /// A config file's text: one pipeline on `setup` with the RabbitMQ sink table `sink` (its
 /// TOML lines after `kind`).
 fn pipeline_toml(setup: &crate::Setup, sink: &str) -> String {
