@@ -600,6 +600,7 @@ mod tests {
             retryable: false,
             too_large: true,
             connection_lost: false,
+            attempted: true,
             record: None,
         }
     }

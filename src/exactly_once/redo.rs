@@ -42,6 +42,7 @@ impl RefusedEvent {
             retryable: false,
             too_large: self.too_large,
             connection_lost: false,
+            attempted: true,
             record: None,
         }
     }

@@ -235,6 +235,7 @@ impl Sink for FakeSink {
                     retryable: false,
                     too_large: false,
                     connection_lost: false,
+                    attempted: true,
                     record: Some(Box::new(record)),
                 }));
             }
@@ -259,6 +260,7 @@ impl Sink for FakeSink {
                     retryable: true,
                     too_large: false,
                     connection_lost: lost,
+                    attempted: true,
                     record: None,
                 })
             } else if self.refuse.contains(&number) {
@@ -270,6 +272,7 @@ impl Sink for FakeSink {
                     retryable: false,
                     too_large: false,
                     connection_lost: false,
+                    attempted: true,
                     record: Some(Box::new(record.clone())),
                 })
             } else {

@@ -46,6 +46,33 @@ use crate::source::tls::{SslMode, TlsSettings};
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// How much of a refusing answer's body goes into the error.
 const BODY_IN_ERROR: usize = 200;
+/// The most of an answer's body the relay reads, bytes: enough to quote a refusal. A longer
+/// body is not read further (its connection is closed instead of reused), so a receiver cannot
+/// make the relay buffer what it sends.
+pub const MAX_BODY_READ: usize = 4096;
+
+/// Headers of the request itself, which no record header may set, whatever `header_prefix`
+/// makes of its name: the relay's own (a second `webhook-signature` would let a row sign its
+/// own request), and those that change what the request is, where it goes or whom it is from.
+pub(crate) const RESERVED_HEADERS: [&str; 17] = [
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "host",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+];
 
 /// A client posting records to webhook URLs.
 pub struct HttpPublisher {
@@ -200,10 +227,19 @@ impl HttpPublisher {
         }
         for (name, value) in &record.headers {
             let value = value.as_deref().unwrap_or_default();
-            match name.as_ref() {
-                "key" => add(&format!("{prefix}header.key"), value)?,
-                name => add(&format!("{prefix}{name}"), value)?,
+            let name = match name.as_ref() {
+                "key" => format!("{prefix}header.key"),
+                name => format!("{prefix}{name}"),
+            };
+            if let Some(reserved) = RESERVED_HEADERS
+                .iter()
+                .find(|reserved| reserved.eq_ignore_ascii_case(&name))
+            {
+                return Err(PublishError::refused(format!(
+                    "header {name:?} would set the request's own {reserved} header"
+                )));
             }
+            add(&name, value)?;
         }
         if let Some(key) = &record.key {
             add(&format!("{prefix}key"), key)?;
@@ -243,7 +279,7 @@ impl Publisher for HttpPublisher {
                 .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
                 .map(|secs| Duration::from_secs(secs).min(MAX_RETRY_AFTER));
             // Read the body so the connection can be used again (and to quote a refusal).
-            let body = response.bytes().await.unwrap_or_default();
+            let body = read_some(response).await;
             let failure = match classify(status) {
                 None => return Ok(()),
                 Some(failure) => failure,
@@ -283,6 +319,21 @@ fn classify(status: StatusCode) -> Option<Failure> {
 /// `url` for messages: without its query (which may hold a token) and password.
 fn shown(url: &str) -> String {
     redact_url(url.split('?').next().unwrap_or(url))
+}
+
+/// The first [`MAX_BODY_READ`] bytes of `response`'s body (fewer if it ends sooner or fails).
+async fn read_some(mut response: reqwest::Response) -> Bytes {
+    let mut body = bytes::BytesMut::new();
+    while body.len() < MAX_BODY_READ {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_BODY_READ - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    body.freeze()
 }
 
 /// The start of an answer's body for an error: `: "<text>"`, or nothing when empty.
@@ -434,6 +485,81 @@ mod tests {
             shown("https://u:pw@h/hooks/x?token=t"),
             "https://u:***@h/hooks/x"
         );
+    }
+
+    /// A receiver that answers 400 with a body that never ends: the refusal comes at once,
+    /// quoting the start of the body, with no more than [`MAX_BODY_READ`] of it read. (The
+    /// whole body was read: an 800 MB one took the relay to 2.9 GB.)
+    #[tokio::test]
+    async fn a_refusal_s_body_is_read_only_as_far_as_it_is_quoted() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&sent);
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let head = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
+            socket.write_all(head.as_bytes()).await.unwrap();
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+            // 1 GiB at most, unless the client stops reading first.
+            for _ in 0..16 * 1024 {
+                if socket.write_all(chunk.as_bytes()).await.is_err() {
+                    break;
+                }
+                counter.fetch_add(64 * 1024, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let config = HttpConfig {
+            url: SinkUrl(format!("http://127.0.0.1:{port}/hooks/{{destination}}")),
+            request_timeout_ms: 60_000,
+            ..HttpConfig::default()
+        };
+        let publisher = HttpPublisher::connect(&config, None).unwrap();
+        let e = tokio::time::timeout(
+            Duration::from_secs(20),
+            publisher.publish(&record("t", None)),
+        )
+        .await
+        .expect("the refusal within 20 s, not after the whole body")
+        .unwrap_err();
+        assert_eq!(
+            e.failure,
+            PublishFailure::Refused { too_large: false },
+            "{e:?}"
+        );
+        assert!(
+            e.reason.contains("HTTP 400 Bad Request: \"xxx"),
+            "{}",
+            e.reason
+        );
+        server.abort();
+        let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            sent < 64 << 20,
+            "{sent} bytes of the body went out: it was read on"
+        );
+    }
+
+    /// A prefix such as `content-` would let a row's header `type` become a second
+    /// `content-type`: a refusal, as for any name of the request's own headers.
+    #[test]
+    fn a_header_that_would_set_one_of_the_request_s_own_is_a_refusal() {
+        let mut publisher = publisher(None);
+        Arc::make_mut(&mut publisher.config).header_prefix = "content-".into();
+        for name in ["Type", "length"] {
+            let mut r = record("t", None);
+            r.headers
+                .push((name.to_owned().into(), Some(Bytes::from_static(b"x"))));
+            let e = publisher.headers(&r, 1).unwrap_err();
+            assert_eq!(e.failure, PublishFailure::Refused { too_large: false });
+            assert!(e.reason.contains("request's own content-"), "{}", e.reason);
+        }
+        let mut r = record("t", None);
+        r.headers.push(("other".into(), None));
+        assert!(publisher.headers(&r, 1).is_ok());
     }
 
     #[tokio::test]

@@ -450,6 +450,7 @@ impl KafkaSink {
             retryable: is_retryable(error),
             too_large: is_too_large(error),
             connection_lost: false,
+            attempted: true,
             reason: self.describe(error, size),
             record: Some(Box::new(record)),
         }

@@ -87,9 +87,26 @@ pub struct DeliveryError {
     /// must end so the next one connects again, even where its source records the failure.
     /// Implies `retryable`.
     pub connection_lost: bool,
+    /// Whether the record was sent to the server at all: an ordered sink fails the records of
+    /// a key queued behind a failed one without sending them. A source that counts attempts
+    /// (polling: `retry_count`) charges none to such a record.
+    pub attempted: bool,
     /// The refused record as the client gave it back (`None` when it did not), for a
     /// dead-letter copy.
     pub record: Option<Box<Record>>,
+}
+
+impl DeliveryError {
+    /// The same error without the record, as a source keeps it.
+    pub fn without_record(&self) -> DeliveryError {
+        DeliveryError {
+            event_id: self.event_id.clone(),
+            topic: self.topic.clone(),
+            reason: self.reason.clone(),
+            record: None,
+            ..*self
+        }
+    }
 }
 
 /// Why [`Sink::send`] did not accept a record.

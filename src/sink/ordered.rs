@@ -60,6 +60,8 @@ pub enum Failure {
     Retry,
     /// The connection is gone for good: fail now, the next session connects again.
     Broken,
+    /// Not published: an earlier record of its key failed (never sent to the server).
+    NotTried,
     /// The server refused this record and always will.
     Refused {
         /// Larger than the server's limit.
@@ -234,6 +236,7 @@ impl Sink for OrderedSink {
                 retryable: true,
                 too_large: false,
                 connection_lost: false,
+                attempted: false,
                 record: Some(Box::new(job.record)),
             }));
         }
@@ -273,6 +276,7 @@ impl Sink for OrderedSink {
                         retryable: true,
                         too_large: false,
                         connection_lost: false,
+                        attempted: true,
                         record: None,
                     }),
                 };
@@ -346,7 +350,11 @@ impl<P: Publisher> Driver<P> {
         };
         if let Some(reason) = self.held.get(&key) {
             let reason = format!("not published: an earlier record of its key failed ({reason})");
-            self.outcome(job, Err((PublishError::retry(reason), false)));
+            let error = PublishError {
+                failure: Failure::NotTried,
+                reason,
+            };
+            self.outcome(job, Err((error, false)));
             return;
         }
         match self.waiting.get_mut(&key) {
@@ -414,7 +422,7 @@ impl<P: Publisher> Driver<P> {
             }
             Err(e) => {
                 let holds = match e.failure {
-                    Failure::Retry | Failure::Broken => true,
+                    Failure::Retry | Failure::Broken | Failure::NotTried => true,
                     Failure::Refused { .. } => self.settings.hold_on_refusal,
                 };
                 self.outcome(job, Err((e, holds)));
@@ -446,9 +454,13 @@ impl<P: Publisher> Driver<P> {
                 event_id: job.record.event_id(),
                 topic: job.record.topic.clone(),
                 reason: e.reason,
-                retryable: matches!(e.failure, Failure::Retry | Failure::Broken),
+                retryable: matches!(
+                    e.failure,
+                    Failure::Retry | Failure::Broken | Failure::NotTried
+                ),
                 too_large: e.failure == Failure::Refused { too_large: true },
                 connection_lost: e.failure == Failure::Broken,
+                attempted: e.failure != Failure::NotTried,
                 record: Some(Box::new(job.record)),
             }),
         };

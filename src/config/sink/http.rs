@@ -189,8 +189,28 @@ impl HttpConfig {
                 }
             }
         }
-        if reqwest::header::HeaderName::from_bytes(format!("{}id", self.header_prefix).as_bytes())
-            .is_err()
+        if self.header_prefix.is_empty() {
+            problem(
+                "header_prefix",
+                "must not be empty: without a prefix a row's headers could set the request's own (Host, Authorization, Cookie, webhook-signature)".into(),
+            );
+        } else if let Some(own) = ["id", "event_type", "key"].iter().find_map(|name| {
+            let full = format!("{}{name}", self.header_prefix);
+            crate::sink::http::RESERVED_HEADERS
+                .iter()
+                .find(|reserved| reserved.eq_ignore_ascii_case(&full))
+        }) {
+            problem(
+                "header_prefix",
+                format!(
+                    "{:?} makes the relay's own headers collide with the request's {own} header",
+                    self.header_prefix
+                ),
+            );
+        } else if reqwest::header::HeaderName::from_bytes(
+            format!("{}id", self.header_prefix).as_bytes(),
+        )
+        .is_err()
         {
             problem(
                 "header_prefix",
@@ -287,6 +307,16 @@ mod tests {
         assert_eq!(fields(config("ftp://h/{destination}")), ["sink.url"]);
         assert_eq!(fields(config("not a url")), ["sink.url"]);
         assert_eq!(fields(config("https://{destination}.h/")), ["sink.url"]);
+        let mut http = config("https://h/");
+        http.header_prefix = String::new();
+        assert_eq!(fields(http), ["sink.header_prefix"], "an empty prefix");
+        let mut http = config("https://h/");
+        http.header_prefix = "Webhook-".into();
+        assert_eq!(
+            fields(http),
+            ["sink.header_prefix"],
+            "webhook-id is the request's own"
+        );
         let mut http = config("https://h/");
         http.header_prefix = "bad prefix ".into();
         http.tls_client_cert = Some("c.pem".into());

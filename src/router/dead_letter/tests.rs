@@ -44,6 +44,7 @@ fn refusal(too_large: bool) -> DeliveryError {
         retryable: false,
         too_large,
         connection_lost: false,
+        attempted: true,
         record: None,
     }
 }

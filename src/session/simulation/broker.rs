@@ -95,6 +95,7 @@ fn delivery_error(
         retryable,
         too_large,
         connection_lost: false,
+        attempted: true,
         record: None,
     }
 }

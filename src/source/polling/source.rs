@@ -244,6 +244,13 @@ impl PollingSource {
                     }
                     _ => published.push(polled.ctid.clone()),
                 },
+                // Failed only because an earlier record of its key did, never sent: it stays
+                // pending, charged nothing, behind that record.
+                Outcome::Failed(e) if !e.attempted => {
+                    if let Some(key) = &polled.key {
+                        failed_keys.push(key);
+                    }
+                }
                 Outcome::Failed(e) => {
                     if let Some(key) = &polled.key {
                         if failure_blocks(p, e) {
@@ -261,15 +268,7 @@ impl PollingSource {
                             retry_later = true;
                         }
                         (_, false) => {
-                            halt.get_or_insert_with(|| DeliveryError {
-                                event_id: e.event_id.clone(),
-                                topic: e.topic.clone(),
-                                reason: e.reason.clone(),
-                                retryable: false,
-                                too_large: e.too_large,
-                                connection_lost: false,
-                                record: None,
-                            });
+                            halt.get_or_insert_with(|| e.without_record());
                         }
                     }
                 }
@@ -444,15 +443,7 @@ impl Source for PollingSource {
                 if let (Some(key), true) = (&polled.key, blocks) {
                     batch.failed_keys.push(key.clone());
                 }
-                Outcome::Failed(DeliveryError {
-                    event_id: e.event_id.clone(),
-                    topic: e.topic.clone(),
-                    reason: e.reason.clone(),
-                    retryable: e.retryable,
-                    too_large: e.too_large,
-                    connection_lost: e.connection_lost,
-                    record: None,
-                })
+                Outcome::Failed(e.without_record())
             }
         };
         FailureHandling::Recorded

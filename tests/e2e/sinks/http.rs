@@ -408,6 +408,84 @@ async fn polling_source_posts_every_row_and_marks_it() {
     drop(relay);
 }
 
+/// Polling, one aggregate's three rows in one cycle, the receiver answering 503: the first row
+/// is tried until `delivery_timeout_ms` and charged an attempt; the two behind it were never
+/// sent, so they stay pending with no attempt charged (they were charged as if tried, and could
+/// end FAILED). Once the receiver takes them, all three arrive in order and are PUBLISHED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_charges_no_attempt_to_rows_held_behind_a_failed_one() {
+    let server = Webhooks::shared_with("delivery_timeout_ms = 500");
+    let name = unique_name("http_untried");
+    let db = crate::polling::polling_database(&name).await;
+    let aggregate_type = format!("Order_{name}");
+    let destination = format!("{aggregate_type}.events");
+    let path = format!("{HOOKS}{destination}");
+    server.server.answer(&path, Some((503, None)));
+    let mut written = Vec::new();
+    for n in 0..3 {
+        written.push(
+            insert(
+                &db.client,
+                &aggregate_type,
+                "k1",
+                &format!(r#"{{"n": {n}}}"#),
+            )
+            .await,
+        );
+    }
+    let toml = format!(
+        "[[pipelines]]\nname = \"{name}\"\nsource_url = \"{url}\"\nsource_kind = \"polling\"\ntable = \"public.outbox\"\n[pipelines.polling]\nretry_min_ms = 200\nretry_max_ms = 400\n[pipelines.sink]\nkind = \"http\"\n{settings}\n",
+        url = db.url(Auth::Trust),
+        settings = server.sink_settings(),
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    let attempts = || async {
+        let rows = db
+            .client
+            .query(
+                "SELECT retry_count FROM outbox ORDER BY created_at, id",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| r.get::<_, i32>(0))
+            .collect::<Vec<i32>>()
+    };
+    wait_for(
+        "the first row to be charged two attempts",
+        Duration::from_secs(60),
+        || async { (attempts().await[0] >= 2).then_some(()) },
+    )
+    .await;
+    let charged = attempts().await;
+    assert_eq!(
+        &charged[1..],
+        [0, 0],
+        "attempts charged to rows never sent: {charged:?}"
+    );
+    server.server.answer(&path, None);
+    all_arrive(&server, &[destination], &written, Duration::from_secs(60)).await;
+    wait_for(
+        "every row marked PUBLISHED",
+        Duration::from_secs(30),
+        || async {
+            let row = db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM outbox WHERE status <> 'PUBLISHED'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0) == 0).then_some(())
+        },
+    )
+    .await;
+    drop(relay);
+}
+
 /// `https` with `sslmode=verify-full`'s trust settings: delivered with the test CA as
 /// `tls_root_cert`; `check` fails, naming the certificate, with the system trust store (which
 /// does not hold the test CA) and with the CA but a host the certificate is not for.
