@@ -244,12 +244,28 @@ dead_letter_topic = "{dlq}"
     let dead = record(&bad.id);
     assert_eq!(dead.topic, dlq);
     assert_eq!(dead.key.as_deref(), Some(&b"x-1"[..]), "the original key");
+    let document: serde_json::Value =
+        serde_json::from_slice(dead.value.as_deref().expect("the copy's document")).unwrap();
     assert_eq!(
-        dead.value_str().unwrap(),
-        bad.payload,
-        "the raw payload, no envelope"
+        document["value"].as_str(),
+        Some(bad.payload.as_str()),
+        "the raw payload, byte for byte, in the copy's document: {document}"
     );
-    assert_eq!(header(dead, "event_type"), Some(&b"Routed"[..]));
+    assert_eq!(document["id"].as_str(), Some(bad.id.as_str()));
+    assert_eq!(document["topic"], serde_json::Value::Null, "{document}");
+    assert!(
+        document["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["name"] == "event_type" && h["value"] == "Routed"),
+        "{document}"
+    );
+    assert_eq!(
+        header(dead, "event_type"),
+        None,
+        "row data stays out of the copy's headers"
+    );
     let reason = dead.header_str("outbox_relay_error").unwrap();
     assert!(
         reason.contains(&bad.id)
@@ -347,7 +363,14 @@ dead_letter_topic = "{dlq}"
     assert_eq!(dead.len(), 1);
     let dead = &dead[0];
     assert_eq!(dead.key_str().as_deref(), Some("k1"));
-    assert_eq!(dead.value, None, "an oversized copy would be refused too");
+    let document: serde_json::Value =
+        serde_json::from_slice(dead.value.as_deref().expect("the copy's document")).unwrap();
+    assert_eq!(
+        document.get("value"),
+        None,
+        "an oversized record's copy holds no value, which would be refused too: {document}"
+    );
+    assert_eq!(document["id"].as_str(), Some(big.id.as_str()));
     assert_eq!(dead.header_str("id").as_deref(), Some(big.id.as_str()));
     assert_eq!(
         dead.header_str("outbox_relay_topic").as_deref(),
