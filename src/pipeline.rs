@@ -30,6 +30,7 @@ use crate::session::{Mode, Session};
 use crate::shutdown::AbortOnDrop;
 use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
+use crate::source::coverage::{Checker, CoverageWatch};
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::source::replication::{ReplicationClient, ReplicationStream};
@@ -68,15 +69,18 @@ pub async fn run(
     }
     // Aborted when `run` returns (the guard drops the task).
     let (server, watched) = watch::channel(None);
+    let (checker, coverage) = Checker::new(&config.publication, &config.table);
     let _slot_watch = AbortOnDrop(tokio::spawn(slot_watch::watch_slot(
         config.clone(),
         metrics.clone(),
         watched,
+        checker,
     )));
     let mut sessions = LogTailing {
         config: &config,
         metrics: &metrics,
         server,
+        coverage,
         slot_seen: false,
         holder_watch: HolderWatch::default(),
         redo: Redo::default(),
@@ -94,6 +98,8 @@ struct LogTailing<'a> {
     slot_seen: bool,
     /// The server the last session's replication connection reached, for the slot watcher.
     server: watch::Sender<Option<Endpoint>>,
+    /// What the slot watcher's publication checks verified.
+    coverage: CoverageWatch,
     holder_watch: HolderWatch,
     /// Exactly-once: events Kafka refused for good, dead-lettered in the redo of their
     /// transaction.
@@ -114,6 +120,7 @@ impl supervisor::Sessions for LogTailing<'_> {
             !self.slot_seen && self.config.create_slot,
             progress,
             &self.server,
+            &self.coverage,
             &mut self.holder_watch,
             &mut self.redo,
             self.producers,
@@ -253,6 +260,7 @@ async fn run_session(
     create_slot: bool,
     progress: &SessionProgress,
     reached: &watch::Sender<Option<Endpoint>>,
+    coverage: &CoverageWatch,
     holder_watch: &mut HolderWatch,
     redo: &mut Redo,
     producers: &SharedProducers,
@@ -418,7 +426,8 @@ async fn run_session(
         config.op_invalid_behavior,
         metrics.clone(),
         confirmed_flush_lsn,
-    );
+    )
+    .with_coverage(coverage.clone());
     let mut recorder_task = None;
     if let Some((recorder, task)) = recorder {
         source = source.with_recorder(recorder);

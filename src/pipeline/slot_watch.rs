@@ -1,4 +1,5 @@
-//! The slot watcher: the slot's WAL metrics, read from the server over SQL.
+//! The slot watcher: the slot's WAL metrics and the publication's coverage of the outbox
+//! table, read from the server over SQL.
 
 use std::time::Duration;
 
@@ -9,12 +10,16 @@ use tracing::{debug, info, warn};
 use crate::config::PipelineConfig;
 use crate::error::chain;
 use crate::metrics::PipelineMetrics;
+use crate::source::coverage::Checker;
 use crate::source::slot::{self, failover};
 use crate::source::target::Endpoint;
 
 /// How often the slot's `wal_status` and `safe_wal_size` are read for the metrics: WAL
 /// retention changes over minutes, and the query is cheap.
 const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
+/// How often the publication is checked ([`Checker`]): idle progress is confirmed up to what
+/// the check before last verified, so it lags the end of WAL by about twice this.
+const PUBLICATION_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
 /// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an
@@ -22,7 +27,9 @@ const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 /// relay holds the slot. For a failover slot it also reads `synchronized_standby_slots`:
 /// while a physical slot named there cannot confirm changes, the walsender sends none and
 /// the relay would look idle, so it logs a warning naming the setting and the slots (again
-/// when they change) and sets `outbox_relay_standby_slots_stalled`. Runs until aborted.
+/// when they change) and sets `outbox_relay_standby_slots_stalled`. Every
+/// [`PUBLICATION_CHECK_INTERVAL`] it runs `checker`'s check of the publication, which the
+/// sessions' idle progress waits for. Runs until aborted.
 ///
 /// It reads the server `server` names: the one the last session's replication connection
 /// reached (a new one when that changes), or if none did within its first interval, the host
@@ -32,14 +39,16 @@ pub(super) async fn watch_slot(
     config: PipelineConfig,
     metrics: PipelineMetrics,
     mut server: watch::Receiver<Option<Endpoint>>,
+    mut checker: Checker,
 ) {
     // The first read waits, up to one interval, for the first session to reach its server,
     // rather than read the host the URL's settings choose by themselves.
     if server.borrow().is_none() {
         let _ = tokio::time::timeout(SLOT_WATCH_INTERVAL, server.changed()).await;
     }
-    let mut timer = interval(SLOT_WATCH_INTERVAL);
+    let mut timer = interval(PUBLICATION_CHECK_INTERVAL);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut next_slot_read = tokio::time::Instant::now();
     let mut connection = None;
     // The stall last logged, so that a lasting one is logged once.
     let mut stall: Option<String> = None;
@@ -47,6 +56,8 @@ pub(super) async fn watch_slot(
         timer.tick().await;
         if server.has_changed().unwrap_or(false) {
             connection = None;
+            // Transaction ids are the server's own.
+            checker.new_server();
         }
         let target = server.borrow_and_update().clone();
         // Each step within one interval: a half-open connection must not freeze the metrics
@@ -74,6 +85,23 @@ pub(super) async fn watch_slot(
         let Some((client, _)) = &connection else {
             continue;
         };
+        match tokio::time::timeout(SLOT_WATCH_INTERVAL, checker.check(client)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                debug!(pipeline = %config.name, error = %chain(&e), "cannot check the publication");
+                connection = None;
+                continue;
+            }
+            Err(_) => {
+                debug!(pipeline = %config.name, "checking the publication timed out; reconnecting");
+                connection = None;
+                continue;
+            }
+        }
+        if tokio::time::Instant::now() < next_slot_read {
+            continue;
+        }
+        next_slot_read = tokio::time::Instant::now() + SLOT_WATCH_INTERVAL;
         let read = async {
             let wal = slot::slot_wal(client, &config.slot).await?;
             let standby_slots = match &wal {

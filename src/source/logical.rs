@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use super::coverage::{Coverage, CoverageWatch};
 use super::outbox::{OutboxDecoder, OutboxError};
 use super::pgoutput::{self, LogicalReplicationMessage};
 use super::replication::{ReplicationMessage, ReplicationStream, WalStream, PG_EPOCH_OFFSET_SECS};
@@ -42,6 +43,9 @@ pub struct LogicalSource<W: WalStream = ReplicationStream> {
     progress: Progress,
     /// Told each position confirmed after deliveries, for the slot record.
     recorder: Option<Recorder>,
+    /// How far the publication is known to cover the outbox table's inserts: idle progress
+    /// goes no further ([`super::coverage`]). `None`: no limit (tests of the decoding).
+    coverage: Option<CoverageWatch>,
 }
 
 impl<W: WalStream> LogicalSource<W> {
@@ -66,6 +70,28 @@ impl<W: WalStream> LogicalSource<W> {
                 flush: confirmed_flush_lsn,
             },
             recorder: None,
+            coverage: None,
+        }
+    }
+
+    /// Confirms idle progress only up to what `coverage` verified, and stops on a publication
+    /// change it found ([`super::coverage`]).
+    pub fn with_coverage(mut self, coverage: CoverageWatch) -> Self {
+        self.coverage = Some(coverage);
+        self
+    }
+
+    /// `position`, lowered to what the publication checks verified.
+    ///
+    /// Returns the error that stops the pipeline if a check found the publication changed.
+    fn covered(&self, position: Lsn) -> Result<Lsn, Error> {
+        let Some(coverage) = &self.coverage else {
+            return Ok(position);
+        };
+        let coverage = coverage.borrow();
+        match &*coverage {
+            Coverage::Verified(lsn) => Ok(position.min(*lsn)),
+            drifted => Err(drifted.drift_error().expect("a drift").into()),
         }
     }
 
@@ -95,7 +121,7 @@ impl<W: WalStream> LogicalSource<W> {
                 ..
             } => {
                 self.reply_requested |= reply_requested;
-                Ok(Some(SourceItem::Idle(wal_end)))
+                Ok(Some(SourceItem::Idle(self.covered(wal_end)?)))
             }
         }
     }
@@ -111,9 +137,13 @@ impl<W: WalStream> LogicalSource<W> {
                 final_lsn: begin.final_lsn,
                 commit_time_ms: begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000,
             }),
-            LogicalReplicationMessage::Commit(commit) => Some(SourceItem::Commit {
-                end_lsn: commit.end_lsn,
-            }),
+            LogicalReplicationMessage::Commit(commit) => {
+                // A drift found stops the pipeline before the next confirmation.
+                self.covered(commit.end_lsn)?;
+                Some(SourceItem::Commit {
+                    end_lsn: commit.end_lsn,
+                })
+            }
             LogicalReplicationMessage::Type(ty) => {
                 self.decoder.on_type(&ty);
                 None

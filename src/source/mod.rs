@@ -14,6 +14,7 @@
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
 pub mod conninfo;
+pub mod coverage;
 pub mod logical;
 pub mod outbox;
 pub mod pgoutput;

@@ -46,6 +46,45 @@ pub async fn prepare(
     create: bool,
     failover: bool,
 ) -> Result<SlotState, SourceError> {
+    check_publication(client, publication, table).await?;
+
+    let confirmed_flush_lsn = match read_slot(client, slot).await? {
+        Some(lsn) => lsn,
+        None if create => {
+            // None: another replica created it first.
+            if let Some(lsn) = create_slot(client, slot, failover).await? {
+                warn!(
+                    slot,
+                    lsn,
+                    failover,
+                    "created replication slot: events committed before this LSN are not published; once the relay streamed from it, the slot record keeps a lost slot from being created again (slot_record)"
+                );
+            }
+            read_slot(client, slot).await?.ok_or_else(|| {
+                SourceError::Config(format!("replication slot {slot:?} vanished after creation"))
+            })?
+        }
+        None => {
+            return Err(SourceError::Config(format!(
+                "replication slot {slot:?} does not exist: before a first start create it with `outbox-relay setup`; if it existed before, it was dropped or lost (a failover?) and events committed since its confirmed LSN may be missing: reconcile them from the outbox table first"
+            )))
+        }
+    };
+
+    Ok(SlotState {
+        confirmed_flush_lsn,
+        wal_sender_timeout: wal_sender_timeout(client).await?,
+    })
+}
+
+/// Verifies that `publication` exists, publishes inserts and includes `table`.
+///
+/// Returns [`SourceError::Config`] naming what is missing, with the fix, or the query's error.
+pub(crate) async fn check_publication(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<(), SourceError> {
     let row = client
         .query_opt(
             "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
@@ -80,34 +119,7 @@ pub async fn prepare(
             table.quoted()
         )));
     }
-
-    let confirmed_flush_lsn = match read_slot(client, slot).await? {
-        Some(lsn) => lsn,
-        None if create => {
-            // None: another replica created it first.
-            if let Some(lsn) = create_slot(client, slot, failover).await? {
-                warn!(
-                    slot,
-                    lsn,
-                    failover,
-                    "created replication slot: events committed before this LSN are not published; once the relay streamed from it, the slot record keeps a lost slot from being created again (slot_record)"
-                );
-            }
-            read_slot(client, slot).await?.ok_or_else(|| {
-                SourceError::Config(format!("replication slot {slot:?} vanished after creation"))
-            })?
-        }
-        None => {
-            return Err(SourceError::Config(format!(
-                "replication slot {slot:?} does not exist: before a first start create it with `outbox-relay setup`; if it existed before, it was dropped or lost (a failover?) and events committed since its confirmed LSN may be missing: reconcile them from the outbox table first"
-            )))
-        }
-    };
-
-    Ok(SlotState {
-        confirmed_flush_lsn,
-        wal_sender_timeout: wal_sender_timeout(client).await?,
-    })
+    Ok(())
 }
 
 /// Creates the logical slot `slot` with pgoutput (a failover slot when `failover`) and

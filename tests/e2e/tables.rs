@@ -549,3 +549,67 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         restarted.log()
     );
 }
+
+/// The outbox table dropped from the publication, or `insert` left out of `publish`, while
+/// the relay streams: PostgreSQL decodes none of the table's inserts from then on and says
+/// nothing, so the relay's publication checks find it and stop the pipeline, naming the change,
+/// before the slot is confirmed past the first insert left out. (Idle progress confirmed past
+/// it within 20 s, nothing was published and the relay went on "streaming".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_change_that_leaves_out_the_outbox_stops_the_relay_before_it_confirms_past_it(
+) {
+    for (name, change) in [
+        (
+            "drift_drop",
+            "ALTER PUBLICATION outbox_pub DROP TABLE outbox",
+        ),
+        (
+            "drift_publish",
+            "ALTER PUBLICATION outbox_pub SET (publish = 'update, delete')",
+        ),
+    ] {
+        let setup = Setup::new(name, &["Order"], 1).await;
+        let t = setup.types[0].clone();
+        let c = &setup.db.client;
+        let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+        setup.wait_streaming().await;
+        let before = insert(c, &t, "k", r#"{"n": 1}"#).await;
+        let topics = setup.topics();
+        let consumed = consume(
+            &kafka().bootstrap(),
+            &[topics[0].as_str()],
+            1,
+            Duration::ZERO,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_delivered(&[before], &consumed, true);
+
+        c.batch_execute(change).await.unwrap();
+        let witness = setup.witness().await;
+        let left_out = insert(c, &t, "k", r#"{"n": 2}"#).await;
+        let left_out_commit = setup.commit_end_of(&witness, &left_out.id).await;
+        // More WAL, of another table, for keepalives to carry idle progress past the insert.
+        c.batch_execute(
+            "CREATE TABLE other_wal (n int); INSERT INTO other_wal SELECT generate_series(1, 1000)",
+        )
+        .await
+        .unwrap();
+        let status = relay.wait(Duration::from_secs(60));
+        assert!(
+            !status.success(),
+            "{change}: the relay exited with {status}"
+        );
+        let log = relay.log();
+        assert!(
+            log.contains("the publication changed while streaming"),
+            "{change}:\n{}",
+            crate::support::tail_lines(&log, 20)
+        );
+        let confirmed = setup.confirmed_flush().await;
+        assert!(
+            confirmed < left_out_commit,
+            "{change}: confirmed_flush_lsn {confirmed:X} passed the insert left out ({left_out_commit:X})"
+        );
+    }
+}
