@@ -164,7 +164,15 @@ async fn session(
     }
     let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, router.columns()).await?;
-    let source = PollingSource::new(config, metrics.clone(), client, driver, notified, sql);
+    let source = PollingSource::new(
+        config,
+        metrics.clone(),
+        client,
+        driver,
+        notified,
+        sql,
+        shutdown,
+    );
     let sink = new_sink(config, producers).await?;
     info!(pipeline = %config.name, table = %config.table, mark = ?polling.mark, batch_size = polling.batch_size, notify = ?polling.notify_channel, "polling");
     progress.streaming();

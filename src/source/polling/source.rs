@@ -15,6 +15,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::Notify;
 use tokio_postgres::{Client, Row};
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::statements::{Statements, COL_CTID};
@@ -24,6 +25,7 @@ use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::session::now_ms;
+use crate::shutdown::AbortOnDrop;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxEvent;
 use crate::source::slot::SqlConnection;
@@ -92,6 +94,11 @@ pub struct PollingSource {
     /// Event items yielded: the next one's number.
     events: u64,
     cycles: u64,
+    /// Cancelled `shutdown_timeout_secs` after the shutdown began: a cycle's end (its UPDATEs
+    /// and COMMIT) is given up then, so that a stop never waits on the database for good (a
+    /// COMMIT waiting for a synchronous standby that is down, a lock).
+    give_up: CancellationToken,
+    _give_up_timer: AbortOnDrop,
 }
 
 impl PollingSource {
@@ -104,7 +111,18 @@ impl PollingSource {
         driver: SqlConnection,
         notified: Arc<Notify>,
         sql: Statements,
+        shutdown: &CancellationToken,
     ) -> Self {
+        let give_up = CancellationToken::new();
+        let timer = {
+            let (shutdown, give_up, timeout) =
+                (shutdown.clone(), give_up.clone(), config.shutdown_timeout());
+            tokio::spawn(async move {
+                shutdown.cancelled().await;
+                tokio::time::sleep(timeout).await;
+                give_up.cancel();
+            })
+        };
         PollingSource {
             config: config.clone(),
             metrics,
@@ -120,6 +138,24 @@ impl PollingSource {
             batch: None,
             events: 0,
             cycles: 0,
+            give_up,
+            _give_up_timer: AbortOnDrop(timer),
+        }
+    }
+
+    /// [`PollingSource::finish`], given up `shutdown_timeout_secs` after a shutdown began.
+    ///
+    /// Returns its error, or a timeout once given up: the cycle's rows then stay pending,
+    /// unless its COMMIT went through on the server.
+    async fn finish_in_time(&mut self) -> Result<(), Error> {
+        let give_up = self.give_up.clone();
+        tokio::select! {
+            result = self.finish() => result,
+            () = give_up.cancelled() => Err(SourceError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the polling cycle's marks and COMMIT did not end within shutdown_timeout_secs of the shutdown; its rows stay pending unless the COMMIT went through",
+            ))
+            .into()),
         }
     }
 
@@ -420,7 +456,7 @@ impl Source for PollingSource {
     async fn confirm(&mut self, confirmation: Confirmation) -> Result<(), Error> {
         match &self.batch {
             Some(batch) if batch.ended && confirmation.position >= batch.position => {
-                self.finish().await
+                self.finish_in_time().await
             }
             _ => Ok(()),
         }
@@ -456,7 +492,7 @@ impl Source for PollingSource {
     /// Ends a cycle still open with the outcomes known: acknowledged rows are marked, rows
     /// without an outcome stay pending.
     async fn close(mut self) {
-        if let Err(e) = self.finish().await {
+        if let Err(e) = self.finish_in_time().await {
             error!(pipeline = %self.config.name, error = %chain(&e), "could not end the polling cycle; its rows stay pending");
         }
     }

@@ -409,3 +409,64 @@ async fn polling_pipelines_of_one_process_share_a_producer_but_not_with_log_tail
     );
     drop(relay);
 }
+
+/// A cycle's marks that never end (here an UPDATE trigger that sleeps, as a COMMIT waits for a
+/// synchronous standby that is down): SIGTERM still ends the relay within its shutdown timeout,
+/// and the row stays pending to be published again. (The UPDATEs and COMMIT had no deadline
+/// and the stop waited on them for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_sigterm_while_the_cycle_s_marks_hang_ends_within_the_shutdown_timeout() {
+    let setup = Setup::new("poll_hang", &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute(
+            "CREATE FUNCTION hang() RETURNS trigger LANGUAGE plpgsql AS
+               $$ BEGIN PERFORM pg_sleep(600); RETURN NEW; END $$;
+             CREATE TRIGGER hang BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION hang();",
+        )
+        .await
+        .unwrap();
+    // shutdown_timeout_secs = 5 (the fixture's).
+    let args = setup.relay_args("poller", &kafka().bootstrap(), "", "", None);
+    let mut relay = Relay::spawn(&args);
+    let written = insert(&setup.db.client, &setup.types[0], "k1", &payload(1)).await;
+    let consumed = setup
+        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(std::slice::from_ref(&written), &consumed, 1);
+    wait_for(
+        "the cycle's mark to hang in the trigger",
+        Duration::from_secs(30),
+        || async {
+            let row = setup
+                .db
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0) > 0).then_some(())
+        },
+    )
+    .await;
+    relay.sigterm();
+    // The timeout, plus room for a loaded machine; the mark would hang for 600 s.
+    relay.wait(Duration::from_secs(30));
+    assert_eq!(
+        setup.statuses().await.get("PENDING").copied(),
+        Some(1),
+        "the row stays pending"
+    );
+    // The server goes on sleeping for the relay that left.
+    setup
+        .db
+        .client
+        .batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()",
+        )
+        .await
+        .unwrap();
+}
