@@ -694,11 +694,15 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         self.last_confirm = tokio::time::Instant::now();
         // Also on the timer: left-over records' reports come to no session.
         self.update_in_flight_gauges();
-        self.metrics.oldest_unacked_age.set(
-            self.sink
-                .oldest_in_flight()
-                .map_or(0.0, |sent| sent.elapsed().as_secs_f64()),
-        );
+        // With the records an ended session left in a shared producer: they hold the
+        // pipeline's confirmations as much.
+        let oldest = match (self.sink.oldest_in_flight(), self.sink.oldest_left_over()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.metrics
+            .oldest_unacked_age
+            .set(oldest.map_or(0.0, |sent| sent.elapsed().as_secs_f64()));
         Ok(())
     }
 

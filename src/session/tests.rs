@@ -176,8 +176,10 @@ struct FakeSink {
     copy_full_once: Vec<String>,
     copy_refused: Vec<String>,
     delay: Vec<(usize, Duration)>,
-    /// What it reports an ended session left in a shared client ([`Sink::left_over`]).
+    /// What it reports an ended session left in a shared client ([`Sink::left_over`]), and
+    /// when the oldest of that was accepted.
     left_over: InFlight,
+    left_over_since: Option<Instant>,
     /// Outcomes with the record's size and when they come.
     ready: VecDeque<(Delivery, usize, tokio::time::Instant)>,
     in_flight: InFlight,
@@ -201,6 +203,7 @@ impl FakeSink {
             copy_refused: Vec::new(),
             delay: Vec::new(),
             left_over: InFlight::default(),
+            left_over_since: None,
             ready: VecDeque::new(),
             in_flight: InFlight::default(),
             sent: sent.clone(),
@@ -307,6 +310,10 @@ impl Sink for FakeSink {
 
     fn left_over(&self) -> InFlight {
         self.left_over
+    }
+
+    fn oldest_left_over(&self) -> Option<Instant> {
+        self.left_over_since
     }
 
     fn in_flight(&self) -> InFlight {
@@ -905,6 +912,7 @@ async fn the_in_flight_gauges_count_what_an_ended_session_left_in_a_shared_produ
         events: 3,
         bytes: 300,
     };
+    sink.left_over_since = Some(Instant::now() - Duration::from_secs(120));
     let metrics = Metrics::new().pipeline(&config.name);
     let progress = SessionProgress::new(metrics.clone());
     let session = at_least_once(&config, &metrics, &progress, source, sink);
@@ -914,14 +922,20 @@ async fn the_in_flight_gauges_count_what_an_ended_session_left_in_a_shared_produ
         let seen = (
             metrics.in_flight_events.get(),
             metrics.in_flight_bytes.get(),
+            metrics.oldest_unacked_age.get(),
         );
         shutdown.cancel();
         seen
     };
-    let (_, (events, bytes)) =
+    let (_, (events, bytes, age)) =
         tokio::join!(session.run(&shutdown, config.status_interval()), watch);
     assert_eq!(events, 1 + 3, "the session's record and the 3 left over");
     assert!(bytes > 300, "{bytes} bytes");
+    // The left-over records were accepted two minutes ago (std's clock, not the paused one).
+    assert!(
+        age >= 120.0,
+        "oldest unacknowledged age {age} s ignores the left-over records"
+    );
 }
 
 /// Found by review: the drain after bad input stopped waiting for the records in flight once

@@ -127,6 +127,13 @@ impl Sink for AnySink {
         }
     }
 
+    fn oldest_left_over(&self) -> Option<Instant> {
+        match self {
+            AnySink::Kafka(sink) => sink.oldest_left_over(),
+            AnySink::Ordered(sink) => sink.oldest_left_over(),
+        }
+    }
+
     fn oldest_in_flight(&self) -> Option<Instant> {
         match self {
             AnySink::Kafka(sink) => sink.oldest_in_flight(),

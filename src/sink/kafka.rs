@@ -189,7 +189,7 @@ impl Drop for KafkaSink {
                 left.events -= 1;
                 left.bytes -= meta.size;
             }
-            share.adopt(&self.reports, left, self.renew);
+            share.adopt(&self.reports, left, self.oldest_in_flight(), self.renew);
         }
     }
 }
@@ -393,6 +393,12 @@ impl Sink for KafkaSink {
         self.share
             .as_ref()
             .map_or_else(InFlight::default, |share| share.left_over())
+    }
+
+    fn oldest_left_over(&self) -> Option<Instant> {
+        self.share
+            .as_ref()
+            .and_then(|share| share.oldest_left_over())
     }
 
     /// Constant time: the first accepted without a report.

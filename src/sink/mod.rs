@@ -163,6 +163,12 @@ pub trait Sink: Send {
         InFlight::default()
     }
 
+    /// When the oldest of the records [`Sink::left_over`] counts was accepted (kept until the
+    /// last of them has its report); `None` when there are none. None for other sinks.
+    fn oldest_left_over(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// When the oldest record that has no outcome yet was accepted; `None` when nothing is
     /// awaiting its outcome. May take time linear in the records in flight: call it on a
     /// timer, not per record.

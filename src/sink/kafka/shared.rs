@@ -46,6 +46,7 @@
 //! purged, when the session ends).
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -262,6 +263,9 @@ struct ShareState {
     producer: Option<PolledProducer>,
     /// Records of ended sessions still in `producer`, without a delivery report yet.
     left_over: InFlight,
+    /// When the oldest of them was accepted; kept until the last has its report (an age
+    /// that errs on the old side while they drain, never on the young one).
+    left_over_since: Option<Instant>,
     /// The last session ended wanting a fresh producer (a timed-out record, a fatal error):
     /// the next one gets it, as a session of its own producer would.
     renew: bool,
@@ -310,22 +314,43 @@ impl Share {
         lock(&self.state).left_over
     }
 
+    /// When the oldest record of ended sessions still in the producer was accepted.
+    pub(crate) fn oldest_left_over(&self) -> Option<Instant> {
+        lock(&self.state).left_over_since
+    }
+
     /// Takes over the records a dropped session left in flight (`left`, whose reports come into
     /// `reports`): they count against the pipeline's limits until their delivery reports come
     /// (with `message.timeout.ms = 0`, for as long as the broker keeps them).
-    /// `renew`: the session wanted a fresh producer, which the next one then gets.
-    pub(crate) fn adopt(self: &Arc<Self>, reports: &ReportQueue, left: InFlight, renew: bool) {
+    /// `oldest`: when the oldest of them was accepted. `renew`: the session wanted a fresh
+    /// producer, which the next one then gets.
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        reports: &ReportQueue,
+        left: InFlight,
+        oldest: Option<Instant>,
+        renew: bool,
+    ) {
         {
             let mut state = lock(&self.state);
             state.renew |= renew;
             state.left_over.events += left.events;
             state.left_over.bytes += left.bytes;
+            if left.events > 0 {
+                state.left_over_since = match (state.left_over_since, oldest) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
         }
         let share = Arc::clone(self);
         reports.close(Box::new(move |meta: &RecordMeta, report: &DeliveryReport| {
             let mut state = lock(&share.state);
             state.left_over.events -= 1;
             state.left_over.bytes -= meta.size;
+            if state.left_over.events == 0 {
+                state.left_over_since = None;
+            }
             // A record no session awaits failed (it timed out): the pipeline's next session
             // publishes it again from the slot, and its records behind it must not go first.
             if share.group.withdraws && report.is_err() && state.left_over != InFlight::default()
@@ -813,6 +838,10 @@ mod tests {
         drop(a);
         let share = producers.share("a").unwrap();
         assert_eq!(share.left_over().events, 1);
+        assert!(
+            share.oldest_left_over().is_some(),
+            "the left-over record's age is not counted"
+        );
         let mut a = sink(&producers, "a");
         assert!(
             a.producer.same(&old),
@@ -826,6 +855,7 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        assert_eq!(share.oldest_left_over(), None);
         mock.partition_leader("a", 0, Some(1)).unwrap();
         a.send(record("b"), token(&mut tracker)).unwrap();
         assert!(
