@@ -9,7 +9,9 @@
 //!   as configured (`application/json` by default), `timestamp` = the commit time (seconds);
 //! - headers (an AMQP field table, so unordered): each record header as a long string (a null
 //!   value as void, a name given twice as an array of its values), then `key` = the aggregate
-//!   id (absent for a null key); a record header named `key` is written as `header.key`.
+//!   id (absent for a null key). A record header whose name the relay or RabbitMQ reads as its
+//!   own is written with a `header.` prefix: `key`, `CC` and `BCC` (sender-selected routing:
+//!   a row would choose queues), and names starting with `x-` (`x-delay`, ...).
 //!
 //! Acknowledged means the server's publisher confirm (`basic.ack`): the message was routed and,
 //! being persistent, written to disk by every durable queue that took it (for quorum queues,
@@ -369,7 +371,7 @@ fn message(
     short("the routing key", &record.topic)?;
     let mut headers = FieldTable::default();
     for (name, value) in &record.headers {
-        let name = if name == KEY_HEADER {
+        let name = if reserved(name) {
             format!("header.{name}")
         } else {
             name.to_string()
@@ -398,6 +400,17 @@ fn message(
         properties = properties.with_timestamp(ms / 1000);
     }
     Ok(properties)
+}
+
+/// Whether a record header named `name` would be read by the relay or RabbitMQ as theirs: the
+/// relay's `key`; `CC` and `BCC`, which RabbitMQ takes as a list of more routing keys (a row
+/// choosing queues the operator did not route to); and the `x-` names of RabbitMQ and its
+/// plugins (`x-delay`, `x-death`, ...).
+fn reserved(name: &str) -> bool {
+    name == KEY_HEADER
+        || name.eq_ignore_ascii_case("CC")
+        || name.eq_ignore_ascii_case("BCC")
+        || name.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("x-"))
 }
 
 /// Adds `name` = `value`; a name already there becomes an array of its values, in order.

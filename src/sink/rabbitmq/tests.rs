@@ -88,6 +88,36 @@ fn a_name_given_twice_keeps_both_values_in_order() {
     assert_eq!(properties.content_type(), &None);
 }
 
+/// `CC` and `BCC` are RabbitMQ's sender-selected routing (an array of more routing keys: a row
+/// would send its event to any queue), `x-` names its and its plugins' (`x-delay`): a row's
+/// headers of those names reach the broker under `header.`, never as routing instructions.
+#[test]
+fn a_row_s_cc_bcc_and_x_headers_are_no_routing_instructions() {
+    let properties = message(
+        &record(vec![
+            ("id".into(), Some(Bytes::from_static(b"e-4"))),
+            ("CC".into(), Some(Bytes::from_static(b"payments.q"))),
+            ("CC".into(), Some(Bytes::from_static(b"audit.q"))),
+            ("bcc".into(), Some(Bytes::from_static(b"x"))),
+            ("x-delay".into(), Some(Bytes::from_static(b"600000"))),
+        ]),
+        None,
+        1 << 20,
+    )
+    .unwrap();
+    for name in ["CC", "bcc", "x-delay"] {
+        assert_eq!(header(&properties, name), None, "{name} reached the broker");
+    }
+    assert_eq!(
+        header(&properties, "header.CC"),
+        Some(AMQPValue::FieldArray(
+            vec![long(b"payments.q"), long(b"audit.q")].into()
+        ))
+    );
+    assert_eq!(header(&properties, "header.bcc"), Some(long(b"x")));
+    assert_eq!(header(&properties, "header.x-delay"), Some(long(b"600000")));
+}
+
 #[test]
 fn too_large_records_and_long_names_are_refused_before_sending() {
     let r = record(vec![("id".into(), Some(Bytes::from_static(b"e-4")))]);
