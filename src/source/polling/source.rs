@@ -84,6 +84,12 @@ pub struct PollingSource {
     sql: Arc<Statements>,
     /// Woken by LISTEN notifications.
     notified: Arc<Notify>,
+    /// Whether a notification may start a poll now: after one that found no row, not before
+    /// the next poll on the timer. Any role may `NOTIFY` the channel, and without this each
+    /// notification was a poll (158 a second instead of one).
+    notify_armed: bool,
+    /// Whether the fetch in progress was started by a notification.
+    fetch_notified: bool,
     pace: Pace,
     next_poll: tokio::time::Instant,
     next_stats: Instant,
@@ -130,6 +136,8 @@ impl PollingSource {
             _driver: driver,
             sql: Arc::new(sql),
             notified,
+            notify_armed: true,
+            fetch_notified: false,
             pace: Pace::default(),
             next_poll: tokio::time::Instant::now(),
             next_stats: Instant::now(),
@@ -436,17 +444,22 @@ impl Source for PollingSource {
                 return std::future::pending().await;
             }
             if self.fetching.is_none() {
-                tokio::select! {
+                let notified = tokio::select! {
                     biased;
-                    _ = self.notified.notified() => self.pace.idle_streak = 0,
-                    _ = tokio::time::sleep_until(self.next_poll) => {}
-                }
+                    _ = self.notified.notified(), if self.notify_armed => true,
+                    _ = tokio::time::sleep_until(self.next_poll) => false,
+                };
+                // A notification that finds nothing disarms them until the next timed poll: a
+                // flood of them adds at most one poll per timed one, and the backoff goes on.
+                self.notify_armed = true;
+                self.fetch_notified = notified;
                 self.fetching = Some(self.fetch());
             }
             let rows = self.fetching.as_mut().expect("fetching").await;
             self.fetching = None;
             self.batch = self.batch(rows?)?;
             if self.batch.is_none() {
+                self.notify_armed = !self.fetch_notified;
                 let delay = self.pace.next(&self.config.polling, &Cycle::default());
                 self.next_poll = tokio::time::Instant::now() + delay;
             }

@@ -470,3 +470,52 @@ async fn polling_sigterm_while_the_cycle_s_marks_hang_ends_within_the_shutdown_t
         .await
         .unwrap();
 }
+
+/// Any role may `NOTIFY` the wake-up channel: a flood of notifications with nothing to publish
+/// adds at most one poll per timed one, and the idle backoff goes on. (Each notification was a
+/// poll: 158 a second instead of one.) A notification with a row behind it is still taken at
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_wake_ups_by_notify_are_rate_limited() {
+    let setup = Setup::new("poll_notify", &["Order"], 1).await;
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let args = setup.relay_args(
+        "poller",
+        &kafka().bootstrap(),
+        "notify_channel = \"outbox_relay\"\nmax_interval_ms = 1000",
+        "",
+        Some(&metrics),
+    );
+    let relay = Relay::spawn(&args);
+    let polls = || async {
+        let text = http_get(&metrics, "/metrics").await.map(|(_, body)| body)?;
+        metric_sum(&text, "outbox_relay_polls_total")
+    };
+    wait_for("the first polls", Duration::from_secs(30), || async {
+        polls().await.filter(|n| *n > 0.0)
+    })
+    .await;
+    // Into the idle backoff: polls a second apart.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = polls().await.unwrap();
+    let spammer = pg().connect(&setup.db.name, Auth::Trust).await;
+    let started = std::time::Instant::now();
+    for _ in 0..500 {
+        spammer.batch_execute("NOTIFY outbox_relay").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let during = polls().await.unwrap() - before;
+    let secs = started.elapsed().as_secs_f64();
+    // A timed poll a second and at most one woken poll after each (one more of each at the
+    // edges); each notification was a poll: hundreds.
+    assert!(
+        during <= 2.0 * (secs.ceil() + 2.0),
+        "{during} polls during 500 notifications over {secs:.1} s"
+    );
+    let written = insert(&setup.db.client, &setup.types[0], "k1", &payload(1)).await;
+    let consumed = setup
+        .consume_all(1, Duration::ZERO, Duration::from_secs(30))
+        .await;
+    assert_delivered(std::slice::from_ref(&written), &consumed, 1);
+    drop(relay);
+}
