@@ -316,9 +316,21 @@ impl SinkOptions {
         let host = self
             .take("connection.host")
             .unwrap_or_else(|| "localhost".into());
+        // The Java client's ConnectionFactory keys, under connection.: TLS on with
+        // ssl.enabled, and its default port 5671 then.
+        let tls = self
+            .take("connection.ssl.enabled")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let port = self
             .take("connection.port")
-            .unwrap_or_else(|| "5672".into());
+            .unwrap_or_else(|| if tls { "5671" } else { "5672" }.into());
+        for (option, _) in self.take_prefixed("connection.ssl.") {
+            let what = match option.as_str() {
+                "validate.server.certificate" | "verify.hostname" => "outbox-relay always verifies the server's certificate and host name, with the system's trusted roots (SSL_CERT_FILE / SSL_CERT_DIR)",
+                _ => "not copied: outbox-relay takes TLS settings from the amqps:// URL and the system's trusted roots (SSL_CERT_FILE / SSL_CERT_DIR); key and trust stores do not carry over",
+            };
+            self.note(&format!("connection.ssl.{option}"), what);
+        }
         let user = self.take("connection.username");
         let password = self.password("connection.password", "RABBITMQ", comments);
         let vhost = self
@@ -348,7 +360,10 @@ impl SinkOptions {
         }
         (
             RabbitMqConfig {
-                url: SinkUrl(format!("amqp://{credentials}{host}:{port}/{vhost}")),
+                url: SinkUrl(format!(
+                    "{}://{credentials}{host}:{port}/{vhost}",
+                    if tls { "amqps" } else { "amqp" }
+                )),
                 exchange,
                 ..RabbitMqConfig::default()
             },

@@ -231,6 +231,30 @@ fn nats_rabbitmq_and_http_sinks_carry_their_server_and_note_the_rest() {
     );
 }
 
+/// A RabbitMQ connection with TLS (the Java client's `ssl.enabled` under `connection.`) stays
+/// TLS: `amqps://` on the TLS port, and the store settings that do not carry over are noted.
+/// (It became plain `amqp://` with only a note: credentials and events in the clear.)
+#[test]
+fn a_rabbitmq_connection_with_tls_stays_tls() {
+    let imported = import(&format!(
+        "{SOURCE_AND_TRANSFORM}debezium.sink.type=rabbitmq\ndebezium.sink.rabbitmq.connection.host=mq\ndebezium.sink.rabbitmq.connection.ssl.enabled=true\ndebezium.sink.rabbitmq.connection.ssl.truststore.path=/etc/ts.jks\ndebezium.sink.rabbitmq.exchange=outbox\n"
+    ))
+    .unwrap();
+    let file: crate::config::file::FileConfig = toml::from_str(&imported.toml).unwrap();
+    let SinkConfig::RabbitMq(r) = &file.pipelines[0].sink else {
+        panic!("{}", imported.toml)
+    };
+    assert_eq!(&*r.url, "amqps://mq:5671/%2F");
+    assert!(
+        option_noted(
+            &imported,
+            "debezium.sink.rabbitmq.connection.ssl.truststore.path"
+        ),
+        "{:?}",
+        imported.notes
+    );
+}
+
 /// Without `exchange` Debezium Server published to an exchange named after each topic; the
 /// relay publishes to one: that difference is noted.
 #[test]
