@@ -297,8 +297,8 @@ pub(crate) fn resolve(
                 problem("source_url", e);
                 String::new()
             }),
-            (true, Some(file)) => match std::fs::read_to_string(file) {
-                Ok(url) => url.trim().to_owned(),
+            (true, Some(file)) => match super::secret_file::read(file, "source_url_file") {
+                Ok(url) => url,
                 Err(e) => {
                     problem("source_url_file", format!("cannot read {file:?}: {e}"));
                     String::new()

@@ -14,6 +14,7 @@ pub mod file;
 mod kafka;
 pub mod polling;
 mod route;
+pub mod secret_file;
 pub mod sink;
 mod table;
 mod url;

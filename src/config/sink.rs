@@ -278,16 +278,18 @@ fn secret(
                 None
             }
         },
-        (true, Some(file)) => match std::fs::read_to_string(&file) {
-            Ok(value) => Some(value.trim().to_owned()),
-            Err(e) => {
-                problems.push((
-                    format!("sink.{field}_file"),
-                    format!("cannot read {file:?}: {e}"),
-                ));
-                None
+        (true, Some(file)) => {
+            match super::secret_file::read(&file, &format!("sink.{field}_file")) {
+                Ok(value) => Some(value),
+                Err(e) => {
+                    problems.push((
+                        format!("sink.{field}_file"),
+                        format!("cannot read {file:?}: {e}"),
+                    ));
+                    None
+                }
             }
-        },
+        }
         (false, Some(_)) => {
             problems.push((
                 format!("sink.{field}"),

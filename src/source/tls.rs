@@ -202,6 +202,7 @@ impl TlsSettings {
                 let certs = CertificateDer::pem_file_iter(cert)
                     .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
                     .map_err(|e| format!("sslcert {}: {e}", cert.display()))?;
+                crate::config::secret_file::warn_if_exposed(key, "sslkey");
                 let key = PrivateKeyDer::from_pem_file(key)
                     .map_err(|e| format!("sslkey {}: {e}", key.display()))?;
                 builder

@@ -193,11 +193,15 @@ impl NatsConfig {
         let (nkey, nkey_file) = (self.nkey.take(), self.nkey_file.take());
         self.nkey = optional_secret("nkey", nkey.as_deref(), nkey_file, expand, problems);
         if let Some(path) = &self.credentials_file {
-            if let Err(e) = std::fs::metadata(path) {
-                problems.push((
+            match std::fs::metadata(path) {
+                Ok(_) => crate::config::secret_file::warn_if_exposed(
+                    std::path::Path::new(path),
+                    "sink.credentials_file",
+                ),
+                Err(e) => problems.push((
                     "sink.credentials_file".into(),
                     format!("cannot read {path:?}: {e}"),
-                ));
+                )),
             }
         }
         let in_url = self
