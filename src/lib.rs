@@ -32,7 +32,8 @@
 //! # Layout
 //! - [`config`]: the pipeline configuration as plain data, at the bottom of the dependency
 //!   graph (it imports no other module): one serde schema for the flags, the config file, its
-//!   environment overrides and `import-debezium`'s output.
+//!   environment overrides and `import-debezium`'s output; [`config::secret_file`] reads the
+//!   files that hold secrets.
 //! - [`validation`]: every start-up check of a pipeline (its own fields, the router's options,
 //!   the source URL), run once before any command starts.
 //! - [`source`]: the [`source::Source`] trait and its two implementations:
@@ -42,7 +43,9 @@
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does, [`source::target`] picks the
 //!   host of a multi-host URL by `target_session_attrs`, for both connections, and
-//!   [`source::tls`] makes their rustls configuration from `sslmode` and its files.
+//!   [`source::tls`] makes their rustls configuration from `sslmode` and its files;
+//!   [`source::coverage`] checks that the publication still covers the outbox, which idle
+//!   progress waits for.
 //! - [`session`]: the session loop, generic over source and sink; no IO of its own. Its
 //!   tests include a deterministic simulation (`session/simulation/`, test builds only) and
 //!   `session::mutation`, the deliberate defects they switch on to show that they catch them
@@ -52,7 +55,8 @@
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
 //! - [`router`]: events to records, each destination checked by the sink kind's rules; built
 //!   from a pipeline's config, refusing bad routing options with their field paths
-//!   (`router::problems`).
+//!   (`router::problems`); `router::dead_letter` makes the dead-letter copy, always
+//!   deliverable whatever the row held.
 //! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer ([`sink::kafka::SharedProducers`]:
 //!   one producer for the pipelines with the same settings; [`sink::producer`]: the rdkafka
 //!   producer, its delivery thread and the queue its reports wake a session through), and the
@@ -66,14 +70,17 @@
 //! - [`ack`]: the ack tracker that yields the flush LSN.
 //! - [`pipeline`]: one source database end to end: builds the log-tailing source and the
 //!   sink of each session, and hands both source kinds to the supervisor; `pipeline::slot_watch`
-//!   reads the slot's metrics from the server the sessions reached.
+//!   reads the slot's metrics from the server the sessions reached, and runs the publication
+//!   checks there.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
 //!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby,
 //!   `check::record` the slot record's table and grants, `check::sink` the sink (reachable,
 //!   authenticated, what its kind can tell about the destinations).
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry.
-//! - [`metrics`] and [`health`]: Prometheus metrics, `/metrics`, `/healthz`, `/readyz`.
+//! - [`metrics`] and [`health`]: Prometheus metrics (the `topic` label bounded:
+//!   `metrics::topics`), `/metrics`, `/healthz`, `/readyz`, with limits on connections.
+//! - [`logging`]: text logs with the control characters of rows and servers escaped.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
 
@@ -84,6 +91,7 @@ pub mod error;
 pub mod exactly_once;
 pub mod health;
 pub mod import;
+pub mod logging;
 pub mod lsn;
 pub mod metrics;
 pub mod pipeline;

@@ -278,13 +278,16 @@ impl RunArgs {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_ansi(ansi);
     match cli.log_format {
-        LogFormat::Text => subscriber.init(),
-        LogFormat::Json => subscriber.json().init(),
+        // Control characters from rows and servers escaped: no forged log lines.
+        LogFormat::Text => subscriber
+            .with_writer(outbox_relay::logging::EscapingStderr { ansi })
+            .init(),
+        LogFormat::Json => subscriber.with_writer(std::io::stderr).json().init(),
     }
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

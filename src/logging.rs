@@ -1,0 +1,128 @@
+//! Text logs that untrusted input cannot forge: an event id, a destination or a server's error
+//! text comes from rows and networks the relay does not control, and a line break in one would
+//! start a line of the attacker's choosing in a log file or journal. [`EscapingWriter`] writes
+//! each log line with its control characters escaped (`\n`, `\r`, `\x07`), but the line's own
+//! final newline, tabs and, when the formatter colours its output, the escape character of its
+//! colours (tracing-subscriber escapes that character in field values itself). JSON logs need
+//! none of this: JSON escapes them.
+
+use std::io::{self, Write};
+
+use tracing_subscriber::fmt::MakeWriter;
+
+/// Standard error through an [`EscapingWriter`]; `ansi` as the formatter's `with_ansi`.
+#[derive(Clone, Copy, Debug)]
+pub struct EscapingStderr {
+    pub ansi: bool,
+}
+
+impl<'a> MakeWriter<'a> for EscapingStderr {
+    type Writer = EscapingWriter<io::Stderr>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EscapingWriter {
+            inner: io::stderr(),
+            ansi: self.ansi,
+        }
+    }
+}
+
+/// Writes each buffer (tracing-subscriber writes one log line per call) with its control
+/// characters escaped, but a final newline, tabs, and with `ansi` the escape character.
+pub struct EscapingWriter<W> {
+    inner: W,
+    ansi: bool,
+}
+
+impl<W> EscapingWriter<W> {
+    /// A writer over `inner`.
+    pub fn new(inner: W, ansi: bool) -> Self {
+        EscapingWriter { inner, ansi }
+    }
+}
+
+impl<W: Write> Write for EscapingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+        let kept = |b: u8| b >= 0x20 && b != 0x7f || b == b'\t' || (self.ansi && b == 0x1b);
+        if body.iter().all(|&b| kept(b)) {
+            self.inner.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                _ if kept(b) => out.push(b),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                _ => out.extend_from_slice(format!("\\x{b:02x}").as_bytes()),
+            }
+        }
+        if body.len() < buf.len() {
+            out.push(b'\n');
+        }
+        self.inner.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// An event id with a line break and a terminal escape, logged as the relay logs: one line,
+    /// the forged one escaped inside it.
+    #[test]
+    fn a_line_break_or_escape_in_a_field_cannot_start_a_line() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || EscapingWriter::new(writer.clone(), false))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let event_id = "e-1\nERROR forged line\r\x1b[2J\x07";
+            tracing::warn!(event_id = %event_id, "delivery failed\tonce");
+            tracing::info!("next");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2, "{text:?}");
+        assert!(lines[0].contains("e-1\\nERROR forged line\\r"), "{text:?}");
+        assert!(
+            !lines[0].contains('\x1b') && !lines[0].contains('\x07'),
+            "{text:?}"
+        );
+        assert!(
+            lines[0].contains("delivery failed\tonce"),
+            "a tab stays: {text:?}"
+        );
+    }
+
+    #[test]
+    fn colours_pass_when_the_formatter_makes_them() {
+        let captured = Captured::default();
+        let mut writer = EscapingWriter::new(captured.clone(), true);
+        writer.write_all(b"\x1b[33mWARN\x1b[0m a\nb\n").unwrap();
+        assert_eq!(&*captured.0.lock().unwrap(), b"\x1b[33mWARN\x1b[0m a\\nb\n");
+    }
+}
