@@ -85,12 +85,12 @@ pub(super) async fn watch_slot(
         let Some((client, _)) = &connection else {
             continue;
         };
+        // A failed check verifies nothing (the sessions' confirmations wait); the slot's
+        // metrics are read all the same, and their read tells whether the connection is gone.
         match tokio::time::timeout(SLOT_WATCH_INTERVAL, checker.check(client)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 debug!(pipeline = %config.name, error = %chain(&e), "cannot check the publication");
-                connection = None;
-                continue;
             }
             Err(_) => {
                 debug!(pipeline = %config.name, "checking the publication timed out; reconnecting");

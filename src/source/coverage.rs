@@ -4,19 +4,26 @@
 //! pgoutput decodes each change with the catalogs as they were at its LSN. After `ALTER
 //! PUBLICATION ... DROP TABLE outbox`, `SET (publish = 'update, delete')`, or the outbox table
 //! dropped and created again under a publication that is not `FOR ALL TABLES`, the walsender
-//! leaves the table's inserts out and says nothing: only keepalives come, and their idle
-//! progress would confirm the slot past inserts that were never published. So the log-tailing
-//! source confirms idle progress only up to WAL that a check of the publication covers
-//! ([`Coverage::Verified`]), and stops on a check that finds it changed ([`Coverage::Drifted`])
-//! before anything after the last covered LSN is confirmed.
+//! leaves the table's inserts out and says nothing: keepalives and transactions without an
+//! outbox insert (a row inserted and deleted at once shows only as its delete) would confirm
+//! the slot past inserts that were never published. So the log-tailing source confirms a
+//! position only up to WAL that a check of the publication covers ([`Coverage::Verified`]),
+//! or up to the end of the last transaction in which it decoded an insert of the table (which
+//! shows the table published there), and stops on a check that finds the publication changed
+//! ([`Coverage::Drifted`]) before anything after that is confirmed.
 //!
-//! A check ([`Checker::check`]) reads the end of WAL `L`, then the oldest transaction still
-//! running; a later check that finds every transaction running at `L` ended (so that the
-//! catalogs it reads include every change written before `L`) and the publication still
-//! covering the table verifies `L`. What remains: a publication change undone again between
-//! two checks (a table dropped from the publication and added back within the check interval)
-//! is not seen, and the inserts in between are not published; a transaction that does not end
-//! holds the verified LSN back (as it holds the slot's `restart_lsn`).
+//! A check ([`Checker::check`]) reads the end of WAL `L`, then the running transactions'
+//! horizon (`xmax` of a snapshot); a later check whose snapshot's `xmin` has passed that horizon
+//! (every transaction that had ended or was running below it has ended, so the catalogs it reads
+//! include their changes) and finds the publication still covering the table verifies `L`.
+//! What remains:
+//! - a publication change undone again between two checks (a table dropped from the
+//!   publication and added back within the check interval) is not seen, and the inserts in
+//!   between are not published;
+//! - a change whose commit is written but not yet visible (held by a synchronous standby that
+//!   does not answer, with a transaction id above the horizon) is seen only once it is visible;
+//! - a transaction that does not end holds the verified LSN back (as it holds the slot's
+//!   `restart_lsn`).
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -61,7 +68,8 @@ pub struct Checker {
     table: TableName,
     tell: watch::Sender<Coverage>,
     /// The end of WAL read by the last check that found the publication covering the table,
-    /// with the next transaction id then: verified once every transaction before it ended.
+    /// with the running transactions' horizon then (a snapshot's `xmax`): verified once a
+    /// snapshot's `xmin` passed it.
     pending: Option<(Lsn, i64)>,
 }
 
@@ -79,10 +87,14 @@ impl Checker {
         (checker, watch)
     }
 
-    /// The checks go to another server from now on: what the last one read there does not
-    /// count (its transaction ids are that server's).
+    /// The checks go to another server from now on: what was read or verified on the last
+    /// one does not count (its transaction ids are its own, and after an asynchronous failover
+    /// the new server's WAL may differ below the LSN verified there).
     pub fn new_server(&mut self) {
         self.pending = None;
+        if matches!(*self.tell.borrow(), Coverage::Verified(_)) {
+            self.tell.send_replace(Coverage::Verified(Lsn::ZERO));
+        }
     }
 
     /// One check over `client` (on the server the sessions stream from). A drift, once found,

@@ -43,9 +43,17 @@ pub struct LogicalSource<W: WalStream = ReplicationStream> {
     progress: Progress,
     /// Told each position confirmed after deliveries, for the slot record.
     recorder: Option<Recorder>,
-    /// How far the publication is known to cover the outbox table's inserts: idle progress
-    /// goes no further ([`super::coverage`]). `None`: no limit (tests of the decoding).
+    /// How far the publication is known to cover the outbox table's inserts: confirmations go
+    /// no further, unless an insert of the table decoded later shows it covered
+    /// ([`super::coverage`]). `None`: no limit (tests of the decoding).
     coverage: Option<CoverageWatch>,
+    /// Whether the open transaction has an insert of the outbox table.
+    txn_has_insert: bool,
+    /// The end of the last transaction with an insert of the outbox table: the publication
+    /// covered the table there.
+    insert_seen: Lsn,
+    /// The last position sent as flush: never lowered.
+    flush_sent: Lsn,
 }
 
 impl<W: WalStream> LogicalSource<W> {
@@ -71,28 +79,42 @@ impl<W: WalStream> LogicalSource<W> {
             },
             recorder: None,
             coverage: None,
+            txn_has_insert: false,
+            insert_seen: Lsn::ZERO,
+            flush_sent: confirmed_flush_lsn,
         }
     }
 
-    /// Confirms idle progress only up to what `coverage` verified, and stops on a publication
-    /// change it found ([`super::coverage`]).
+    /// Confirms positions only up to what `coverage` verified (or the end of the last
+    /// transaction with an insert of the outbox, which shows the table published there), and
+    /// stops on a publication change it found ([`super::coverage`]).
     pub fn with_coverage(mut self, coverage: CoverageWatch) -> Self {
         self.coverage = Some(coverage);
         self
     }
 
-    /// `position`, lowered to what the publication checks verified.
-    ///
     /// Returns the error that stops the pipeline if a check found the publication changed.
-    fn covered(&self, position: Lsn) -> Result<Lsn, Error> {
-        let Some(coverage) = &self.coverage else {
-            return Ok(position);
-        };
-        let coverage = coverage.borrow();
-        match &*coverage {
-            Coverage::Verified(lsn) => Ok(position.min(*lsn)),
-            drifted => Err(drifted.drift_error().expect("a drift").into()),
+    fn check_drift(&self) -> Result<(), Error> {
+        match self
+            .coverage
+            .as_ref()
+            .and_then(|c| c.borrow().drift_error())
+        {
+            Some(drift) => Err(drift.into()),
+            None => Ok(()),
         }
+    }
+
+    /// The flush position to send for a confirmed `position`: lowered to what the publication
+    /// is known to cover, never below what was sent before (a new server's checks start
+    /// again from nothing).
+    fn confirmable(&self, position: Lsn) -> Lsn {
+        let covered = match self.coverage.as_ref().map(|c| c.borrow().clone()) {
+            Some(Coverage::Verified(verified)) => position.min(verified.max(self.insert_seen)),
+            Some(Coverage::Drifted { .. }) => position.min(self.insert_seen),
+            None => return position,
+        };
+        covered.max(self.flush_sent)
     }
 
     /// Tells `recorder` every position confirmed to the slot after events were delivered
@@ -121,7 +143,8 @@ impl<W: WalStream> LogicalSource<W> {
                 ..
             } => {
                 self.reply_requested |= reply_requested;
-                Ok(Some(SourceItem::Idle(self.covered(wal_end)?)))
+                self.check_drift()?;
+                Ok(Some(SourceItem::Idle(wal_end)))
             }
         }
     }
@@ -133,13 +156,19 @@ impl<W: WalStream> LogicalSource<W> {
     ) -> Result<Option<SourceItem>, Error> {
         let name = self.metrics.name();
         Ok(match message {
-            LogicalReplicationMessage::Begin(begin) => Some(SourceItem::Begin {
-                final_lsn: begin.final_lsn,
-                commit_time_ms: begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000,
-            }),
+            LogicalReplicationMessage::Begin(begin) => {
+                self.txn_has_insert = false;
+                Some(SourceItem::Begin {
+                    final_lsn: begin.final_lsn,
+                    commit_time_ms: begin.timestamp_us / 1_000 + PG_EPOCH_OFFSET_SECS * 1_000,
+                })
+            }
             LogicalReplicationMessage::Commit(commit) => {
                 // A drift found stops the pipeline before the next confirmation.
-                self.covered(commit.end_lsn)?;
+                self.check_drift()?;
+                if std::mem::take(&mut self.txn_has_insert) {
+                    self.insert_seen = self.insert_seen.max(commit.end_lsn);
+                }
                 Some(SourceItem::Commit {
                     end_lsn: commit.end_lsn,
                 })
@@ -155,10 +184,13 @@ impl<W: WalStream> LogicalSource<W> {
             }
             LogicalReplicationMessage::Insert(insert) => {
                 match self.decoder.on_insert(&insert, lsn)? {
-                    Some(event) => Some(SourceItem::Event {
-                        event,
-                        time_ms: None,
-                    }),
+                    Some(event) => {
+                        self.txn_has_insert = true;
+                        Some(SourceItem::Event {
+                            event,
+                            time_ms: None,
+                        })
+                    }
                     None => {
                         self.metrics.skipped("insert");
                         None
@@ -235,12 +267,14 @@ impl<W: WalStream> Source for LogicalSource<W> {
         }
     }
 
-    /// Sends write = flush = apply = the confirmed position. Reporting a write position
+    /// Sends write = flush = apply = the confirmed position, lowered to what the publication is
+    /// known to cover ([`LogicalSource::with_coverage`]). Reporting a write position
     /// beyond flush would stop the walsender's unsolicited keepalives (it sends them while
     /// both are behind what it has read), and with them idle progress.
     async fn confirm(&mut self, confirmation: Confirmation) -> Result<(), Error> {
-        let flush = confirmation.position;
+        let flush = self.confirmable(confirmation.position);
         self.stream.send_status(flush, flush).await?;
+        self.flush_sent = flush;
         self.reply_requested = false;
         if let Some(recorder) = self
             .recorder
