@@ -9,8 +9,9 @@ use std::sync::RwLock;
 
 /// Destinations of one pipeline labelled by name.
 pub const MAX_TOPIC_LABELS: usize = 200;
-/// The label of the destinations past [`MAX_TOPIC_LABELS`].
-pub const OTHER_TOPIC: &str = "other";
+/// The label of the destinations past [`MAX_TOPIC_LABELS`]: in parentheses, which no Kafka
+/// topic name can hold, so that it is never mistaken for a destination's.
+pub const OTHER_TOPIC: &str = "(other)";
 
 /// The destinations one pipeline has labelled by name so far.
 #[derive(Default)]
@@ -35,7 +36,7 @@ impl TopicLabels {
             tracing::warn!(
                 pipeline,
                 limit = MAX_TOPIC_LABELS,
-                "more destinations than the metrics label by name; the delivery metrics count the others under topic=\"other\""
+                "more destinations than the metrics label by name; the delivery metrics count the others under topic=\"(other)\""
             );
         }
         OTHER_TOPIC

@@ -158,6 +158,45 @@ fn cut(bytes: &[u8], too_large: bool) -> &[u8] {
     }
 }
 
+impl Router {
+    /// The too-large form of `copy`, a dead-letter copy that the sink refused as too large
+    /// (`error`): its document's error, topic, id and key, without value and headers. A copy's
+    /// document escapes its value (quotes, base64) and so may outgrow a record the sink
+    /// refused for another reason.
+    ///
+    /// Returns `None` if `copy` is in that form already, or holds no document of a copy.
+    pub fn dead_letter_shrunk(copy: &Record, error: &DeliveryError) -> Option<Record> {
+        let document: serde_json::Value = serde_json::from_slice(copy.value.as_deref()?).ok()?;
+        document.get("headers")?;
+        let bytes = |value: &serde_json::Value| -> Option<Bytes> {
+            match value {
+                serde_json::Value::String(text) => Some(Bytes::from(text.clone())),
+                other => base64::engine::general_purpose::STANDARD
+                    .decode(other.get("base64")?.as_str()?)
+                    .ok()
+                    .map(Bytes::from),
+            }
+        };
+        let id = bytes(&document["id"]).unwrap_or_default();
+        let key = bytes(&document["key"]);
+        let reason = format!(
+            "{} (its dead-letter copy was refused too: {})",
+            document["error"].as_str().unwrap_or_default(),
+            error.reason
+        );
+        let original = Original {
+            error: &reason,
+            topic: document["topic"].as_str(),
+            id: &id,
+            key: key.as_ref(),
+            headers: &[],
+            value: None,
+            too_large: true,
+        };
+        Some(self::copy(&original, &copy.topic, copy.timestamp_ms))
+    }
+}
+
 fn copy(original: &Original, topic: &str, timestamp_ms: Option<i64>) -> Record {
     let cut = |bytes| cut(bytes, original.too_large);
     let document = Document {

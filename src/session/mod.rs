@@ -97,6 +97,10 @@ pub struct Session<'a, So: Source, Si: Sink> {
     null_key_warned: (Option<Instant>, u64),
     /// Once a shutdown began: when its drain must end, whatever ends the session.
     drain_deadline: Option<tokio::time::Instant>,
+    /// A failure the source recorded that left the sink's client without a connection: the
+    /// session finishes the source transaction it is in (the source records every outcome and
+    /// ends its cycle), then ends with this error so that the next one connects again.
+    lost: Option<DeliveryError>,
 }
 
 impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
@@ -139,6 +143,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             progress,
             null_key_warned: (None, 0),
             drain_deadline: None,
+            lost: None,
         }
     }
 
@@ -231,9 +236,21 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 }
                 None => (false, None, true, false),
             };
+            // After a lost connection, as while draining: finish the open transaction only.
+            let finishing = draining || self.lost.is_some();
             let read = self.has_capacity(in_flight)
-                && (!draining || self.tracker.in_transaction())
+                && (!finishing || self.tracker.in_transaction())
                 && eos_reads;
+            if self.lost.is_some()
+                && !self.tracker.in_transaction()
+                && in_flight.events == 0
+                && self.blocked.is_empty()
+            {
+                // Its outcomes recorded, the transaction is confirmed (the polling cycle marks
+                // its rows and commits) before the session ends.
+                self.confirm().await?;
+                return Err(Error::Delivery(self.lost.take().expect("lost")));
+            }
             // Done once nothing is left to publish: a record waiting for room (a dead-letter
             // copy of a record refused after its Commit) belongs to a read transaction too.
             if draining
@@ -576,6 +593,10 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         mut error: DeliveryError,
         token: EventToken,
     ) -> Result<(), DeliveryError> {
+        if let Some(shrunk) = self.shrunk_copy(&error) {
+            warn!(pipeline = %self.config.name, event_id = %error.event_id, dead_letter_topic = %error.topic, reason = %error.reason, "the sink refused the dead-letter copy as too large; sending it without the event's value and headers");
+            return self.send(shrunk, token);
+        }
         let Some(dead_letter_topic) = self.dead_letter_topic_for(&error) else {
             return Err(error);
         };
@@ -590,6 +611,17 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         });
         let copy = Router::dead_letter_refused(*record, &error, &dead_letter_topic);
         self.send(copy, token)
+    }
+
+    /// The too-large form of a dead-letter copy the sink refused as too large with `error`
+    /// ([`Router::dead_letter_shrunk`]), with `on_bad_event = "dead_letter"`.
+    fn shrunk_copy(&self, error: &DeliveryError) -> Option<Record> {
+        let dead_letter_topic = self.config.dead_letter_topic.as_ref()?;
+        let copy = error.record.as_deref()?;
+        (self.config.on_bad_event == OnBadEvent::DeadLetter
+            && error.too_large
+            && error.topic == *dead_letter_topic)
+            .then(|| Router::dead_letter_shrunk(copy, error))?
     }
 
     /// The dead-letter topic for a record the sink refused with `error`, if it is to be
@@ -651,10 +683,15 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 Ok(())
             }
             // The source recorded it, but a client whose connection is gone fails every record
-            // after it too: end the session, so the next one connects again.
+            // after it too: the session ends once the source transaction is finished, so the
+            // next one connects again.
             Err(e) if handling == FailureHandling::Recorded && e.connection_lost => {
                 self.settle(delivery.token)?;
-                Err(e.into())
+                if self.lost.is_none() {
+                    warn!(pipeline = %self.config.name, event_id = %e.event_id, reason = %e.reason, "the sink's connection is gone; ending the session once this batch is recorded, then connecting again");
+                    self.lost = Some(e);
+                }
+                Ok(())
             }
             Err(_) if handling == FailureHandling::Recorded => self.settle(delivery.token),
             Err(e) => {

@@ -175,6 +175,8 @@ struct FakeSink {
     full: Option<(&'static str, usize)>,
     copy_full_once: Vec<String>,
     copy_refused: Vec<String>,
+    /// Dead-letter copies larger than this are refused at send as too large.
+    copy_max_bytes: Option<usize>,
     delay: Vec<(usize, Duration)>,
     /// What it reports an ended session left in a shared client ([`Sink::left_over`]), and
     /// when the oldest of that was accepted.
@@ -201,6 +203,7 @@ impl FakeSink {
             full: None,
             copy_full_once: Vec::new(),
             copy_refused: Vec::new(),
+            copy_max_bytes: None,
             delay: Vec::new(),
             left_over: InFlight::default(),
             left_over_since: None,
@@ -229,6 +232,18 @@ impl Sink for FakeSink {
             if let Some(i) = self.copy_full_once.iter().position(|e| *e == id) {
                 self.copy_full_once.remove(i);
                 return Err(SendError::Full(Box::new(record)));
+            }
+            if self.copy_max_bytes.is_some_and(|max| record.size() > max) {
+                return Err(SendError::Refused(DeliveryError {
+                    event_id: id,
+                    topic: record.topic.clone(),
+                    reason: "Broker: Message size too large".into(),
+                    retryable: false,
+                    too_large: true,
+                    connection_lost: false,
+                    attempted: true,
+                    record: Some(Box::new(record)),
+                }));
             }
             if self.copy_refused.contains(&id) {
                 return Err(SendError::Refused(DeliveryError {
@@ -719,9 +734,10 @@ async fn failures_the_source_records_settle_their_events_and_the_session_goes_on
 
 /// A client whose connection is gone for good (a closed RabbitMQ connection, a Redis server
 /// turned replica) fails every record after it: even where the source records the failure
-/// (polling), the session ends so that the next one connects again, and confirms nothing past
-/// the failed event. (The session went on with the dead client, and every polled row burnt its
-/// attempts against it.)
+/// (polling), the session ends so that the next one connects again. It first finishes the
+/// source transaction it is in (the polling cycle marks what was acknowledged and records the
+/// failures) and reads no other. (The session went on with the dead client, and every polled
+/// row burnt its attempts against it.)
 #[tokio::test(start_paused = true)]
 async fn a_lost_connection_ends_the_session_even_where_the_source_records_failures() {
     let config = config();
@@ -738,11 +754,46 @@ async fn a_lost_connection_ends_the_session_even_where_the_source_records_failur
     );
     assert_eq!(error.recovery(), Recovery::Retry);
     let log = log.lock().unwrap();
-    assert!(
-        log.confirmations.iter().all(|&lsn| lsn <= commit_end(0)),
-        "confirmed past the failed event: {:?}",
+    assert_eq!(
+        log.confirmations.last(),
+        Some(&commit_end(1)),
+        "the transaction with the lost record is finished: {:?}",
         log.confirmations
     );
+    assert_eq!(
+        log.begins, 2,
+        "no transaction read after the lost connection"
+    );
+    let mut outcomes = log.outcomes.clone();
+    outcomes.sort();
+    assert_eq!(outcomes, [(0, true), (1, true), (2, false), (3, true)]);
+}
+
+/// A refused record whose dead-letter copy is refused as too large (the copy's document is
+/// larger than the record): the copy goes again in its too-large form, and the transaction is
+/// confirmed. (The pipeline stopped on the row.)
+#[tokio::test(start_paused = true)]
+async fn a_dead_letter_copy_refused_as_too_large_goes_again_without_the_value() {
+    let config = dead_letter_config();
+    let mut items: Vec<SourceItem> = (0..2).flat_map(|i| transaction(i, 1)).collect();
+    if let SourceItem::Event { event, .. } = &mut items[1] {
+        event.payload = Some(Bytes::from(format!("{{\"s\": \"{}\"}}", "q\"".repeat(400))));
+    }
+    let (source, log) = FakeSource::new(items);
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.refuse = vec![0];
+    // The full copy of e0.0 (a document with its headers and escaped value) is larger.
+    sink.copy_max_bytes = Some(1000);
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    result.unwrap();
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(
+        sent,
+        ["e0.0", "e1.0", "e0.0"],
+        "the original, the next, the shrunk copy"
+    );
+    let log = log.lock().unwrap();
+    assert_eq!(log.confirmations.last(), Some(&commit_end(1)));
 }
 
 /// A session that ends on a failed delivery has the sink withdraw the records still in

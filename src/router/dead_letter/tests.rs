@@ -185,6 +185,43 @@ fn a_too_large_record_s_copy_leaves_out_its_value_and_headers_and_cuts_id_and_ke
     assert_eq!(document(&copy).get("truncated"), None, "nothing was cut");
 }
 
+/// A copy refused as too large (its document escapes the value, so it can outgrow a record
+/// refused for another reason) gets its too-large form: error, topic, id and key, no value.
+#[test]
+fn a_copy_refused_as_too_large_shrinks_to_its_too_large_form_once() {
+    let mut original = record(b"e-1", Some(&[0xff]), Vec::new());
+    original.value = Some(Bytes::from(vec![b'"'; 10_000]));
+    let copy = Router::dead_letter_refused(original, &refusal(false), "dlq");
+    let mut refused = refusal(true);
+    refused.topic = "dlq".into();
+    refused.reason = "Broker: Message size too large".into();
+    let shrunk = Router::dead_letter_shrunk(&copy, &refused).expect("a full copy shrinks");
+    assert!(
+        shrunk.size() < 2 * HEADER_TEXT_BYTES,
+        "{} bytes",
+        shrunk.size()
+    );
+    assert_eq!(shrunk.topic, "dlq");
+    let doc = document(&shrunk);
+    assert_eq!(doc["id"], "e-1");
+    assert_eq!(doc["key"], json!({"base64": "/w=="}));
+    assert_eq!(doc["topic"], "Order.events");
+    assert_eq!(doc.get("value"), None);
+    assert!(
+        doc["error"].as_str().unwrap().contains("HTTP 431")
+            && doc["error"]
+                .as_str()
+                .unwrap()
+                .contains("Message size too large"),
+        "{doc}"
+    );
+    assert_eq!(
+        Router::dead_letter_shrunk(&shrunk, &refused),
+        None,
+        "only once"
+    );
+}
+
 #[test]
 fn the_copy_s_header_text_is_printable_ascii_and_bounded() {
     assert_eq!(header_text("plain text"), "plain text");

@@ -25,7 +25,6 @@ use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::session::now_ms;
-use crate::shutdown::AbortOnDrop;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxEvent;
 use crate::source::slot::SqlConnection;
@@ -100,11 +99,10 @@ pub struct PollingSource {
     /// Event items yielded: the next one's number.
     events: u64,
     cycles: u64,
-    /// Cancelled `shutdown_timeout_secs` after the shutdown began: a cycle's end (its UPDATEs
-    /// and COMMIT) is given up then, so that a stop never waits on the database for good (a
-    /// COMMIT waiting for a synchronous standby that is down, a lock).
-    give_up: CancellationToken,
-    _give_up_timer: AbortOnDrop,
+    /// The shutdown: once it began, a cycle's end (its UPDATEs and COMMIT) gets
+    /// `shutdown_timeout_secs` of its own, so that a stop never waits on the database for good
+    /// (a COMMIT waiting for a synchronous standby that is down, a lock).
+    shutdown: CancellationToken,
 }
 
 impl PollingSource {
@@ -119,16 +117,6 @@ impl PollingSource {
         sql: Statements,
         shutdown: &CancellationToken,
     ) -> Self {
-        let give_up = CancellationToken::new();
-        let timer = {
-            let (shutdown, give_up, timeout) =
-                (shutdown.clone(), give_up.clone(), config.shutdown_timeout());
-            tokio::spawn(async move {
-                shutdown.cancelled().await;
-                tokio::time::sleep(timeout).await;
-                give_up.cancel();
-            })
-        };
         PollingSource {
             config: config.clone(),
             metrics,
@@ -146,20 +134,25 @@ impl PollingSource {
             batch: None,
             events: 0,
             cycles: 0,
-            give_up,
-            _give_up_timer: AbortOnDrop(timer),
+            shutdown: shutdown.clone(),
         }
     }
 
-    /// [`PollingSource::finish`], given up `shutdown_timeout_secs` after a shutdown began.
+    /// [`PollingSource::finish`], given up `shutdown_timeout_secs` after the shutdown began or
+    /// after it started, whichever is later (a drain that used its whole timeout leaves the
+    /// marks theirs).
     ///
     /// Returns its error, or a timeout once given up: the cycle's rows then stay pending,
     /// unless its COMMIT went through on the server.
     async fn finish_in_time(&mut self) -> Result<(), Error> {
-        let give_up = self.give_up.clone();
+        let (shutdown, timeout) = (self.shutdown.clone(), self.config.shutdown_timeout());
+        let give_up = async move {
+            shutdown.cancelled().await;
+            tokio::time::sleep(timeout).await;
+        };
         tokio::select! {
             result = self.finish() => result,
-            () = give_up.cancelled() => Err(SourceError::Io(std::io::Error::new(
+            () = give_up => Err(SourceError::Io(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 "the polling cycle's marks and COMMIT did not end within shutdown_timeout_secs of the shutdown; its rows stay pending unless the COMMIT went through",
             ))
