@@ -68,7 +68,7 @@ async fn connect(config: &PipelineConfig) -> Result<(Client, slot::SqlConnection
 
 /// Runs every check for `config`; never fails itself: problems are findings.
 pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
-    let mut findings = Vec::new();
+    let mut findings: Vec<Finding> = source_security(config).into_iter().collect();
     match connect(config).await {
         Ok((client, connection)) => {
             let checked = match config.source_kind {
@@ -95,6 +95,68 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
         findings.push(check_checkpoint(config).await);
     }
     findings
+}
+
+/// A warning when the source URL reaches a host over the network without authenticating the
+/// server: `sslmode` below `verify-ca` or `channel_binding` other than `require`. Local hosts
+/// (Unix sockets, `localhost`, 127.0.0.0/8, ::1) are exempt; `None` also when the URL does
+/// not parse (the connection check reports that).
+fn source_security(config: &PipelineConfig) -> Option<Finding> {
+    use crate::source::tls::SslMode;
+    use tokio_postgres::config::{ChannelBinding, Host};
+    let info = config.source_config().ok()?;
+    let is_local = |endpoint: &crate::source::target::Endpoint| {
+        let loopback = |text: &str| {
+            text.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+        };
+        match (&endpoint.host, endpoint.addr) {
+            (Some(Host::Unix(_)), _) => true,
+            (_, Some(addr)) => addr.is_loopback(),
+            (Some(Host::Tcp(name)), None) => name == "localhost" || loopback(name),
+            (None, None) => true,
+        }
+    };
+    let remote: Vec<String> = crate::source::target::endpoints(&info.pg)
+        .iter()
+        .filter(|endpoint| !is_local(endpoint))
+        .map(ToString::to_string)
+        .collect();
+    let mode = match info.tls.mode {
+        SslMode::Disable => Some("disable"),
+        SslMode::Prefer => Some("prefer"),
+        SslMode::Require => Some("require"),
+        SslMode::VerifyCa | SslMode::VerifyFull => None,
+    };
+    let binding = match info.pg.get_channel_binding() {
+        ChannelBinding::Require => None,
+        ChannelBinding::Prefer => Some("prefer"),
+        ChannelBinding::Disable => Some("disable"),
+        _ => Some("prefer"),
+    };
+    if remote.is_empty() || (mode.is_none() && binding.is_none()) {
+        return None;
+    }
+    let settings: Vec<String> = [
+        mode.map(|mode| format!("sslmode={mode}")),
+        binding.map(|binding| format!("channel_binding={binding}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let risk = match mode {
+        Some(_) => "anyone on the network path can pose as the server: take the role's password (a cleartext or md5 request), feed the relay forged WAL, and read the events",
+        None => "a server that holds a certificate of the same CA, or one that can relay the handshake, is not refused: the password exchange is not bound to the TLS session",
+    };
+    Some(finding(
+        "source tls",
+        Verdict::Warn,
+        format!(
+            "{} with {}: {risk}; use sslmode=verify-full&sslrootcert=<CA file>&channel_binding=require",
+            remote.join(", "),
+            settings.join(" and "),
+        ),
+    ))
 }
 
 /// Exactly-once mode: the checkpoint topic exists and its last checkpoint for the pipeline
@@ -768,6 +830,58 @@ pub async fn status(config: &PipelineConfig) -> Result<Option<SlotStatus>, Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_sources_without_an_authenticated_server_are_warned_about() {
+        let finding_for = |url: &str| {
+            let mut config = PipelineConfig::test_pipeline();
+            config.source_url = url.into();
+            source_security(&config)
+        };
+        for (url, says) in [
+            ("postgres://u@db.example/app", "sslmode=prefer"),
+            (
+                "postgres://u@db.example/app?sslmode=disable",
+                "sslmode=disable",
+            ),
+            (
+                "postgres://u@10.0.0.5:5433/app?sslmode=require",
+                "10.0.0.5:5433",
+            ),
+            (
+                "postgres://u@db.example/app?sslmode=verify-full&sslrootcert=%2Fca.pem",
+                "channel_binding=prefer",
+            ),
+            ("postgres://u@localhost,db.example/app", "db.example:5432"),
+        ] {
+            let finding = finding_for(url).unwrap_or_else(|| panic!("no finding for {url}"));
+            assert_eq!(finding.verdict, Verdict::Warn, "{url}");
+            assert!(
+                finding.detail.contains(says)
+                    && finding.detail.contains(
+                        "sslmode=verify-full&sslrootcert=<CA file>&channel_binding=require"
+                    ),
+                "{url}: {}",
+                finding.detail
+            );
+            assert!(!finding.detail.contains("localhost"), "{}", finding.detail);
+        }
+        assert!(finding_for("postgres://u@db.example/app?sslmode=prefer")
+            .unwrap()
+            .detail
+            .contains("password"));
+        for url in [
+            "postgres://u@db.example/app?sslmode=verify-full&sslrootcert=%2Fca.pem&channel_binding=require",
+            "postgres://u@localhost/app?sslmode=disable",
+            "postgres://u@127.0.0.2/app",
+            "postgres://u@[::1]/app?sslmode=prefer",
+            "postgres://u@%2Frun%2Fpostgresql/app",
+            "host=/var/run/postgresql user=u",
+            "postgres://u@db.example/app?hostaddr=127.0.0.1",
+        ] {
+            assert!(finding_for(url).is_none(), "{url}: {:?}", finding_for(url));
+        }
+    }
 
     /// librdkafka's warnings about producer properties on `check`'s consumer (CONFWARN) are
     /// not kept: with `acks`, `enable.idempotence` and `linger.ms` set they filled every slot

@@ -1,8 +1,8 @@
 //! The source URL as libpq reads it: [`PipelineConfig::source_config`] parses `source_url`
 //! into a tokio-postgres config and the TLS settings, and [`apply`] fills in what the URL leaves
 //! out the way libpq does: the `PGHOST`, `PGPORT`, `PGUSER`, `PGDATABASE`, `PGPASSWORD`,
-//! `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGCONNECT_TIMEOUT` and
-//! `PGTARGETSESSIONATTRS` environment variables, then libpq's defaults (the local socket
+//! `PGAPPNAME`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGCONNECT_TIMEOUT`,
+//! `PGTARGETSESSIONATTRS` and `PGREQUIREAUTH` environment variables, then libpq's defaults (the local socket
 //! directory, the OS user name). Without a password there, [`ConnInfo::config_for`] reads the
 //! password file (`PGPASSFILE`, default `~/.pgpass`; PostgreSQL docs, 34.16 "The Password
 //! File") for each host as it is tried, as libpq does: each host of a multi-host URL gets the
@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio_postgres::config::Host;
 
 use crate::config::{redact_url, ConfigError, PipelineConfig};
+use crate::source::auth::RequireAuth;
 use crate::source::target::{Endpoint, TargetSessionAttrs};
 use crate::source::tls::{self, TlsSettings};
 
@@ -32,22 +33,35 @@ pub struct ConnInfo {
     pub tls: TlsSettings,
     /// `target_session_attrs` of the URL, else `PGTARGETSESSIONATTRS`, else `any`.
     pub target: TargetSessionAttrs,
+    /// libpq's `require_auth` of the URL, else `PGREQUIREAUTH` (see [`crate::source::auth`]).
+    pub require_auth: Option<RequireAuth>,
 }
 
 /// Parameters taken out of the URL before tokio-postgres parses it, besides TLS's: it knows
-/// only `any` and `read-write` of libpq's `target_session_attrs`.
+/// only `any` and `read-write` of libpq's `target_session_attrs`, and not `require_auth`.
 const TARGET_PARAM: &str = "target_session_attrs";
+const REQUIRE_AUTH_PARAM: &str = "require_auth";
 
-/// Splits `url` into what tokio-postgres parses, the TLS settings and `target_session_attrs`
-/// (`None` when the URL does not set it).
-fn split(url: &str) -> Result<(String, TlsSettings, Option<TargetSessionAttrs>), String> {
+/// What [`split`] takes out of a URL besides TLS's (`None`: not set).
+#[derive(Debug, Default)]
+struct Taken {
+    target: Option<TargetSessionAttrs>,
+    require_auth: Option<RequireAuth>,
+}
+
+/// Splits `url` into what tokio-postgres parses, the TLS settings, `target_session_attrs`
+/// and `require_auth`.
+fn split(url: &str) -> Result<(String, TlsSettings, Taken), String> {
     let (rest, tls) = tls::split_url(url)?;
-    let (rest, taken) = tls::split_params(&rest, &[TARGET_PARAM]);
-    let target = match taken.last() {
-        Some((_, value)) => Some(value.parse()?),
-        None => None,
-    };
-    Ok((rest, tls, target))
+    let (rest, taken) = tls::split_params(&rest, &[TARGET_PARAM, REQUIRE_AUTH_PARAM]);
+    let mut out = Taken::default();
+    for (key, value) in taken {
+        match key {
+            TARGET_PARAM => out.target = Some(value.parse()?),
+            _ => out.require_auth = Some(value.parse()?),
+        }
+    }
+    Ok((rest, tls, out))
 }
 
 /// Session settings of every connection the relay opens to a source (SQL and replication), so
@@ -82,7 +96,7 @@ impl PipelineConfig {
                 format!("{}: {e}", redact_url(&self.source_url)),
             )
         };
-        let (rest, mut tls, target) = split(&self.source_url).map_err(|e| invalid(&e))?;
+        let (rest, mut tls, taken) = split(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
         // tokio-postgres may have parsed an sslmode this parser did not see (`sslmode = require`
         // with spaces): never go below it.
@@ -92,7 +106,16 @@ impl PipelineConfig {
         }
         let env = |name: &str| std::env::var(name).ok();
         apply(&mut config, &mut tls, &env).map_err(|e| invalid(&e))?;
-        let target = target_or_env(target, &env).map_err(|e| invalid(&e))?;
+        let target = target_or_env(taken.target, &env).map_err(|e| invalid(&e))?;
+        let require_auth = match (taken.require_auth, env("PGREQUIREAUTH")) {
+            (Some(list), _) => Some(list),
+            (None, Some(value)) => Some(
+                value
+                    .parse()
+                    .map_err(|e| invalid(&format!("PGREQUIREAUTH: {e}")))?,
+            ),
+            (None, None) => None,
+        };
         // Unix sockets never use TLS (as libpq and the replication client).
         let all_unix = config
             .get_hosts()
@@ -116,6 +139,7 @@ impl PipelineConfig {
             pg: config,
             tls,
             target,
+            require_auth,
         })
     }
 }
@@ -446,10 +470,10 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
-            let (rest, _, target) = split(url)?;
+            let (rest, _, taken) = split(url)?;
             rest.parse::<tokio_postgres::Config>()
                 .map_err(|e| e.to_string())?;
-            target_or_env(target, &|name| vars.get(name).cloned())
+            target_or_env(taken.target, &|name| vars.get(name).cloned())
         };
         let url = "postgres://u@a:5432,b:5433/db?target_session_attrs=primary&sslmode=disable";
         assert_eq!(target(url, &[]), Ok(TargetSessionAttrs::Primary));
@@ -481,6 +505,31 @@ mod tests {
                 .unwrap_err()
                 .contains("PGTARGETSESSIONATTRS")
         );
+    }
+
+    #[test]
+    fn require_auth_from_the_url_else_the_environment() {
+        let parsed = |url: &str| {
+            let mut config = PipelineConfig::test_pipeline();
+            config.source_url = url.into();
+            config.source_config()
+        };
+        let info = parsed("postgres://u@h/db?require_auth=scram-sha-256&sslmode=verify-full&sslrootcert=%2Fca.pem&channel_binding=require").unwrap();
+        assert_eq!(
+            info.require_auth.map(|list| list.to_string()).as_deref(),
+            Some("scram-sha-256")
+        );
+        assert_eq!(
+            info.pg.get_channel_binding(),
+            tokio_postgres::config::ChannelBinding::Require
+        );
+        let info = parsed("host=h user=u require_auth=!password,!md5").unwrap();
+        assert_eq!(
+            info.require_auth.map(|list| list.to_string()).as_deref(),
+            Some("!password,!md5")
+        );
+        let error = parsed("postgres://u@h/db?require_auth=password,!md5").unwrap_err();
+        assert!(error.to_string().contains("require_auth"), "{error}");
     }
 
     #[test]
@@ -518,6 +567,7 @@ mod tests {
             pg: config,
             tls,
             target: TargetSessionAttrs::Any,
+            require_auth: None,
         };
         let vars: HashMap<&str, &str> = vars.iter().copied().collect();
         let env = |name: &str| vars.get(name).map(|v| v.to_string());

@@ -13,6 +13,7 @@
 //!   never re-created silently.
 //! - [`tls`]: rustls for both connections, with libpq's `sslmode` semantics.
 
+pub mod auth;
 pub mod conninfo;
 pub mod coverage;
 pub mod logical;
@@ -161,8 +162,9 @@ impl SourceError {
             SourceError::Server { code, .. } => sqlstate_is_transient(code),
             SourceError::Sql(error) => match error.code() {
                 Some(code) => sqlstate_is_transient(code.code()),
-                // A certificate that fails verification fails the same way next time.
-                None => !is_tls_error(error),
+                // A certificate that fails verification, or an authentication request the
+                // relay refuses, fails the same way next time.
+                None => !is_tls_error(error) && !auth::is_refusal(error) && !is_auth_error(error),
             },
             SourceError::Auth(_)
             | SourceError::Tls(_)
@@ -171,6 +173,12 @@ impl SourceError {
             | SourceError::Tracker { .. } => false,
         }
     }
+}
+
+/// Whether tokio-postgres refused the server's authentication itself (`channel_binding=require`
+/// and a server that does not bind, a password the server asks for and the URL lacks).
+fn is_auth_error(error: &tokio_postgres::Error) -> bool {
+    error.to_string().starts_with("authentication error")
 }
 
 /// Whether a tokio-postgres error came from the TLS layer (certificate or handshake).

@@ -27,9 +27,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::codec::{Decoder, FramedRead};
 
+use super::auth::AuthPolicy;
 use super::conninfo::ConnInfo;
 use super::target::{self, Candidate, Endpoint, ServerState};
-use super::tls::{SslMode, TlsSettings};
+use super::tls::{SslMode, Verification};
 use super::SourceError;
 use crate::lsn::Lsn;
 
@@ -217,8 +218,9 @@ impl ReplicationClient {
     ///
     /// Returns an error if no host is reachable and fits ([`SourceError::NoHostFits`], or the
     /// one host's error), TLS is required and refused or the server's certificate fails
-    /// verification, authentication fails, or the server asks for an authentication method
-    /// other than trust, password, MD5 or SCRAM-SHA-256.
+    /// verification, authentication fails, the server asks for an authentication method
+    /// other than trust, password, MD5 or SCRAM-SHA-256, or for one that `require_auth`,
+    /// `channel_binding=require` or the cleartext rule refuses (see [`super::auth`]).
     pub async fn connect(info: &ConnInfo) -> Result<Self, SourceError> {
         let tls_config = match info.tls.mode {
             SslMode::Disable => None,
@@ -233,17 +235,27 @@ impl ReplicationClient {
     /// Connects to one host and starts a walsender session there.
     async fn connect_to(
         config: &tokio_postgres::Config,
-        tls: &TlsSettings,
+        info: &ConnInfo,
         tls_config: Option<Arc<rustls::ClientConfig>>,
         endpoint: Endpoint,
     ) -> Result<Self, SourceError> {
+        let tls = &info.tls;
         let (stream, server) = open_stream_pinned(config, &endpoint).await?;
-        let (socket, tls_server_end_point) = match (tls_config, endpoint.socket_path()) {
+        let (socket, tls_session) = match (tls_config, endpoint.socket_path()) {
             (Some(tls_config), None) => {
                 negotiate_tls(stream, &endpoint.tls_name(), tls_config, tls.mode).await?
             }
             _ => (stream, None),
         };
+        let policy = AuthPolicy {
+            require_auth: info.require_auth.clone(),
+            channel_binding_required: config.get_channel_binding()
+                == tokio_postgres::config::ChannelBinding::Require,
+            trusted_channel: endpoint.socket_path().is_some()
+                || (tls_session.is_some() && tls.verification() >= Verification::Chain),
+            server: endpoint.to_string(),
+        };
+        let tls_server_end_point = tls_session.flatten();
         let (read, write) = tokio::io::split(socket);
         let mut client = ReplicationClient {
             reader: FramedRead::new(read, BackendCodec),
@@ -252,7 +264,7 @@ impl ReplicationClient {
             server,
         };
         client
-            .startup(config, tls_server_end_point.as_deref())
+            .startup(config, &policy, tls_server_end_point.as_deref())
             .await?;
         Ok(client)
     }
@@ -260,6 +272,7 @@ impl ReplicationClient {
     async fn startup(
         &mut self,
         config: &tokio_postgres::Config,
+        policy: &AuthPolicy,
         tls_server_end_point: Option<&[u8]>,
     ) -> Result<(), SourceError> {
         let user = config
@@ -281,7 +294,7 @@ impl ReplicationClient {
         let mut buf = BytesMut::new();
         frontend::startup_message(params.iter().copied(), &mut buf)?;
         self.write(&buf).await?;
-        self.authenticate(user, config, tls_server_end_point)
+        self.authenticate(user, config, policy, tls_server_end_point)
             .await?;
         loop {
             match self.read().await? {
@@ -301,27 +314,44 @@ impl ReplicationClient {
     /// Authentication"). SCRAM uses channel binding (`SCRAM-SHA-256-PLUS`, RFC 5929
     /// `tls-server-end-point`) when the session is TLS and the server offers it, as libpq does;
     /// `channel_binding=require` in the source URL makes a session without it an error,
-    /// `channel_binding=disable` never uses it.
+    /// `channel_binding=disable` never uses it. `auth` decides which requests are answered at
+    /// all (`require_auth`, cleartext passwords: see [`super::auth`]).
     async fn authenticate(
         &mut self,
         user: &str,
         config: &tokio_postgres::Config,
+        auth: &AuthPolicy,
         tls_server_end_point: Option<&[u8]>,
     ) -> Result<(), SourceError> {
         use tokio_postgres::config::ChannelBinding as Policy;
         let password = config.get_password();
         let policy = config.get_channel_binding();
+        let server = &auth.server;
         let require_binding = || {
-            SourceError::Auth(
-                "channel_binding=require, but the server did not ask for SCRAM-SHA-256-PLUS over TLS (use sslmode=require or stronger and a role with a SCRAM password)"
-                    .into(),
-            )
+            SourceError::Auth(format!(
+                "{server} did not ask for SCRAM-SHA-256-PLUS over TLS, and channel_binding=require (use sslmode=verify-full and a role with a SCRAM password)"
+            ))
         };
         let need_password = || {
-            SourceError::Auth("the server asks for a password and the source url has none".into())
+            SourceError::Auth(format!(
+                "{server} asks for a password and the source url has none"
+            ))
         };
         let mut buf = BytesMut::new();
-        match self.read().await? {
+        let request = self.read().await?;
+        let code = match &request {
+            Message::AuthenticationOk => Some(0),
+            Message::AuthenticationCleartextPassword => Some(3),
+            Message::AuthenticationMd5Password(_) => Some(5),
+            Message::AuthenticationGss => Some(7),
+            Message::AuthenticationSspi => Some(9),
+            Message::AuthenticationSasl(_) => Some(10),
+            _ => None,
+        };
+        if let Some(code) = code {
+            auth.check(code).map_err(SourceError::Auth)?;
+        }
+        match request {
             Message::AuthenticationOk if policy == Policy::Require => return Err(require_binding()),
             Message::AuthenticationOk => return Ok(()),
             Message::AuthenticationCleartextPassword | Message::AuthenticationMd5Password(_)
@@ -523,12 +553,8 @@ impl target::Connector for WalsenderConnector<'_> {
     async fn connect(&self, endpoint: Endpoint) -> Result<ReplicationClient, SourceError> {
         // The password file's line for this host, as libpq looks it up per host.
         let config = self.info.config_for(&endpoint);
-        let attempt = ReplicationClient::connect_to(
-            &config,
-            &self.info.tls,
-            self.tls_config.clone(),
-            endpoint,
-        );
+        let attempt =
+            ReplicationClient::connect_to(&config, self.info, self.tls_config.clone(), endpoint);
         within_connect_timeout(&self.info.pg, attempt).await
     }
 }
@@ -747,16 +773,16 @@ fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Res
 /// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host` (docs
 /// 55.2.10 "SSL Session Encryption").
 ///
-/// Returns the socket and, for a TLS session, the `tls-server-end-point` channel binding data
-/// (RFC 5929: the hash of the server certificate), `None` when the certificate's signature
-/// algorithm names no usable hash (e.g. Ed25519) or without TLS (`prefer` and a server that
-/// refuses it).
+/// Returns the socket and, for a TLS session (`None` without: `prefer` and a server that
+/// refuses it), the `tls-server-end-point` channel binding data (RFC 5929: the hash of the
+/// server certificate), `None` when the certificate's signature algorithm names no usable
+/// hash (e.g. Ed25519).
 async fn negotiate_tls(
     mut stream: Box<dyn Socket>,
     host: &str,
     config: Arc<rustls::ClientConfig>,
     mode: SslMode,
-) -> Result<(Box<dyn Socket>, Option<Vec<u8>>), SourceError> {
+) -> Result<(Box<dyn Socket>, Option<Option<Vec<u8>>>), SourceError> {
     let mut buf = BytesMut::new();
     frontend::ssl_request(&mut buf);
     stream.write_all(&buf).await?;
@@ -775,7 +801,7 @@ async fn negotiate_tls(
                         .peer_certificates()
                         .and_then(|chain| chain.first())
                         .and_then(|cert| tls_server_end_point(cert));
-                    Ok((Box::new(tls), end_point))
+                    Ok((Box::new(tls), Some(end_point)))
                 }
                 Err(e) => match e
                     .get_ref()

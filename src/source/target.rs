@@ -24,8 +24,10 @@ use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, SimpleQueryMessage};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::auth::{AuthGuard, AuthPolicy, GuardedTls};
 use super::conninfo::ConnInfo;
 use super::replication::{open_stream, within_connect_timeout, Socket};
+use super::tls::Verification;
 use super::SourceError;
 
 /// libpq's `target_session_attrs`: what a server must be for the relay to keep a connection.
@@ -390,7 +392,7 @@ async fn try_host<K: Connector>(
 /// client's queries to make progress; its `poll_message` yields notifications.
 pub type SqlConnectionIo = tokio_postgres::Connection<
     Box<dyn Socket>,
-    <MakeRustlsConnect as MakeTlsConnect<Box<dyn Socket>>>::Stream,
+    AuthGuard<<MakeRustlsConnect as MakeTlsConnect<Box<dyn Socket>>>::Stream>,
 >;
 
 /// Opens an ordinary SQL connection (tokio-postgres) to the first host of `info` that fits
@@ -444,11 +446,29 @@ impl Connector for SqlConnector<'_> {
                 config.ssl_mode(tokio_postgres::config::SslMode::Disable);
             }
             let stream = open_stream(&config, &endpoint).await?;
-            let tls = MakeTlsConnect::<Box<dyn Socket + 'static>>::make_tls_connect(
-                &mut self.tls.clone(),
-                &endpoint.tls_name(),
-            )
-            .unwrap_or_else(|never| match never {});
+            // The server's first request is checked in plaintext (a Unix socket, or `prefer`
+            // and a server without TLS) or under TLS, whichever the session is.
+            let policy = |trusted_channel| AuthPolicy {
+                require_auth: self.info.require_auth.clone(),
+                trusted_channel,
+                channel_binding_required: config.get_channel_binding()
+                    == tokio_postgres::config::ChannelBinding::Require,
+                server: endpoint.to_string(),
+            };
+            let ssl_request = config.get_ssl_mode() != tokio_postgres::config::SslMode::Disable;
+            let stream: Box<dyn Socket> = Box::new(AuthGuard::new(
+                stream,
+                policy(endpoint.socket_path().is_some()),
+                ssl_request,
+            ));
+            let tls = GuardedTls {
+                inner: MakeTlsConnect::<Box<dyn Socket + 'static>>::make_tls_connect(
+                    &mut self.tls.clone(),
+                    &endpoint.tls_name(),
+                )
+                .unwrap_or_else(|never| match never {}),
+                policy: policy(self.info.tls.verification() >= Verification::Chain),
+            };
             // Boxed as `dyn Future + Send`: rustc cannot prove the unboxed future `Send` for
             // every lifetime (its `'static` bound on the stream gets lost in the proof).
             let handshake: Pin<Box<dyn Future<Output = _> + Send + '_>> =

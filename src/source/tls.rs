@@ -3,17 +3,27 @@
 //! | sslmode | TLS | certificate checked |
 //! |---|---|---|
 //! | `disable` | never | - |
-//! | `prefer` (default) | if the server offers it | no (as libpq) |
-//! | `require` | always | no; with `sslrootcert`, the chain (as libpq) |
-//! | `verify-ca` | always | the chain, against `sslrootcert` |
+//! | `prefer` (default) | if the server offers it | no |
+//! | `require` | always | the chain when a CA file is there (`sslrootcert`, else `~/.postgresql/root.crt`), else no |
+//! | `verify-ca` | always | the chain, against the CA file |
 //! | `verify-full` | always | the chain and the host name |
 //!
-//! `sslrootcert` is a PEM file or `system` (the OS trust store); without it the verify modes
-//! use `~/.postgresql/root.crt`. `sslcert` and `sslkey` give a client certificate. These
-//! parameters are taken out of the URL before tokio-postgres parses the rest (it knows only
-//! disable/prefer/require).
+//! `sslrootcert` is a PEM file or `system` (the OS trust store); without it every mode from
+//! `require` up uses `~/.postgresql/root.crt` of `HOME` when that file exists, and the verify
+//! modes fail without one. `require` with a CA file is `verify-ca`, as libpq says: "if a root
+//! CA file exists, the behavior of sslmode=require will be the same as that of verify-ca".
+//! Only `verify-ca` and `verify-full` authenticate the server whatever files are there, and
+//! only `verify-full` tells it from another server with a certificate of the same CA.
+//!
+//! Two departures from libpq, both refusing what libpq would let through: an `sslrootcert`
+//! file that does not exist is an error in every mode (libpq then skips verification under
+//! `require`), and `prefer` verifies nothing even with a CA file (libpq verifies, and on a
+//! failure connects again without TLS, which protects nothing either).
+//!
+//! `sslcert` and `sslkey` give a client certificate. These parameters are taken out of the
+//! URL before tokio-postgres parses the rest (it knows only disable/prefer/require).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -53,6 +63,23 @@ impl std::str::FromStr for SslMode {
             }
         })
     }
+}
+
+/// What a connection checks of the server's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verification {
+    /// Nothing: encryption (if any) without authentication of the server.
+    None,
+    /// The chain leads to a trusted CA (`verify-ca`, `require` with a CA file).
+    Chain,
+    /// The chain and the host name (`verify-full`).
+    ChainAndHostName,
+}
+
+/// libpq's default CA file, `~/.postgresql/root.crt` of `HOME`, when it exists.
+pub fn default_root_cert() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    Some(PathBuf::from(home).join(".postgresql/root.crt")).filter(|path| path.exists())
 }
 
 /// The TLS parameters of a connection string.
@@ -169,25 +196,50 @@ impl TlsSettings {
         }
     }
 
-    /// Builds the rustls client config for this mode.
+    /// What a TLS session of these settings checks of the server's certificate, with the
+    /// default CA file ([`default_root_cert`]) as it is now.
+    pub fn verification(&self) -> Verification {
+        self.verification_with(default_root_cert().as_deref())
+    }
+
+    /// Like [`TlsSettings::verification`], with `default_root` as the default CA file
+    /// (`None`: there is none).
+    pub fn verification_with(&self, default_root: Option<&Path>) -> Verification {
+        match self.mode {
+            SslMode::Disable | SslMode::Prefer => Verification::None,
+            SslMode::Require if self.root_cert.is_none() && default_root.is_none() => {
+                Verification::None
+            }
+            SslMode::Require | SslMode::VerifyCa => Verification::Chain,
+            SslMode::VerifyFull => Verification::ChainAndHostName,
+        }
+    }
+
+    /// Builds the rustls client config for this mode, with the default CA file
+    /// ([`default_root_cert`]) as it is now.
     ///
-    /// Returns an error if a certificate or key file cannot be read or parsed.
+    /// Returns an error if a certificate or key file cannot be read or parsed, or a verify
+    /// mode has no CA file.
     pub fn client_config(&self) -> Result<ClientConfig, String> {
+        self.client_config_with(default_root_cert().as_deref())
+    }
+
+    /// Like [`TlsSettings::client_config`], with `default_root` as the default CA file
+    /// (`None`: there is none).
+    pub fn client_config_with(&self, default_root: Option<&Path>) -> Result<ClientConfig, String> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?;
-        let check_chain = self.mode >= SslMode::VerifyCa
-            || (self.mode == SslMode::Require && self.root_cert.is_some());
-        let chain = match check_chain {
-            true => {
-                let roots = Arc::new(self.root_store()?);
+        let chain = match self.verification_with(default_root) {
+            Verification::None => None,
+            _ => {
+                let roots = Arc::new(self.root_store(default_root)?);
                 let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
                     .map_err(|e| format!("sslrootcert: {e}"))?;
                 Some(webpki)
             }
-            false => None,
         };
         let builder = match chain {
             Some(webpki) if self.mode == SslMode::VerifyFull => {
@@ -214,19 +266,17 @@ impl TlsSettings {
         }
     }
 
-    fn root_store(&self) -> Result<RootCertStore, String> {
+    fn root_store(&self, default_root: Option<&Path>) -> Result<RootCertStore, String> {
         let mut roots = RootCertStore::empty();
-        let default_path =
-            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".postgresql/root.crt"));
         match self.root_cert.as_deref() {
             Some("system") => {
                 for cert in rustls_native_certs::load_native_certs().certs {
                     let _ = roots.add(cert);
                 }
             }
-            Some(path) => add_pem(&mut roots, &PathBuf::from(path))?,
-            None => match default_path.filter(|p| p.exists()) {
-                Some(path) => add_pem(&mut roots, &path)?,
+            Some(path) => add_pem(&mut roots, Path::new(path))?,
+            None => match default_root {
+                Some(path) => add_pem(&mut roots, path)?,
                 None => {
                     return Err("sslrootcert: verify-ca and verify-full need a CA certificate file (or sslrootcert=system)".into())
                 }
@@ -239,7 +289,7 @@ impl TlsSettings {
     }
 }
 
-fn add_pem(roots: &mut RootCertStore, path: &PathBuf) -> Result<(), String> {
+fn add_pem(roots: &mut RootCertStore, path: &Path) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("sslrootcert {}: {e}", path.display());
     for cert in CertificateDer::pem_file_iter(path).map_err(|e| err(&e))? {
         roots.add(cert.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
@@ -248,7 +298,8 @@ fn add_pem(roots: &mut RootCertStore, path: &PathBuf) -> Result<(), String> {
 }
 
 /// The verifier of the modes that do not check the host name: `verify-ca` (`chain`: the
-/// chain must lead to a trusted root) and `prefer` or `require` without a root certificate
+/// chain must lead to a trusted root; `require` with a CA file too) and `prefer`, or
+/// `require` without a CA file
 /// (`chain` is `None`: encryption without authentication of the server, as libpq does).
 /// Handshake signatures are checked in every mode; `verify-full` uses rustls' own verifier.
 #[derive(Debug)]
@@ -361,6 +412,52 @@ mod tests {
             mode: SslMode::Require,
             ..TlsSettings::default()
         };
-        tls.client_config().unwrap();
+        tls.client_config_with(None).unwrap();
+    }
+
+    /// libpq: "if a root CA file exists, the behavior of sslmode=require will be the same as
+    /// that of verify-ca". The default file counts as much as `sslrootcert`.
+    #[test]
+    fn require_verifies_the_chain_when_a_ca_file_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root.crt");
+        std::fs::write(&root, "not a certificate\n").unwrap();
+        let require = TlsSettings {
+            mode: SslMode::Require,
+            ..TlsSettings::default()
+        };
+        assert_eq!(require.verification_with(None), Verification::None);
+        require.client_config_with(None).unwrap();
+        assert_eq!(require.verification_with(Some(&root)), Verification::Chain);
+        // The file is read (and here refused) instead of ignored.
+        let error = require.client_config_with(Some(&root)).unwrap_err();
+        assert!(error.contains("sslrootcert"), "{error}");
+        let given = TlsSettings {
+            root_cert: Some(root.display().to_string()),
+            ..require.clone()
+        };
+        assert_eq!(given.verification_with(None), Verification::Chain);
+        assert!(given.client_config_with(None).is_err());
+        // prefer never verifies; the verify modes do whatever files there are.
+        let mode = |mode| TlsSettings {
+            mode,
+            ..TlsSettings::default()
+        };
+        assert_eq!(
+            mode(SslMode::Prefer).verification_with(Some(&root)),
+            Verification::None
+        );
+        assert_eq!(
+            mode(SslMode::VerifyCa).verification_with(None),
+            Verification::Chain
+        );
+        assert_eq!(
+            mode(SslMode::VerifyFull).verification_with(None),
+            Verification::ChainAndHostName
+        );
+        assert!(mode(SslMode::VerifyCa)
+            .client_config_with(None)
+            .unwrap_err()
+            .contains("sslrootcert"));
     }
 }

@@ -3,13 +3,16 @@ use std::time::Duration;
 use crate::support::{self, http_get, kafka, pg, unique_name, wait_for, Auth, Relay};
 use crate::{assert_delivered, write_events, Setup};
 
-/// The relay's own parsing of a source URL (TLS parameters included; any host).
+/// The relay's own parsing of a source URL (TLS parameters and `require_auth` included; any
+/// host).
 fn source_config(url: &str) -> outbox_relay::source::conninfo::ConnInfo {
     let (rest, tls) = outbox_relay::source::tls::split_url(url).unwrap();
+    let (rest, taken) = outbox_relay::source::tls::split_params(&rest, &["require_auth"]);
     outbox_relay::source::conninfo::ConnInfo {
         pg: rest.parse().unwrap(),
         tls,
         target: Default::default(),
+        require_auth: taken.last().map(|(_, list)| list.parse().unwrap()),
     }
 }
 
@@ -17,8 +20,13 @@ fn source_config(url: &str) -> outbox_relay::source::conninfo::ConnInfo {
 async fn replication_connection_authenticates_with_every_method() {
     use outbox_relay::source::replication::ReplicationClient;
     let db = pg().create_database(&unique_name("auth")).await;
+    // A cleartext password only where the URL allows it (the connection is not verified).
+    let url = |auth| match auth {
+        Auth::Password => format!("{}?require_auth=password", db.url(auth)),
+        _ => db.url(auth),
+    };
     for auth in [Auth::Trust, Auth::Password, Auth::Md5, Auth::Scram] {
-        let source = source_config(&db.url(auth));
+        let source = source_config(&url(auth));
         let mut client = ReplicationClient::connect(&source)
             .await
             .unwrap_or_else(|e| panic!("{auth:?}: {}", outbox_relay::error::chain(&e)));
@@ -31,8 +39,7 @@ async fn replication_connection_authenticates_with_every_method() {
         assert!(identity.xlogpos.0 > 0);
     }
     for auth in [Auth::Password, Auth::Md5, Auth::Scram] {
-        let url = db.url(auth);
-        let source = source_config(&url.replace(support::PASSWORD, "wrong"));
+        let source = source_config(&url(auth).replace(support::PASSWORD, "wrong"));
         let error = ReplicationClient::connect(&source)
             .await
             .err()
@@ -46,6 +53,139 @@ async fn replication_connection_authenticates_with_every_method() {
             "{auth:?}: a wrong password is not worth retrying"
         );
     }
+}
+
+/// Whoever answers for an unverified server must not get the password: neither connection
+/// answers a cleartext request unless `require_auth` allows it, `require_auth` refuses what it
+/// does not list, and `channel_binding=require` refuses everything but SCRAM-SHA-256-PLUS.
+#[tokio::test]
+async fn unverified_servers_get_no_cleartext_password_and_require_auth_holds() {
+    use outbox_relay::source::replication::ReplicationClient;
+    use outbox_relay::source::target::connect_sql;
+    use outbox_relay::source::SourceError;
+    let db = pg().create_database(&unique_name("reqauth")).await;
+    let server = format!("127.0.0.1:{}", pg().port());
+    let refused = |url: String, why: &'static str| {
+        let server = server.clone();
+        async move {
+            let source = source_config(&url);
+            let error = ReplicationClient::connect(&source)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("replication connection accepted: {url}"));
+            assert!(
+                matches!(&error, SourceError::Auth(text) if text.contains(why) && text.contains(&server)),
+                "{url}: {error}"
+            );
+            assert!(!error.is_transient(), "{url}: {error}");
+            let error = connect_sql(&source)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("SQL connection accepted: {url}"));
+            let text = outbox_relay::error::chain(&error);
+            assert!(text.contains(why), "{url}: {text}");
+            assert!(!error.is_transient(), "{url}: {text}");
+        }
+    };
+    let password = db.url(Auth::Password);
+    // prefer (TLS, nothing verified), require (no CA file) and no TLS at all.
+    for mode in ["prefer", "require", "disable"] {
+        refused(format!("{password}?sslmode={mode}"), "cleartext").await;
+    }
+    refused(
+        format!("{}?require_auth=scram-sha-256", db.url(Auth::Md5)),
+        "require_auth=scram-sha-256",
+    )
+    .await;
+    refused(
+        format!("{password}?require_auth=password&channel_binding=require"),
+        "channel_binding",
+    )
+    .await;
+    // Allowed explicitly, both connections answer.
+    let source = source_config(&format!("{password}?require_auth=password,md5"));
+    ReplicationClient::connect(&source)
+        .await
+        .unwrap_or_else(|e| panic!("{}", outbox_relay::error::chain(&e)));
+    let _sql = connect_sql(&source)
+        .await
+        .unwrap_or_else(|e| panic!("{}", outbox_relay::error::chain(&e)));
+}
+
+/// `sslmode=require` verifies the chain against `~/.postgresql/root.crt` when that file exists
+/// (libpq: then it behaves as `verify-ca`): a CA that did not sign the server's certificate
+/// stops the relay; the right one streams, with channel binding on both connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_verifies_against_root_crt_in_home_and_channel_binding_streams() {
+    let setup = Setup::new("rootcrt", &["Order"], 1).await;
+    // 127.0.0.1 is not in the certificate: require checks no host name.
+    let url = format!(
+        "postgres://relay_tls:{}@127.0.0.1:{}/{}?sslmode=require&channel_binding=require",
+        support::PASSWORD,
+        pg().port(),
+        setup.db.name,
+    );
+    let home_with = |ca: &std::path::Path| {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir(home.path().join(".postgresql")).unwrap();
+        std::fs::copy(ca, home.path().join(".postgresql/root.crt")).unwrap();
+        home
+    };
+    let other = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("openssl")
+        .current_dir(other.path())
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "other.key",
+            "-out",
+            "other.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=another CA",
+        ])
+        .output()
+        .expect("running openssl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = url;
+
+    let wrong = home_with(&other.path().join("other.crt"));
+    let home = wrong.path().display().to_string();
+    let mut refused = Relay::spawn_with_env(&args, &[("HOME", &home)]);
+    let status = refused.wait(Duration::from_secs(30));
+    assert!(
+        !status.success(),
+        "sslmode=require ignored ~/.postgresql/root.crt"
+    );
+    assert!(
+        refused.log().to_lowercase().contains("certificate"),
+        "{}",
+        refused.log()
+    );
+
+    let right = home_with(&pg().ca_cert());
+    let home = right.path().display().to_string();
+    let relay = Relay::spawn_with_env(&args, &[("HOME", &home)]);
+    setup.wait_streaming().await;
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    setup.assert_first_topic(&written, true).await;
+    assert!(
+        !relay.log().contains(support::PASSWORD),
+        "the password was logged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
