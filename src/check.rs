@@ -128,7 +128,15 @@ fn routing(config: &PipelineConfig) -> Finding {
 /// reads back as the relay will read it.
 async fn check_checkpoint(config: &PipelineConfig) -> Finding {
     let topic = config.checkpoint_topic();
-    match crate::exactly_once::read_checkpoint(&config.kafka, topic, &config.name).await {
+    let transactional_id = config.transactional_id();
+    match crate::exactly_once::read_checkpoint(
+        &config.kafka,
+        topic,
+        &config.name,
+        &transactional_id,
+    )
+    .await
+    {
         Ok(Some(lsn)) => finding(
             "checkpoint",
             Verdict::Ok,
