@@ -90,6 +90,7 @@ pub async fn check(config: &PipelineConfig) -> Vec<Finding> {
         }
         Err(e) => findings.push(finding("connection", Verdict::Fail, e)),
     }
+    findings.push(routing(config));
     findings.extend(sink::check(config).await);
     if config.exactly_once {
         findings.push(check_checkpoint(config).await);
@@ -159,11 +160,45 @@ fn source_security(config: &PipelineConfig) -> Option<Finding> {
     ))
 }
 
+/// Where rows may route: an allow-list (`route.allowed_destinations`) or, without one, a
+/// warning that any row can pick any destination the template makes.
+fn routing(config: &PipelineConfig) -> Finding {
+    let route = &config.route;
+    match &route.allowed_destinations {
+        Some(allowed) => finding(
+            "routing",
+            Verdict::Ok,
+            format!(
+                "rows route only to route.allowed_destinations: {}",
+                allowed.join(", ")
+            ),
+        ),
+        None => finding(
+            "routing",
+            Verdict::Warn,
+            format!(
+                "no route.allowed_destinations: any row can pick any destination {:?} makes (e.g. any {:?}); list the destinations rows may use",
+                route.topic_template,
+                crate::router::Template::parse(&route.topic_template)
+                    .map_or_else(|_| route.topic_template.clone(), |t| t.sample_with("<X>")),
+            ),
+        ),
+    }
+}
+
 /// Exactly-once mode: the checkpoint topic exists and its last checkpoint for the pipeline
 /// reads back as the relay will read it.
 async fn check_checkpoint(config: &PipelineConfig) -> Finding {
     let topic = config.checkpoint_topic();
-    match crate::exactly_once::read_checkpoint(&config.kafka, topic, &config.name).await {
+    let transactional_id = config.transactional_id();
+    match crate::exactly_once::read_checkpoint(
+        &config.kafka,
+        topic,
+        &config.name,
+        &transactional_id,
+    )
+    .await
+    {
         Ok(Some(lsn)) => finding(
             "checkpoint",
             Verdict::Ok,
@@ -910,6 +945,27 @@ mod tests {
         assert_eq!(
             *kept,
             ["FAIL ssl://k:9093/bootstrap: SSL handshake failed: certificate verify failed"]
+        );
+    }
+
+    #[test]
+    fn routing_warns_without_an_allow_list() {
+        let mut config = PipelineConfig::test_pipeline();
+        let open = routing(&config);
+        assert_eq!(open.verdict, Verdict::Warn);
+        assert!(
+            open.detail.contains("any row can pick any destination")
+                && open.detail.contains("\"<X>.events\""),
+            "{}",
+            open.detail
+        );
+        config.route.allowed_destinations = Some(vec!["Order.events".into(), "billing.*".into()]);
+        let listed = routing(&config);
+        assert_eq!(listed.verdict, Verdict::Ok);
+        assert!(
+            listed.detail.ends_with("Order.events, billing.*"),
+            "{}",
+            listed.detail
         );
     }
 }

@@ -250,6 +250,7 @@ impl RunArgs {
                 topic_template: self.topic_template,
                 topic_case: self.topic_case,
                 topic_regex: None,
+                allowed_destinations: None,
             },
             op_invalid_behavior: self.op_invalid_behavior,
             create_slot: !self.no_create_slot,

@@ -8,6 +8,11 @@
 //!   case) must match the whole regex and the template may use its groups (`${name}`,
 //!   `${1}`); `${column:<name>}` inserts a column's text. A value that makes an illegal topic
 //!   name is an error, never a silent rename.
+//! - Allowed destinations: a destination that is the pipeline's dead-letter topic or a
+//!   checkpoint topic (Kafka: the pipeline's `checkpoint_topic`, and the default one that
+//!   relays share) is an error whatever the template; with `route.allowed_destinations`, so is
+//!   one outside that list. Every row is untrusted input: without the list any row can pick
+//!   any destination the template can make.
 //! - Key: the aggregate id bytes; SQL NULL gives a null key.
 //! - Value: the payload bytes exactly as PostgreSQL printed them, or with
 //!   `value_format = "envelope"` a JSON object `{"payload":...,"<alias>":...}`; SQL NULL gives
@@ -15,7 +20,9 @@
 //! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
 //!   entry of the row's `headers` jsonb object in its order: a string as its text, any other
 //!   JSON value as its JSON text, `null` as a null header value. Entries named `id` or
-//!   `event_type` are left out: the relay's own headers are the ones consumers dedupe by.
+//!   `event_type` are left out: the relay's own headers are the ones consumers dedupe by;
+//!   so are entries whose name starts with `outbox_relay_` ([`RESERVED_HEADER_PREFIX`]), the
+//!   relay's own (dead-letter copies, exactly-once checkpoints).
 //!   Header placements of `additional_placement` come last, in configuration order.
 //! - Timestamp: the `columns.timestamp` column's value, else the transaction's commit time.
 //! - Partition: the partition placement column's value, else chosen from the key.
@@ -39,14 +46,20 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
-    TopicCase, ValueFormat,
+    matches_destination, ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement,
+    SinkConfig, TableName, TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
 };
 use crate::sink::{Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
+/// Row header entries whose name starts with this are left out of records: such headers are
+/// the relay's own (dead-letter copies, exactly-once checkpoint marks), and a row must not
+/// pass for one.
+pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
+/// The setting that lists where rows may route to, as named in errors.
+pub const ALLOWED_DESTINATIONS: &str = "route.allowed_destinations";
 mod dead_letter;
 mod problems;
 
@@ -65,6 +78,18 @@ pub enum RouteError {
         /// What the sink's destinations are ([`SinkConfig::destination_noun`]).
         noun: &'static str,
         reason: &'static str,
+    },
+    #[error("event {event_id}: destination {destination:?} is not in route.allowed_destinations")]
+    NotAllowed {
+        event_id: String,
+        destination: String,
+    },
+    #[error("event {event_id}: destination {destination:?} is the pipeline's {field}, where rows never route")]
+    Reserved {
+        event_id: String,
+        destination: String,
+        /// `dead_letter_topic` or `checkpoint_topic`.
+        field: &'static str,
     },
     #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
     Headers { event_id: String, reason: String },
@@ -106,6 +131,8 @@ impl RouteError {
     pub fn reason_label(&self) -> &'static str {
         match self {
             RouteError::IllegalTopic { .. } => "illegal_topic",
+            RouteError::NotAllowed { .. } => "not_allowed",
+            RouteError::Reserved { .. } => "reserved_destination",
             RouteError::Headers { .. } => "headers",
             RouteError::RegexMismatch { .. } => "topic_regex",
             RouteError::TemplateColumn { .. } => "template_column",
@@ -260,6 +287,27 @@ pub struct Router {
     null_payload: NullPayload,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
+    /// `route.allowed_destinations`: names and `*` patterns; `None`: any destination.
+    allowed: Option<Vec<String>>,
+    /// Destinations no row routes to, with the field that names them.
+    reserved: Vec<(String, &'static str)>,
+}
+
+/// The destinations no row of `config`'s pipeline may route to, with the field that names
+/// each: the dead-letter topic, and with Kafka the pipeline's checkpoint topic and the default
+/// one (shared by the relays of a cluster, whether or not this pipeline is exactly-once).
+pub fn reserved_destinations(config: &PipelineConfig) -> Vec<(String, &'static str)> {
+    let mut reserved = Vec::new();
+    if let Some(topic) = &config.dead_letter_topic {
+        reserved.push((topic.clone(), "dead_letter_topic"));
+    }
+    if config.sink == SinkConfig::Kafka {
+        reserved.push((config.checkpoint_topic().to_owned(), "checkpoint_topic"));
+        if config.checkpoint_topic() != DEFAULT_CHECKPOINT_TOPIC {
+            reserved.push((DEFAULT_CHECKPOINT_TOPIC.to_owned(), "checkpoint_topic"));
+        }
+    }
+    reserved
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -351,6 +399,8 @@ impl Router {
             value_format: config.value_format,
             null_payload: config.null_payload,
             sink: config.sink.clone(),
+            allowed: route.allowed_destinations.clone(),
+            reserved: reserved_destinations(config),
         })
     }
 
@@ -362,7 +412,8 @@ impl Router {
     /// Routes `event`, committed at `commit_time_ms` (Unix epoch, ms).
     ///
     /// Returns an error naming the event id, the value and the reason if the routing value
-    /// is empty, does not match `route.topic_regex` or does not make a legal topic name; a
+    /// is empty, does not match `route.topic_regex` or does not make a legal topic name; the
+    /// topic is the dead-letter or a checkpoint topic, or not in `route.allowed_destinations`; a
     /// template column is NULL or missing; the headers column is not a JSON object; the
     /// partition or timestamp column's value is not one; or an envelope value is not UTF-8.
     pub fn route(&self, event: &OutboxEvent, commit_time_ms: i64) -> Result<Record, RouteError> {
@@ -511,6 +562,21 @@ impl Router {
                 reason,
             });
         }
+        if let Some((_, field)) = self.reserved.iter().find(|(r, _)| *r == topic) {
+            return Err(RouteError::Reserved {
+                event_id: event_id(),
+                destination: topic,
+                field,
+            });
+        }
+        if let Some(allowed) = &self.allowed {
+            if !allowed.iter().any(|p| matches_destination(p, &topic)) {
+                return Err(RouteError::NotAllowed {
+                    event_id: event_id(),
+                    destination: topic,
+                });
+            }
+        }
         Ok(topic)
     }
 
@@ -656,7 +722,7 @@ fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<Header>, String> {
     deserializer.end().map_err(|e| e.to_string())?;
     let mut headers = Vec::with_capacity(entries.len());
     for (key, raw) in entries {
-        if key == "id" || key == "event_type" {
+        if key == "id" || key == "event_type" || key.starts_with(RESERVED_HEADER_PREFIX) {
             continue;
         }
         let text = raw.get();

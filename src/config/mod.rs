@@ -23,8 +23,9 @@ pub use kafka::KafkaConfig;
 use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
-    validate_topic, AdditionalPlacement, InvalidOpBehavior, NullPayload, OnBadEvent, OutboxColumns,
-    Placement, RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
+    matches_destination, validate_topic, AdditionalPlacement, InvalidOpBehavior, NullPayload,
+    OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase, ValueFormat,
+    DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,

@@ -28,6 +28,27 @@ pub fn validate_topic(topic: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Whether `name` matches `pattern`: `*` stands for any run of characters (none included),
+/// every other character for itself (case-sensitive).
+pub fn matches_destination(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let mut parts: Vec<&str> = parts.collect();
+    let Some(last) = parts.pop() else {
+        return rest.is_empty();
+    };
+    for part in parts {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
 /// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -92,6 +113,13 @@ pub struct RouteConfig {
     /// may be used in `topic_template` (Debezium's `route.topic.regex`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub topic_regex: Option<String>,
+    /// The destinations rows may route to: exact names, or patterns where `*` stands for any
+    /// run of characters (none included). A routed destination outside the list is a bad
+    /// event (`on_bad_event`). `None`: any destination the template makes, so any row can
+    /// pick any `<X>.events` topic. The dead-letter and checkpoint topics are never
+    /// destinations, whatever the template; a list that admits one is refused at start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_destinations: Option<Vec<String>>,
 }
 
 impl Default for RouteConfig {
@@ -101,6 +129,7 @@ impl Default for RouteConfig {
             topic_template: "${routedByValue}.events".into(),
             topic_case: TopicCase::Preserve,
             topic_regex: None,
+            allowed_destinations: None,
         }
     }
 }
@@ -162,7 +191,8 @@ pub enum NullPayload {
 }
 
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
-/// column, bad headers JSON, bad partition or timestamp value).
+/// column, a destination outside `route.allowed_destinations` or reserved for the relay, bad
+/// headers JSON, bad partition or timestamp value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadEvent {

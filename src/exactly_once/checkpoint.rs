@@ -10,10 +10,24 @@
 //! (`TIMELINE_HISTORY`), so a checkpoint of an older timeline at or before that point stays
 //! valid.
 //!
-//! Record value (version 1), JSON: `{"version":1,"lsn":"0/16B3748",
-//! "system_id":"7301...","timeline":1,"slot":"s"}`. Version 0, a bare LSN (`0/16B3748`),
-//! was written before the origin was stored: it is accepted with a warning and replaced at
-//! the next commit.
+//! Any producer that can write to the checkpoint topic could write a record under the
+//! pipeline's key, and a checkpoint too high makes the relay pass over events: lose them. So
+//! the relay marks its checkpoints and reads back only marked ones ([`classify`]):
+//!
+//! - Record (format version 2): key = pipeline name; headers [`FORMAT_HEADER`] = `2` and
+//!   [`TRANSACTIONAL_ID_HEADER`] = the pipeline's `transactional_id`; value, JSON:
+//!   `{"version":2,"lsn":"0/16B3748","system_id":"7301...","timeline":1,"slot":"s"}`.
+//!   Rows never carry these headers (the router leaves out row headers named
+//!   `outbox_relay_*`) and never route to a checkpoint topic.
+//! - A record with another transactional id, or without the mark, is ignored with a warning
+//!   naming its topic, partition and offset. One exception, for the upgrade: an unmarked
+//!   version 1 value (the same JSON with `"version":1`, which relays before the mark wrote) is
+//!   taken while the pipeline has no marked checkpoint in the topic, i.e. until its first
+//!   commit after the upgrade.
+//! - A bare LSN (`0/16B3748`, without origin) is never taken: nothing ties it to a source.
+//! - A tombstone under the key deletes the checkpoint, marked or not (an operator's tool):
+//!   the relay then publishes again what came after the slot's confirmed position, which
+//!   duplicates and never loses.
 
 use std::fmt;
 
@@ -58,8 +72,10 @@ impl fmt::Display for Origin {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredCheckpoint {
     pub lsn: Lsn,
-    /// `None`: written in the old format (a bare LSN), before the origin was stored.
-    pub origin: Option<Origin>,
+    pub origin: Origin,
+    /// Written with the mark of this pipeline's transactional id (format version 2); `false`:
+    /// an unmarked version 1 record, taken only until the first marked one.
+    pub marked: bool,
 }
 
 impl fmt::Display for StoredCheckpoint {
@@ -76,7 +92,7 @@ pub struct TimelineSwitch {
     pub switch_lsn: Lsn,
 }
 
-/// The record value of version 1.
+/// The record value of versions 1 and 2 (the same fields).
 #[derive(Serialize, Deserialize)]
 struct Value {
     version: u32,
@@ -86,10 +102,102 @@ struct Value {
 }
 
 /// The format version [`StoredCheckpoint::encode`] writes.
-const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The format version relays wrote before they marked their checkpoints.
+const UNMARKED_VERSION: u32 = 1;
+/// Header of a checkpoint record with its format version ([`VERSION`]).
+pub const FORMAT_HEADER: &str = "outbox_relay_checkpoint_format";
+/// Header of a checkpoint record with the `transactional_id` of the pipeline that wrote it.
+pub const TRANSACTIONAL_ID_HEADER: &str = "outbox_relay_transactional_id";
+
+/// The headers the relay writes with each checkpoint record of `transactional_id`.
+pub fn mark(transactional_id: &str) -> [(&'static str, String); 2] {
+    [
+        (FORMAT_HEADER, VERSION.to_string()),
+        (TRANSACTIONAL_ID_HEADER, transactional_id.to_owned()),
+    ]
+}
+
+/// What a record under the pipeline's key in the checkpoint topic is to the reader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// No value: deletes the checkpoint.
+    Tombstone,
+    /// A checkpoint: marked by this pipeline's transactional id, or (`marked: false`) an
+    /// unmarked version 1 one.
+    Checkpoint(StoredCheckpoint),
+    /// Not this pipeline's checkpoint, and why: the reader warns and passes over it.
+    Ignored(String),
+}
+
+/// Decides what the record with `value` and `headers` (name, value) under the pipeline's key
+/// is, for the pipeline whose `transactional_id` is given (see the module doc).
+///
+/// Returns an error naming the value if the record carries this pipeline's mark but its value
+/// is not a checkpoint of that format, or of a newer format (upgrade the relay).
+pub fn classify(
+    value: Option<&[u8]>,
+    headers: &[(&str, Option<&[u8]>)],
+    transactional_id: &str,
+) -> Result<Read, String> {
+    let Some(value) = value else {
+        return Ok(Read::Tombstone);
+    };
+    let header = |name: &str| {
+        headers
+            .iter()
+            .rev()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| String::from_utf8_lossy(v.unwrap_or_default()).into_owned())
+    };
+    let Some(format) = header(FORMAT_HEADER) else {
+        return Ok(match StoredCheckpoint::decode(value) {
+            Ok((UNMARKED_VERSION, lsn, origin)) => Read::Checkpoint(StoredCheckpoint {
+                lsn,
+                origin,
+                marked: false,
+            }),
+            Ok((version, _, _)) => Read::Ignored(format!(
+                "format version {version} without the {FORMAT_HEADER} header"
+            )),
+            Err(reason) => Read::Ignored(format!("no {FORMAT_HEADER} header, and {reason}")),
+        });
+    };
+    match header(TRANSACTIONAL_ID_HEADER) {
+        Some(id) if id == transactional_id => {}
+        Some(id) => {
+            return Ok(Read::Ignored(format!(
+                "written by transactional id {id:?}, not this pipeline's {transactional_id:?}"
+            )))
+        }
+        None => {
+            return Ok(Read::Ignored(format!(
+                "no {TRANSACTIONAL_ID_HEADER} header"
+            )))
+        }
+    }
+    if format != VERSION.to_string() {
+        return Err(match format.parse::<u32>() {
+            Ok(v) if v > VERSION => format!(
+                "checkpoint format version {v}, this relay reads up to {VERSION} (upgrade the relay)"
+            ),
+            _ => format!("checkpoint format {format:?} in the {FORMAT_HEADER} header"),
+        });
+    }
+    match StoredCheckpoint::decode(value)? {
+        (VERSION, lsn, origin) => Ok(Read::Checkpoint(StoredCheckpoint {
+            lsn,
+            origin,
+            marked: true,
+        })),
+        (version, _, _) => Err(format!(
+            "checkpoint value of format version {version} under the {FORMAT_HEADER} header {VERSION}"
+        )),
+    }
+}
 
 impl StoredCheckpoint {
-    /// The record value (JSON, format version 1).
+    /// The record value (JSON, format version [`VERSION`]); the record also carries [`mark`].
     pub fn encode(lsn: Lsn, origin: &Origin) -> String {
         serde_json::to_string(&Value {
             version: VERSION,
@@ -99,53 +207,47 @@ impl StoredCheckpoint {
         .expect("a checkpoint value serializes")
     }
 
-    /// Parses a record value: version 1 (JSON) or the old bare LSN.
+    /// Parses a record value of version 1 or 2 (JSON): its version, LSN and origin.
     ///
-    /// Returns an error naming the value if it is neither, or of a newer version.
-    pub fn decode(value: &[u8]) -> Result<StoredCheckpoint, String> {
+    /// Returns an error naming the value if it is not such JSON (a bare LSN included), or of
+    /// a newer version.
+    pub fn decode(value: &[u8]) -> Result<(u32, Lsn, Origin), String> {
         let text = std::str::from_utf8(value)
             .map_err(|_| format!("checkpoint value is not UTF-8: {value:?}"))?;
         if !text.starts_with('{') {
-            return text
-                .parse()
-                .map(|lsn| StoredCheckpoint { lsn, origin: None })
-                .map_err(|e| format!("checkpoint value: {e}"));
+            return Err(format!(
+                "checkpoint value {text:?} is not JSON (a bare LSN has no origin and is not read)"
+            ));
         }
         let version: serde_json::Value =
             serde_json::from_str(text).map_err(|e| format!("checkpoint value {text:?}: {e}"))?;
-        match version.get("version").and_then(serde_json::Value::as_u64) {
-            Some(v) if v == u64::from(VERSION) => {}
+        let number = match version.get("version").and_then(serde_json::Value::as_u64) {
+            Some(v) if v == u64::from(VERSION) || v == u64::from(UNMARKED_VERSION) => v as u32,
             Some(v) => {
                 return Err(format!(
                     "checkpoint value {text:?}: format version {v}, this relay reads up to {VERSION} (upgrade the relay)"
                 ))
             }
             None => return Err(format!("checkpoint value {text:?}: no version")),
-        }
+        };
         let value: Value = serde_json::from_value(version)
             .map_err(|e| format!("checkpoint value {text:?}: {e}"))?;
         let lsn = value
             .lsn
             .parse()
             .map_err(|e| format!("checkpoint value {text:?}: {e}"))?;
-        Ok(StoredCheckpoint {
-            lsn,
-            origin: Some(value.origin),
-        })
+        Ok((number, lsn, value.origin))
     }
 
     /// Decides whether this checkpoint belongs to the source at `here`, whose timeline's
     /// history is `history` (empty on timeline 1). Valid: same system and slot, and the
     /// same timeline, or an earlier one of this history with the checkpoint at or before
-    /// its switch point (a promoted standby of the same cluster). An old-format checkpoint
-    /// (no origin) is taken as it is; the caller warns.
+    /// its switch point (a promoted standby of the same cluster).
     ///
     /// Returns why not otherwise: another system or slot, a timeline this server's history
     /// does not contain (later, or another branch), or a checkpoint past the switch point.
     pub fn verify(&self, here: &Origin, history: &[TimelineSwitch]) -> Result<Checkpoint, String> {
-        let Some(origin) = &self.origin else {
-            return Ok(Checkpoint(self.lsn));
-        };
+        let origin = &self.origin;
         let at = format!("checkpoint {} was written for {origin}", self.lsn);
         if origin.system_id != here.system_id {
             return Err(format!(
@@ -216,10 +318,11 @@ mod tests {
         }
     }
 
-    fn stored(lsn: u64, origin: Option<Origin>) -> StoredCheckpoint {
+    fn stored(lsn: u64, origin: Origin) -> StoredCheckpoint {
         StoredCheckpoint {
             lsn: Lsn(lsn),
             origin,
+            marked: true,
         }
     }
 
@@ -229,20 +332,21 @@ mod tests {
         let value = StoredCheckpoint::encode(Lsn(0x16B_3748), &o);
         assert_eq!(
             value,
-            r#"{"version":1,"lsn":"0/16B3748","system_id":"7301234567890123456","timeline":2,"slot":"s"}"#
+            r#"{"version":2,"lsn":"0/16B3748","system_id":"7301234567890123456","timeline":2,"slot":"s"}"#
         );
         assert_eq!(
             StoredCheckpoint::decode(value.as_bytes()),
-            Ok(stored(0x16B_3748, Some(o)))
+            Ok((2, Lsn(0x16B_3748), o.clone()))
         );
-        // The old format: a bare LSN, no origin.
+        // The unmarked format before it: the same fields.
         assert_eq!(
-            StoredCheckpoint::decode(b"1A/0"),
-            Ok(stored(0x1A << 32, None))
+            StoredCheckpoint::decode(value.replace("\"version\":2", "\"version\":1").as_bytes()),
+            Ok((1, Lsn(0x16B_3748), o.clone()))
         );
-        assert_eq!(stored(0x16B_3748, None).to_string(), "0/16B3748");
+        assert_eq!(stored(0x16B_3748, o).to_string(), "0/16B3748");
         for bad in [
             &b""[..],
+            b"1A/0",
             b"16B3748",
             b"0/16B3748 ",
             b"\xff/0",
@@ -255,9 +359,9 @@ mod tests {
             let e = StoredCheckpoint::decode(bad).unwrap_err();
             assert!(e.starts_with("checkpoint value"), "{e}");
         }
-        let newer = StoredCheckpoint::decode(br#"{"version":2,"lsn":"0/1"}"#).unwrap_err();
+        let newer = StoredCheckpoint::decode(br#"{"version":3,"lsn":"0/1"}"#).unwrap_err();
         assert!(
-            newer.contains("format version 2") && newer.contains("upgrade"),
+            newer.contains("format version 3") && newer.contains("upgrade"),
             "{newer}"
         );
     }
@@ -276,23 +380,100 @@ mod tests {
     fn a_checkpoint_of_this_system_slot_and_timeline_is_valid() {
         let here = origin("73", 1, "s");
         assert_eq!(
-            stored(0x500, Some(here.clone())).verify(&here, &[]),
+            stored(0x500, here.clone()).verify(&here, &[]),
             Ok(Checkpoint(Lsn(0x500)))
         );
     }
 
+    /// The headers of a record, as the reader hands them to `classify`.
+    fn headers<'a>(pairs: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, Option<&'a [u8]>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (*n, Some(v.as_bytes())))
+            .collect()
+    }
+
     #[test]
-    fn an_old_format_checkpoint_is_taken_as_it_is() {
+    fn only_records_marked_with_this_transactional_id_are_checkpoints() {
+        let o = origin("73", 1, "s");
+        let value = StoredCheckpoint::encode(Lsn(0x500), &o);
+        let mark = mark("outbox-relay-orders");
+        let marked: Vec<(&str, &str)> = mark.iter().map(|(n, v)| (*n, v.as_str())).collect();
         assert_eq!(
-            stored(0x500, None).verify(&origin("73", 3, "s"), &[]),
-            Ok(Checkpoint(Lsn(0x500)))
+            marked,
+            vec![
+                ("outbox_relay_checkpoint_format", "2"),
+                ("outbox_relay_transactional_id", "outbox-relay-orders")
+            ]
         );
+        let read = |value: Option<&[u8]>, pairs: &[(&str, &str)]| {
+            classify(value, &headers(pairs), "outbox-relay-orders")
+        };
+        assert_eq!(
+            read(Some(value.as_bytes()), &marked),
+            Ok(Read::Checkpoint(stored(0x500, o.clone())))
+        );
+        // A routed row's copy of a checkpoint: no mark, or another pipeline's id.
+        let ignored = |result: Result<Read, String>, why: &str| match result {
+            Ok(Read::Ignored(reason)) => assert!(reason.contains(why), "{reason}"),
+            other => panic!("{other:?} instead of ignored for {why}"),
+        };
+        ignored(
+            read(Some(value.as_bytes()), &[]),
+            "format version 2 without",
+        );
+        ignored(read(Some(b"FF/0"), &[]), "bare LSN");
+        ignored(
+            read(Some(b"\"FF/0\""), &[("trace", "x")]),
+            "no outbox_relay_checkpoint_format",
+        );
+        ignored(
+            read(
+                Some(value.as_bytes()),
+                &[
+                    (FORMAT_HEADER, "2"),
+                    (TRANSACTIONAL_ID_HEADER, "outbox-relay-other"),
+                ],
+            ),
+            "written by transactional id \"outbox-relay-other\"",
+        );
+        ignored(
+            read(Some(value.as_bytes()), &[(FORMAT_HEADER, "2")]),
+            "no outbox_relay_transactional_id header",
+        );
+        // The unmarked format of relays before the mark: a candidate for the upgrade.
+        let unmarked = value.replace("\"version\":2", "\"version\":1");
+        assert_eq!(
+            read(Some(unmarked.as_bytes()), &[]),
+            Ok(Read::Checkpoint(StoredCheckpoint {
+                marked: false,
+                ..stored(0x500, o.clone())
+            }))
+        );
+        // Marked, but broken or newer: this pipeline's own, so an error, not a pass.
+        assert!(read(Some(b"FF/0"), &marked)
+            .unwrap_err()
+            .contains("bare LSN"));
+        assert!(read(Some(unmarked.as_bytes()), &marked)
+            .unwrap_err()
+            .contains("format version 1 under"));
+        let newer = read(
+            Some(value.as_bytes()),
+            &[
+                (FORMAT_HEADER, "3"),
+                (TRANSACTIONAL_ID_HEADER, "outbox-relay-orders"),
+            ],
+        )
+        .unwrap_err();
+        assert!(newer.contains("upgrade the relay"), "{newer}");
+        // A tombstone deletes, marked or not.
+        assert_eq!(read(None, &[]), Ok(Read::Tombstone));
     }
 
     #[test]
     fn another_system_or_slot_is_refused_whatever_the_lsns() {
         let here = origin("73", 1, "s");
-        let e = stored(0x500, Some(origin("99", 1, "s")))
+        let e = stored(0x500, origin("99", 1, "s"))
             .verify(&here, &[])
             .unwrap_err();
         assert!(
@@ -300,7 +481,7 @@ mod tests {
                 && e.contains("this source is system 73"),
             "{e}"
         );
-        let e = stored(0x500, Some(origin("73", 1, "old")))
+        let e = stored(0x500, origin("73", 1, "old"))
             .verify(&here, &[])
             .unwrap_err();
         assert!(e.contains("streams from slot \"s\""), "{e}");
@@ -314,7 +495,7 @@ mod tests {
         )
         .unwrap();
         let here = origin("73", 3, "s");
-        let on = |timeline, lsn| stored(lsn, Some(origin("73", timeline, "s")));
+        let on = |timeline, lsn| stored(lsn, origin("73", timeline, "s"));
         assert_eq!(
             on(1, 0x2FF_FFFF).verify(&here, &history),
             Ok(Checkpoint(Lsn(0x2FF_FFFF)))
@@ -340,14 +521,14 @@ mod tests {
     fn a_timeline_outside_this_servers_history_is_refused() {
         let history = parse_timeline_history("1\t0/3000000\treason\n").unwrap();
         // The old primary after a failover, or another branch of the same cluster.
-        let e = stored(0x100, Some(origin("73", 3, "s")))
+        let e = stored(0x100, origin("73", 3, "s"))
             .verify(&origin("73", 2, "s"), &history)
             .unwrap_err();
         assert!(
             e.contains("on timeline 2, whose history does not contain timeline 3"),
             "{e}"
         );
-        let e = stored(0x100, Some(origin("73", 4, "s")))
+        let e = stored(0x100, origin("73", 4, "s"))
             .verify(&origin("73", 5, "s"), &history)
             .unwrap_err();
         assert!(e.contains("does not contain timeline 4"), "{e}");

@@ -13,9 +13,11 @@ use futures::FutureExt;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 
+use super::checkpoint::{self, Read};
 use super::{
     Checkpoint, CheckpointError, Origin, StoredCheckpoint, TransactionalSink, Transactions,
 };
@@ -29,12 +31,14 @@ impl TransactionalSink for KafkaSink {
         &self,
         checkpoint_topic: &str,
         pipeline: &str,
+        transactional_id: &str,
         origin: Origin,
     ) -> Box<dyn Transactions> {
         Box::new(KafkaTransactions {
             producer: self.producer().clone(),
             checkpoint_topic: checkpoint_topic.to_owned(),
             pipeline: pipeline.to_owned(),
+            transactional_id: transactional_id.to_owned(),
             origin,
         })
     }
@@ -106,6 +110,8 @@ pub struct KafkaTransactions {
     producer: PolledProducer,
     checkpoint_topic: String,
     pipeline: String,
+    /// Marks each checkpoint as this pipeline's ([`checkpoint::mark`]).
+    transactional_id: String,
     /// Written with each checkpoint: where its LSN comes from.
     origin: Origin,
 }
@@ -135,7 +141,7 @@ impl KafkaTransactions {
     }
 
     /// Adds the checkpoint record (key = pipeline name, value = `end_lsn` with this session's
-    /// origin, [`StoredCheckpoint::encode`]), waits for its acknowledgement and commits the transaction. Call it once every
+    /// origin, [`StoredCheckpoint::encode`], headers = [`checkpoint::mark`]), waits for its acknowledgement and commits the transaction. Call it once every
     /// other record of the transaction was acknowledged: librdkafka's commit then has nothing
     /// left to flush (rdkafka's flush loop would otherwise sleep in 100 ms steps), and fails the
     /// commit if a record of the transaction failed (an abortable error).
@@ -153,6 +159,15 @@ impl KafkaTransactions {
         let topic = self.checkpoint_topic.clone();
         let key = self.pipeline.clone();
         let value = StoredCheckpoint::encode(end_lsn, &self.origin);
+        let headers = checkpoint::mark(&self.transactional_id).iter().fold(
+            OwnedHeaders::new(),
+            |headers, (key, value)| {
+                headers.insert(Header {
+                    key,
+                    value: Some(value.as_str()),
+                })
+            },
+        );
         let commit = self.call("commit", |p| {
             // A retriable error (coordinator moving or loading, request timed out) leaves the
             // transaction open: commit again, as librdkafka's documentation says, until the
@@ -182,7 +197,12 @@ impl KafkaTransactions {
             };
             let (record, delivery) = PolledProducer::record(&topic);
             producer
-                .send(record.key(key.as_bytes()).payload(value.as_bytes()))
+                .send(
+                    record
+                        .key(key.as_bytes())
+                        .payload(value.as_bytes())
+                        .headers(headers),
+                )
                 .map_err(|(e, _)| failed(e))?;
             match delivery.await {
                 Ok(Ok(())) => {}
@@ -258,18 +278,24 @@ impl rdkafka::consumer::ConsumerContext for CheckpointReader {}
 /// partition, the last stable offset has reached the high watermark the read began with (see
 /// `wait_for_open_transactions`), then assigns every partition from the beginning with a
 /// `read_committed` consumer, reads each to its end (records of aborted transactions are
-/// never seen) and returns the last value under the key `pipeline` (the highest of the
+/// never seen) and returns the last checkpoint under the key `pipeline` (the highest of the
 /// partitions' last values, should the key be in several after partitions were added). The
 /// blocking work runs on a thread of its own (`detached`).
 ///
+/// Only records marked with `transactional_id` are checkpoints ([`checkpoint::classify`]);
+/// any other record under the key is ignored with a warning naming its partition and offset.
+/// An unmarked record of the format before the mark is taken only while the topic holds no
+/// marked checkpoint of the pipeline (the first start after an upgrade).
+///
 /// Returns `Ok(None)` when the topic has no checkpoint for this pipeline (or its last value
-/// is a tombstone), and an error if the topic does not exist, a value is not a checkpoint, a
-/// transaction stays open for `OPEN_TRANSACTION_WAIT` (90 s) or the end is not reached
-/// within `CHECKPOINT_READ_TIMEOUT` (60 s) after it.
+/// is a tombstone), and an error if the topic does not exist, a marked value is not a
+/// checkpoint, a transaction stays open for `OPEN_TRANSACTION_WAIT` (90 s) or the end is not
+/// reached within `CHECKPOINT_READ_TIMEOUT` (60 s) after it.
 pub async fn read_checkpoint(
     config: &KafkaConfig,
     topic: &str,
     pipeline: &str,
+    transactional_id: &str,
 ) -> Result<Option<StoredCheckpoint>, CheckpointError> {
     let client = reader_config(config, pipeline);
     // The same client reading uncommitted records: its watermark query gives the high
@@ -277,6 +303,7 @@ pub async fn read_checkpoint(
     let mut uncommitted = client.clone();
     uncommitted.set("isolation.level", "read_uncommitted");
     let (topic, pipeline) = (topic.to_owned(), pipeline.to_owned());
+    let transactional_id = transactional_id.to_owned();
     let read = move || -> Result<Option<StoredCheckpoint>, CheckpointError> {
         let kafka = |source| CheckpointError::Kafka {
             topic: topic.clone(),
@@ -309,9 +336,14 @@ pub async fn read_checkpoint(
         }
         consumer.assign(&assignment).map_err(kafka)?;
         let mut at_end = vec![false; partitions];
-        // The last record of each partition for the key (records of one partition are in
-        // order), with its timestamp; see `latest`.
+        // The last checkpoint or tombstone of each partition for the key (records of one
+        // partition are in order), with its timestamp; see `latest`. Marked checkpoints and
+        // unmarked ones apart: the unmarked count only when there is no marked one.
         let mut last: Vec<Option<Last>> = vec![None; partitions];
+        let mut last_unmarked: Vec<Option<Last>> = vec![None; partitions];
+        let mut marked_seen = false;
+        // Where each partition's last unmarked checkpoint is, to name it when it is ignored.
+        let mut unmarked_at: Vec<Option<i64>> = vec![None; partitions];
         while at_end.contains(&false) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -329,28 +361,52 @@ pub async fn read_checkpoint(
                 }
                 Some(Err(e)) => return Err(kafka(e)),
                 Some(Ok(message)) if message.key() == Some(pipeline.as_bytes()) => {
-                    let Some(slot) = usize::try_from(message.partition())
+                    let Some(p) = usize::try_from(message.partition())
                         .ok()
-                        .and_then(|p| last.get_mut(p))
+                        .filter(|p| *p < partitions)
                     else {
                         continue;
                     };
-                    let checkpoint = match message.payload() {
-                        None => None,
-                        Some(value) => Some(StoredCheckpoint::decode(value).map_err(|reason| {
-                            CheckpointError::Value {
-                                topic: topic.clone(),
-                                partition: message.partition(),
-                                offset: message.offset(),
-                                reason,
-                            }
-                        })?),
-                    };
+                    let headers: Vec<(&str, Option<&[u8]>)> = message
+                        .headers()
+                        .map(|h| h.iter().map(|h| (h.key, h.value)).collect())
+                        .unwrap_or_default();
+                    let read = checkpoint::classify(message.payload(), &headers, &transactional_id)
+                        .map_err(|reason| CheckpointError::Value {
+                            topic: topic.clone(),
+                            partition: message.partition(),
+                            offset: message.offset(),
+                            reason,
+                        })?;
                     let timestamp_ms = message.timestamp().to_millis().unwrap_or(i64::MIN);
-                    *slot = Some((timestamp_ms, checkpoint));
+                    match read {
+                        Read::Tombstone => {
+                            last[p] = Some((timestamp_ms, None));
+                            last_unmarked[p] = Some((timestamp_ms, None));
+                        }
+                        Read::Checkpoint(c) if c.marked => {
+                            marked_seen = true;
+                            last[p] = Some((timestamp_ms, Some(c)));
+                        }
+                        Read::Checkpoint(c) => {
+                            unmarked_at[p] = Some(message.offset());
+                            last_unmarked[p] = Some((timestamp_ms, Some(c)));
+                        }
+                        Read::Ignored(reason) => {
+                            tracing::warn!(pipeline = %pipeline, checkpoint_topic = %topic, partition = message.partition(), offset = message.offset(), %reason, "a record under the pipeline's key in the checkpoint topic is not its checkpoint; ignored");
+                        }
+                    }
                 }
                 // Another pipeline's checkpoint.
                 Some(Ok(_)) => {}
+            }
+        }
+        if !marked_seen {
+            return Ok(latest(last_unmarked.into_iter().flatten()));
+        }
+        for (partition, offset) in unmarked_at.iter().enumerate() {
+            if let Some(offset) = offset {
+                tracing::warn!(pipeline = %pipeline, checkpoint_topic = %topic, partition, offset, "an unmarked checkpoint record (the format before version 2) under the pipeline's key is ignored: the pipeline has marked checkpoints");
             }
         }
         Ok(latest(last.into_iter().flatten()))
@@ -538,7 +594,14 @@ mod tests {
             properties: Vec::new(),
         };
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        let read = |topic| runtime.block_on(read_checkpoint(&config, topic, "orders"));
+        let read = |topic| {
+            runtime.block_on(read_checkpoint(
+                &config,
+                topic,
+                "orders",
+                "outbox-relay-orders",
+            ))
+        };
 
         let missing = read("no-such-topic").unwrap_err();
         assert!(
@@ -614,57 +677,171 @@ mod tests {
         );
     }
 
+    /// A mock cluster with a 3-partition topic `checkpoints`, a plain producer writing to it
+    /// and the reader of pipeline `orders` (transactional id `outbox-relay-orders`).
+    struct Topic {
+        _mock: rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+        producer: rdkafka::producer::BaseProducer,
+        config: KafkaConfig,
+        runtime: tokio::runtime::Runtime,
+    }
+
+    impl Topic {
+        fn new() -> Topic {
+            let mock = rdkafka::mocking::MockCluster::new(1).expect("a librdkafka mock cluster");
+            mock.create_topic("checkpoints", 3, 1).unwrap();
+            let producer = ClientConfig::new()
+                .set("bootstrap.servers", mock.bootstrap_servers())
+                .create()
+                .unwrap();
+            let config = KafkaConfig {
+                bootstrap_servers: mock.bootstrap_servers(),
+                properties: Vec::new(),
+            };
+            Topic {
+                _mock: mock,
+                producer,
+                config,
+                runtime: tokio::runtime::Runtime::new().unwrap(),
+            }
+        }
+
+        /// Writes a record keyed `key` to `partition` with `headers`.
+        fn write(
+            &self,
+            partition: i32,
+            timestamp_ms: i64,
+            key: &str,
+            value: Option<&str>,
+            headers: &[(&str, &str)],
+        ) {
+            use rdkafka::producer::BaseRecord;
+            let mut record = BaseRecord::<str, str>::to("checkpoints")
+                .key(key)
+                .partition(partition)
+                .timestamp(timestamp_ms)
+                .headers(headers.iter().fold(OwnedHeaders::new(), |h, (key, value)| {
+                    h.insert(Header {
+                        key,
+                        value: Some(*value),
+                    })
+                }));
+            if let Some(value) = value {
+                record = record.payload(value);
+            }
+            self.producer.send(record).map_err(|(e, _)| e).unwrap();
+            self.producer.flush(Duration::from_secs(10)).unwrap();
+        }
+
+        /// Writes a checkpoint at `lsn` as the relay of `transactional_id` does.
+        fn checkpoint(&self, partition: i32, timestamp_ms: i64, lsn: u64, transactional_id: &str) {
+            let value = StoredCheckpoint::encode(Lsn(lsn), &origin());
+            let mark = checkpoint::mark(transactional_id);
+            let headers: Vec<(&str, &str)> = mark.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            self.write(partition, timestamp_ms, "orders", Some(&value), &headers);
+        }
+
+        fn read(&self) -> Option<StoredCheckpoint> {
+            self.runtime
+                .block_on(read_checkpoint(
+                    &self.config,
+                    "checkpoints",
+                    "orders",
+                    "outbox-relay-orders",
+                ))
+                .unwrap()
+        }
+
+        fn read_lsn(&self) -> Option<String> {
+            self.read().map(|c| c.lsn.to_string())
+        }
+    }
+
+    fn origin() -> Origin {
+        Origin {
+            system_id: "73".into(),
+            timeline: 1,
+            slot: "s".into(),
+        }
+    }
+
     /// The key in several partitions (partitions added, or a tombstone written by a tool
     /// with another partitioner): the highest value, unless a later tombstone deletes it.
     #[test]
     fn a_tombstone_in_another_partition_deletes_the_checkpoint() {
-        use rdkafka::mocking::MockCluster;
-        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
-
-        let mock: MockCluster<'static, DefaultProducerContext> =
-            MockCluster::new(1).expect("a librdkafka mock cluster");
-        mock.create_topic("checkpoints", 3, 1).unwrap();
-        let producer: rdkafka::producer::BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", mock.bootstrap_servers())
-            .create()
-            .unwrap();
-        let write = |partition: i32, timestamp_ms: i64, key: &str, value: Option<&str>| {
-            let mut record = BaseRecord::<str, str>::to("checkpoints")
-                .key(key)
-                .partition(partition)
-                .timestamp(timestamp_ms);
-            if let Some(value) = value {
-                record = record.payload(value);
-            }
-            producer.send(record).map_err(|(e, _)| e).unwrap();
-            producer.flush(Duration::from_secs(10)).unwrap();
-        };
-        let config = KafkaConfig {
-            bootstrap_servers: mock.bootstrap_servers(),
-            properties: Vec::new(),
-        };
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let read = || {
-            runtime
-                .block_on(read_checkpoint(&config, "checkpoints", "orders"))
-                .unwrap()
-                .map(|c| c.lsn.to_string())
-        };
-
-        write(0, 1_000, "orders", Some("0/100"));
-        write(0, 1_500, "billing", Some("0/900"));
-        assert_eq!(read().as_deref(), Some("0/100"));
+        let topic = Topic::new();
+        topic.checkpoint(0, 1_000, 0x100, "outbox-relay-orders");
+        topic.write(0, 1_500, "billing", Some("0/900"), &[]);
+        assert_eq!(topic.read_lsn().as_deref(), Some("0/100"));
         // A higher LSN in another partition, its clock behind: checkpoints only grow.
-        write(2, 500, "orders", Some("0/200"));
-        assert_eq!(read().as_deref(), Some("0/200"));
-        write(1, 2_000, "orders", None);
-        assert_eq!(read(), None, "the later tombstone deleted the checkpoint");
-        write(2, 3_000, "orders", Some("0/300"));
+        topic.checkpoint(2, 500, 0x200, "outbox-relay-orders");
+        assert_eq!(topic.read_lsn().as_deref(), Some("0/200"));
+        // An operator's tombstone, without a mark.
+        topic.write(1, 2_000, "orders", None, &[]);
         assert_eq!(
-            read().as_deref(),
+            topic.read_lsn(),
+            None,
+            "the later tombstone deleted the checkpoint"
+        );
+        topic.checkpoint(2, 3_000, 0x300, "outbox-relay-orders");
+        assert_eq!(
+            topic.read_lsn().as_deref(),
             Some("0/300"),
             "written after the tombstone"
         );
+    }
+
+    /// What a routed row (or any producer without the relay's mark) writes under the
+    /// pipeline's key is passed over, whatever its LSN and partition.
+    #[test]
+    fn a_forged_checkpoint_is_ignored() {
+        let topic = Topic::new();
+        topic.checkpoint(0, 1_000, 0x100, "outbox-relay-orders");
+        let forged = StoredCheckpoint::encode(Lsn(0xFF << 32), &origin());
+        topic.write(0, 2_000, "orders", Some("FF/0"), &[]);
+        topic.write(1, 2_000, "orders", Some(&forged), &[]);
+        topic.write(
+            2,
+            2_000,
+            "orders",
+            Some(&forged.replace("\"version\":2", "\"version\":1")),
+            &[],
+        );
+        topic.write(
+            2,
+            2_000,
+            "orders",
+            Some("not a checkpoint"),
+            &[("trace", "x")],
+        );
+        topic.checkpoint(1, 2_000, 0xFF << 32, "outbox-relay-billing");
+        topic.write(
+            1,
+            2_000,
+            "orders",
+            Some(&forged),
+            &[(checkpoint::FORMAT_HEADER, "2")],
+        );
+        let read = topic.read().unwrap();
+        assert_eq!((read.lsn, read.marked), (Lsn(0x100), true));
+    }
+
+    /// The first start after the upgrade takes the last unmarked checkpoint; once a marked one
+    /// is there, unmarked ones are passed over.
+    #[test]
+    fn an_unmarked_checkpoint_counts_until_the_first_marked_one() {
+        let topic = Topic::new();
+        let unmarked = |lsn| {
+            StoredCheckpoint::encode(Lsn(lsn), &origin()).replace("\"version\":2", "\"version\":1")
+        };
+        topic.write(0, 1_000, "orders", Some(&unmarked(0x100)), &[]);
+        topic.write(0, 1_100, "orders", Some(&unmarked(0x180)), &[]);
+        let read = topic.read().unwrap();
+        assert_eq!((read.lsn, read.marked), (Lsn(0x180), false));
+        topic.checkpoint(0, 1_200, 0x200, "outbox-relay-orders");
+        topic.write(0, 1_300, "orders", Some(&unmarked(0xFF << 32)), &[]);
+        let read = topic.read().unwrap();
+        assert_eq!((read.lsn, read.marked), (Lsn(0x200), true));
     }
 
     #[test]

@@ -129,11 +129,13 @@ impl CheckpointError {
 /// A sink whose records can be grouped in transactions: the exactly-once capability.
 pub trait TransactionalSink: Sink {
     /// The transaction calls of this sink, committing checkpoint records keyed `pipeline` in
-    /// `checkpoint_topic`, written with `origin` (where their LSNs come from).
+    /// `checkpoint_topic`, written with `origin` (where their LSNs come from) and marked with
+    /// `transactional_id` (see [`checkpoint::mark`]).
     fn transactions(
         &self,
         checkpoint_topic: &str,
         pipeline: &str,
+        transactional_id: &str,
         origin: Origin,
     ) -> Box<dyn Transactions>;
 }
@@ -514,9 +516,10 @@ pub async fn start(
     redo: Redo,
 ) -> Result<ExactlyOnce, Error> {
     let topic = config.checkpoint_topic();
-    let transactions = sink.transactions(topic, &config.name, origin.clone());
+    let transactional_id = config.transactional_id();
+    let transactions = sink.transactions(topic, &config.name, &transactional_id, origin.clone());
     transactions.init().await?;
-    let stored = read_checkpoint(&config.kafka, topic, &config.name).await?;
+    let stored = read_checkpoint(&config.kafka, topic, &config.name, &transactional_id).await?;
     let checkpoint =
         match &stored {
             None => None,
@@ -528,8 +531,11 @@ pub async fn start(
                 }
             })?),
         };
-    if let Some(StoredCheckpoint { lsn, origin: None }) = &stored {
-        warn!(pipeline = %config.name, checkpoint_topic = %topic, checkpoint_lsn = %lsn, "the checkpoint is in the old format (a bare LSN, without system identifier, timeline and slot) and is taken as it is; the next commit rewrites it with its origin. If this pipeline was pointed at another database since it was written, stop it and delete the checkpoint first");
+    if let Some(StoredCheckpoint {
+        lsn, marked: false, ..
+    }) = &stored
+    {
+        warn!(pipeline = %config.name, checkpoint_topic = %topic, checkpoint_lsn = %lsn, %transactional_id, "the checkpoint has no mark of its writer (the format before version 2) and is taken this once, as the pipeline has no marked checkpoint yet; the next commit writes a marked one, and unmarked records are ignored from then on");
     }
     info!(
         pipeline = %config.name,

@@ -4,9 +4,12 @@
 use std::collections::HashSet;
 
 use super::{compile_topic_regex, Template};
-use crate::config::{ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat};
+use crate::config::{
+    matches_destination, ConfigError, OnBadEvent, PipelineConfig, Placement, ValueFormat,
+};
 
-/// Checks a pipeline's routing and record options (`route`, `columns.timestamp`,
+/// Checks a pipeline's routing and record options (`route`, including an allow-list that
+/// admits the dead-letter or a checkpoint topic, `columns.timestamp`,
 /// `additional_placement`, `value_format`, `on_bad_event`, `dead_letter_topic`).
 ///
 /// Returns every problem found, each naming its field path.
@@ -52,6 +55,41 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
                             "gives no legal {}: {reason}",
                             config.sink.destination_noun()
                         ),
+                    );
+                }
+            }
+        }
+    }
+    if let Some(allowed) = &route.allowed_destinations {
+        if allowed.is_empty() {
+            problem(
+                "route.allowed_destinations",
+                "must not be empty: list the destinations rows may route to, or leave it out to allow any".into(),
+            );
+        }
+        let reserved = super::reserved_destinations(config);
+        for (i, entry) in allowed.iter().enumerate() {
+            let at = format!("route.allowed_destinations[{i}]");
+            if entry.is_empty() {
+                problem(&at, "must not be empty".into());
+                continue;
+            }
+            if !entry.contains('*') {
+                if let Err(reason) = config.sink.check_destination(entry) {
+                    problem(
+                        &at,
+                        format!(
+                            "{entry:?} is not a legal {}: {reason}",
+                            config.sink.destination_noun()
+                        ),
+                    );
+                }
+            }
+            for (topic, field) in &reserved {
+                if matches_destination(entry, topic) {
+                    problem(
+                        &at,
+                        format!("{entry:?} admits {topic:?}, the {field}: rows never route there; list the destinations without it"),
                     );
                 }
             }
@@ -250,6 +288,41 @@ mod tests {
                 "dead_letter_topic",
                 Box::new(|c| c.dead_letter_topic = Some("dlq".into())),
             ),
+            (
+                "route.allowed_destinations",
+                Box::new(|c| c.route.allowed_destinations = Some(vec![])),
+            ),
+            (
+                "route.allowed_destinations[1]",
+                Box::new(|c| {
+                    c.route.allowed_destinations = Some(vec!["*.events".into(), String::new()])
+                }),
+            ),
+            (
+                "route.allowed_destinations[0]",
+                Box::new(|c| c.route.allowed_destinations = Some(vec!["bad topic".into()])),
+            ),
+            (
+                "route.allowed_destinations[1]",
+                Box::new(|c| {
+                    c.on_bad_event = OnBadEvent::DeadLetter;
+                    c.dead_letter_topic = Some("outbox.dlq".into());
+                    c.route.allowed_destinations =
+                        Some(vec!["Order.events".into(), "outbox.*".into()]);
+                }),
+            ),
+            (
+                "route.allowed_destinations[0]",
+                Box::new(|c| {
+                    c.exactly_once = true;
+                    c.checkpoint_topic = Some("relay.checkpoints".into());
+                    c.route.allowed_destinations = Some(vec!["*.checkpoints".into()]);
+                }),
+            ),
+            (
+                "route.allowed_destinations[0]",
+                Box::new(|c| c.route.allowed_destinations = Some(vec!["*".into()])),
+            ),
         ];
         for (field, mutate) in cases {
             let mut c = config();
@@ -275,6 +348,7 @@ mod tests {
         good.null_payload = NullPayload::Empty;
         good.on_bad_event = OnBadEvent::DeadLetter;
         good.dead_letter_topic = Some("outbox.dlq".into());
+        good.route.allowed_destinations = Some(vec!["acme.*.events".into(), "audit".into()]);
         assert!(problems(&good).is_empty(), "{:?}", problems(&good));
         let validation = crate::validation::pipeline(&good);
         assert!(validation.is_empty(), "{validation:?}");

@@ -88,6 +88,7 @@ fn templates_case_and_route_by_field() {
                 topic_template: template.into(),
                 topic_case: case,
                 topic_regex: None,
+                allowed_destinations: None,
             },
             None,
             pipeline(),
@@ -731,4 +732,120 @@ fn null_payload_json_null_keeps_the_envelope_as_debezium_does() {
         plain.route(&e, 0).unwrap().value.as_deref(),
         Some(&b"null"[..])
     );
+}
+
+/// A pipeline with a bare `${routedByValue}` template, dead-lettering to `outbox.dlq`.
+fn bare_template(exactly_once: bool) -> PipelineConfig {
+    let mut config = pipeline();
+    config.route = route("${routedByValue}", None);
+    config.on_bad_event = crate::config::OnBadEvent::DeadLetter;
+    config.dead_letter_topic = Some("outbox.dlq".into());
+    if exactly_once {
+        config.exactly_once = true;
+        config.checkpoint_topic = Some("relay.checkpoints".into());
+    }
+    config
+}
+
+#[test]
+fn a_bare_template_never_reaches_the_dead_letter_or_checkpoint_topics() {
+    let router = Router::new(&bare_template(true)).unwrap();
+    for (value, field) in [
+        ("outbox.dlq", "dead_letter_topic"),
+        ("relay.checkpoints", "checkpoint_topic"),
+        // The default checkpoint topic, which the relays of a cluster share.
+        ("outbox-relay.checkpoints", "checkpoint_topic"),
+    ] {
+        let error = router.route(&event(value), 0).unwrap_err();
+        assert_eq!(
+            error,
+            RouteError::Reserved {
+                event_id: "00000000-0000-0000-0000-000000000001".into(),
+                destination: value.into(),
+                field,
+            }
+        );
+        assert_eq!(error.reason_label(), "reserved_destination");
+        assert_eq!(
+            error.to_string(),
+            format!("event 00000000-0000-0000-0000-000000000001: destination {value:?} is the pipeline's {field}, where rows never route")
+        );
+    }
+    // At-least-once too: the default checkpoint topic belongs to the cluster's relays.
+    let router = Router::new(&bare_template(false)).unwrap();
+    assert!(matches!(
+        router.route(&event("outbox-relay.checkpoints"), 0),
+        Err(RouteError::Reserved { .. })
+    ));
+    assert_eq!(
+        router.route(&event("Order.events"), 0).unwrap().topic,
+        "Order.events"
+    );
+}
+
+#[test]
+fn a_destination_outside_the_allow_list_is_refused() {
+    let mut config = bare_template(false);
+    config.route.allowed_destinations = Some(vec!["Order.events".into(), "billing.*.v1".into()]);
+    let router = Router::new(&config).unwrap();
+    for good in ["Order.events", "billing.invoice.v1", "billing..v1"] {
+        assert_eq!(router.route(&event(good), 0).unwrap().topic, good);
+    }
+    for bad in [
+        "order.events",
+        "Payment.events",
+        "billing.invoice.v2",
+        "x.billing.a.v1",
+    ] {
+        let error = router.route(&event(bad), 0).unwrap_err();
+        assert_eq!(
+            error,
+            RouteError::NotAllowed {
+                event_id: "00000000-0000-0000-0000-000000000001".into(),
+                destination: bad.into(),
+            }
+        );
+        assert_eq!(error.reason_label(), "not_allowed");
+        assert!(
+            error.to_string().contains("route.allowed_destinations"),
+            "{error}"
+        );
+    }
+    // Reserved whatever the list says (a list admitting it is refused at start).
+    assert!(matches!(
+        router.route(&event("outbox.dlq"), 0),
+        Err(RouteError::Reserved { .. })
+    ));
+}
+
+#[test]
+fn destination_patterns_take_star_for_any_run_of_characters() {
+    use crate::config::matches_destination as m;
+    assert!(m("Order.events", "Order.events"));
+    assert!(!m("Order.events", "Order.events2"));
+    assert!(!m("Order.events", "xOrder.events"));
+    assert!(m("*", ""));
+    assert!(m("*", "anything.at all"));
+    assert!(m("*.events", ".events"));
+    assert!(!m("*.events", "Order.events.dlq"));
+    assert!(m("a*b*c", "abc"));
+    assert!(m("a*b*c", "a-b-b-c"));
+    assert!(!m("a*b*c", "a-c-b"));
+    assert!(!m("ab*ba", "aba"));
+    assert!(m("ab*ba", "abba"));
+    assert!(m("a**", "a"));
+    // `?`, `[` and regex characters are themselves.
+    assert!(m("a?.[x]", "a?.[x]"));
+    assert!(!m("a?", "ab"));
+}
+
+#[test]
+fn row_headers_cannot_pass_for_the_relays_own() {
+    let mut e = event("Order");
+    e.headers = Some(Bytes::from_static(
+        br#"{"outbox_relay_checkpoint_version": "2", "outbox_relay_transactional_id": "outbox-relay-main", "outbox_relay_error": "x", "trace": "t"}"#,
+    ));
+    let record = Router::default().route(&e, 0).unwrap();
+    let names: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_ref()).collect();
+    assert_eq!(names, vec!["id", "event_type", "trace"]);
 }

@@ -210,6 +210,14 @@ fn the_example_routing_options_load_when_uncommented() {
     let orders = &config.pipelines[0];
     assert_eq!(orders.columns.timestamp.as_deref(), Some("created_at"));
     assert!(orders.route.topic_regex.is_some());
+    assert_eq!(
+        orders
+            .route
+            .allowed_destinations
+            .as_deref()
+            .map(<[String]>::len),
+        Some(2)
+    );
     assert_eq!(orders.additional_placement.len(), 3);
     assert_eq!(orders.on_bad_event, crate::config::OnBadEvent::DeadLetter);
     assert!(orders.exactly_once);

@@ -31,8 +31,9 @@ async fn checkpoints(bootstrap: &str, pipeline: &str, expected: usize) -> Vec<u6
 }
 
 /// Writes `value` as the checkpoint of `pipeline`, with the relay's partitioner (so that the
-/// key stays in one partition).
+/// key stays in one partition) and its mark (format 2, the default transactional id).
 async fn write_checkpoint(bootstrap: &str, pipeline: &str, value: &str) {
+    use rdkafka::message::{Header, OwnedHeaders};
     let producer: rdkafka::producer::FutureProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("partitioner", "murmur2_random")
@@ -42,7 +43,18 @@ async fn write_checkpoint(bootstrap: &str, pipeline: &str, value: &str) {
         .send(
             rdkafka::producer::FutureRecord::to(CHECKPOINT_TOPIC)
                 .key(pipeline)
-                .payload(value),
+                .payload(value)
+                .headers(
+                    OwnedHeaders::new()
+                        .insert(Header {
+                            key: "outbox_relay_checkpoint_format",
+                            value: Some("2"),
+                        })
+                        .insert(Header {
+                            key: "outbox_relay_transactional_id",
+                            value: Some(&format!("outbox-relay-{pipeline}")),
+                        }),
+                ),
             Duration::from_secs(10),
         )
         .await
@@ -85,14 +97,10 @@ async fn checkpoint_values(bootstrap: &str, pipeline: &str, expected: usize) -> 
         .collect()
 }
 
-/// The LSN of a checkpoint record's value: JSON with `"lsn"` (format version 1), or the old
-/// bare LSN.
+/// The LSN of a checkpoint record's value: JSON with `"lsn"` (format version 2).
 fn checkpoint_lsn(value: &str) -> u64 {
-    if !value.starts_with('{') {
-        return parse_lsn(value);
-    }
     let json: serde_json::Value = serde_json::from_str(value).expect("checkpoint JSON");
-    assert_eq!(json["version"], 1, "{value}");
+    assert_eq!(json["version"], 2, "{value}");
     parse_lsn(json["lsn"].as_str().expect("checkpoint lsn"))
 }
 
@@ -129,10 +137,18 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
     let checkpoint = setup.db.current_wal_insert_lsn().await;
     let (last, before_last) = write_events(c, 1, 3, &types, 2, 12, Duration::ZERO).await;
     expected.extend(last);
+    let system_id: i64 = setup
+        .db
+        .query_one_value("SELECT system_identifier FROM pg_control_system()")
+        .await;
     write_checkpoint(
         &bootstrap,
         &setup.slot,
-        &support::pg::format_lsn(checkpoint),
+        &format!(
+            r#"{{"version":2,"lsn":"{}","system_id":"{system_id}","timeline":1,"slot":"{}"}}"#,
+            support::pg::format_lsn(checkpoint),
+            setup.slot
+        ),
     )
     .await;
 
@@ -217,24 +233,11 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
         lsns[n - 1] > before_last[0] && lsns[n - 1] > checkpoint,
         "{lsns:?}"
     );
-    // The test's checkpoint is in the old format (a bare LSN): taken with a warning naming
-    // it, and C's commit wrote the new format with this source's origin.
-    let old_format = format!("checkpoint_lsn={}", support::pg::format_lsn(checkpoint));
-    assert!(
-        relay.log().lines().any(|l| l.contains("WARN")
-            && l.contains("the checkpoint is in the old format")
-            && l.contains(&old_format)),
-        "{}",
-        relay.log()
-    );
-    let system_id: i64 = setup
-        .db
-        .query_one_value("SELECT system_identifier FROM pg_control_system()")
-        .await;
+    // C's commit wrote the relay's format with this source's origin.
     assert_eq!(
         values[n - 1],
         format!(
-            r#"{{"version":1,"lsn":"{}","system_id":"{system_id}","timeline":1,"slot":"{}"}}"#,
+            r#"{{"version":2,"lsn":"{}","system_id":"{system_id}","timeline":1,"slot":"{}"}}"#,
             support::pg::format_lsn(lsns[n - 1]),
             setup.slot
         )

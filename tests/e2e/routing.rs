@@ -390,3 +390,109 @@ dead_letter_topic = "{dlq}"
         .await;
     assert!(relay.log().contains(&big.id), "{}", relay.log());
 }
+
+/// With `route.allowed_destinations`, a row routed outside the list, or to the dead-letter
+/// topic itself, is dead-lettered (never published there) and the rows after it flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_outside_the_allowed_destinations_is_dead_lettered() {
+    let setup = Setup::new("allowlist", &["Order"], 1).await;
+    let t = setup.types[0].clone();
+    let topic = setup.topics()[0].clone();
+    // The template `${routedByValue}.events` reaches them with these routing values.
+    let (dlq_value, outside_value) = (
+        format!("{}.dead-letter", setup.slot),
+        format!("{}.elsewhere", setup.slot),
+    );
+    let dlq = format!("{dlq_value}.events");
+    kafka().create_topic(&dlq, 1);
+    let outside = format!("{outside_value}.events");
+    let toml = format!(
+        r#"
+[kafka]
+bootstrap_servers = "{bootstrap}"
+
+[[pipelines]]
+name = "allowlist"
+source_url = "{url}"
+slot = "{slot}"
+publication = "outbox_pub"
+table = "public.outbox"
+on_bad_event = "dead_letter"
+dead_letter_topic = "{dlq}"
+[pipelines.route]
+allowed_destinations = ["{topic}"]
+"#,
+        bootstrap = kafka().bootstrap(),
+        url = setup.db.url(Auth::Trust),
+        slot = setup.slot,
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+
+    let client = &setup.db.client;
+    let before = insert(client, &t, "k1", r#"{"n": 1}"#).await;
+    let not_allowed = insert(client, &outside_value, "k1", r#"{"n": 2}"#).await;
+    let into_dlq = insert(client, &dlq_value, "k2", r#"{"n": 3}"#).await;
+    let after = insert(client, &t, "k1", r#"{"n": 4}"#).await;
+    let last_commit = setup.db.current_wal_insert_lsn().await;
+
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topic.as_str()],
+        2,
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&[before, after], &consumed, true);
+    let dead = consume(
+        &kafka().bootstrap(),
+        &[dlq.as_str()],
+        2,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        dead.len(),
+        2,
+        "only the two copies reach the dead-letter topic"
+    );
+    let reasons: Vec<(String, String)> = dead
+        .iter()
+        .map(|d| {
+            (
+                d.header_str("id").unwrap_or_default(),
+                d.header_str("outbox_relay_error").unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(reasons[0].0, not_allowed.id);
+    assert!(
+        reasons[0].1.contains(&not_allowed.id)
+            && reasons[0].1.contains(&format!(
+                "destination {outside:?} is not in route.allowed_destinations"
+            )),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons[1].0, into_dlq.id);
+    assert!(
+        reasons[1].1.contains(&format!(
+            "destination {dlq:?} is the pipeline's dead_letter_topic"
+        )),
+        "{reasons:?}"
+    );
+    setup
+        .wait_confirmed_past(
+            last_commit,
+            "confirmed_flush_lsn to pass the last commit",
+            Duration::from_secs(30),
+        )
+        .await;
+    let metrics = relay.log();
+    assert!(
+        metrics.contains("event sent to the dead-letter topic"),
+        "{metrics}"
+    );
+}

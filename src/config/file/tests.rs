@@ -325,6 +325,7 @@ fn every_field_set() -> PipelineConfig {
             topic_template: "t.${routedByValue}".into(),
             topic_case: TopicCase::Lower,
             topic_regex: Some("(.*)".into()),
+            allowed_destinations: None,
         },
         additional_placement: vec![AdditionalPlacement {
             field: "tenant".into(),
