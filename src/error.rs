@@ -97,11 +97,11 @@ impl Error {
             Error::Transaction(e) => retry_or_stop(e.is_transient()),
             Error::Redo(_) => Recovery::Retry,
             Error::SinkConnect(e) => retry_or_stop(e.retryable),
+            Error::Producer(e) => retry_or_stop(e.is_transient()),
             Error::Checkpoint(e) => retry_or_stop(e.is_transient()),
             Error::Config(_)
             | Error::Outbox(_)
             | Error::Route { .. }
-            | Error::Producer(_)
             | Error::Polling(_)
             | Error::Listen { .. } => Recovery::Stop,
         }
@@ -159,5 +159,26 @@ mod tests {
             message: "replication slot \"s\" is active for PID 42".into(),
         });
         assert_eq!(slot_in_use.recovery(), Recovery::StandBy);
+    }
+
+    /// A producer whose threads could not start (the process short of threads or memory) is
+    /// retried; a configuration librdkafka rejects stops the pipeline. (Both stopped it for
+    /// good.)
+    #[test]
+    fn a_producer_thread_that_cannot_start_is_retried_and_a_bad_property_is_not() {
+        use rdkafka::error::KafkaError;
+        let error = |reason: &str| {
+            Error::Producer(ProducerError(KafkaError::ClientCreation(reason.into())))
+        };
+        for reason in [
+            "cannot start the delivery report thread: Resource temporarily unavailable (os error 11)",
+            "Failed to create thread: Resource temporarily unavailable (11)",
+        ] {
+            assert_eq!(error(reason).recovery(), Recovery::Retry, "{reason}");
+        }
+        assert_eq!(
+            error("No such configuration property: \"linger.mss\"").recovery(),
+            Recovery::Stop
+        );
     }
 }

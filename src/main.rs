@@ -28,9 +28,10 @@ enum LogFormat {
 enum Command {
     /// Streams the outbox tables' inserts to Kafka until SIGINT or SIGTERM.
     ///
-    /// One database from flags:
-    ///   outbox-relay run --source-url postgres://relay:secret@localhost/app \
-    ///     --slot outbox_relay --publication outbox_pub --table public.outbox \
+    /// One database from flags (the password from the environment, not the command line,
+    /// which other users of the host can read):
+    ///   export OUTBOX_RELAY_SOURCE_URL='postgres://relay:secret@localhost/app'
+    ///   outbox-relay run --slot outbox_relay --publication outbox_pub --table public.outbox \
     ///     --bootstrap-servers localhost:9092
     ///
     /// Several databases from a config file (see examples/relay.toml):

@@ -632,6 +632,11 @@ mod tests {
             redact_url("host=h password = 'a b\\' c' user=u"),
             "host=h password=*** user=u"
         );
+        // A key in capitals (libpq refuses it, and its error must not show the value).
+        assert_eq!(
+            redact_url("host=h PASSWORD=secret user=u"),
+            "host=h password=*** user=u"
+        );
         assert_eq!(
             redact_url("postgres://u@h/db?sslmode=require&password=secret"),
             "postgres://u@h/db?sslmode=require&password=***"

@@ -90,10 +90,11 @@ pub fn redact_url(url: &str) -> String {
         }
         return out;
     }
-    // key=value form; a quoted value may contain spaces.
+    // key=value form; a quoted value may contain spaces. The key in any case: libpq refuses
+    // `PASSWORD=...`, and the error that says so must not show the value.
     let mut out = String::with_capacity(url.len());
     let mut rest = url;
-    while let Some(start) = rest.find("password") {
+    while let Some(start) = rest.to_ascii_lowercase().find("password") {
         let after = &rest[start + "password".len()..];
         let Some(value) = after.trim_start().strip_prefix('=') else {
             out.push_str(&rest[..start + "password".len()]);

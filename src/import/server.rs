@@ -140,7 +140,7 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
         "redis" | "nats-jetstream" | "rabbitmq" | "http" => {
             pipeline.sink = match kind.as_str() {
                 "redis" => SinkConfig::Redis(sink.redis(&mut comments)),
-                "nats-jetstream" => SinkConfig::Nats(sink.nats()),
+                "nats-jetstream" => SinkConfig::Nats(sink.nats(&mut comments)),
                 "rabbitmq" => {
                     let (rabbitmq, routing_key) = sink.rabbitmq(&mut comments);
                     if let Some(key) = routing_key {
@@ -149,7 +149,7 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
                     }
                     SinkConfig::RabbitMq(rabbitmq)
                 }
-                _ => SinkConfig::Http(sink.http()),
+                _ => SinkConfig::Http(sink.http(&mut comments)),
             };
             drop_kafka(
                 &mut file.kafka,
@@ -261,6 +261,36 @@ impl SinkOptions {
         Some(format!("${{{var}}}"))
     }
 
+    /// `url` with the password of its user info (`scheme://user:secret@host`) replaced by an
+    /// environment reference `${PREFIX_<WHAT>_PASSWORD}`, with a comment saying to set it: the
+    /// output file is not a place for a secret.
+    fn url_without_password(&self, url: &str, what: &str, comments: &mut Vec<String>) -> String {
+        let Some(scheme_end) = url.find("://") else {
+            return url.to_owned();
+        };
+        let rest = &url[scheme_end + 3..];
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        let Some(at) = authority.rfind('@') else {
+            return url.to_owned();
+        };
+        let Some(colon) = authority[..at].find(':') else {
+            return url.to_owned();
+        };
+        if authority[colon + 1..at].starts_with("${") {
+            return url.to_owned();
+        }
+        let var = format!("{}_{what}_PASSWORD", self.env_prefix);
+        comments.push(format!(
+            "sink.url: the {what} password is not copied: set {var} in the relay's environment."
+        ));
+        format!(
+            "{}{}:${{{var}}}{}",
+            &url[..scheme_end + 3],
+            &authority[..colon],
+            &rest[at..]
+        )
+    }
+
     /// `debezium.sink.redis.*` as a Redis sink.
     fn redis(&mut self, comments: &mut Vec<String>) -> RedisConfig {
         let address = self
@@ -290,10 +320,11 @@ impl SinkOptions {
     }
 
     /// `debezium.sink.nats-jetstream.*` as a NATS sink.
-    fn nats(&mut self) -> NatsConfig {
+    fn nats(&mut self, comments: &mut Vec<String>) -> NatsConfig {
         let url = self
             .take("url")
             .unwrap_or_else(|| "nats://localhost:4222".into());
+        let url = self.url_without_password(&url, "NATS", comments);
         if let Some(create) = self.take("create-stream") {
             let subjects = self.take("subjects").unwrap_or_default();
             let storage = self.take("storage").unwrap_or_default();
@@ -374,9 +405,10 @@ impl SinkOptions {
     /// `debezium.sink.http.*` as an HTTP sink (every event to the one URL, as Debezium did),
     /// with Debezium's defaults for the header prefix and the request timeout where the file
     /// did not set them.
-    fn http(&mut self) -> HttpConfig {
+    fn http(&mut self, comments: &mut Vec<String>) -> HttpConfig {
+        let url = self.take("url").unwrap_or_default();
         let mut http = HttpConfig {
-            url: SinkUrl(self.take("url").unwrap_or_default()),
+            url: SinkUrl(self.url_without_password(&url, "HTTP", comments)),
             ..HttpConfig::default()
         };
         // Debezium Server's own defaults, where the file relied on them.

@@ -36,6 +36,18 @@ use crate::config::KafkaConfig;
 #[error("cannot create the Kafka producer")]
 pub struct ProducerError(#[source] pub KafkaError);
 
+impl ProducerError {
+    /// Whether creating the producer again may succeed: a thread that could not start (ours,
+    /// or librdkafka's "Failed to create thread") is the process running short of resources,
+    /// not a configuration retrying cannot fix.
+    pub fn is_transient(&self) -> bool {
+        match &self.0 {
+            KafkaError::ClientCreation(reason) => reason.to_ascii_lowercase().contains("thread"),
+            _ => false,
+        }
+    }
+}
+
 /// An rdkafka producer ([`PolledProducer`]) as a [`Sink`].
 pub struct KafkaSink {
     producer: PolledProducer,

@@ -231,6 +231,31 @@ fn nats_rabbitmq_and_http_sinks_carry_their_server_and_note_the_rest() {
     );
 }
 
+/// A password in a NATS or HTTP URL is not copied into the output, which is not a place for
+/// a secret: it becomes an environment reference, with a comment saying to set it.
+#[test]
+fn a_password_in_a_nats_or_http_url_becomes_an_environment_reference() {
+    for (kind, url, expected) in [
+        (
+            "nats-jetstream",
+            "nats://relay:s3cret@nats:4222",
+            "nats://relay:${ORDERS_NATS_PASSWORD}@nats:4222",
+        ),
+        (
+            "http",
+            "https://relay:s3cret@hooks.example.com/in",
+            "https://relay:${ORDERS_HTTP_PASSWORD}@hooks.example.com/in",
+        ),
+    ] {
+        let imported = import(&format!(
+            "{SOURCE_AND_TRANSFORM}debezium.sink.type={kind}\ndebezium.sink.{kind}.url={url}\n"
+        ))
+        .unwrap();
+        assert!(!imported.toml.contains("s3cret"), "{}", imported.toml);
+        assert!(imported.toml.contains(expected), "{}", imported.toml);
+    }
+}
+
 /// A RabbitMQ connection with TLS (the Java client's `ssl.enabled` under `connection.`) stays
 /// TLS: `amqps://` on the TLS port, and the store settings that do not carry over are noted.
 /// (It became plain `amqp://` with only a note: credentials and events in the clear.)
