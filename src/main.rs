@@ -362,7 +362,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Run(args) => {
             let (pipelines, metrics_listen) = pipelines(args, true)?;
             for config in &pipelines {
-                tracing::info!(?config, "starting pipeline");
+                // One short line at INFO; the whole configuration (secrets hidden) at DEBUG.
+                tracing::info!(
+                    pipeline = %config.name,
+                    source_kind = ?config.source_kind,
+                    table = %config.table,
+                    slot = %config.slot,
+                    publication = %config.publication,
+                    sink = config.sink.kind(),
+                    exactly_once = config.exactly_once,
+                    "starting pipeline"
+                );
+                tracing::debug!(?config, "pipeline configuration");
             }
             outbox_relay::run(
                 pipelines,

@@ -46,6 +46,10 @@ const NULL_KEY_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// How often a record the sink's queue had no room for is offered again while the sink has
 /// nothing in flight whose outcome would free room.
 const QUEUE_FULL_RETRY: Duration = Duration::from_millis(10);
+/// The longest wait between such offers: the wait doubles while the queue stays full (records
+/// an ended session left in a shared producer, whose reports wake no session, can fill it for
+/// as long as they wait), so the loop does not wake 100 times a second meanwhile.
+const QUEUE_FULL_MAX_RETRY: Duration = Duration::from_millis(500);
 /// Delivery outcomes that one turn of the loop takes when they are there already (no wait): a
 /// produce response's reports cost one turn (its timers and wake-ups) instead of one each.
 /// Small enough that a shutdown is seen within microseconds. (Source items are taken one per
@@ -73,6 +77,8 @@ pub struct Session<'a, So: Source, Si: Sink> {
     eos: Option<ExactlyOnce>,
     /// Records the sink's queue had no room for, in send order, with their tokens.
     blocked: VecDeque<(Box<Record>, EventToken)>,
+    /// The wait before offering them again while nothing is in flight.
+    blocked_wait: Duration,
     /// Exactly-once: records of the next batch, read while the closed one commits, and their
     /// bytes; sent once the next Kafka transaction began.
     waiting: VecDeque<(Box<Record>, EventToken)>,
@@ -131,6 +137,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 Mode::ExactlyOnce(eos) => Some(eos),
             },
             blocked: VecDeque::new(),
+            blocked_wait: QUEUE_FULL_RETRY,
             waiting: VecDeque::new(),
             waiting_bytes: 0,
             commit_time_ms: None,
@@ -291,7 +298,9 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
                 _ = status_timer.tick() => self.confirm().await?,
                 _ = &mut confirm_gap, if self.flush_lsn() > self.confirmed => {}
                 // A record waits for room in the sink's queue, and no outcome will make some.
-                _ = async { sleep(QUEUE_FULL_RETRY).await }, if !self.blocked.is_empty() && in_flight.events == 0 => {}
+                _ = async { sleep(self.blocked_wait).await }, if !self.blocked.is_empty() && in_flight.events == 0 => {
+                    self.blocked_wait = (self.blocked_wait * 2).min(QUEUE_FULL_MAX_RETRY);
+                }
                 // 4. New source items, only while there is capacity.
                 item = self.source.next(), if read => self.on_item(item?).await?,
                 // Exactly-once: the open batch's linger ended (and no source item came).
@@ -566,7 +575,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             false => self.blocked.pop_front(),
         } {
             match self.sink.send(*record, token) {
-                Ok(()) => {}
+                Ok(()) => self.blocked_wait = QUEUE_FULL_RETRY,
                 Err(SendError::Full(record)) if newest_first => {
                     self.blocked.push_back((record, token));
                     break;

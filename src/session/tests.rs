@@ -187,6 +187,8 @@ struct FakeSink {
     in_flight: InFlight,
     /// Event ids in the order the sink accepted them.
     sent: Arc<Mutex<Vec<String>>>,
+    /// Every call of [`Sink::send`], accepted or not.
+    offers: Arc<Mutex<usize>>,
     /// The records in flight at each [`Sink::withdraw_in_flight`].
     withdrew: Arc<Mutex<Vec<usize>>>,
 }
@@ -210,6 +212,7 @@ impl FakeSink {
             ready: VecDeque::new(),
             in_flight: InFlight::default(),
             sent: sent.clone(),
+            offers: Arc::default(),
             withdrew: Arc::default(),
         };
         (sink, sent)
@@ -218,6 +221,7 @@ impl FakeSink {
 
 impl Sink for FakeSink {
     fn send(&mut self, record: Record, token: EventToken) -> Result<(), SendError> {
+        *self.offers.lock().unwrap() += 1;
         if self.in_flight.events >= self.queue_limit {
             return Err(SendError::Full(Box::new(record)));
         }
@@ -767,6 +771,38 @@ async fn a_lost_connection_ends_the_session_even_where_the_source_records_failur
     let mut outcomes = log.outcomes.clone();
     outcomes.sort();
     assert_eq!(outcomes, [(0, true), (1, true), (2, false), (3, true)]);
+}
+
+/// A record that finds the queue full with nothing in flight (an ended session's records fill
+/// a shared producer's room, and their reports wake no session) is offered again with a wait
+/// that doubles to half a second, not every 10 ms; it goes out once there is room. (The loop
+/// woke 100 times a second for as long as the room stayed taken.)
+#[tokio::test(start_paused = true)]
+async fn a_record_waiting_for_room_is_offered_again_with_a_growing_wait() {
+    let config = config();
+    // Full for good: over 5 s (virtual), 10 ms doubling to 500 ms is about 17 offers.
+    let (source, _) = FakeSource::new(transaction(0, 1));
+    let (mut sink, _) = FakeSink::new(usize::MAX, 0);
+    sink.full = Some(("order.events", usize::MAX));
+    let offers = Arc::clone(&sink.offers);
+    let _ = run_session(&config, source, sink, Duration::from_secs(5)).await;
+    let offers = *offers.lock().unwrap();
+    assert!(offers <= 30, "{offers} offers in 5 s");
+    // Full 15 times, then room: it goes out and its transaction is confirmed.
+    let (source, log) = FakeSource::new(transaction(0, 1));
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.full = Some(("order.events", 15));
+    let (result, _) = run_session(&config, source, sink, Duration::from_secs(10)).await;
+    result.unwrap();
+    assert_eq!(
+        *sent.lock().unwrap(),
+        ["e0.0"],
+        "it went out once there was room"
+    );
+    assert_eq!(
+        log.lock().unwrap().confirmations.last(),
+        Some(&commit_end(0))
+    );
 }
 
 /// A refused record whose dead-letter copy is refused as too large (the copy's document is
