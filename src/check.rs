@@ -787,23 +787,62 @@ pub(crate) async fn check_kafka(config: &PipelineConfig) -> Finding {
                     _ => e.to_string(),
                 }
             })?;
-        let events = metadata
+        let names: Vec<String> = metadata
             .topics()
             .iter()
-            .filter(|t| t.name().ends_with(".events"))
-            .count();
-        Ok::<_, String>((metadata.brokers().len(), events))
+            .map(|t| t.name().to_owned())
+            .collect();
+        Ok::<_, String>((metadata.brokers().len(), names))
     })
     .await;
     match result {
-        Ok(Ok((brokers, topics))) => finding(
+        Ok(Ok((brokers, names))) => topics_finding(config, brokers, &names),
+        Ok(Err(e)) => finding(
             "kafka",
-            Verdict::Ok,
-            format!("{brokers} broker(s) reachable; {topics} *.events topic(s) (topics must exist or be auto-created)"),
+            Verdict::Fail,
+            format!("{}: {e}", config.kafka.bootstrap_servers),
         ),
-        Ok(Err(e)) => finding("kafka", Verdict::Fail, format!("{}: {e}", config.kafka.bootstrap_servers)),
         Err(e) => finding("kafka", Verdict::Fail, e.to_string()),
     }
+}
+
+/// What the brokers' topics (`names`) say of the routing: how many match the topic template,
+/// and which names of `route.allowed_destinations` (the exact ones) do not exist yet.
+fn topics_finding(config: &PipelineConfig, brokers: usize, names: &[String]) -> Finding {
+    use crate::config::matches_destination;
+    let pattern = crate::router::Template::parse(&config.route.topic_template).map_or_else(
+        |_| config.route.topic_template.clone(),
+        |t| t.sample_with("*"),
+    );
+    let matching = names
+        .iter()
+        .filter(|name| matches_destination(&pattern, name))
+        .count();
+    let mut detail = format!(
+        "{brokers} broker(s) reachable; {matching} topic(s) match the template ({pattern:?})"
+    );
+    let missing: Vec<&String> = config
+        .route
+        .allowed_destinations
+        .iter()
+        .flatten()
+        .filter(|allowed| !allowed.contains('*') && !names.contains(allowed))
+        .collect();
+    let verdict = match missing.is_empty() {
+        true => Verdict::Ok,
+        false => {
+            let missing: Vec<&str> = missing.iter().map(|m| m.as_str()).collect();
+            detail.push_str(&format!(
+                "; allowed but missing: {} (create them before events are routed there)",
+                missing.join(", ")
+            ));
+            Verdict::Warn
+        }
+    };
+    if verdict == Verdict::Ok {
+        detail.push_str(" (topics must exist or be auto-created)");
+    }
+    finding("kafka", verdict, detail)
 }
 
 /// A slot's position, as `status` prints it.
@@ -966,6 +1005,41 @@ mod tests {
             listed.detail.ends_with("Order.events, billing.*"),
             "{}",
             listed.detail
+        );
+    }
+
+    /// Topics are counted by the configured template, not by a `.events` suffix (an imported
+    /// Debezium template such as `outbox.event.${routedByValue}` showed 0), and the exact names
+    /// of the allow-list that do not exist are named.
+    #[test]
+    fn check_counts_the_topics_the_template_makes_and_names_missing_allowed_ones() {
+        let mut config = PipelineConfig::test_pipeline();
+        config.route.topic_template = "outbox.event.${routedByValue}".into();
+        let names: Vec<String> = ["outbox.event.Order", "outbox.event.Payment", "Order.events"]
+            .map(String::from)
+            .to_vec();
+        let found = topics_finding(&config, 1, &names);
+        assert_eq!(found.verdict, Verdict::Ok);
+        assert!(
+            found
+                .detail
+                .contains("2 topic(s) match the template (\"outbox.event.*\")"),
+            "{}",
+            found.detail
+        );
+        config.route.allowed_destinations = Some(vec![
+            "outbox.event.Order".into(),
+            "outbox.event.Refund".into(),
+            "x.*".into(),
+        ]);
+        let found = topics_finding(&config, 1, &names);
+        assert_eq!(found.verdict, Verdict::Warn);
+        assert!(
+            found
+                .detail
+                .contains("allowed but missing: outbox.event.Refund ("),
+            "{}",
+            found.detail
         );
     }
 }
