@@ -128,7 +128,11 @@ impl supervisor::Sessions for LogTailing<'_> {
         .await;
         self.slot_seen |= progress.is_streaming();
         if let Err(Error::Redo(refused)) = &result {
-            self.redo.add(refused.as_ref().clone());
+            // A refused event found anew is progress: the next session dead-letters it, so
+            // the backoff does not grow between redos; the same one found again is not.
+            if self.redo.learn(refused.as_ref().clone()) {
+                progress.advanced();
+            }
         }
         result
     }

@@ -722,7 +722,11 @@ fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<Header>, String> {
     deserializer.end().map_err(|e| e.to_string())?;
     let mut headers = Vec::with_capacity(entries.len());
     for (key, raw) in entries {
-        if key == "id" || key == "event_type" || key.starts_with(RESERVED_HEADER_PREFIX) {
+        // The relay's own names in any case: HTTP lower-cases header names on the way.
+        let reserved = key
+            .get(..RESERVED_HEADER_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX));
+        if key == "id" || key == "event_type" || reserved {
             continue;
         }
         let text = raw.get();

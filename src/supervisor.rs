@@ -133,11 +133,7 @@ pub async fn supervise(
         metrics.oldest_unacked_age.set(0.0);
         metrics.in_flight_events.set(0);
         metrics.in_flight_bytes.set(0);
-        // A session that ended to redo its Kafka transaction with a refused event dead-lettered
-        // made progress too: it found that event, which the next one sends to the dead-letter
-        // topic (one refused event a session, so several in one batch take several).
-        let redo = matches!(&result, Some(Err(Error::Redo(_))));
-        if progress.has_advanced() || redo {
+        if progress.has_advanced() {
             retry = backoff();
             failed_sessions = 0;
         }
@@ -269,36 +265,6 @@ mod tests {
 
     fn closed() -> Error {
         SourceError::Closed.into()
-    }
-
-    fn redo() -> Error {
-        Error::Redo(Box::new(crate::exactly_once::RefusedEvent {
-            commit_lsn: crate::lsn::Lsn(0x100),
-            lsn: crate::lsn::Lsn(0x90),
-            id: bytes::Bytes::from_static(b"e-1"),
-            topic: "t".into(),
-            reason: "Broker: Message size too large".into(),
-            too_large: true,
-        }))
-    }
-
-    /// Exactly-once with dead-lettering: each session that ends to redo its transaction found
-    /// a refused event, which is progress: the next session starts after the first delay, not
-    /// a growing one. (The backoff grew 1, 2, 4 ... 30 s between redos.)
-    #[tokio::test(start_paused = true)]
-    async fn a_session_that_ends_to_redo_its_transaction_does_not_grow_the_backoff() {
-        let metrics = Metrics::new();
-        let p = metrics.pipeline("p");
-        let mut fake = Fake::new(6, false, redo);
-        supervise("p", &p, &CancellationToken::new(), &mut fake)
-            .await
-            .unwrap();
-        let gaps = fake.gaps();
-        assert_eq!(gaps.len(), 6, "{gaps:?}");
-        assert!(
-            gaps.iter().all(|gap| (1.0..=2.1).contains(gap)),
-            "every redo waits the first delay (1 to 2 s): {gaps:?}"
-        );
     }
 
     fn slot_in_use() -> Error {

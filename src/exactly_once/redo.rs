@@ -67,6 +67,13 @@ impl Redo {
         true
     }
 
+    /// Adds `event` found by a session that ended to redo its transaction, and says whether it
+    /// is new: a redo that found a new refused event made progress (the next session
+    /// dead-letters it), one that found a known event again did not.
+    pub fn learn(&mut self, event: RefusedEvent) -> bool {
+        !self.events.contains(&event) && self.add(event)
+    }
+
     /// Whether no more events can be added.
     pub fn is_full(&self) -> bool {
         self.events.len() >= MAX_REDO_EVENTS
@@ -107,6 +114,18 @@ mod tests {
             reason: "Broker: Message size too large".into(),
             too_large: true,
         }
+    }
+
+    /// A redo that found a new refused event made progress (the supervisor's backoff does not
+    /// grow: it grew 1, 2, 4 ... 30 s between redos); one that found a known event again did
+    /// not (else the same event would be redone every second for good).
+    #[test]
+    fn a_refused_event_found_anew_is_progress_and_found_again_is_not() {
+        let mut redo = Redo::default();
+        assert!(redo.learn(refused(0x200, 0x110, "a")));
+        assert!(redo.learn(refused(0x300, 0x210, "b")));
+        assert!(!redo.learn(refused(0x200, 0x110, "a")), "found again");
+        assert_eq!(redo.len(), 2);
     }
 
     #[test]

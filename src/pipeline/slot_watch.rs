@@ -20,6 +20,8 @@ const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the publication is checked ([`Checker`]): idle progress is confirmed up to what
 /// the check before last verified, so it lags the end of WAL by about twice this.
 const PUBLICATION_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Least time between two warnings about publication checks that keep failing.
+const CHECK_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
 /// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an
@@ -49,6 +51,8 @@ pub(super) async fn watch_slot(
     let mut timer = interval(PUBLICATION_CHECK_INTERVAL);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut next_slot_read = tokio::time::Instant::now();
+    // When a failed publication check was last warned of, while they fail.
+    let mut check_warned: Option<tokio::time::Instant> = None;
     let mut connection = None;
     // The stall last logged, so that a lasting one is logged once.
     let mut stall: Option<String> = None;
@@ -85,18 +89,31 @@ pub(super) async fn watch_slot(
         let Some((client, _)) = &connection else {
             continue;
         };
-        // A failed check verifies nothing (the sessions' confirmations wait); the slot's
-        // metrics are read all the same, and their read tells whether the connection is gone.
-        match tokio::time::timeout(SLOT_WATCH_INTERVAL, checker.check(client)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                debug!(pipeline = %config.name, error = %chain(&e), "cannot check the publication");
+        // A failed check verifies nothing (the sessions' confirmations wait, and WAL stays):
+        // said at most once a minute. The slot's metrics are read all the same, and their read
+        // tells whether the connection is gone.
+        let checked = tokio::time::timeout(SLOT_WATCH_INTERVAL, checker.check(client)).await;
+        let failure = match &checked {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(chain(e)),
+            Err(_) => Some("timed out".to_owned()),
+        };
+        match (failure, &mut check_warned) {
+            (Some(reason), warned) => {
+                if warned.is_none_or(|at| at.elapsed() >= CHECK_WARNING_INTERVAL) {
+                    warn!(pipeline = %config.name, publication = %config.publication, error = %reason, "cannot check the publication; the slot is confirmed only as far as the last check (or an outbox insert) verified until one succeeds");
+                    *warned = Some(tokio::time::Instant::now());
+                }
             }
-            Err(_) => {
-                debug!(pipeline = %config.name, "checking the publication timed out; reconnecting");
-                connection = None;
-                continue;
+            (None, warned @ Some(_)) => {
+                info!(pipeline = %config.name, publication = %config.publication, "the publication is checked again");
+                *warned = None;
             }
+            (None, None) => {}
+        }
+        if checked.is_err() {
+            connection = None;
+            continue;
         }
         if tokio::time::Instant::now() < next_slot_read {
             continue;

@@ -843,7 +843,7 @@ fn destination_patterns_take_star_for_any_run_of_characters() {
 fn row_headers_cannot_pass_for_the_relays_own() {
     let mut e = event("Order");
     e.headers = Some(Bytes::from_static(
-        br#"{"outbox_relay_checkpoint_version": "2", "outbox_relay_transactional_id": "outbox-relay-main", "outbox_relay_error": "x", "trace": "t"}"#,
+        br#"{"outbox_relay_checkpoint_version": "2", "outbox_relay_transactional_id": "outbox-relay-main", "outbox_relay_error": "x", "OUTBOX_RELAY_TOPIC": "y", "trace": "t"}"#,
     ));
     let record = Router::default().route(&e, 0).unwrap();
     let names: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_ref()).collect();

@@ -624,7 +624,12 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
 
     /// The too-large form of a dead-letter copy the sink refused as too large with `error`
     /// ([`Router::dead_letter_shrunk`]), with `on_bad_event = "dead_letter"`.
+    /// Not in exactly-once mode: the refusal left the Kafka transaction abortable only, and the
+    /// copy could not join it.
     fn shrunk_copy(&self, error: &DeliveryError) -> Option<Record> {
+        if self.eos.is_some() {
+            return None;
+        }
         let dead_letter_topic = self.config.dead_letter_topic.as_ref()?;
         let copy = error.record.as_deref()?;
         (self.config.on_bad_event == OnBadEvent::DeadLetter
@@ -658,9 +663,16 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         }
     }
 
-    fn on_delivery(&mut self, delivery: Delivery) -> Result<(), Error> {
+    fn on_delivery(&mut self, mut delivery: Delivery) -> Result<(), Error> {
         self.update_in_flight_gauges();
         observe_delivery(self.metrics, &delivery);
+        // Once the connection is known lost, the records failing on the dead client after the
+        // one that found it never reached the server: the source charges them nothing.
+        if let (Some(_), Err(e)) = (&self.lost, &mut delivery.result) {
+            if e.connection_lost {
+                e.attempted = false;
+            }
+        }
         let handling = self
             .source
             .on_outcome(delivery.token.event(), delivery.result.as_ref().map(|_| ()));
