@@ -43,7 +43,9 @@
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does, [`source::target`] picks the
 //!   host of a multi-host URL by `target_session_attrs`, for both connections, and
-//!   [`source::tls`] makes their rustls configuration from `sslmode` and its files;
+//!   [`source::tls`] makes their rustls configuration from `sslmode` and its files, and
+//!   [`source::auth`] decides which authentication requests a server may make of them
+//!   (`require_auth`, `channel_binding`, no cleartext password to an unverified server);
 //!   [`source::coverage`] checks that the publication still covers the outbox, which idle
 //!   progress waits for.
 //! - [`session`]: the session loop, generic over source and sink; no IO of its own. Its
