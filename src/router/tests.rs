@@ -747,6 +747,32 @@ fn bare_template(exactly_once: bool) -> PipelineConfig {
     config
 }
 
+/// An HTTP dead-letter URL of its own is reserved by the request URL too: the destination that
+/// renders to it is refused, however it is spelled in the URL. (Only the URL string itself was
+/// reserved, which no destination equals.)
+#[test]
+fn no_destination_renders_to_the_http_dead_letter_url() {
+    let mut config = bare_template(false);
+    config.sink = SinkConfig::Http(crate::config::HttpConfig {
+        url: crate::config::SinkUrl("https://h/hooks/{destination}?v=1".into()),
+        ..Default::default()
+    });
+    config.dead_letter_topic = Some("https://h/hooks/dead%20letters?v=1".into());
+    let router = Router::new(&config).unwrap();
+    let error = router.route(&event("dead letters"), 0).unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            RouteError::Reserved {
+                field: "dead_letter_topic",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(router.route(&event("orders"), 0).is_ok());
+}
+
 #[test]
 fn a_bare_template_never_reaches_the_dead_letter_or_checkpoint_topics() {
     let router = Router::new(&bare_template(true)).unwrap();
