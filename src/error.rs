@@ -56,6 +56,18 @@ pub enum Error {
     },
 }
 
+/// Exit code: the configuration is wrong (a file, a flag, an environment variable, or what the
+/// database or broker is set up with in a way retrying cannot fix).
+pub const EXIT_CONFIG: u8 = 3;
+/// Exit code: a pipeline stopped on a source error retrying cannot fix (authentication,
+/// privileges, a lost slot, an event the relay cannot read).
+pub const EXIT_SOURCE: u8 = 4;
+/// Exit code: a pipeline stopped on a sink error retrying cannot fix (authorization, a record
+/// refused for good with no dead-letter topic).
+pub const EXIT_SINK: u8 = 5;
+/// Exit code: a second SIGINT or SIGTERM ended the process before the drain finished.
+pub const EXIT_SECOND_SIGNAL: u8 = 130;
+
 /// What the supervisor does when a session ends with an error. Layers only classify (this
 /// enum, from [`Error::recovery`]); [`crate::supervisor`] alone decides what follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +116,26 @@ impl Error {
             | Error::Route { .. }
             | Error::Polling(_)
             | Error::Listen { .. } => Recovery::Stop,
+        }
+    }
+
+    /// The process's exit code when this error stopped a pipeline: [`EXIT_CONFIG`],
+    /// [`EXIT_SOURCE`] or [`EXIT_SINK`].
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Config(_)
+            | Error::Listen { .. }
+            | Error::Source(crate::source::SourceError::Config(_)) => EXIT_CONFIG,
+            Error::Source(_) | Error::Outbox(_) | Error::Route { .. } | Error::Polling(_) => {
+                EXIT_SOURCE
+            }
+            Error::Delivery(_)
+            | Error::Rejected(_)
+            | Error::Producer(_)
+            | Error::SinkConnect(_)
+            | Error::Transaction(_)
+            | Error::Checkpoint(_)
+            | Error::Redo(_) => EXIT_SINK,
         }
     }
 }

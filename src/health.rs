@@ -1,5 +1,6 @@
 //! The HTTP endpoint: Prometheus `/metrics`, `/healthz` (the process is alive) and `/readyz`
-//! (every pipeline is streaming; JSON detail per pipeline, 503 otherwise).
+//! (every pipeline is in a ready state: streaming, catching up or standing by, with no record
+//! waiting longer than `max_event_wait_secs`; JSON detail per pipeline, 503 otherwise).
 //!
 //! Whoever can reach the port is a client: the server serves at most [`MAX_CONNECTIONS`]
 //! connections at once (more wait in the kernel's listen queue, holding none of the relay's
@@ -23,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{Metrics, PipelineState};
+use crate::metrics::Metrics;
 
 /// Connections served at once: a few scrapers and probes need a handful.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -104,10 +105,7 @@ async fn prometheus_text(State(metrics): State<Metrics>) -> impl IntoResponse {
 
 async fn readiness(State(metrics): State<Metrics>) -> impl IntoResponse {
     let pipelines = metrics.health();
-    let ready = !pipelines.is_empty()
-        && pipelines
-            .values()
-            .all(|p| p.state == PipelineState::Streaming);
+    let ready = !pipelines.is_empty() && pipelines.values().all(|p| p.ready);
     let status = if ready {
         StatusCode::OK
     } else {
@@ -122,6 +120,7 @@ async fn readiness(State(metrics): State<Metrics>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::PipelineState;
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -234,7 +233,7 @@ mod tests {
         p.set_state(PipelineState::Streaming, None);
         p.set_failed_sessions(3);
         p.set_state(
-            PipelineState::Reconnecting,
+            PipelineState::Degraded,
             Some("invalid pgoutput message at LSN 0/16B3748".into()),
         );
         let response = readiness(State(metrics.clone())).await.into_response();
@@ -244,7 +243,7 @@ mod tests {
             .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let orders = &json["pipelines"]["orders"];
-        assert_eq!(orders["state"], "reconnecting", "{json}");
+        assert_eq!(orders["state"], "degraded", "{json}");
         assert_eq!(orders["consecutive_failed_sessions"], 3, "{json}");
         assert_eq!(
             orders["last_error"], "invalid pgoutput message at LSN 0/16B3748",
@@ -255,5 +254,104 @@ mod tests {
         let response = readiness(State(metrics.clone())).await.into_response();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(metrics.health()["orders"].consecutive_failed_sessions, 3);
+        assert!(metrics.health()["orders"].last_error.is_some());
+        // Progress: the error is over.
+        p.set_failed_sessions(0);
+        assert_eq!(metrics.health()["orders"].last_error, None);
+    }
+
+    async fn ready(metrics: &Metrics) -> (StatusCode, serde_json::Value) {
+        let response = readiness(State(metrics.clone())).await.into_response();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_streaming_pipeline_whose_records_wait_too_long_is_degraded_and_not_ready() {
+        let metrics = Metrics::new();
+        let p = metrics
+            .pipeline("orders")
+            .with_max_event_wait(Duration::from_secs(5));
+        p.set_state(PipelineState::Streaming, None);
+        p.oldest_unacked_age.set(4.0);
+        assert_eq!(ready(&metrics).await.0, StatusCode::OK);
+        p.oldest_unacked_age.set(20.0);
+        let (status, json) = ready(&metrics).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{json}");
+        assert_eq!(json["pipelines"]["orders"]["state"], "degraded", "{json}");
+        assert!(
+            json["pipelines"]["orders"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("max_event_wait_secs = 5")),
+            "{json}"
+        );
+        let text = metrics.render();
+        assert!(
+            text.contains("outbox_relay_pipeline_state{pipeline=\"orders\",state=\"degraded\"} 1")
+                && text.contains(
+                    "outbox_relay_pipeline_state{pipeline=\"orders\",state=\"streaming\"} 0"
+                ),
+            "{text}"
+        );
+        // Acknowledged: streaming and ready again.
+        p.oldest_unacked_age.set(0.0);
+        assert_eq!(ready(&metrics).await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn a_standby_is_ready_and_a_failed_pipeline_beside_a_healthy_one_is_not() {
+        let metrics = Metrics::new();
+        let orders = metrics.pipeline("orders");
+        let billing = metrics.pipeline("billing");
+        orders.set_state(PipelineState::Streaming, None);
+        billing.set_state(
+            PipelineState::StandingBy,
+            Some("replication slot \"billing\" is active for PID 42".into()),
+        );
+        let (status, json) = ready(&metrics).await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+        assert_eq!(json["pipelines"]["billing"]["state"], "standing_by");
+        billing.set_state(
+            PipelineState::Failed,
+            Some("password authentication failed".into()),
+        );
+        let (status, json) = ready(&metrics).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{json}");
+        assert_eq!(json["pipelines"]["billing"]["ready"], false, "{json}");
+        assert_eq!(json["pipelines"]["orders"]["ready"], true, "{json}");
+    }
+
+    #[tokio::test]
+    async fn taking_over_from_a_standby_clears_the_last_error() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        p.set_state(PipelineState::Degraded, Some("connection refused".into()));
+        p.set_state(
+            PipelineState::StandingBy,
+            Some("replication slot \"orders\" is active for PID 42".into()),
+        );
+        p.set_failed_sessions(0);
+        p.set_state(PipelineState::Streaming, None);
+        let health = &metrics.health()["orders"];
+        assert_eq!(
+            (health.state, health.last_error.as_deref()),
+            (PipelineState::Streaming, None)
+        );
+    }
+
+    #[test]
+    fn build_info_names_the_version_and_commit() {
+        let text = Metrics::new().render();
+        assert!(
+            text.contains(&format!(
+                "outbox_relay_build_info{{commit=\"{}\",version=\"{}\"}} 1",
+                crate::COMMIT,
+                crate::VERSION
+            )),
+            "{text}"
+        );
     }
 }

@@ -81,7 +81,8 @@
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry.
 //! - [`metrics`] and [`health`]: Prometheus metrics (the `topic` label bounded:
-//!   `metrics::topics`), `/metrics`, `/healthz`, `/readyz`, with limits on connections.
+//!   `metrics::topics`; the pipeline states, derived when read: `metrics::state`), `/metrics`,
+//!   `/healthz`, `/readyz`, with limits on connections.
 //! - [`logging`]: text logs with the control characters of rows and servers escaped.
 //! - [`probe`]: the `probe` command, an HTTP GET for container health checks.
 //! - [`shutdown`], [`error`], [`lsn`].
@@ -112,6 +113,12 @@ use std::net::SocketAddr;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+/// The relay's version (Cargo.toml).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The commit the relay was built from (12 hex digits), or `unknown` (`src/build.rs`).
+pub const COMMIT: &str = env!("OUTBOX_RELAY_COMMIT");
+
+pub use config::file::OnPipelineFailure;
 pub use config::PipelineConfig;
 pub use error::Error;
 pub use metrics::Metrics;
@@ -122,12 +129,15 @@ pub use metrics::Metrics;
 /// has ended (so through the drain).
 ///
 /// The pipelines must have passed [`validation::pipelines`] (or [`validation::pipeline`]) at
-/// start; `run` checks nothing again. A pipeline stopped by a permanent error does not stop the
-/// others; `run` returns the first such error once all pipelines have ended.
+/// start; `run` checks nothing again. A pipeline stopped by a permanent error stops the others
+/// (they drain) with [`OnPipelineFailure::Exit`], or starts again after a long backoff with
+/// [`OnPipelineFailure::Retry`]; `run` returns the first such error once all pipelines have
+/// ended.
 pub async fn run(
     pipelines: Vec<PipelineConfig>,
     metrics: Metrics,
     metrics_listen: Option<SocketAddr>,
+    on_failure: OnPipelineFailure,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let token = CancellationToken::new();
@@ -151,12 +161,15 @@ pub async fn run(
     // (docs/how-to/several-databases.md: its threads and wakeups were most of an idle process's cost).
     let producers = sink::kafka::SharedProducers::for_pipelines(&pipelines);
     for pipeline in pipelines {
-        let metrics = metrics.pipeline_with_sink(&pipeline.name, pipeline.sink.kind());
+        let metrics = metrics
+            .pipeline_with_sink(&pipeline.name, pipeline.sink.kind())
+            .with_max_event_wait(pipeline.max_event_wait());
         tasks.spawn(pipeline::run(
             pipeline,
             metrics,
             producers.clone(),
             token.clone(),
+            on_failure,
         ));
     }
     let mut first_error = None;
@@ -167,7 +180,13 @@ pub async fn run(
             joined = tasks.join_next() => match joined {
                 None => break,
                 Some(Ok(Ok(()))) => {}
-                Some(Ok(Err(e))) => { first_error.get_or_insert(e); }
+                Some(Ok(Err(e))) => {
+                    if !token.is_cancelled() {
+                        tracing::error!("a pipeline failed and on_pipeline_failure = \"exit\": draining the other pipelines, then exiting");
+                        token.cancel();
+                    }
+                    first_error.get_or_insert(e);
+                }
                 Some(Err(join_error)) => std::panic::resume_unwind(join_error.into_panic()),
             },
         }

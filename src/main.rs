@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 /// Relays transactional outbox rows from PostgreSQL (logical replication, pgoutput) to Kafka.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version = VERSION_WITH_COMMIT, about)]
 struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_RELAY_LOG_FORMAT", global = true)]
@@ -17,6 +17,14 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// `--version`: the version and the commit it was built from.
+const VERSION_WITH_COMMIT: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("OUTBOX_RELAY_COMMIT"),
+    ")"
+);
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -118,7 +126,7 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
-        "shutdown_timeout_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
+        "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
         "failover", "standby_url", "slot_record_schema",
     ])]
     config: Option<std::path::PathBuf>,
@@ -128,6 +136,11 @@ struct RunArgs {
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9187).
     #[arg(long, env = "OUTBOX_RELAY_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// What a pipeline stopped by an error that retrying cannot fix does: exit (the others
+    /// drain, the process exits with its exit code) or retry (it starts again after a long
+    /// backoff, the others go on) [default: the config file's on_pipeline_failure, else exit].
+    #[arg(long, env = "OUTBOX_RELAY_ON_PIPELINE_FAILURE", value_enum)]
+    on_pipeline_failure: Option<outbox_relay::OnPipelineFailure>,
     /// libpq URL or key=value string of the source database; the role needs REPLICATION.
     #[arg(
         long,
@@ -209,6 +222,10 @@ struct RunArgs {
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout_secs: u64,
+    /// Seconds a record may wait for the sink's acknowledgement before the pipeline reads as
+    /// degraded and /readyz fails.
+    #[arg(long, env = "OUTBOX_RELAY_MAX_EVENT_WAIT_SECS", default_value_t = config::DEFAULT_MAX_EVENT_WAIT_SECS)]
+    max_event_wait_secs: u64,
     /// When another walsender holds the slot and its client has sent no status update for
     /// this many seconds (a hung or stopped relay), terminate it and take the slot over.
     /// Default: never. The role needs pg_read_all_stats (to see reply_time) and
@@ -267,6 +284,7 @@ impl RunArgs {
             max_in_flight_events: self.max_in_flight_events,
             max_in_flight_bytes: self.max_in_flight_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
+            max_event_wait_secs: self.max_event_wait_secs,
             terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,
             exactly_once: self.exactly_once,
             transactional_id: self.transactional_id,
@@ -294,19 +312,40 @@ async fn main() -> std::process::ExitCode {
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = %chain(e.as_ref()), "outbox-relay failed");
-            std::process::ExitCode::FAILURE
+            let code = exit_code(&e);
+            tracing::error!(error = %chain(e.as_ref()), exit_code = code, "outbox-relay failed");
+            std::process::ExitCode::from(code)
         }
     }
 }
 
-/// The pipelines and metrics address from --config or from the single-database flags, checked
-/// once ([`outbox_relay::validation`]) before any command starts. Commands that never contact
-/// Kafka (`setup`, `status`) pass `need_kafka = false`.
+/// The exit code for an error that ended a command (docs/operations/runbook.md, "Exit
+/// codes"): 3 for the configuration, 4 and 5 for a pipeline stopped by a permanent source or
+/// sink error, 1 for anything else. (2 is clap's, for command-line usage errors; 130 a second
+/// signal's.)
+fn exit_code(e: &anyhow::Error) -> u8 {
+    if let Some(e) = e.downcast_ref::<outbox_relay::Error>() {
+        return e.exit_code();
+    }
+    if e.downcast_ref::<config::ConfigErrors>().is_some() {
+        return outbox_relay::error::EXIT_CONFIG;
+    }
+    1
+}
+
+/// The pipelines and metrics address of [`relay`].
 fn pipelines(
-    mut args: RunArgs,
+    args: RunArgs,
     need_kafka: bool,
 ) -> anyhow::Result<(Vec<PipelineConfig>, Option<std::net::SocketAddr>)> {
+    let relay = relay(args, need_kafka)?;
+    Ok((relay.pipelines, relay.metrics_listen))
+}
+
+/// The pipelines, metrics address and failure policy from --config or from the
+/// single-database flags, checked once ([`outbox_relay::validation`]) before any command
+/// starts. Commands that never contact Kafka (`setup`, `status`) pass `need_kafka = false`.
+fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::RelayConfig> {
     if !need_kafka && args.config.is_none() && args.bootstrap_servers.is_none() {
         args.bootstrap_servers = Some("unused:9092".into());
     }
@@ -335,17 +374,26 @@ fn pipelines(
                     p.slot_record = false;
                 }
             }
-            Ok((pipelines, args.metrics_listen.or(file.metrics_listen)))
+            Ok(config::file::RelayConfig {
+                pipelines,
+                metrics_listen: args.metrics_listen.or(file.metrics_listen),
+                on_pipeline_failure: args.on_pipeline_failure.unwrap_or(file.on_pipeline_failure),
+            })
         }
         None => {
             let metrics_listen = args.metrics_listen;
+            let on_pipeline_failure = args.on_pipeline_failure.unwrap_or_default();
             let config = args.into_config();
             let problems = outbox_relay::validation::pipeline(&config);
             if !problems.is_empty() {
                 return Err(config::ConfigErrors(problems))
                     .context("check the flags and OUTBOX_RELAY_* variables");
             }
-            Ok((vec![config], metrics_listen))
+            Ok(config::file::RelayConfig {
+                pipelines: vec![config],
+                metrics_listen,
+                on_pipeline_failure,
+            })
         }
     }
 }
@@ -360,7 +408,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => {
-            let (pipelines, metrics_listen) = pipelines(args, true)?;
+            let config::file::RelayConfig {
+                pipelines,
+                metrics_listen,
+                on_pipeline_failure,
+            } = relay(args, true)?;
             for config in &pipelines {
                 // One short line at INFO; the whole configuration (secrets hidden) at DEBUG.
                 tracing::info!(
@@ -379,7 +431,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 pipelines,
                 Metrics::new(),
                 metrics_listen,
-                outbox_relay::shutdown::signal(),
+                on_pipeline_failure,
+                async {
+                    outbox_relay::shutdown::signal().await;
+                    tokio::spawn(outbox_relay::shutdown::exit_on_second_signal());
+                },
             )
             .await?;
             Ok(())
@@ -523,6 +579,7 @@ mod tests {
         "metrics_listen",
         "no_create_slot",
         "no_slot_record",
+        "on_pipeline_failure",
         "log_format",
         "help",
     ];

@@ -2,19 +2,21 @@
 //! labels are low-cardinality (pipeline, message kind), never event ids; the `topic` label is
 //! bounded per pipeline (`metrics/topics.rs`).
 
+mod state;
 mod topics;
 
+pub use state::{Behind, PipelineHealth, PipelineState, CATCHING_UP_AFTER};
 pub use topics::{MAX_TOPIC_LABELS, OTHER_TOPIC};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
-use serde::Serialize;
+use state::Reported;
 
 /// All metrics of the process, registered in one [`Registry`].
 #[derive(Clone)]
@@ -35,6 +37,7 @@ pub struct Metrics {
     in_flight_events: IntGaugeVec,
     in_flight_bytes: IntGaugeVec,
     streaming: IntGaugeVec,
+    pipeline_state: IntGaugeVec,
     lag_bytes: IntGaugeVec,
     oldest_unacked_age: GaugeVec,
     slot_wal_status: IntGaugeVec,
@@ -45,7 +48,7 @@ pub struct Metrics {
     delivery_latency: HistogramVec,
     commit_to_ack: HistogramVec,
     polling: PollingMetricVecs,
-    health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+    health: Arc<Mutex<BTreeMap<String, HealthEntry>>>,
     /// Per pipeline, the destinations its delivery metrics label by name.
     topic_labels: Arc<Mutex<HashMap<String, Arc<topics::TopicLabels>>>>,
 }
@@ -76,37 +79,6 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Hi
         .register(Box::new(metric.clone()))
         .expect("metric registered once");
     metric
-}
-
-/// Where a pipeline is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PipelineState {
-    Connecting,
-    Streaming,
-    /// A shutdown began, or an error that stops the pipeline: finishing what is in flight
-    /// (after a shutdown, the open transaction too), reading nothing new, for up to
-    /// `shutdown_timeout_secs`.
-    Draining,
-    /// Waiting to reconnect after a transient error.
-    Reconnecting,
-    /// Stopped by an error that retrying cannot fix.
-    Failed,
-    Stopped,
-}
-
-/// A pipeline's state as `/readyz` reports it.
-#[derive(Clone, Debug, Serialize)]
-pub struct PipelineHealth {
-    pub state: PipelineState,
-    /// The sink's kind (`kafka`, `redis`, ...).
-    pub sink: &'static str,
-    /// When the pipeline entered this state, Unix epoch ms.
-    pub since_unix_ms: u64,
-    pub last_error: Option<String>,
-    /// Sessions in a row that ended in a retryable error without progress: above 0 while
-    /// `last_error` keeps recurring (the supervisor's backoff grows meanwhile).
-    pub consecutive_failed_sessions: u64,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -141,7 +113,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
-        Metrics {
+        let metrics = Metrics {
             events_decoded: counter(&r, "outbox_relay_events_decoded_total", "Outbox events decoded from the WAL (table inserts and logical messages).", &["pipeline"]),
             events_published: counter(&r, "outbox_relay_events_published_total", "Records acknowledged by the sink (Kafka or another kind), by topic or destination (dead-letter copies under theirs).", &["pipeline", "sink", "topic"]),
             events_null_key: counter(&r, "outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
@@ -156,7 +128,8 @@ impl Metrics {
             confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
             in_flight_events: labelled_gauge(&r, "outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged (with those an ended session left in a shared Kafka producer).", &["pipeline", "sink"]),
             in_flight_bytes: labelled_gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records.", &["pipeline", "sink"]),
-            streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline streams from its slot, else 0."),
+            streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline's session streams (states streaming, catching_up and degraded by waiting records), else 0."),
+            pipeline_state: labelled_gauge(&r, "outbox_relay_pipeline_state", "1 for the pipeline's current state (starting, streaming, catching_up, degraded, standing_by, draining, failed, stopped), 0 for the others.", &["pipeline", "state"]),
             lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL (the replayed end on a standby) and the slot's confirmed flush LSN, read every 10 s."),
             oldest_unacked_age: {
                 let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting the sink's acknowledgement was handed to it; 0 when none."), &["pipeline", "sink"]).expect("valid metric");
@@ -185,7 +158,20 @@ impl Metrics {
             health: Arc::default(),
             topic_labels: Arc::default(),
             registry: r,
-        }
+        };
+        let build_info = IntGaugeVec::new(
+            Opts::new("outbox_relay_build_info", "1, labelled with the relay's version and the commit it was built from (unknown when built outside a git checkout)."),
+            &["version", "commit"],
+        )
+        .expect("valid metric");
+        metrics
+            .registry
+            .register(Box::new(build_info.clone()))
+            .expect("metric registered once");
+        build_info
+            .with_label_values(&[crate::VERSION, crate::COMMIT])
+            .set(1);
+        metrics
     }
 
     /// Handles labelled for one pipeline publishing to Kafka.
@@ -214,6 +200,8 @@ impl Metrics {
             in_flight_events: self.in_flight_events.with_label_values(&with_sink),
             in_flight_bytes: self.in_flight_bytes.with_label_values(&with_sink),
             streaming: self.streaming.with_label_values(&[pipeline]),
+            behind: Arc::default(),
+            max_event_wait: Duration::from_secs(crate::config::DEFAULT_MAX_EVENT_WAIT_SECS),
             lag_bytes: self.lag_bytes.with_label_values(&[pipeline]),
             oldest_unacked_age: self.oldest_unacked_age.with_label_values(&with_sink),
             slot_wal_status: self.slot_wal_status.clone(),
@@ -247,20 +235,58 @@ impl Metrics {
         }
     }
 
-    /// Every pipeline's state, by name.
+    /// Every pipeline's state, by name, as of now.
     pub fn health(&self) -> BTreeMap<String, PipelineHealth> {
-        self.health.lock().expect("health lock").clone()
+        let now = now_ms();
+        self.health
+            .lock()
+            .expect("health lock")
+            .iter()
+            .map(|(name, entry)| (name.clone(), entry.derive(now)))
+            .collect()
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, `outbox_relay_pipeline_state` as of
+    /// now.
     pub fn render(&self) -> String {
         use prometheus::Encoder;
+        for (pipeline, health) in self.health() {
+            for state in PipelineState::ALL {
+                self.pipeline_state
+                    .with_label_values(&[pipeline.as_str(), state.as_str()])
+                    .set(i64::from(state == health.state));
+            }
+        }
         let mut out = Vec::new();
         prometheus::TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding cannot fail");
         String::from_utf8(out).expect("prometheus text is UTF-8")
     }
+}
+
+/// A pipeline's reported state with the live measures its shown state is derived from.
+struct HealthEntry {
+    reported: Reported,
+    oldest_unacked_age: Gauge,
+    behind: Arc<Behind>,
+}
+
+impl HealthEntry {
+    fn derive(&self, now_ms: i64) -> PipelineHealth {
+        state::derive(
+            &self.reported,
+            self.oldest_unacked_age.get(),
+            &self.behind,
+            now_ms,
+        )
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// One pipeline's metric handles.
@@ -284,6 +310,10 @@ pub struct PipelineMetrics {
     pub in_flight_events: IntGauge,
     pub in_flight_bytes: IntGauge,
     streaming: IntGauge,
+    /// How old the commits read are, for the `catching_up` state.
+    behind: Arc<Behind>,
+    /// `max_event_wait_secs`: a longer wait for an acknowledgement is `degraded`.
+    max_event_wait: Duration,
     pub lag_bytes: IntGauge,
     /// Seconds; 0 when nothing is in flight.
     pub oldest_unacked_age: Gauge,
@@ -296,7 +326,7 @@ pub struct PipelineMetrics {
     pub commit_to_ack: Histogram,
     /// Used by the polling source only.
     pub polling: PollingMetrics,
-    health: Arc<Mutex<BTreeMap<String, PipelineHealth>>>,
+    health: Arc<Mutex<BTreeMap<String, HealthEntry>>>,
     topics: Arc<topics::TopicLabels>,
 }
 
@@ -322,38 +352,73 @@ impl PollingMetrics {
 }
 
 impl PipelineMetrics {
-    /// Records the pipeline's state (and the error that led to it) for `/readyz`.
-    pub fn set_state(&self, state: PipelineState, error: Option<String>) {
+    /// The same handles, with `max_event_wait_secs` for the `degraded` state.
+    pub fn with_max_event_wait(mut self, max_event_wait: Duration) -> Self {
+        self.max_event_wait = max_event_wait;
+        self
+    }
+
+    /// Records the state the supervisor or the session reports and why (the error, the
+    /// relay that holds the slot). A `degraded`, `failed` or `draining` reason is an error:
+    /// it becomes `last_error`, which stays until a session makes progress.
+    pub fn set_state(&self, state: PipelineState, reason: Option<String>) {
         self.streaming
             .set(i64::from(state == PipelineState::Streaming));
-        let since_unix_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
         let mut health = self.health.lock().expect("health lock");
-        let previous = health.get(&self.pipeline);
-        let last_error = error.or_else(|| previous.and_then(|h| h.last_error.clone()));
-        let consecutive_failed_sessions = previous.map_or(0, |h| h.consecutive_failed_sessions);
-        health.insert(
-            self.pipeline.clone(),
-            PipelineHealth {
+        let previous = health.get(&self.pipeline).map(|e| &e.reported);
+        let failed_sessions = previous.map_or(0, |r| r.consecutive_failed_sessions);
+        let is_error = matches!(
+            state,
+            PipelineState::Degraded | PipelineState::Failed | PipelineState::Draining
+        );
+        let last_error = match (&reason, previous) {
+            (Some(reason), _) if is_error => Some(reason.clone()),
+            // Streaming with no failed session behind it (after progress, or a takeover
+            // from standing by): the last error is over.
+            _ if state == PipelineState::Streaming && failed_sessions == 0 => None,
+            (_, previous) => previous.and_then(|r| r.last_error.clone()),
+        };
+        let entry = HealthEntry {
+            reported: Reported {
                 state,
                 sink: self.sink,
-                since_unix_ms,
+                since_unix_ms: now_ms() as u64,
+                reason,
                 last_error,
-                consecutive_failed_sessions,
+                consecutive_failed_sessions: failed_sessions,
+                max_event_wait: self.max_event_wait,
             },
-        );
+            oldest_unacked_age: self.oldest_unacked_age.clone(),
+            behind: Arc::clone(&self.behind),
+        };
+        health.insert(self.pipeline.clone(), entry);
     }
 
     /// Records how many sessions in a row ended in a retryable error without progress, for
-    /// `outbox_relay_consecutive_failed_sessions` and `/readyz`.
+    /// `outbox_relay_consecutive_failed_sessions` and `/readyz`; 0 (progress) while streaming
+    /// ends `last_error`.
     pub fn set_failed_sessions(&self, sessions: u64) {
         self.consecutive_failed_sessions
             .set(i64::try_from(sessions).unwrap_or(i64::MAX));
         let mut health = self.health.lock().expect("health lock");
-        if let Some(h) = health.get_mut(&self.pipeline) {
-            h.consecutive_failed_sessions = sessions;
+        if let Some(e) = health.get_mut(&self.pipeline) {
+            e.reported.consecutive_failed_sessions = sessions;
+            if sessions == 0 && e.reported.state == PipelineState::Streaming {
+                e.reported.last_error = None;
+            }
         }
+    }
+
+    /// Records that an event committed at `commit_ms` (Unix epoch ms) was read, for the
+    /// `catching_up` state. Lock-free: called for every event.
+    pub fn read_event(&self, commit_ms: i64) {
+        self.behind.read(commit_ms, now_ms());
+    }
+
+    /// The pipeline's state as of now, as `/readyz` shows it.
+    pub fn state(&self) -> Option<PipelineHealth> {
+        let health = self.health.lock().expect("health lock");
+        health.get(&self.pipeline).map(|e| e.derive(now_ms()))
     }
 
     /// Counts a pgoutput message of `kind` that is not an outbox insert.

@@ -20,6 +20,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::config::file::OnPipelineFailure;
 use crate::config::{ConfigError, PipelineConfig, SourceKind};
 use crate::error::{chain, Error, Recovery};
 use crate::exactly_once::{self, Origin, Redo};
@@ -57,6 +58,7 @@ pub async fn run(
     metrics: PipelineMetrics,
     producers: SharedProducers,
     shutdown: CancellationToken,
+    on_failure: OnPipelineFailure,
 ) -> Result<(), Error> {
     debug_assert!(config.problems().is_empty(), "validated at start");
     if config.source_kind == SourceKind::Polling {
@@ -65,7 +67,8 @@ pub async fn run(
             metrics: &metrics,
             producers: &producers,
         };
-        return supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await;
+        return supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions, on_failure)
+            .await;
     }
     // Aborted when `run` returns (the guard drops the task).
     let (server, watched) = watch::channel(None);
@@ -86,7 +89,7 @@ pub async fn run(
         redo: Redo::default(),
         producers: &producers,
     };
-    supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions).await
+    supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions, on_failure).await
 }
 
 /// Log-tailing sessions, with what the supervisor keeps between them.

@@ -14,7 +14,14 @@
 //! - [`Recovery::StandBy`]: another relay holds the slot or the transactional id, or no host
 //!   fits `target_session_attrs` yet (a failover under way): retry at
 //!   most every [`STAND_BY_RETRY`], to take over within seconds of its exit. Not a failure.
-//! - [`Recovery::Stop`]: the pipeline stops with the error.
+//! - [`Recovery::Stop`]: the pipeline stops with the error (`failed`); with
+//!   [`OnPipelineFailure::Retry`] it starts again after [`FAILED_MIN_DELAY`] doubling to
+//!   [`FAILED_MAX_DELAY`].
+//!
+//! Logs: an error that ends session after session is logged once at WARN, then summarised
+//! with its count at most every [`REPEAT_SUMMARY_EVERY`] while it recurs; a new error is
+//! logged at once, and the recovery (the first progress after failed sessions) at INFO. A
+//! standby says so once at INFO, then only when its state changes.
 //!
 //! Shutdown: until the session reports [`SessionProgress::streaming`], a shutdown drops the
 //! session future at once (its set-up, such as a slot creation waiting for a long transaction
@@ -29,9 +36,11 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use tokio::time::sleep;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
+use crate::config::file::OnPipelineFailure;
 use crate::error::{chain, Error, Recovery};
 use crate::metrics::{PipelineMetrics, PipelineState};
 
@@ -45,6 +54,13 @@ pub const LONGEST_WAIT: Duration = Duration::from_secs(2 * MAX_DELAY.as_secs());
 /// Longest wait between attempts while another relay holds the slot or the transactional id,
 /// or while no host fits `target_session_attrs`.
 pub const STAND_BY_RETRY: Duration = Duration::from_secs(3);
+/// First wait before a failed pipeline starts again, with `on_pipeline_failure = "retry"`.
+pub const FAILED_MIN_DELAY: Duration = Duration::from_secs(60);
+/// Longest wait before a failed pipeline starts again: the backoff stops growing there.
+pub const FAILED_MAX_DELAY: Duration = Duration::from_secs(15 * 60);
+/// While one error ends session after session, its WARN line comes again at most this often,
+/// with the count.
+pub const REPEAT_SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
 /// A source kind's sessions: what the supervisor starts again after each failure.
 pub trait Sessions {
@@ -64,6 +80,8 @@ pub struct SessionProgress {
     metrics: PipelineMetrics,
     streaming: AtomicBool,
     advanced: AtomicBool,
+    /// Sessions in a row that failed before this one: its first progress is a recovery.
+    failed_before: u64,
 }
 
 impl SessionProgress {
@@ -73,7 +91,14 @@ impl SessionProgress {
             metrics,
             streaming: AtomicBool::new(false),
             advanced: AtomicBool::new(false),
+            failed_before: 0,
         }
+    }
+
+    /// The report of a session that follows `failed` failed sessions.
+    fn after_failures(mut self, failed: u64) -> Self {
+        self.failed_before = failed;
+        self
     }
 
     /// Reports that set-up is done and the session streams (log tailing: after
@@ -89,6 +114,13 @@ impl SessionProgress {
     pub fn advanced(&self) {
         if !self.advanced.swap(true, Ordering::AcqRel) {
             self.metrics.set_failed_sessions(0);
+            if self.failed_before > 0 {
+                info!(
+                    pipeline = self.metrics.name(),
+                    failed_sessions = self.failed_before,
+                    "pipeline recovered: confirming again after failed sessions"
+                );
+            }
         }
     }
 
@@ -103,21 +135,31 @@ impl SessionProgress {
 }
 
 /// Runs `sessions` until `shutdown` is cancelled (then `Ok`) or an error classed
-/// [`Recovery::Stop`] ends the pipeline (then that error). Sets the pipeline's state for
-/// `/readyz`, counts restarts after a transient error in `outbox_relay_reconnects_total` (not
-/// a standby's retries) and logs each with its reason.
+/// [`Recovery::Stop`] ends the pipeline (then that error; with [`OnPipelineFailure::Retry`],
+/// a new session after a long backoff instead). Sets the pipeline's state for `/readyz`,
+/// counts restarts after a transient error in `outbox_relay_reconnects_total` (not a
+/// standby's retries) and logs them without repeating itself (see the module docs).
 pub async fn supervise(
     pipeline: &str,
     metrics: &PipelineMetrics,
     shutdown: &CancellationToken,
     sessions: &mut impl Sessions,
+    on_failure: OnPipelineFailure,
 ) -> Result<(), Error> {
     let mut retry = backoff();
     let mut stand_by = backoff();
+    let mut failed = failed_backoff();
     let mut failed_sessions = 0u64;
+    let mut repeats = Repeats::default();
+    // The state a new session starts in: `starting` at first and after a failure, else the
+    // state the last session ended in (a standby or a degraded pipeline does not flap through
+    // `starting` on every attempt).
+    let mut ended_in = None;
     loop {
-        metrics.set_state(PipelineState::Connecting, None);
-        let progress = SessionProgress::new(metrics.clone());
+        if ended_in.is_none() {
+            metrics.set_state(PipelineState::Starting, None);
+        }
+        let progress = SessionProgress::new(metrics.clone()).after_failures(failed_sessions);
         let result = {
             let session = sessions.session(&progress, shutdown);
             tokio::pin!(session);
@@ -135,7 +177,12 @@ pub async fn supervise(
         metrics.in_flight_bytes.set(0);
         if progress.has_advanced() {
             retry = backoff();
+            failed = failed_backoff();
             failed_sessions = 0;
+            repeats = Repeats::default();
+        }
+        if progress.is_streaming() {
+            ended_in = None;
         }
         let e = match result {
             None => {
@@ -150,11 +197,18 @@ pub async fn supervise(
             }
             Some(Err(e)) => e,
         };
+        let text = chain(&e);
         let delay = match e.recovery() {
             Recovery::Stop => {
-                metrics.set_state(PipelineState::Failed, Some(chain(&e)));
-                error!(pipeline, error = %chain(&e), "pipeline stopped by an error that retrying cannot fix");
-                return Err(e);
+                metrics.set_state(PipelineState::Failed, Some(text.clone()));
+                if on_failure == OnPipelineFailure::Exit {
+                    error!(pipeline, error = %text, "pipeline stopped by an error that retrying cannot fix");
+                    return Err(e);
+                }
+                let delay = next(&mut failed).min(FAILED_MAX_DELAY);
+                error!(pipeline, error = %text, retry_in_secs = delay.as_secs(), "pipeline failed with an error that retrying cannot fix; on_pipeline_failure = \"retry\": starting it again after a long backoff");
+                ended_in = None;
+                delay
             }
             Recovery::StandBy => {
                 // Not a failure (another relay streams): neither a reconnect nor a failed
@@ -162,7 +216,13 @@ pub async fn supervise(
                 failed_sessions = 0;
                 metrics.set_failed_sessions(0);
                 let delay = next(&mut stand_by).min(STAND_BY_RETRY);
-                warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, "another relay holds the slot or the transactional id, or no host fits target_session_attrs yet; standing by");
+                if ended_in == Some(PipelineState::StandingBy) {
+                    debug!(pipeline, reason = %text, "still standing by");
+                } else {
+                    info!(pipeline, reason = %text, "standing by: another relay holds the slot or the transactional id, or no host fits target_session_attrs yet; taking over within seconds once it can");
+                }
+                metrics.set_state(PipelineState::StandingBy, Some(text));
+                ended_in = Some(PipelineState::StandingBy);
                 delay
             }
             Recovery::Retry => {
@@ -170,18 +230,66 @@ pub async fn supervise(
                 failed_sessions += 1;
                 metrics.set_failed_sessions(failed_sessions);
                 let delay = next(&mut retry);
-                warn!(pipeline, error = %chain(&e), delay_ms = delay.as_millis() as u64, failed_sessions, "pipeline session ended; reconnecting");
+                repeats.log(pipeline, &text, delay, failed_sessions);
                 metrics.reconnects.inc();
+                metrics.set_state(PipelineState::Degraded, Some(text));
+                ended_in = Some(PipelineState::Degraded);
                 delay
             }
         };
-        metrics.set_state(PipelineState::Reconnecting, Some(chain(&e)));
         tokio::select! {
             _ = shutdown.cancelled() => {
                 metrics.set_state(PipelineState::Stopped, None);
                 return Ok(());
             }
             _ = sleep(delay) => {}
+        }
+    }
+}
+
+/// The retryable error that ends session after session, for logs that do not repeat it.
+#[derive(Default)]
+struct Repeats {
+    /// The error and when its WARN line was last written.
+    last: Option<(String, Instant)>,
+    /// Sessions it ended since that line.
+    unlogged: u64,
+}
+
+impl Repeats {
+    /// Logs that a session ended with `error`: at WARN when it differs from the last one or
+    /// [`REPEAT_SUMMARY_EVERY`] passed (with how often it recurred meanwhile), else at DEBUG.
+    fn log(&mut self, pipeline: &str, error: &str, delay: Duration, failed_sessions: u64) {
+        let delay_ms = delay.as_millis() as u64;
+        match &mut self.last {
+            Some((last, logged)) if last == error => {
+                self.unlogged += 1;
+                if logged.elapsed() >= REPEAT_SUMMARY_EVERY {
+                    warn!(
+                        pipeline,
+                        error,
+                        delay_ms,
+                        failed_sessions,
+                        repeated = self.unlogged,
+                        "pipeline sessions keep ending with the same error; reconnecting"
+                    );
+                    *logged = Instant::now();
+                    self.unlogged = 0;
+                } else {
+                    debug!(
+                        pipeline,
+                        error, delay_ms, failed_sessions, "pipeline session ended; reconnecting"
+                    );
+                }
+            }
+            _ => {
+                warn!(
+                    pipeline,
+                    error, delay_ms, failed_sessions, "pipeline session ended; reconnecting"
+                );
+                self.last = Some((error.to_owned(), Instant::now()));
+                self.unlogged = 0;
+            }
         }
     }
 }
@@ -204,6 +312,14 @@ fn backoff() -> ExponentialBackoff {
         .build()
 }
 
+fn failed_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(FAILED_MIN_DELAY)
+        .with_max_delay(FAILED_MAX_DELAY)
+        .without_max_times()
+        .build()
+}
+
 fn next(backoff: &mut ExponentialBackoff) -> Duration {
     backoff.next().unwrap_or(LONGEST_WAIT)
 }
@@ -214,7 +330,6 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::source::SourceError;
     use std::sync::Arc;
-    use tokio::time::Instant;
 
     /// Sessions that stream, optionally confirm something, then fail with `error` (built
     /// afresh each time); the session after `failures` of them cancels the shutdown and ends.
@@ -223,6 +338,8 @@ mod tests {
         advance: bool,
         error: fn() -> Error,
         starts: Vec<Instant>,
+        /// Whether a session reports streaming (a standby's fails before it streams).
+        stream: bool,
     }
 
     impl Fake {
@@ -232,6 +349,7 @@ mod tests {
                 advance,
                 error,
                 starts: Vec::new(),
+                stream: true,
             }
         }
 
@@ -251,7 +369,9 @@ mod tests {
             shutdown: &CancellationToken,
         ) -> Result<(), Error> {
             self.starts.push(Instant::now());
-            progress.streaming();
+            if self.stream {
+                progress.streaming();
+            }
             if self.advance {
                 progress.advanced();
             }
@@ -286,9 +406,15 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(7, false, closed);
-        supervise("p", &p, &CancellationToken::new(), &mut fake)
-            .await
-            .unwrap();
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut fake,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
         let gaps = fake.gaps();
         assert_eq!(gaps.len(), 7, "{gaps:?}");
         // Without jitter 1, 2, 4, 8, 16, 30, 30 s; jitter adds up to as much again.
@@ -321,9 +447,15 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(7, true, closed);
-        supervise("p", &p, &CancellationToken::new(), &mut fake)
-            .await
-            .unwrap();
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut fake,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
         let gaps = fake.gaps();
         assert_eq!(gaps.len(), 7, "{gaps:?}");
         assert!(
@@ -340,9 +472,15 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(10, false, slot_in_use);
-        supervise("p", &p, &CancellationToken::new(), &mut fake)
-            .await
-            .unwrap();
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut fake,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
         let gaps = fake.gaps();
         assert_eq!(gaps.len(), 10, "{gaps:?}");
         assert!(
@@ -362,16 +500,28 @@ mod tests {
         p.in_flight_events.set(5_000);
         p.in_flight_bytes.set(1 << 20);
         let mut failing = Fake::new(3, false, closed);
-        supervise("p", &p, &CancellationToken::new(), &mut failing)
-            .await
-            .unwrap();
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut failing,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
         assert_eq!(p.reconnects.get(), 3);
         assert_eq!((p.in_flight_events.get(), p.in_flight_bytes.get()), (0, 0));
         let mut standing_by = Fake::new(2, false, slot_in_use);
         p.set_failed_sessions(3);
-        supervise("p", &p, &CancellationToken::new(), &mut standing_by)
-            .await
-            .unwrap();
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut standing_by,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
         assert!(gauge_line(&metrics, 0), "{}", metrics.render());
         assert_eq!(p.reconnects.get(), 3, "standing by is not reconnecting");
     }
@@ -381,7 +531,14 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(1, false, || SourceError::Auth("password".into()).into());
-        let result = supervise("p", &p, &CancellationToken::new(), &mut fake).await;
+        let result = supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut fake,
+            OnPipelineFailure::Exit,
+        )
+        .await;
         assert!(
             matches!(result, Err(Error::Source(SourceError::Auth(_)))),
             "{result:?}"
@@ -447,7 +604,7 @@ mod tests {
         let (result, ()) = tokio::join!(
             tokio::time::timeout(
                 Duration::from_secs(60),
-                supervise("p", &p, &shutdown, &mut stuck)
+                supervise("p", &p, &shutdown, &mut stuck, OnPipelineFailure::Exit)
             ),
             stop_after(shutdown.clone(), Duration::from_secs(5)),
         );
@@ -472,7 +629,7 @@ mod tests {
         };
         let start = Instant::now();
         let (result, ()) = tokio::join!(
-            supervise("p", &p, &shutdown, &mut stuck),
+            supervise("p", &p, &shutdown, &mut stuck, OnPipelineFailure::Exit),
             stop_after(shutdown.clone(), Duration::from_secs(5)),
         );
         result.unwrap();
@@ -481,5 +638,122 @@ mod tests {
             "the streaming session was dropped instead of drained"
         );
         assert_eq!(start.elapsed(), Duration::from_secs(25));
+    }
+
+    /// Log lines written while the guard lives (this thread only).
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn start(&self) -> tracing::subscriber::DefaultGuard {
+            let writer = self.clone();
+            tracing::subscriber::set_default(
+                tracing_subscriber::fmt()
+                    .with_ansi(false)
+                    .with_max_level(tracing::Level::INFO)
+                    .with_writer(move || writer.clone())
+                    .finish(),
+            )
+        }
+
+        fn lines_with(&self, needle: &str) -> usize {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .filter(|l| l.contains(needle))
+                .count()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_that_ends_session_after_session_is_logged_once_then_summarised() {
+        let captured = Captured::default();
+        let _guard = captured.start();
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(12, false, closed);
+        let start = Instant::now();
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut fake,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
+        let minutes = start.elapsed().as_secs() / 60;
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            captured.lines_with("pipeline session ended; reconnecting"),
+            1,
+            "{log}"
+        );
+        let summaries = captured.lines_with("keep ending with the same error");
+        assert!(
+            (1..=minutes as usize).contains(&summaries),
+            "{summaries} summaries in {minutes} minutes of 12 failed sessions:\n{log}"
+        );
+        assert!(log.contains("repeated="), "{log}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_says_so_once() {
+        let captured = Captured::default();
+        let _guard = captured.start();
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(10, false, slot_in_use);
+        fake.stream = false;
+        supervise(
+            "p",
+            &p,
+            &CancellationToken::new(),
+            &mut fake,
+            OnPipelineFailure::Exit,
+        )
+        .await
+        .unwrap();
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(captured.lines_with("standing by"), 1, "{log}");
+        assert_eq!(captured.lines_with("WARN"), 0, "{log}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_retry_a_failed_pipeline_reads_failed_then_starts_again_after_a_long_backoff() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("p");
+        let mut fake = Fake::new(2, false, || SourceError::Auth("password".into()).into());
+        let watch = async {
+            sleep(Duration::from_secs(30)).await;
+            metrics.health()["p"].clone()
+        };
+        let shutdown = CancellationToken::new();
+        let (result, during_backoff) = tokio::join!(
+            supervise("p", &p, &shutdown, &mut fake, OnPipelineFailure::Retry),
+            watch
+        );
+        result.unwrap();
+        assert_eq!(during_backoff.state, PipelineState::Failed);
+        assert!(!during_backoff.ready);
+        assert!(during_backoff
+            .last_error
+            .is_some_and(|e| e.contains("password")),);
+        let gaps = fake.gaps();
+        assert_eq!(gaps.len(), 2, "{gaps:?}");
+        assert!(
+            (60.0..61.0).contains(&gaps[0]) && (120.0..121.0).contains(&gaps[1]),
+            "a failed pipeline starts again after 1 minute, then 2: {gaps:?}"
+        );
     }
 }

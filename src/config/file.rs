@@ -41,6 +41,22 @@ pub struct RelayConfig {
     pub pipelines: Vec<PipelineConfig>,
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint; `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// What a pipeline stopped by an error that retrying cannot fix does to the process.
+    pub on_pipeline_failure: OnPipelineFailure,
+}
+
+/// What a pipeline stopped by an error that retrying cannot fix does to the process
+/// (`on_pipeline_failure`; docs/operations/runbook.md, "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPipelineFailure {
+    /// The other pipelines drain and the process exits with the failed pipeline's exit code,
+    /// for systemd or Kubernetes to act on.
+    #[default]
+    Exit,
+    /// The failed pipeline stays `failed` (`/readyz` fails, `/healthz` does not) and is
+    /// started again after a long backoff (1 minute doubling to 15); the others go on.
+    Retry,
 }
 
 /// The file as written: `[kafka]` defaults, `[metrics]`, and the `[[pipelines]]` entries
@@ -53,8 +69,15 @@ pub struct FileConfig {
     pub kafka: KafkaConfig,
     #[serde(default, skip_serializing_if = "MetricsSection::is_empty")]
     pub metrics: MetricsSection,
+    /// [`OnPipelineFailure`].
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub on_pipeline_failure: OnPipelineFailure,
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 /// `[metrics]`.
@@ -386,6 +409,7 @@ pub(crate) fn resolve(
     let relay = RelayConfig {
         pipelines,
         metrics_listen: file.metrics.listen,
+        on_pipeline_failure: file.on_pipeline_failure,
     };
     Ok((relay, problems))
 }

@@ -44,6 +44,10 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
 /// Time to wait for outstanding acknowledgements on shutdown before giving up (then the
 /// events after the last confirmed LSN are published again on restart).
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+/// How long the oldest record may wait for the sink's acknowledgement before the pipeline is
+/// `degraded` and `/readyz` fails: well above a healthy broker's worst round trip under a full
+/// in-flight window, well below what an operator would call an outage.
+pub const DEFAULT_MAX_EVENT_WAIT_SECS: u64 = 15;
 /// Compacted topic for exactly-once checkpoints: one per Kafka cluster, keyed by pipeline name,
 /// so several relays can share it.
 pub const DEFAULT_CHECKPOINT_TOPIC: &str = "outbox-relay.checkpoints";
@@ -235,6 +239,13 @@ pub struct PipelineConfig {
         skip_serializing_if = "is_default_shutdown_timeout_secs"
     )]
     pub shutdown_timeout_secs: u64,
+    /// [`DEFAULT_MAX_EVENT_WAIT_SECS`]: seconds a record may wait for the sink's
+    /// acknowledgement before the pipeline reads as `degraded` and `/readyz` fails.
+    #[serde(
+        default = "default_max_event_wait_secs",
+        skip_serializing_if = "is_default_max_event_wait_secs"
+    )]
+    pub max_event_wait_secs: u64,
     /// When the slot is held by a walsender whose client has sent no status update for this
     /// long (seconds), terminate that walsender and take the slot over; `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,6 +312,7 @@ defaults! {
     default_max_in_flight_events, is_default_max_in_flight_events: usize = DEFAULT_MAX_IN_FLIGHT_EVENTS;
     default_max_in_flight_bytes, is_default_max_in_flight_bytes: usize = DEFAULT_MAX_IN_FLIGHT_BYTES;
     default_shutdown_timeout_secs, is_default_shutdown_timeout_secs: u64 = DEFAULT_SHUTDOWN_TIMEOUT_SECS;
+    default_max_event_wait_secs, is_default_max_event_wait_secs: u64 = DEFAULT_MAX_EVENT_WAIT_SECS;
     default_exactly_once_max_batch_transactions, is_default_exactly_once_max_batch_transactions: usize = DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS;
     default_exactly_once_max_batch_bytes, is_default_exactly_once_max_batch_bytes: usize = DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES;
     default_exactly_once_batch_linger_ms, is_default_exactly_once_batch_linger_ms: u64 = DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS;
@@ -339,6 +351,7 @@ impl PipelineConfig {
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
+            max_event_wait_secs: DEFAULT_MAX_EVENT_WAIT_SECS,
             terminate_stale_walsender_after_secs: None,
             exactly_once: false,
             transactional_id: None,
@@ -484,6 +497,7 @@ impl PipelineConfig {
             ("status_interval_ms", self.status_interval_ms),
             ("max_in_flight_events", self.max_in_flight_events as u64),
             ("max_in_flight_bytes", self.max_in_flight_bytes as u64),
+            ("max_event_wait_secs", self.max_event_wait_secs),
         ] {
             if value == 0 {
                 problems.push(ConfigError::new(field, "must be greater than 0"));
@@ -569,6 +583,11 @@ impl PipelineConfig {
 
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_secs(self.shutdown_timeout_secs)
+    }
+
+    /// `max_event_wait_secs` as a duration.
+    pub fn max_event_wait(&self) -> Duration {
+        Duration::from_secs(self.max_event_wait_secs)
     }
 
     /// `terminate_stale_walsender_after_secs` as a duration.

@@ -453,6 +453,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             SourceError::Protocol(format!("outbox event at LSN {lsn} outside a transaction"))
         })?;
         self.metrics.events_decoded.inc();
+        self.metrics.read_event(commit_time_ms);
         if self.eos.as_ref().is_some_and(ExactlyOnce::skipping) {
             // Committed to the sink with its transaction before the last crash.
             self.metrics.skipped("checkpointed");

@@ -5,14 +5,17 @@ use crate::support::{
 };
 use crate::{assert_delivered, insert, write_events, Setup, Written};
 
+/// The broker is unreachable while events are written: nothing is confirmed past them, and
+/// once a record has waited longer than `max_event_wait_secs` the pipeline reads `degraded`
+/// and `/readyz` fails; when the broker comes, everything is delivered and it is ready again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn flush_lsn_waits_for_an_unreachable_broker() {
+async fn flush_lsn_waits_for_an_unreachable_broker_and_readyz_says_degraded() {
     let setup = Setup::new("outage", &["Order", "Invoice"], 2).await;
     let port = support::free_port();
     let bootstrap = format!("127.0.0.1:{port}");
     let metrics = format!("127.0.0.1:{}", support::free_port());
     let mut args = setup.relay_args(&bootstrap, Auth::Trust);
-    args.extend(["--metrics-listen".to_string(), metrics.clone()]);
+    args.extend(["--metrics-listen", &metrics, "--max-event-wait-secs", "5"].map(String::from));
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
@@ -51,6 +54,26 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
         },
     )
     .await;
+    let (status, body) = http_get(&metrics, "/readyz").await.expect("GET /readyz");
+    let readiness: serde_json::Value = serde_json::from_str(&body).expect("/readyz JSON");
+    let pipeline = &readiness["pipelines"][&setup.slot];
+    assert_eq!(
+        (status, pipeline["state"].as_str()),
+        (503, Some("degraded")),
+        "/readyz with records waiting 8 s for an unreachable broker: {body}"
+    );
+    assert!(
+        pipeline["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("max_event_wait_secs = 5")),
+        "{body}"
+    );
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    let degraded = format!(
+        "outbox_relay_pipeline_state{{pipeline=\"{}\",state=\"degraded\"}}",
+        setup.slot
+    );
+    assert_eq!(metric_value(&text, &degraded), 1.0, "{text}");
 
     let broker = support::Broker::start_on(port);
     for topic in setup.topics() {
@@ -80,6 +103,16 @@ async fn flush_lsn_waits_for_an_unreachable_broker() {
         || async {
             let (_, text) = http_get(&metrics, "/metrics").await?;
             (metric_value(&text, &age_series) == 0.0).then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "/readyz to say streaming again once the broker acknowledged everything",
+        Duration::from_secs(10),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(status, body)| *status == 200 && body.contains("\"streaming\""))
         },
     )
     .await;

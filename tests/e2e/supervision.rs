@@ -1,11 +1,99 @@
 //! How the supervisor restarts and stops sessions, seen from outside: a stop while a session
 //! is still being set up ends the process at once, and a session that fails right after
-//! every start is retried after growing delays, with the recurring error in `/readyz`.
+//! every start is retried after growing delays, with the recurring error in `/readyz`; a
+//! pipeline that fails for good beside a healthy one ends the process with its exit code, or
+//! with `on_pipeline_failure = "retry"` stays `failed` while the other delivers.
 
 use std::time::Duration;
 
-use crate::support::{self, http_get, metric_value, pg, unique_name, wait_for, Auth, Relay};
-use crate::{write_events, Setup};
+use crate::support::{self, http_get, kafka, metric_value, pg, unique_name, wait_for, Auth, Relay};
+use crate::{run_with_config, write_events, Setup};
+
+/// A config file with a healthy pipeline `good` on `setup`'s database and a pipeline `bad` on
+/// the same database whose slot does not exist and may not be created: it fails for good at
+/// its first start. Returns the file's directory, the `run` arguments and the metrics address.
+fn good_and_bad(setup: &Setup, policy: &str) -> (tempfile::TempDir, Vec<String>, String) {
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let url = setup.db.url(Auth::Trust);
+    let toml = format!(
+        "{policy}[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n\
+         [[pipelines]]\nname = \"good\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n\
+         [[pipelines]]\nname = \"bad\"\nsource_url = \"{url}\"\nslot = \"{slot}_missing\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\ncreate_slot = false\n",
+        kafka().bootstrap(),
+        slot = setup.slot,
+    );
+    let (dir, args) = run_with_config(&toml);
+    (dir, args, metrics)
+}
+
+/// With the default `on_pipeline_failure = "exit"`, a pipeline stopped by an error retrying
+/// cannot fix (its slot is missing) drains the healthy one and ends the process with the
+/// configuration exit code, 3, instead of leaving a process that looks healthy with one
+/// pipeline dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_failing_for_good_beside_a_healthy_one_ends_the_process_with_exit_code_3() {
+    let setup = Setup::new("fail_exit", &["Order"], 1).await;
+    let (_dir, args, _metrics) = good_and_bad(&setup, "");
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(status.code(), Some(3), "relay exited with {status}:\n{log}");
+    assert!(
+        log.contains("does not exist") && log.contains("draining the other pipelines"),
+        "{log}"
+    );
+}
+
+/// With `on_pipeline_failure = "retry"`, the failed pipeline reads `failed` (so `/readyz`
+/// fails, `/healthz` does not), the healthy one delivers, and the process stays up until a
+/// SIGTERM, which it answers with exit code 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retry_a_failed_pipeline_is_shown_failed_while_the_healthy_one_delivers() {
+    let setup = Setup::new("fail_retry", &["Order"], 1).await;
+    let (_dir, args, metrics) = good_and_bad(&setup, "on_pipeline_failure = \"retry\"\n");
+    let mut relay = Relay::spawn(&args);
+    let body = wait_for(
+        "/readyz to show the bad pipeline failed",
+        Duration::from_secs(60),
+        || async {
+            http_get(&metrics, "/readyz")
+                .await
+                .filter(|(_, body)| body.contains("\"failed\""))
+                .map(|(status, body)| {
+                    assert_eq!(status, 503, "{body}");
+                    body
+                })
+        },
+    )
+    .await;
+    let readiness: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        readiness["pipelines"]["bad"]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("does not exist")),
+        "{body}"
+    );
+    setup.wait_streaming().await;
+    let written = write_events(&setup.db.client, 2, 2, &setup.types, 1, 0, Duration::ZERO)
+        .await
+        .0;
+    setup.assert_first_topic(&written, false).await;
+    let (status, _) = http_get(&metrics, "/healthz").await.expect("GET /healthz");
+    assert_eq!(status, 200);
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    assert_eq!(
+        metric_value(
+            &text,
+            "outbox_relay_pipeline_state{pipeline=\"bad\",state=\"failed\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(relay.is_running(), "{}", relay.log());
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(40));
+    assert_eq!(status.code(), Some(0), "{}", relay.log());
+}
 
 /// A SIGTERM while the relay sets up its session, here creating its slot, which
 /// waits for a transaction that stays open (the relay's SQL connection runs with

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::support::{kafka, pg, unique_name, wait_for, Auth, Relay};
+use crate::support::{self, http_get, kafka, pg, unique_name, wait_for, Auth, Relay};
 use crate::Setup;
 
 /// A test database where the server never times a walsender out (`wal_sender_timeout = 0`), so
@@ -103,9 +103,10 @@ async fn a_live_relay_holding_the_slot_is_never_terminated() {
     setup.wait_streaming().await;
     let active_pid = setup.db.slot_active_pid(&setup.slot).await.unwrap();
     // A superuser: sees every walsender's reply_time and may terminate any.
-    let mut standby = Relay::spawn(&with_takeover(
-        setup.relay_args(&kafka().bootstrap(), Auth::Trust),
-    ));
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let mut standby_args = with_takeover(setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    standby_args.extend(["--metrics-listen".to_owned(), metrics.clone()]);
+    let mut standby = Relay::spawn(&standby_args);
     standby
         .wait_for_log("is active for PID", Duration::from_secs(30))
         .await;
@@ -142,6 +143,18 @@ async fn a_live_relay_holding_the_slot_is_never_terminated() {
             && !log.contains("cannot terminate")
             && !log.contains("streaming"),
         "the standby fought the live relay:\n{log}"
+    );
+    // A standby is ready (it takes over within seconds), says so in its state, and logs it
+    // once at INFO however often it retries.
+    let (status, body) = http_get(&metrics, "/readyz").await.expect("GET /readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"standing_by\""), "{body}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains(" INFO ") && l.contains("standing by"))
+            .count(),
+        1,
+        "{log}"
     );
     // The live relay still publishes.
     let id = setup
