@@ -5,14 +5,20 @@
 # - Prometheus: `promtool check rules` and `promtool test rules` (each alert fires on series
 #   that should fire it and stays silent on others); deploy/kubernetes/prometheusrule.yaml
 #   holds the same rules as deploy/prometheus/outbox-relay-rules.yaml, as this script makes it;
-# Tools: systemd-analyze from systemd; promtool (Debian's prometheus) from tests/setup-deps.sh.
-# A missing tool fails its check.
+# - Kubernetes: `kubernetes-validate --strict` against the API schemas of the oldest and the
+#   newest version it knows of; every pod meets the "restricted" Pod Security Standard with a
+#   read-only root filesystem; and the objects fit together (probes, grace period against
+#   shutdown_timeout_secs, anti-affinity, PodDisruptionBudget, Service and ServiceMonitor).
+# Tools: systemd-analyze from systemd; promtool (Debian's prometheus) and kubernetes-validate
+# (a venv in $OUTBOX_RELAY_TOOLS_VENV) from tests/setup-deps.sh. A missing tool fails its check.
 # `tests/deploy.sh --write-prometheusrule` writes deploy/kubernetes/prometheusrule.yaml from
 # the rule file, and changes nothing else.
 # Prints one line per check and "tests/deploy.sh: N passed, M failed" at the end; exits
 # 1 when any failed. tests/run.sh runs it.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV="${OUTBOX_RELAY_TOOLS_VENV:-/opt/outbox-relay-tests/venv}"
+K8S_MIN_VERSION="1.29"  # the oldest whose schema takes podFailurePolicy rules without onPodConditions
 
 rules=deploy/prometheus/outbox-relay-rules.yaml
 prometheusrule=deploy/kubernetes/prometheusrule.yaml
@@ -106,6 +112,204 @@ if make_prometheusrule | diff -u "$prometheusrule" - >"$tmp/prometheusrule.diff"
 else
   cat "$tmp/prometheusrule.diff" >&2
   fail "$prometheusrule differs from $rules (the diff above): run tests/deploy.sh --write-prometheusrule"
+fi
+
+# Kubernetes ------------------------------------------------------------------------------------
+# kubernetes-validate knows the built-in kinds only; the Prometheus Operator's (ServiceMonitor,
+# PrometheusRule) are checked by the script below instead.
+builtin=(deploy/kubernetes/outbox-relay.yaml deploy/kubernetes/setup-job.yaml)
+if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+  fail "$VENV/bin/kubernetes-validate not found (tests/setup-deps.sh installs it)"
+else
+  newest="$("$VENV/bin/kubernetes-validate" --help | grep -o 'Defaults to [0-9.]*' | grep -o '[0-9][0-9.]*')"
+  for version in "$K8S_MIN_VERSION" "$newest"; do
+    if out="$("$VENV/bin/kubernetes-validate" --strict --quiet -k "$version" "${builtin[@]}" 2>&1)" && [ -z "$out" ]; then
+      ok "${builtin[*]}: kubernetes-validate --strict, Kubernetes $version"
+    else
+      echo "$out" >&2
+      fail "${builtin[*]}: kubernetes-validate --strict, Kubernetes $version (the lines above)"
+    fi
+  done
+fi
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import yaml, tomllib' 2>/dev/null; then
+  fail "$VENV/bin/python with PyYAML not found (tests/setup-deps.sh installs it)"
+else
+  "$VENV/bin/python" - deploy/kubernetes/*.yaml >"$tmp/k8s.out" 2>&1 <<'PY'
+import sys, tomllib, yaml
+
+problems, passed = [], []
+objects = []  # (file, object)
+for path in sys.argv[1:]:
+    with open(path) as f:
+        objects += [(path, o) for o in yaml.safe_load_all(f) if o]
+
+def where(path, o):
+    return f"{path}: {o['kind']}/{o['metadata']['name']}"
+
+def pod_spec(o):
+    kind, spec = o["kind"], o.get("spec", {})
+    if kind == "Pod":
+        return spec
+    if kind == "CronJob":
+        return spec["jobTemplate"]["spec"]["template"]["spec"]
+    if kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"):
+        return spec["template"]["spec"]
+    return None
+
+def pod_labels(o):
+    return o["spec"]["template"]["metadata"].get("labels", {})
+
+def matches(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+# The restricted Pod Security Standard (kubernetes.io/docs/concepts/security/pod-security-standards),
+# plus a read-only root filesystem, for every pod.
+def restricted(spec):
+    found = []
+    psc = spec.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            found.append(f"{key} is set")
+    for v in spec.get("volumes", []):
+        if "hostPath" in v:
+            found.append(f"volume {v['name']} is a hostPath")
+    containers = spec.get("containers", []) + spec.get("initContainers", [])
+    for c in containers:
+        csc = c.get("securityContext", {})
+        name = f"container {c['name']}"
+        def either(key):
+            return csc.get(key, psc.get(key))
+        if either("runAsNonRoot") is not True:
+            found.append(f"{name}: runAsNonRoot is not true")
+        uid = either("runAsUser")
+        if not isinstance(uid, int) or isinstance(uid, bool) or uid <= 0:
+            found.append(f"{name}: runAsUser is not a numeric non-root uid ({uid!r})")
+        seccomp = (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{name}: seccompProfile.type is {seccomp!r}, not RuntimeDefault or Localhost")
+        if csc.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{name}: allowPrivilegeEscalation is not false")
+        if csc.get("privileged"):
+            found.append(f"{name}: privileged")
+        caps = csc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            found.append(f"{name}: capabilities.drop lacks ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            found.append(f"{name}: adds capabilities {caps['add']}")
+        if csc.get("readOnlyRootFilesystem") is not True:
+            found.append(f"{name}: readOnlyRootFilesystem is not true")
+        for p in c.get("ports", []):
+            if p.get("hostPort"):
+                found.append(f"{name}: hostPort {p['hostPort']}")
+    if spec.get("automountServiceAccountToken") is not False:
+        found.append("automountServiceAccountToken is not false (the relay needs no API token)")
+    return found
+
+pods = [(p, o) for p, o in objects if pod_spec(o) is not None]
+if not pods:
+    problems.append("no pod templates found")
+for path, o in pods:
+    found = restricted(pod_spec(o))
+    if found:
+        problems += [f"{where(path, o)}: {f}" for f in found]
+    else:
+        passed.append(f"{where(path, o)}: restricted Pod Security Standard, read-only root")
+
+def one(kind):
+    found = [(p, o) for p, o in objects if o["kind"] == kind]
+    if len(found) != 1:
+        problems.append(f"{len(found)} {kind} objects in deploy/kubernetes, want 1")
+        return None, None
+    return found[0]
+
+dpath, deployment = one("Deployment")
+_, configmap = one("ConfigMap")
+spath, service = one("Service")
+if deployment:
+    spec = pod_spec(deployment)
+    c = spec["containers"][0]
+    name = where(dpath, deployment)
+    found = []
+    if c.get("livenessProbe", {}).get("httpGet", {}).get("path") != "/healthz":
+        found.append("livenessProbe is not GET /healthz")
+    if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/readyz":
+        found.append("readinessProbe is not GET /readyz")
+    # The drain: the largest shutdown_timeout_secs of the config file (30 s by default), and
+    # 10 s more for the final confirmation and exit.
+    drain = 30
+    if configmap:
+        config = tomllib.loads(configmap["data"]["relay.toml"])
+        drain = max([p.get("shutdown_timeout_secs", 30) for p in config.get("pipelines", [])] or [30])
+    grace = spec.get("terminationGracePeriodSeconds", 30)
+    if grace < drain + 10:
+        found.append(f"terminationGracePeriodSeconds {grace} leaves no room after the {drain} s drain")
+    terms = spec.get("affinity", {}).get("podAntiAffinity", {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", [])
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname"
+               and matches(t.get("labelSelector", {}), pod_labels(deployment)) for t in terms):
+        found.append("no required podAntiAffinity on kubernetes.io/hostname for its own pods")
+    surge = deployment["spec"].get("strategy", {}).get("rollingUpdate", {}).get("maxSurge")
+    if terms and surge not in (0, "0%"):
+        found.append(f"maxSurge {surge!r}: with required anti-affinity a surge pod may find no node")
+    pdbs = [o for _, o in objects if o["kind"] == "PodDisruptionBudget"
+            and matches(o["spec"]["selector"], pod_labels(deployment))]
+    if not pdbs:
+        found.append("no PodDisruptionBudget selects its pods")
+    problems += [f"{name}: {f}" for f in found]
+    if not found:
+        passed.append(f"{name}: probes, grace period {grace} s > drain {drain} s, one replica per node, PodDisruptionBudget")
+if deployment and service:
+    name = where(spath, service)
+    ports = {p["name"] for p in pod_spec(deployment)["containers"][0].get("ports", [])}
+    found = []
+    if not matches({"matchLabels": service["spec"]["selector"]}, pod_labels(deployment)):
+        found.append("its selector does not select the Deployment's pods")
+    for p in service["spec"]["ports"]:
+        if p.get("targetPort") not in ports:
+            found.append(f"targetPort {p.get('targetPort')!r} is no container port ({sorted(ports)})")
+    sm = [(p, o) for p, o in objects if o["kind"] == "ServiceMonitor"]
+    for mpath, monitor in sm:
+        mname = where(mpath, monitor)
+        if monitor["apiVersion"] != "monitoring.coreos.com/v1":
+            found.append(f"{mname}: apiVersion {monitor['apiVersion']}")
+        if not matches(monitor["spec"]["selector"], service["metadata"].get("labels", {})):
+            found.append(f"{mname}: its selector does not select the Service")
+        for e in monitor["spec"]["endpoints"]:
+            if e.get("port") not in {p["name"] for p in service["spec"]["ports"]}:
+                found.append(f"{mname}: endpoint port {e.get('port')!r} is not a port of the Service")
+        job = service["metadata"].get("labels", {}).get(monitor["spec"].get("jobLabel", ""))
+        if job != "outbox-relay":
+            found.append(f"{mname}: the job label would be {job!r}, the alerts expect outbox-relay")
+    if not sm:
+        found.append("no ServiceMonitor")
+    problems += [f"{name}: {f}" for f in found]
+    if not found:
+        passed.append(f"{name}: selects the pods; the ServiceMonitor scrapes its metrics port as job outbox-relay")
+with open("deploy/prometheus/outbox-relay-rules.yaml") as f:
+    rule_groups = yaml.safe_load(f)["groups"]
+for path, o in objects:
+    if o["kind"] == "PrometheusRule":
+        if o["apiVersion"] != "monitoring.coreos.com/v1":
+            problems.append(f"{where(path, o)}: apiVersion {o['apiVersion']}")
+        elif o["spec"]["groups"] != rule_groups:
+            problems.append(f"{where(path, o)}: its groups are not those of the rule file")
+        else:
+            alerts = sum(len(g["rules"]) for g in rule_groups)
+            passed.append(f"{where(path, o)}: the {alerts} rules of the rule file, parsed")
+
+for p in passed:
+    print(f"ok: {p}")
+for p in problems:
+    print(f"FAILED: {p}")
+sys.exit(1 if problems else 0)
+PY
+  while IFS= read -r line; do
+    case "$line" in
+      "ok: "*) ok "${line#ok: }" ;;
+      "FAILED: "*) fail "${line#FAILED: }" ;;
+      *) echo "$line" >&2; fail "the Kubernetes checks (the line above)" ;;
+    esac
+  done <"$tmp/k8s.out"
 fi
 
 echo "tests/deploy.sh: $passed passed, $failed failed"
