@@ -11,6 +11,7 @@
 //! At-least-once pipelines with the same Kafka settings share one producer
 //! ([`SharedProducers`], `shared.rs`).
 
+pub mod log;
 mod shared;
 
 pub use shared::SharedProducers;

@@ -164,11 +164,23 @@ fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Client context: librdkafka's logs and errors go to `tracing` (rdkafka's defaults); each
-/// delivery report goes where the record's [`ReportTo`] says.
-pub struct DeliveryContext;
+/// Client context: librdkafka's logs and errors go to `tracing`, each distinct line once and
+/// then summarised ([`crate::sink::kafka::log`]); each delivery report goes where the record's
+/// [`ReportTo`] says.
+#[derive(Default)]
+pub struct DeliveryContext {
+    log: crate::sink::kafka::log::Repeats,
+}
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.log.log(level, fac, message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.log.error(&error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = Box<ReportTo>;
@@ -246,7 +258,7 @@ impl PolledProducer {
     /// cannot start.
     pub fn new(config: &ClientConfig) -> Result<Self, KafkaError> {
         let producer: Arc<BaseProducer<DeliveryContext>> =
-            Arc::new(config.create_with_context(DeliveryContext)?);
+            Arc::new(config.create_with_context(DeliveryContext::default())?);
         let stop = Arc::new(AtomicBool::new(false));
         let (polled, stopped) = (Arc::clone(&producer), Arc::clone(&stop));
         std::thread::Builder::new()

@@ -74,6 +74,19 @@ async fn flush_lsn_waits_for_an_unreachable_broker_and_readyz_says_degraded() {
         setup.slot
     );
     assert_eq!(metric_value(&text, &degraded), 1.0, "{text}");
+    // librdkafka reports the refused connection at every reconnect, as a log line and as a
+    // global error: each distinct line is told once (then once a minute), not every time.
+    let log = relay.log();
+    let loud: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("librdkafka") && (l.contains(" ERROR ") || l.contains(" WARN ")))
+        .collect();
+    assert!(
+        (1..=3).contains(&loud.len()),
+        "{} librdkafka lines at WARN or ERROR in the outage:\n{}",
+        loud.len(),
+        loud.join("\n")
+    );
 
     let broker = support::Broker::start_on(port);
     for topic in setup.topics() {
