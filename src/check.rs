@@ -231,14 +231,9 @@ async fn check_postgres(
     out.push(connection_finding(client).await?);
 
     let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
-    out.push(if wal_level == "logical" {
-        finding("wal_level", Verdict::Ok, "logical")
-    } else {
-        finding(
-            "wal_level",
-            Verdict::Fail,
-            format!("{wal_level}: set wal_level = logical and restart PostgreSQL"),
-        )
+    out.push(match slot::wal_level_fix(&wal_level) {
+        None => finding("wal_level", Verdict::Ok, "logical"),
+        Some(fix) => finding("wal_level", Verdict::Fail, fix),
     });
     let standby = async {
         Ok::<_, SourceError>(match slot::standby::in_recovery(client).await? {

@@ -46,6 +46,10 @@ pub async fn prepare(
     create: bool,
     failover: bool,
 ) -> Result<SlotState, SourceError> {
+    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
+    if let Some(fix) = wal_level_fix(&wal_level) {
+        return Err(SourceError::Config(format!("wal_level is {fix}")));
+    }
     check_publication(client, publication, table).await?;
 
     let confirmed_flush_lsn = match read_slot(client, slot).await? {
@@ -74,6 +78,14 @@ pub async fn prepare(
     Ok(SlotState {
         confirmed_flush_lsn,
         wal_sender_timeout: wal_sender_timeout(client).await?,
+    })
+}
+
+/// What to do about `wal_level` (the server's setting, `SHOW wal_level`), or `None` when it
+/// is `logical`: `run` stops with it and `check` prints it.
+pub fn wal_level_fix(wal_level: &str) -> Option<String> {
+    (wal_level != "logical").then(|| {
+        format!("{wal_level}: set wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL")
     })
 }
 
@@ -113,8 +125,19 @@ pub(crate) async fn check_publication(
         )
         .await?;
     if published.is_none() {
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+            .await?
+            .get(0);
+        if !exists {
+            return Err(SourceError::Config(format!(
+                "table {table} does not exist in this database: create it (sql/outbox.sql), then ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(publication),
+                table.quoted()
+            )));
+        }
         return Err(SourceError::Config(format!(
-            "table {table} is not in publication {publication:?} (or does not exist); ALTER PUBLICATION {} ADD TABLE {}",
+            "table {table} is not in publication {publication:?}: ALTER PUBLICATION {} ADD TABLE {}",
             quote_ident(publication),
             table.quoted()
         )));

@@ -269,3 +269,56 @@ async fn a_session_failing_after_every_start_backs_off_further_and_readyz_shows_
         relay.log()
     );
 }
+
+/// `run` against a server with `wal_level = replica` stops at once with the sentence `check`
+/// prints and the configuration exit code, instead of retrying the slot creation forever
+/// under a connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_stops_on_wal_level_replica_with_checks_advice_and_exit_code_3() {
+    let cluster = support::PgCluster::start_private(&unique_name("replica_wal"));
+    cluster.psql("postgres", "ALTER SYSTEM SET wal_level = replica");
+    cluster.restart("fast");
+    let args: Vec<String> = [
+        "run",
+        "--source-url",
+        &cluster.url("postgres", Auth::Trust),
+        "--slot",
+        "replica_wal_slot",
+        "--bootstrap-servers",
+        &kafka().bootstrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(status.code(), Some(3), "relay exited with {status}:\n{log}");
+    assert!(
+        log.contains("wal_level is replica: set wal_level = logical")
+            && log.contains("restart PostgreSQL"),
+        "{log}"
+    );
+}
+
+/// A missing outbox table is named as missing, with what creates it, not as a table to add
+/// to the publication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_names_a_missing_outbox_table_as_missing() {
+    let setup = Setup::new("no_table", &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute("DROP TABLE public.outbox")
+        .await
+        .unwrap();
+    let mut relay = Relay::spawn(&setup.relay_args(&kafka().bootstrap(), Auth::Trust));
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(status.code(), Some(3), "relay exited with {status}:\n{log}");
+    assert!(
+        log.contains(
+            "table public.outbox does not exist in this database: create it (sql/outbox.sql)"
+        ),
+        "{log}"
+    );
+}
