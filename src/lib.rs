@@ -60,7 +60,8 @@
 //!   (`router::problems`); `router::dead_letter` makes the dead-letter copy, always
 //!   deliverable whatever the row held.
 //! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer ([`sink::kafka::SharedProducers`]:
-//!   one producer for the pipelines with the same settings; [`sink::producer`]: the rdkafka
+//!   one producer for the pipelines with the same settings; [`sink::kafka::topics`]: a record
+//!   for a missing topic waits, or the topic is created; [`sink::producer`]: the rdkafka
 //!   producer, its delivery thread and the queue its reports wake a session through), and the
 //!   other sink kinds ([`sink::redis`], [`sink::nats`], [`sink::rabbitmq`], [`sink::http`]) as
 //!   [`sink::ordered::Publisher`]s behind [`sink::ordered::OrderedSink`] (per-key order,

@@ -279,6 +279,7 @@ impl RunArgs {
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),
                 properties: self.kafka_properties,
+                create_topics: None,
             },
             status_interval_ms: self.status_interval_ms,
             max_in_flight_events: self.max_in_flight_events,

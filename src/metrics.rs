@@ -201,6 +201,7 @@ impl Metrics {
             in_flight_bytes: self.in_flight_bytes.with_label_values(&with_sink),
             streaming: self.streaming.with_label_values(&[pipeline]),
             behind: Arc::default(),
+            waiting: Arc::default(),
             max_event_wait: Duration::from_secs(crate::config::DEFAULT_MAX_EVENT_WAIT_SECS),
             lag_bytes: self.lag_bytes.with_label_values(&[pipeline]),
             oldest_unacked_age: self.oldest_unacked_age.with_label_values(&with_sink),
@@ -270,6 +271,7 @@ struct HealthEntry {
     reported: Reported,
     oldest_unacked_age: Gauge,
     behind: Arc<Behind>,
+    waiting: Arc<Mutex<Option<String>>>,
 }
 
 impl HealthEntry {
@@ -277,6 +279,7 @@ impl HealthEntry {
         state::derive(
             &self.reported,
             self.oldest_unacked_age.get(),
+            self.waiting.lock().expect("waiting lock").as_deref(),
             &self.behind,
             now_ms,
         )
@@ -312,6 +315,8 @@ pub struct PipelineMetrics {
     streaming: IntGauge,
     /// How old the commits read are, for the `catching_up` state.
     behind: Arc<Behind>,
+    /// Why records wait before the sink takes them, for the `degraded` state.
+    waiting: Arc<Mutex<Option<String>>>,
     /// `max_event_wait_secs`: a longer wait for an acknowledgement is `degraded`.
     max_event_wait: Duration,
     pub lag_bytes: IntGauge,
@@ -390,6 +395,7 @@ impl PipelineMetrics {
             },
             oldest_unacked_age: self.oldest_unacked_age.clone(),
             behind: Arc::clone(&self.behind),
+            waiting: Arc::clone(&self.waiting),
         };
         health.insert(self.pipeline.clone(), entry);
     }
@@ -413,6 +419,12 @@ impl PipelineMetrics {
     /// `catching_up` state. Lock-free: called for every event.
     pub fn read_event(&self, commit_ms: i64) {
         self.behind.read(commit_ms, now_ms());
+    }
+
+    /// Records why records wait before the sink takes them (`None`: they do not), for the
+    /// `degraded` state.
+    pub fn set_waiting(&self, reason: Option<String>) {
+        *self.waiting.lock().expect("waiting lock") = reason;
     }
 
     /// The pipeline's state as of now, as `/readyz` shows it.

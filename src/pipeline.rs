@@ -394,7 +394,12 @@ async fn run_session(
             }
             None => (
                 AnySink::connect(config, || {
-                    KafkaSink::new_or_shared(producers, &config.name, || kafka(None))
+                    KafkaSink::new_or_shared(
+                        producers,
+                        &config.name,
+                        config.kafka.create_topics.clone(),
+                        || kafka(None),
+                    )
                 })
                 .await?,
                 Mode::AtLeastOnce,

@@ -173,6 +173,7 @@ pub async fn supervise(
         // (records a shared producer still holds are the next session's to count: its sink's
         // left_over).
         metrics.oldest_unacked_age.set(0.0);
+        metrics.set_waiting(None);
         metrics.in_flight_events.set(0);
         metrics.in_flight_bytes.set(0);
         if progress.has_advanced() {

@@ -352,6 +352,9 @@ pub(crate) fn resolve(
         if p.kafka.bootstrap_servers.is_empty() {
             p.kafka.bootstrap_servers = file.kafka.bootstrap_servers.clone();
         }
+        if p.kafka.create_topics.is_none() {
+            p.kafka.create_topics = file.kafka.create_topics.clone();
+        }
         p.kafka.bootstrap_servers = if p.sink != SinkConfig::Kafka {
             // Not used: a `[kafka]` default naming an unset variable is no problem here.
             String::new()

@@ -16,6 +16,53 @@ pub struct KafkaConfig {
     /// table of strings in the file.
     #[serde(with = "properties_table", skip_serializing_if = "Vec::is_empty")]
     pub properties: Vec<(String, String)>,
+    /// Create a missing topic through the admin API before its first record; `None`: a
+    /// missing topic holds its records (and reading) until someone creates it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub create_topics: Option<CreateTopics>,
+}
+
+/// `kafka.create_topics`: how a topic the relay creates is made.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopics {
+    /// Partitions; -1: the broker's `num.partitions`.
+    #[serde(default = "broker_default")]
+    pub partitions: i32,
+    /// Replicas of each partition; -1: the broker's `default.replication.factor`.
+    #[serde(default = "broker_default")]
+    pub replication_factor: i32,
+    /// Topic configs (`cleanup.policy`, `retention.ms`, `min.insync.replicas`, ...), a table
+    /// of strings.
+    #[serde(
+        default,
+        with = "properties_table",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub config: Vec<(String, String)>,
+}
+
+fn broker_default() -> i32 {
+    -1
+}
+
+impl CreateTopics {
+    /// Every problem of the settings, as (field under `kafka.create_topics`, text).
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        for (field, value) in [
+            ("partitions", self.partitions),
+            ("replication_factor", self.replication_factor),
+        ] {
+            if value == 0 || value < -1 {
+                problems.push((
+                    field,
+                    format!("{value}: give a positive number, or -1 for the broker's default"),
+                ));
+            }
+        }
+        problems
+    }
 }
 
 /// `kafka.properties` as a table of strings; read in key order, a later key replacing an
@@ -56,6 +103,7 @@ impl fmt::Debug for KafkaConfig {
         f.debug_struct("KafkaConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("properties", &keys)
+            .field("create_topics", &self.create_topics)
             .finish()
     }
 }

@@ -19,8 +19,8 @@ pub mod sink;
 mod table;
 mod url;
 
-pub use kafka::KafkaConfig;
 use kafka::REQUIRED_KAFKA_PROPERTIES;
+pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
     matches_destination, validate_topic, AdditionalPlacement, InvalidOpBehavior, NullPayload,
@@ -374,6 +374,7 @@ impl PipelineConfig {
             kafka: KafkaConfig {
                 bootstrap_servers: "localhost:9092".into(),
                 properties: vec![],
+                create_topics: None,
             },
             ..PipelineConfig::new("main", "public.outbox".parse().unwrap())
         }
@@ -491,6 +492,14 @@ impl PipelineConfig {
                         format!("{key}={value}: the relay needs {key}={required} for per-key order without loss"),
                     ));
                 }
+            }
+        }
+        if let Some(create) = &self.kafka.create_topics {
+            for (field, text) in create.problems() {
+                problems.push(ConfigError::new(
+                    &format!("kafka.create_topics.{field}"),
+                    text,
+                ));
             }
         }
         for (field, value) in [

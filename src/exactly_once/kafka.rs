@@ -592,6 +592,7 @@ mod tests {
         let config = KafkaConfig {
             bootstrap_servers: mock.bootstrap_servers(),
             properties: Vec::new(),
+            create_topics: None,
         };
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let read = |topic| {
@@ -697,6 +698,7 @@ mod tests {
             let config = KafkaConfig {
                 bootstrap_servers: mock.bootstrap_servers(),
                 properties: Vec::new(),
+                create_topics: None,
             };
             Topic {
                 _mock: mock,
@@ -853,6 +855,7 @@ mod tests {
                 ("security.protocol".into(), "SASL_SSL".into()),
                 ("isolation.level".into(), "read_uncommitted".into()),
             ],
+            create_topics: None,
         };
         let reader = reader_config(&config, "orders");
         assert_eq!(reader.get("client.rack"), None, "a follower's end may lag");

@@ -271,6 +271,7 @@ fn translate_parts(
             bootstrap_servers: bootstrap_servers
                 .unwrap_or_else(|| "${KAFKA_BOOTSTRAP_SERVERS}".into()),
             properties: Vec::new(),
+            create_topics: None,
         },
         pipelines: vec![pipeline],
         ..FileConfig::default()

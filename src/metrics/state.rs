@@ -24,7 +24,8 @@ pub enum PipelineState {
     /// backlog is being worked off (after a restart, an outage, a burst).
     CatchingUp,
     /// Events are waiting: a record has waited longer than `max_event_wait_secs` for the
-    /// sink's acknowledgement (the sink is unreachable or refusing), or a session ended with a
+    /// sink's acknowledgement (the sink is unreachable or refusing), records wait for a
+    /// destination that does not exist (a Kafka topic), or a session ended with a
     /// transient error and the next one waits for its backoff (`last_error` says which).
     Degraded,
     /// Another relay holds the slot or the transactional id, or no host fits
@@ -154,6 +155,7 @@ impl Behind {
 pub(super) fn derive(
     reported: &Reported,
     oldest_unacked_age_secs: f64,
+    waiting: Option<&str>,
     behind: &Behind,
     now_ms: i64,
 ) -> PipelineHealth {
@@ -161,7 +163,10 @@ pub(super) fn derive(
     let mut reason = reported.reason.clone();
     if state == PipelineState::Streaming {
         let wait = reported.max_event_wait.as_secs_f64();
-        if oldest_unacked_age_secs > wait {
+        if let Some(waiting) = waiting {
+            state = PipelineState::Degraded;
+            reason = Some(waiting.to_owned());
+        } else if oldest_unacked_age_secs > wait {
             state = PipelineState::Degraded;
             reason = Some(format!(
                 "a record has waited {oldest_unacked_age_secs:.0} s for the {} sink's acknowledgement (max_event_wait_secs = {})",
@@ -203,9 +208,9 @@ mod tests {
     #[test]
     fn a_record_waiting_longer_than_max_event_wait_makes_a_streaming_pipeline_degraded() {
         let behind = Behind::default();
-        let h = derive(&streaming(), 14.0, &behind, 1_000_000);
+        let h = derive(&streaming(), 14.0, None, &behind, 1_000_000);
         assert_eq!((h.state, h.ready), (PipelineState::Streaming, true));
-        let h = derive(&streaming(), 20.0, &behind, 1_000_000);
+        let h = derive(&streaming(), 20.0, None, &behind, 1_000_000);
         assert_eq!((h.state, h.ready), (PipelineState::Degraded, false));
         let reason = h.reason.unwrap();
         assert!(
@@ -215,22 +220,30 @@ mod tests {
     }
 
     #[test]
+    fn records_waiting_for_a_missing_destination_make_a_streaming_pipeline_degraded() {
+        let why = "topic a.events does not exist on the Kafka cluster";
+        let h = derive(&streaming(), 0.0, Some(why), &Behind::default(), 1_000_000);
+        assert_eq!((h.state, h.ready), (PipelineState::Degraded, false));
+        assert_eq!(h.reason.as_deref(), Some(why));
+    }
+
+    #[test]
     fn reading_old_commits_is_catching_up_until_the_reads_stop() {
         let behind = Behind::default();
         let now = 1_000_000;
         behind.read(now - 60_000, now);
-        let h = derive(&streaming(), 0.0, &behind, now + 1_000);
+        let h = derive(&streaming(), 0.0, None, &behind, now + 1_000);
         assert_eq!((h.state, h.ready), (PipelineState::CatchingUp, true));
         // Recent commits: streaming.
         behind.read(now - 100, now);
         assert_eq!(
-            derive(&streaming(), 0.0, &behind, now + 1_000).state,
+            derive(&streaming(), 0.0, None, &behind, now + 1_000).state,
             PipelineState::Streaming
         );
         // Old commits, but nothing read for a while: the source is idle, not behind.
         behind.read(now - 60_000, now);
         assert_eq!(
-            derive(&streaming(), 0.0, &behind, now + 10_000).state,
+            derive(&streaming(), 0.0, None, &behind, now + 10_000).state,
             PipelineState::Streaming
         );
     }
@@ -241,7 +254,7 @@ mod tests {
         let now = 1_000_000;
         behind.read(now - 60_000, now);
         assert_eq!(
-            derive(&streaming(), 30.0, &behind, now).state,
+            derive(&streaming(), 30.0, None, &behind, now).state,
             PipelineState::Degraded
         );
         for state in [PipelineState::StandingBy, PipelineState::Failed] {
@@ -249,7 +262,7 @@ mod tests {
                 state,
                 ..streaming()
             };
-            let h = derive(&reported, 30.0, &behind, now);
+            let h = derive(&reported, 30.0, None, &behind, now);
             assert_eq!(h.state, state);
             assert_eq!(h.ready, state == PipelineState::StandingBy);
         }

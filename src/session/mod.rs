@@ -762,6 +762,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         self.metrics
             .oldest_unacked_age
             .set(oldest.map_or(0.0, |sent| sent.elapsed().as_secs_f64()));
+        self.metrics.set_waiting(self.sink.waiting());
         Ok(())
     }
 

@@ -127,6 +127,13 @@ impl Sink for AnySink {
         }
     }
 
+    fn waiting(&self) -> Option<String> {
+        match self {
+            AnySink::Kafka(sink) => sink.waiting(),
+            AnySink::Ordered(sink) => sink.waiting(),
+        }
+    }
+
     fn oldest_left_over(&self) -> Option<Instant> {
         match self {
             AnySink::Kafka(sink) => sink.oldest_left_over(),

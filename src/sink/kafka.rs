@@ -13,6 +13,7 @@
 
 pub mod log;
 mod shared;
+pub mod topics;
 
 pub use shared::SharedProducers;
 
@@ -30,7 +31,7 @@ use rdkafka::Message;
 use super::producer::{DeliveryReport, PolledProducer, RecordMeta, ReportQueue, ReportTo};
 use super::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
-use crate::config::KafkaConfig;
+use crate::config::{CreateTopics, KafkaConfig};
 
 /// Kafka client setup failed (bad property, unknown security protocol, ...).
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +78,8 @@ pub struct KafkaSink {
     /// The pipeline's part of a shared producer ([`shared`]); `None`: the producer is the
     /// sink's own.
     share: Option<Arc<shared::Share>>,
+    /// Which topics exist: a record for one not known to yet waits ([`topics`]).
+    topics: topics::TopicGate,
 }
 
 impl KafkaSink {
@@ -106,16 +109,27 @@ impl KafkaSink {
             transactional_id,
         );
         let producer = PolledProducer::new(&client).map_err(ProducerError)?;
-        Ok(KafkaSink::with_producer(producer, client, None))
+        Ok(KafkaSink::with_producer(producer, client, None)
+            .creating_topics(config.create_topics.clone()))
+    }
+
+    /// The same sink, creating missing topics as `create` says (`kafka.create_topics`).
+    pub fn creating_topics(mut self, create: Option<CreateTopics>) -> Self {
+        let mut admin = self.client.clone();
+        admin.remove("transactional.id");
+        self.topics = topics::TopicGate::new(create, admin);
+        self
     }
 
     /// A session's sink on the producer pipeline `name` shares with others (see
-    /// [`SharedProducers`]), or [`KafkaSink::new`]'s own producer when it shares none.
+    /// [`SharedProducers`]), creating missing topics as `create_topics` says, or
+    /// [`KafkaSink::new`]'s own producer when it shares none.
     ///
     /// Returns an error if librdkafka rejects the configuration.
     pub fn new_or_shared(
         producers: &SharedProducers,
         name: &str,
+        create_topics: Option<CreateTopics>,
         own: impl FnOnce() -> Result<KafkaSink, ProducerError>,
     ) -> Result<Self, ProducerError> {
         let Some(share) = producers.share(name) else {
@@ -123,7 +137,8 @@ impl KafkaSink {
         };
         let (producer, renew) = share.producer().map_err(ProducerError)?;
         let client = share.group.client.clone();
-        let mut sink = KafkaSink::with_producer(producer, client, Some(share));
+        let mut sink =
+            KafkaSink::with_producer(producer, client, Some(share)).creating_topics(create_topics);
         sink.renew = renew;
         Ok(sink)
     }
@@ -145,6 +160,7 @@ impl KafkaSink {
             next_seq: 0,
             topic: String::new(),
             in_flight: InFlight::default(),
+            topics: topics::TopicGate::new(None, client.clone()),
             client,
             renew: false,
             share,
@@ -291,6 +307,10 @@ impl KafkaSink {
 }
 
 impl Sink for KafkaSink {
+    fn waiting(&self) -> Option<String> {
+        self.topics.waiting()
+    }
+
     fn send(&mut self, mut record: Record, token: EventToken) -> Result<(), SendError> {
         // Retired after a failed delivery of a pipeline sharing it: a fresh one, once nothing
         // of this pipeline's is in the old one (its records must not overtake each other).
@@ -301,7 +321,10 @@ impl Sink for KafkaSink {
         if self.renew && self.in_flight.events == 0 {
             self.renew_producer();
         }
-        if (retired && self.producer.is_retired()) || self.left_over_fills_the_limits() {
+        if (retired && self.producer.is_retired())
+            || self.left_over_fills_the_limits()
+            || !self.topics.admits(&record.topic, &self.producer)
+        {
             return Err(SendError::Full(Box::new(record)));
         }
         let size = record.size();
@@ -817,6 +840,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            create_topics: None,
         }
     }
 

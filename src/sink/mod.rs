@@ -163,6 +163,12 @@ pub trait Sink: Send {
         InFlight::default()
     }
 
+    /// Why records wait before the sink takes them, when they do for a reason an operator must
+    /// mend (a Kafka topic that does not exist); `None` otherwise. Called on a timer.
+    fn waiting(&self) -> Option<String> {
+        None
+    }
+
     /// When the oldest of the records [`Sink::left_over`] counts was accepted (kept until the
     /// last of them has its report); `None` when there are none. None for other sinks.
     fn oldest_left_over(&self) -> Option<std::time::Instant> {

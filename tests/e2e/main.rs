@@ -60,6 +60,7 @@ mod standby;
 mod supervision;
 mod tables;
 mod takeover;
+mod topics;
 mod versions;
 
 use std::collections::HashMap;

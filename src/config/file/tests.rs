@@ -341,6 +341,7 @@ fn every_field_set() -> PipelineConfig {
         kafka: KafkaConfig {
             bootstrap_servers: "k:9092".into(),
             properties: vec![("linger.ms".into(), "5".into())],
+            create_topics: None,
         },
         status_interval_ms: 2,
         max_in_flight_events: 3,

@@ -403,6 +403,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            create_topics: None,
         };
         config.max_in_flight_events = 5;
         config.max_in_flight_bytes = 1 << 20;
@@ -522,7 +523,7 @@ mod tests {
     }
 
     fn sink(producers: &SharedProducers, name: &str) -> KafkaSink {
-        KafkaSink::new_or_shared(producers, name, || {
+        KafkaSink::new_or_shared(producers, name, None, || {
             Err(ProducerError(KafkaError::ClientCreation(format!(
                 "{name} shares no producer"
             ))))

@@ -213,15 +213,20 @@ async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection, Arc<
 /// Returns an error if the sink's client rejects its configuration or cannot connect.
 async fn new_sink(config: &PipelineConfig, producers: &SharedProducers) -> Result<AnySink, Error> {
     AnySink::connect(config, || {
-        KafkaSink::new_or_shared(producers, &config.name, || {
-            KafkaSink::new(
-                &kafka_settings(config),
-                &format!("outbox-relay-{}", config.name),
-                queue_events(config),
-                config.max_in_flight_bytes,
-                None,
-            )
-        })
+        KafkaSink::new_or_shared(
+            producers,
+            &config.name,
+            config.kafka.create_topics.clone(),
+            || {
+                KafkaSink::new(
+                    &kafka_settings(config),
+                    &format!("outbox-relay-{}", config.name),
+                    queue_events(config),
+                    config.max_in_flight_bytes,
+                    None,
+                )
+            },
+        )
     })
     .await
 }
