@@ -124,7 +124,7 @@ struct RunArgs {
     /// TOML config file with one [[pipelines]] entry per database (examples/relay.toml);
     /// replaces the single-database flags.
     #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
-        "source_url", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
+        "source_url", "source_password", "source_password_file", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
         "failover", "standby_url", "slot_record_schema",
@@ -149,6 +149,18 @@ struct RunArgs {
         required_unless_present = "config"
     )]
     source_url: Option<String>,
+    /// The source role's password when the URL has none, taken as written (no
+    /// percent-encoding); give it in the environment, not on the command line.
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_SOURCE_PASSWORD",
+        hide_env_values = true,
+        hide = true
+    )]
+    source_password: Option<String>,
+    /// A file holding the source role's password (a mounted secret), when the URL has none.
+    #[arg(long, env = "OUTBOX_RELAY_SOURCE_PASSWORD_FILE")]
+    source_password_file: Option<String>,
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot, or
     /// unless the slot record says the relay streamed from it before.
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
@@ -260,6 +272,8 @@ impl RunArgs {
     fn into_config(self) -> PipelineConfig {
         PipelineConfig {
             source_url: self.source_url.unwrap_or_default().into(),
+            source_password: self.source_password.map(config::Secret),
+            source_password_file: self.source_password_file,
             slot: self.slot,
             publication: self.publication,
             message_prefix: self.message_prefix,
@@ -384,8 +398,13 @@ fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::Re
         None => {
             let metrics_listen = args.metrics_listen;
             let on_pipeline_failure = args.on_pipeline_failure.unwrap_or_default();
-            let config = args.into_config();
-            let problems = outbox_relay::validation::pipeline(&config);
+            let mut config = args.into_config();
+            let mut problems: Vec<_> = config
+                .read_source_password_file()
+                .err()
+                .into_iter()
+                .collect();
+            problems.extend(outbox_relay::validation::pipeline(&config));
             if !problems.is_empty() {
                 return Err(config::ConfigErrors(problems))
                     .context("check the flags and OUTBOX_RELAY_* variables");

@@ -32,7 +32,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 pub use super::ConfigErrors;
-use super::{ConfigError, KafkaConfig, PipelineConfig, SinkConfig, SourceKind};
+use super::{ConfigError, KafkaConfig, PipelineConfig, Secret, SinkConfig, SourceKind};
 
 /// The whole file, resolved: pipelines with their Kafka settings merged, and the metrics
 /// listener.
@@ -336,6 +336,21 @@ pub(crate) fn resolve(
             }
         };
         p.source_url = url.into();
+        match (p.source_password.take(), p.source_password_file.take()) {
+            (None, None) => {}
+            (Some(password), None) => match expand(&password, env) {
+                Ok(password) => p.source_password = Some(Secret(password)),
+                Err(e) => problem("source_password", e),
+            },
+            (None, Some(file)) => match super::secret_file::read(&file, "source_password_file") {
+                Ok(password) => p.source_password = Some(Secret(password)),
+                Err(e) => problem("source_password_file", format!("cannot read {file:?}: {e}")),
+            },
+            (Some(_), Some(_)) => problem(
+                "source_password",
+                "set one of source_password and source_password_file, not both".into(),
+            ),
+        }
         if let Some(standby) = &p.standby_url {
             p.standby_url = Some(
                 expand(standby, env)

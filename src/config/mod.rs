@@ -140,6 +140,14 @@ pub struct PipelineConfig {
     /// A file holding `source_url` (a mounted secret), instead of `source_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_url_file: Option<String>,
+    /// The source role's password, beside a URL without one: taken as written, so `@`, `#`
+    /// or `/` need no percent-encoding (`${NAME}` takes it from the environment). After
+    /// [`file::load`] it also holds what `source_password_file` read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_password: Option<Secret>,
+    /// A file holding `source_password` (a mounted secret), instead of `source_password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_password_file: Option<String>,
     /// Logical replication slot (pgoutput); required with log tailing.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub slot: String,
@@ -326,6 +334,8 @@ impl PipelineConfig {
             name: name.into(),
             source_url: SourceUrl::default(),
             source_url_file: None,
+            source_password: None,
+            source_password_file: None,
             slot: String::new(),
             publication: String::new(),
             table,
@@ -584,6 +594,27 @@ impl PipelineConfig {
         self.checkpoint_topic
             .as_deref()
             .unwrap_or(DEFAULT_CHECKPOINT_TOPIC)
+    }
+
+    /// Reads `source_password_file` into `source_password`, as [`file::load`] does for a
+    /// file's pipelines (the single-database flags).
+    ///
+    /// Returns an error naming the setting if both are given or the file cannot be read.
+    pub fn read_source_password_file(&mut self) -> Result<(), ConfigError> {
+        let Some(file) = self.source_password_file.take() else {
+            return Ok(());
+        };
+        if self.source_password.is_some() {
+            return Err(ConfigError::new(
+                "source_password",
+                "set one of source_password and source_password_file, not both",
+            ));
+        }
+        let password = secret_file::read(&file, "source_password_file").map_err(|e| {
+            ConfigError::new("source_password_file", format!("cannot read {file:?}: {e}"))
+        })?;
+        self.source_password = Some(Secret(password));
+        Ok(())
     }
 
     pub fn status_interval(&self) -> Duration {

@@ -20,7 +20,7 @@ use std::path::Path;
 use crate::config::file::FileConfig;
 use crate::config::{
     AdditionalPlacement, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
-    PipelineConfig, Placement, RouteConfig, TableName, ValueFormat,
+    PipelineConfig, Placement, RouteConfig, Secret, TableName, ValueFormat,
 };
 
 mod server;
@@ -229,6 +229,10 @@ fn translate_parts(
         .unwrap_or_else(|| "dbz_publication".into());
     let mut pipeline = PipelineConfig {
         source_url: source_url.url.into(),
+        source_password: source_url
+            .password_var
+            .as_ref()
+            .map(|var| Secret(format!("${{{var}}}"))),
         slot,
         publication,
         // Debezium's slot, or one `setup` creates before the switch.
@@ -255,7 +259,7 @@ fn translate_parts(
     }
     if let Some(var) = &source_url.password_var {
         comments.push(format!(
-            "source_url: the password is not copied: set {var} in the relay's environment."
+            "source_password: the password is not copied: set {var} in the relay's environment."
         ));
     }
     comments.push(match new_slot {
@@ -350,7 +354,9 @@ impl Importer {
         })
     }
 
-    /// `postgres://user:${PASSWORD_VAR}@host:port/dbname?sslmode=...` from `database.*`.
+    /// `postgres://user@host:port/dbname?sslmode=...` from `database.*`, and the variable
+    /// `source_password` takes the password from (`${PASSWORD_VAR}`: taken as written, no
+    /// percent-encoding).
     fn source_url(&mut self, env_prefix: &str) -> UrlWithSecret {
         let host = self
             .url_part("database.hostname", env_prefix, "DB_HOST")
@@ -372,16 +378,13 @@ impl Importer {
             let var = format!("{env_prefix}_DB_PASSWORD");
             self.note(
                 "database.password",
-                format!("not copied: set {var} in the relay's environment (percent-encoded if it has characters such as @ / : ? # %)"),
+                format!("not copied: set {var} in the relay's environment (source_password takes it as written)"),
             );
             var
         });
         let mut url = String::from("postgres://");
-        if user.is_some() || password_var.is_some() {
-            url.push_str(user.as_deref().unwrap_or_default());
-            if let Some(var) = &password_var {
-                url.push_str(&format!(":${{{var}}}"));
-            }
+        if let Some(user) = &user {
+            url.push_str(user);
             url.push('@');
         }
         url.push_str(&format!("{host}:{port}"));

@@ -60,8 +60,9 @@ fn debeziums_outbox_example_loads_with_the_same_topics_and_columns() {
     assert_eq!(p.name, "outbox-connector");
     assert_eq!(
         p.source_url,
-        "postgres://postgresuser:pw@order-db:5432/orderdb"
+        "postgres://postgresuser@order-db:5432/orderdb"
     );
+    assert_eq!(p.source_password.as_deref(), Some("pw"));
     assert_eq!(
         (p.slot.as_str(), p.publication.as_str()),
         ("debezium", "dbz_publication")
@@ -143,7 +144,8 @@ fn debezium_1x_option_names_are_understood() {
         r#"event_type = "eventtype""#,
         r#"op_invalid_behavior = "warn""#,
         r#"topic_template = "${routedByValue}.events""#,
-        "source_url = \"postgres://postgresuser:${ORDERDB_DB_PASSWORD}@order-db:5432/orderdb\"",
+        "source_url = \"postgres://postgresuser@order-db:5432/orderdb\"",
+        "source_password = \"${ORDERDB_DB_PASSWORD}\"",
     ] {
         assert!(
             imported.toml.contains(expected),
@@ -240,7 +242,8 @@ fn every_router_option_is_mapped_or_noted() {
     let imported = translate(&connector).unwrap();
     let toml = &imported.toml;
     for expected in [
-        r#"source_url = "postgres://${DB_USER}:${BILLING_DB_PASSWORD}@[fe80::1]:5432/bill%20ing?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem""#,
+        r#"source_url = "postgres://${DB_USER}@[fe80::1]:5432/bill%20ing?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem""#,
+        r#"source_password = "${BILLING_DB_PASSWORD}""#,
         r#"slot = "billing_slot""#,
         "failover = true",
         r#"publication = "Billing-Pub""#,

@@ -98,6 +98,15 @@ impl PipelineConfig {
         };
         let (rest, mut tls, taken) = split(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
+        if let Some(password) = &self.source_password {
+            if config.get_password().is_some() {
+                return Err(ConfigError::new(
+                    "source_password",
+                    "the source URL has a password too: give it in one place",
+                ));
+            }
+            config.password(password.as_bytes());
+        }
         // tokio-postgres may have parsed an sslmode this parser did not see (`sslmode = require`
         // with spaces): never go below it.
         if !tls.mode_given && config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {

@@ -119,6 +119,16 @@ pub trait Source: Send {
 pub enum SourceError {
     #[error("i/o error on the connection to PostgreSQL")]
     Io(#[from] std::io::Error),
+    /// Connecting to one host of the source URL failed (refused, unreachable, no such name).
+    #[error("cannot connect to PostgreSQL at {endpoint}{hint}")]
+    Connect {
+        /// `host:port`, `host (address):port` or the socket path tried.
+        endpoint: String,
+        /// Advice when the host looks like part of a password.
+        hint: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("server error {code}: {message}")]
     Server { code: String, message: String },
     #[error("sql connection error")]
@@ -155,7 +165,7 @@ impl SourceError {
     /// unknown one counts as transient.
     pub fn is_transient(&self) -> bool {
         match self {
-            SourceError::Io(_) | SourceError::Closed => true,
+            SourceError::Io(_) | SourceError::Connect { .. } | SourceError::Closed => true,
             // A failover in progress: a standby becomes the primary.
             SourceError::NoHostFits(_) => true,
             SourceError::Protocol(_) => true,

@@ -719,13 +719,28 @@ async fn open_stream_pinned(
     config: &tokio_postgres::Config,
     endpoint: &Endpoint,
 ) -> Result<(Box<dyn Socket>, Endpoint), SourceError> {
+    let failed = |source: io::Error| {
+        let host = endpoint.tls_name();
+        SourceError::Connect {
+            endpoint: endpoint.to_string(),
+            // `postgres://u:p@ss@host/db` parses as user `u`, host `ss@host`.
+            hint: if host.contains(['@', '#', '/']) && endpoint.addr.is_none() {
+                " (a host name cannot hold '@', '#' or '/': is it part of a password? Percent-encode it in the URL, or give it in source_password)"
+            } else {
+                ""
+            },
+            source,
+        }
+    };
     if let Some(path) = endpoint.socket_path() {
-        return Ok((Box::new(UnixStream::connect(path).await?), endpoint.clone()));
+        let stream = UnixStream::connect(path).await.map_err(failed)?;
+        return Ok((Box::new(stream), endpoint.clone()));
     }
     let stream = match endpoint.addr {
-        Some(addr) => TcpStream::connect((addr, endpoint.port)).await?,
-        None => TcpStream::connect((endpoint.tls_name().as_str(), endpoint.port)).await?,
-    };
+        Some(addr) => TcpStream::connect((addr, endpoint.port)).await,
+        None => TcpStream::connect((endpoint.tls_name().as_str(), endpoint.port)).await,
+    }
+    .map_err(failed)?;
     stream.set_nodelay(true)?;
     set_keepalive(&stream, config)?;
     let pinned = Endpoint {
@@ -874,6 +889,37 @@ fn unexpected(during: &str) -> SourceError {
 
 #[cfg(test)]
 mod tests {
+
+    /// A connection error names the host and port tried, and a host that looks like the
+    /// rest of a password with an '@' says so.
+    #[tokio::test]
+    async fn a_connection_error_names_the_host_and_port_it_tried() {
+        let config = tokio_postgres::Config::new();
+        let endpoint = |host: &str| Endpoint {
+            host: Some(tokio_postgres::config::Host::Tcp(host.into())),
+            addr: None,
+            port: 1,
+        };
+        let error = open_stream(&config, &endpoint("127.0.0.1"))
+            .await
+            .err()
+            .unwrap();
+        let text = crate::error::chain(&error);
+        assert!(
+            text.starts_with("cannot connect to PostgreSQL at 127.0.0.1:1: "),
+            "{text}"
+        );
+        assert!(!text.contains("password"), "{text}");
+        let error = open_stream(&config, &endpoint("ss@127.0.0.1"))
+            .await
+            .err()
+            .unwrap();
+        let text = crate::error::chain(&error);
+        assert!(
+            text.contains("at ss@127.0.0.1:1 (") && text.contains("source_password"),
+            "{text}"
+        );
+    }
     use super::*;
 
     #[test]

@@ -627,3 +627,81 @@ async fn sql_connections_follow_the_host_the_walsender_was_reached_on() {
     drop(relay);
     refusing.stop("fast");
 }
+
+/// A password with `@`, `#`, `/`, `:` and `?` given beside the URL (`source_password_file` in
+/// a config file, `OUTBOX_RELAY_SOURCE_PASSWORD` with the flags) is taken as written: no
+/// percent-encoding, and a SCRAM server accepts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_with_url_characters_is_given_beside_the_url() {
+    const TRICKY: &str = "p@ss#w/rd:1?x";
+    let cluster = support::PgCluster::start_private(&unique_name("tricky_pw"));
+    cluster.psql(
+        "postgres",
+        &format!("ALTER ROLE relay_scram PASSWORD '{TRICKY}'"),
+    );
+    let setup = crate::Setup::new_on(&cluster, "tricky_pw", &["Order"], 1).await;
+    let url = format!(
+        "postgres://relay_scram@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("password");
+    std::fs::write(&password_file, format!("{TRICKY}\n")).unwrap();
+    std::fs::set_permissions(
+        &password_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let toml = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n[[pipelines]]\nname = \"p\"\nsource_url = \"{url}\"\nsource_password_file = \"{}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n",
+        kafka().bootstrap(),
+        password_file.display(),
+        setup.slot
+    );
+    let (_config_dir, args) = crate::run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let first = setup
+        .db
+        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        consumed[0].header_str("id").as_deref(),
+        Some(first.as_str())
+    );
+    relay.sigterm();
+    assert!(
+        relay.wait(Duration::from_secs(40)).success(),
+        "{}",
+        relay.log()
+    );
+
+    // The same with the single-database flags and the password in the environment.
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let at = args.iter().position(|a| a == "--source-url").unwrap() + 1;
+    args[at] = url;
+    let mut relay = Relay::spawn_with_env(&args, &[("OUTBOX_RELAY_SOURCE_PASSWORD", TRICKY)]);
+    setup.wait_streaming().await;
+    let second = setup
+        .db
+        .insert_event(&setup.types[0], "1", "Updated", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(2, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        consumed[1].header_str("id").as_deref(),
+        Some(second.as_str())
+    );
+    assert!(!relay.log().contains(TRICKY), "the password was logged");
+    relay.sigterm();
+    assert!(
+        relay.wait(Duration::from_secs(40)).success(),
+        "{}",
+        relay.log()
+    );
+}

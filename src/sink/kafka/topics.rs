@@ -120,10 +120,12 @@ impl TopicGate {
 
     /// Why records wait, when a topic is missing: its name and the fix.
     pub fn waiting(&self) -> Option<String> {
-        lock(&self.shared.states).values().find_map(|state| match state {
-            TopicState::Missing { why, .. } => Some(why.clone()),
-            _ => None,
-        })
+        lock(&self.shared.states)
+            .values()
+            .find_map(|state| match state {
+                TopicState::Missing { why, .. } => Some(why.clone()),
+                _ => None,
+            })
     }
 
     /// Asks the cluster whether `topic` exists, and creates it if it may.
