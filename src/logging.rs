@@ -8,7 +8,45 @@
 
 use std::io::{self, Write};
 
+use serde::{Deserialize, Serialize};
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written (`--log-format`, `OUTBOX_RELAY_LOG_FORMAT`, `[log] format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One line per event, control characters from rows and servers escaped.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the process's log subscriber on standard error: `RUST_LOG` when set (tracing's
+/// filter syntax), else `level` (`--log-level`, `OUTBOX_RELAY_LOG_LEVEL` or `[log] level`:
+/// `error`, `warn`, `info`, `debug`, `trace`, or the same filter syntax), else `info`.
+///
+/// Returns an error naming the setting if `level` is no valid filter.
+pub fn init(format: LogFormat, level: Option<&str>) -> Result<(), String> {
+    let filter = match (EnvFilter::try_from_default_env(), level) {
+        (Ok(filter), _) => filter,
+        (Err(_), Some(level)) => EnvFilter::try_new(level).map_err(|e| {
+            format!("log level {level:?} (--log-level, OUTBOX_RELAY_LOG_LEVEL or [log] level): {e}")
+        })?,
+        (Err(_), None) => EnvFilter::new("info"),
+    };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    match format {
+        // Control characters from rows and servers escaped: no forged log lines.
+        LogFormat::Text => subscriber.with_writer(EscapingStderr { ansi }).init(),
+        LogFormat::Json => subscriber.with_writer(std::io::stderr).json().init(),
+    }
+    Ok(())
+}
 
 /// Standard error through an [`EscapingWriter`]; `ansi` as the formatter's `with_ansi`.
 #[derive(Clone, Copy, Debug)]

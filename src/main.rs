@@ -1,19 +1,24 @@
 //! The `outbox-relay` binary: parses the CLI, sets up logging and runs the library.
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use outbox_relay::config::{self, KafkaConfig, PipelineConfig, TableName};
 use outbox_relay::error::chain;
+use outbox_relay::logging::LogFormat;
 use outbox_relay::Metrics;
-use tracing_subscriber::EnvFilter;
 
 /// Relays transactional outbox rows from PostgreSQL (logical replication, pgoutput) to Kafka.
 #[derive(Parser)]
 #[command(version = VERSION_WITH_COMMIT, about)]
 struct Cli {
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_RELAY_LOG_FORMAT", global = true)]
-    log_format: LogFormat,
+    /// Log format [default: the config file's [log] format, else text].
+    #[arg(long, value_enum, env = "OUTBOX_RELAY_LOG_FORMAT", global = true)]
+    log_format: Option<LogFormat>,
+    /// Log level (error, warn, info, debug, trace, or a tracing filter such as
+    /// outbox_relay=debug,info); RUST_LOG, when set, wins [default: the config file's [log]
+    /// level, else info].
+    #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", global = true)]
+    log_level: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,12 +30,6 @@ const VERSION_WITH_COMMIT: &str = concat!(
     env!("OUTBOX_RELAY_COMMIT"),
     ")"
 );
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
 
 #[derive(Subcommand)]
 enum Command {
@@ -117,6 +116,19 @@ enum Command {
         /// application.properties.
         connector: std::path::PathBuf,
     },
+}
+
+impl Command {
+    /// The config file the command reads, if any.
+    fn config_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Run(args)
+            | Command::Check(args)
+            | Command::Status(args)
+            | Command::Setup { args, .. } => args.config.as_deref(),
+            Command::Probe { .. } | Command::ImportDebezium { .. } => None,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -312,17 +324,16 @@ impl RunArgs {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match cli.log_format {
-        // Control characters from rows and servers escaped: no forged log lines.
-        LogFormat::Text => subscriber
-            .with_writer(outbox_relay::logging::EscapingStderr { ansi })
-            .init(),
-        LogFormat::Json => subscriber.with_writer(std::io::stderr).json().init(),
+    let file_log = cli
+        .command
+        .config_path()
+        .map(config::file::log_section)
+        .unwrap_or_default();
+    let format = cli.log_format.or(file_log.format).unwrap_or_default();
+    let level = cli.log_level.or(file_log.level);
+    if let Err(e) = outbox_relay::logging::init(format, level.as_deref()) {
+        eprintln!("outbox-relay: {e}");
+        return std::process::ExitCode::from(outbox_relay::error::EXIT_CONFIG);
     }
     match run(cli.command).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -433,19 +444,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 metrics_listen,
                 on_pipeline_failure,
             } = relay(args, true)?;
+            tracing::info!(
+                version = outbox_relay::VERSION,
+                commit = outbox_relay::COMMIT,
+                ?on_pipeline_failure,
+                "starting outbox-relay"
+            );
             for config in &pipelines {
-                // One short line at INFO; the whole configuration (secrets hidden) at DEBUG.
+                // One line: the settings that differ from their defaults, secrets hidden.
                 tracing::info!(
                     pipeline = %config.name,
-                    source_kind = ?config.source_kind,
-                    table = %config.table,
-                    slot = %config.slot,
-                    publication = %config.publication,
                     sink = config.sink.kind(),
-                    exactly_once = config.exactly_once,
+                    settings = %config.summary(),
                     "starting pipeline"
                 );
-                tracing::debug!(?config, "pipeline configuration");
             }
             outbox_relay::run(
                 pipelines,
@@ -601,6 +613,7 @@ mod tests {
         "no_slot_record",
         "on_pipeline_failure",
         "log_format",
+        "log_level",
         "help",
     ];
 

@@ -72,12 +72,41 @@ pub struct FileConfig {
     /// [`OnPipelineFailure`].
     #[serde(default, skip_serializing_if = "is_default")]
     pub on_pipeline_failure: OnPipelineFailure,
+    /// `[log]`: read before the rest of the file, to set up logging ([`log_section`]).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub log: LogSection,
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
+}
+
+/// `[log]`: the level and format of the log, under `--log-level` and `--log-format` (and
+/// their variables), which win.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<crate::logging::LogFormat>,
+}
+
+/// The `[log]` section of the file at `path`, read on its own before logging is set up; a
+/// file that cannot be read or parsed gives none (loading it later reports why).
+pub fn log_section(path: &Path) -> LogSection {
+    #[derive(Deserialize)]
+    struct OnlyLog {
+        #[serde(default)]
+        log: LogSection,
+    }
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| toml::from_str::<OnlyLog>(&text).ok())
+        .map(|only| only.log)
+        .unwrap_or_default()
 }
 
 /// `[metrics]`.

@@ -16,6 +16,7 @@ pub mod polling;
 mod route;
 pub mod secret_file;
 pub mod sink;
+mod summary;
 mod table;
 mod url;
 

@@ -454,3 +454,19 @@ fn a_syntax_error_names_the_line_without_showing_it() {
     assert!(errors.contains("line 5"), "{errors}");
     assert!(!errors.contains("0042"), "the line is shown: {errors}");
 }
+
+#[test]
+fn the_log_section_is_read_on_its_own_and_a_broken_file_gives_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("relay.toml");
+    std::fs::write(
+        &path,
+        "[log]\nlevel = \"debug\"\nformat = \"json\"\n[[pipelines]]\nname = 1\n",
+    )
+    .unwrap();
+    let log = super::log_section(&path);
+    assert_eq!(log.level.as_deref(), Some("debug"));
+    assert_eq!(log.format, Some(crate::logging::LogFormat::Json));
+    std::fs::write(&path, "[log\nlevel = ").unwrap();
+    assert_eq!(super::log_section(&path), super::LogSection::default());
+}
