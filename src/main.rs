@@ -79,6 +79,27 @@ enum Command {
     ///   outbox-relay check --config relay.toml
     #[command(verbatim_doc_comment)]
     Check(RunArgs),
+    /// Removes what a pipeline left in its database once it is gone from service: its
+    /// replication slot (which keeps WAL until dropped; refused while a relay streams from it),
+    /// its slot record row, and its publication when that publishes the outbox table alone and
+    /// no other pipeline of the config uses it. Says what it will remove and asks for the
+    /// pipeline's name to confirm (--yes: no question); --print-sql prints the statements.
+    /// With --config, name the pipelines with --pipeline; for a pipeline already removed from
+    /// the file, give its database and slot with the single-database flags.
+    ///
+    ///   outbox-relay teardown --config relay.toml --pipeline orders
+    ///   outbox-relay teardown --source-url ... --slot old_slot --publication outbox_pub --yes
+    #[command(verbatim_doc_comment)]
+    Teardown {
+        #[command(flatten)]
+        args: RunArgs,
+        /// Print the SQL instead of running it.
+        #[arg(long)]
+        print_sql: bool,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Shows, per pipeline, the slot's holder pid, confirmed flush LSN, lag in bytes behind
     /// the server's WAL, wal_status and safe_wal_size, whether it is a failover slot, with
     /// --standby-url its copy on the standby (synced, temporary, local, invalidated, missing),
@@ -125,7 +146,8 @@ impl Command {
             Command::Run(args)
             | Command::Check(args)
             | Command::Status(args)
-            | Command::Setup { args, .. } => args.config.as_deref(),
+            | Command::Setup { args, .. }
+            | Command::Teardown { args, .. } => args.config.as_deref(),
             Command::Probe { .. } | Command::ImportDebezium { .. } => None,
         }
     }
@@ -511,6 +533,31 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Teardown {
+            mut args,
+            print_sql,
+            yes,
+        } => {
+            let names = std::mem::take(&mut args.pipelines);
+            anyhow::ensure!(
+                args.config.is_none() || !names.is_empty(),
+                "name the pipelines to tear down with --pipeline NAME"
+            );
+            let all = relay(args, false)?.pipelines;
+            for name in &names {
+                anyhow::ensure!(
+                    all.iter().any(|p| &p.name == name),
+                    "--pipeline {name}: no such pipeline in the config file"
+                );
+            }
+            let (chosen, others): (Vec<_>, Vec<_>) = all
+                .into_iter()
+                .partition(|p| names.is_empty() || names.contains(&p.name));
+            for config in &chosen {
+                teardown(config, &others, print_sql, yes).await?;
+            }
+            Ok(())
+        }
         Command::Check(args) => {
             let (pipelines, _) = pipelines(args, true)?;
             let mut failed = false;
@@ -595,6 +642,74 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Tears `config` down (see `Command::Teardown`), `others` being the config's other
+/// pipelines.
+async fn teardown(
+    config: &PipelineConfig,
+    others: &[PipelineConfig],
+    print_sql: bool,
+    yes: bool,
+) -> anyhow::Result<()> {
+    use outbox_relay::source::slot::{self, teardown};
+    if config.source_kind == config::SourceKind::Polling {
+        println!(
+            "pipeline {}: polling source: no slot or publication to remove (the outbox table is the application's)",
+            config.name
+        );
+        return Ok(());
+    }
+    if print_sql {
+        println!(
+            "-- pipeline {}, in its database:\n{}\n",
+            config.name,
+            teardown::sql(config)
+        );
+        return Ok(());
+    }
+    let context = || format!("pipeline {}", config.name);
+    let (client, _connection) = slot::connect(config).await.with_context(context)?;
+    let plan = teardown::plan(&client, config, others)
+        .await
+        .map_err(outbox_relay::Error::from)
+        .with_context(context)?;
+    for kept in &plan.kept {
+        println!("pipeline {}: keeps {kept}", config.name);
+    }
+    if plan.steps.is_empty() {
+        println!("pipeline {}: nothing to remove", config.name);
+        return Ok(());
+    }
+    for step in &plan.steps {
+        println!("pipeline {}: will remove {}", config.name, step.what);
+    }
+    if !yes {
+        anyhow::ensure!(
+            std::io::IsTerminal::is_terminal(&std::io::stdin()),
+            "pipeline {}: not confirmed: run it in a terminal to be asked, or pass --yes",
+            config.name
+        );
+        eprint!(
+            "type the pipeline's name ({}) to remove these: ",
+            config.name
+        );
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        anyhow::ensure!(
+            answer.trim() == config.name,
+            "pipeline {}: not confirmed; nothing removed",
+            config.name
+        );
+    }
+    for done in teardown::run(&client, &plan)
+        .await
+        .map_err(outbox_relay::Error::from)
+        .with_context(context)?
+    {
+        println!("pipeline {}: {done}", config.name);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use crate::shutdown::AbortOnDrop;
 pub mod columns;
 pub mod failover;
 pub mod standby;
+pub mod teardown;
 
 use failover::Invalidation;
 

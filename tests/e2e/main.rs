@@ -60,6 +60,7 @@ mod standby;
 mod supervision;
 mod tables;
 mod takeover;
+mod teardown;
 mod topics;
 mod versions;
 
