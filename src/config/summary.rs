@@ -94,7 +94,6 @@ mod tests {
             ("linger.ms".into(), "1".into()),
         ];
         config.max_in_flight_events = 500;
-        let summary = config.summary();
         config.sink = crate::config::SinkConfig::Http(crate::config::HttpConfig {
             url: crate::config::SinkUrl("https://hooks.example.com/services/T0KEN?sig=abc".into()),
             secret: Secret("hmac-key".into()),
