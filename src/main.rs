@@ -176,12 +176,7 @@ struct RunArgs {
     #[arg(long, env = "OUTBOX_RELAY_ON_PIPELINE_FAILURE", value_enum)]
     on_pipeline_failure: Option<outbox_relay::OnPipelineFailure>,
     /// libpq URL or key=value string of the source database; the role needs REPLICATION.
-    #[arg(
-        long,
-        env = "OUTBOX_RELAY_SOURCE_URL",
-        hide_env_values = true,
-        required_unless_present = "config"
-    )]
+    #[arg(long, env = "OUTBOX_RELAY_SOURCE_URL", hide_env_values = true)]
     source_url: Option<String>,
     /// The source role's password when the URL has none, taken as written (no
     /// percent-encoding); give it in the environment, not on the command line.
@@ -345,7 +340,10 @@ impl RunArgs {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => e.exit_naming_variable(),
+    };
     let file_log = cli
         .command
         .config_path()
@@ -361,8 +359,61 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             let code = exit_code(&e);
-            tracing::error!(error = %chain(e.as_ref()), exit_code = code, "outbox-relay failed");
+            if format == LogFormat::Text && e.downcast_ref::<config::ConfigErrors>().is_some() {
+                // The file's or the flags' problems, one per line, as a terminal shows them.
+                eprintln!("outbox-relay: {}", chain(e.as_ref()));
+            } else {
+                tracing::error!(error = %chain(e.as_ref()), exit_code = code, "outbox-relay failed");
+            }
             std::process::ExitCode::from(code)
+        }
+    }
+}
+
+/// A command-line error whose value came from an environment variable says so: clap names
+/// the flag only (`invalid value 'abc' for '--max-in-flight-events'`), and the flag is nowhere
+/// on the command line.
+trait NamingVariable {
+    fn exit_naming_variable(self) -> !;
+}
+
+impl NamingVariable for clap::Error {
+    fn exit_naming_variable(self) -> ! {
+        use clap::error::{ContextKind, ContextValue};
+        let flag = match self.get(ContextKind::InvalidArg) {
+            Some(ContextValue::String(flag)) => flag.clone(),
+            _ => self.exit(),
+        };
+        let long = flag
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("--")
+            .to_owned();
+        let on_command_line = std::env::args().any(|a| {
+            a.strip_prefix("--")
+                .is_some_and(|a| a.split('=').next() == Some(long.as_str()))
+        });
+        let command = <Cli as clap::CommandFactory>::command();
+        let variable = command
+            .get_subcommands()
+            .chain(std::iter::once(&command))
+            .flat_map(|c| c.get_arguments())
+            .find(|a| a.get_long() == Some(long.as_str()))
+            .and_then(|a| a.get_env())
+            .map(|v| v.to_string_lossy().into_owned());
+        match variable {
+            Some(variable) if !on_command_line && std::env::var_os(&variable).is_some() => {
+                let reason = self.to_string();
+                let reason = reason
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ");
+                eprintln!("error: environment variable {variable}: {reason}");
+                std::process::exit(2);
+            }
+            _ => self.exit(),
         }
     }
 }
@@ -428,6 +479,11 @@ fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::Re
                 on_pipeline_failure: args.on_pipeline_failure.unwrap_or(file.on_pipeline_failure),
             })
         }
+        None if args.source_url.is_none() => Err(config::ConfigErrors(vec![config::ConfigError::new(
+            "source_url",
+            "no source database: give --config FILE (one or several databases; see examples/relay.toml) or --source-url URL (one database; or OUTBOX_RELAY_SOURCE_URL, OUTBOX_RELAY_CONFIG)",
+        )])
+        .into()),
         None => {
             let metrics_listen = args.metrics_listen;
             let on_pipeline_failure = args.on_pipeline_failure.unwrap_or_default();

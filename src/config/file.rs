@@ -311,21 +311,7 @@ pub(crate) fn resolve(
     figment: Figment,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(RelayConfig, Vec<ConfigError>), ConfigErrors> {
-    let file: FileConfig = figment.extract().map_err(|errors| {
-        ConfigErrors(
-            errors
-                .into_iter()
-                .map(|e| ConfigError {
-                    field: if e.path.is_empty() {
-                        "config".into()
-                    } else {
-                        e.path.join(".")
-                    },
-                    problem: without_value(&e.kind),
-                })
-                .collect(),
-        )
-    })?;
+    let file = extract(&figment)?;
     let mut problems = Vec::new();
     if file.pipelines.is_empty() {
         problems.push(ConfigError::new(
@@ -459,6 +445,132 @@ pub(crate) fn resolve(
         on_pipeline_failure: file.on_pipeline_failure,
     };
     Ok((relay, problems))
+}
+
+/// Extracts the file's schema from `figment`. serde stops at the first unknown key: each one
+/// is taken out and the extraction tried again, so that every unknown key is reported at
+/// once, each with the known key it most resembles.
+///
+/// Returns every unknown key, or else the first other problem, each with its field path.
+fn extract(figment: &Figment) -> Result<FileConfig, ConfigErrors> {
+    use figment::error::Kind;
+    let mut value = figment.find_value("").ok();
+    let mut unknown = Vec::new();
+    // Bounded: each round takes one key out.
+    for _ in 0..100 {
+        let attempt = match &value {
+            Some(v) if !unknown.is_empty() => {
+                Figment::from(Serialized::defaults(v.clone())).extract::<FileConfig>()
+            }
+            _ => figment.extract::<FileConfig>(),
+        };
+        let errors = match attempt {
+            Ok(file) if unknown.is_empty() => return Ok(file),
+            Ok(_) => return Err(ConfigErrors(unknown)),
+            Err(errors) => errors,
+        };
+        let mut other = Vec::new();
+        let mut removed = false;
+        for e in errors {
+            match (&e.kind, value.as_mut()) {
+                (Kind::UnknownField(name, expected), Some(root)) => {
+                    let mut parent = e.path.clone();
+                    parent.pop();
+                    removed |= remove_key(root, &parent, name);
+                    unknown.push(ConfigError {
+                        field: field_path(&e.path),
+                        problem: match closest(name, expected) {
+                            Some(known) => format!("unknown key; did you mean `{known}`?"),
+                            None => format!("unknown key; known here: {}", expected.join(", ")),
+                        },
+                    });
+                }
+                _ => other.push(ConfigError {
+                    field: field_path(&e.path),
+                    problem: without_value(&e.kind),
+                }),
+            }
+        }
+        if !removed {
+            unknown.extend(other);
+            return Err(ConfigErrors(unknown));
+        }
+    }
+    Err(ConfigErrors(unknown))
+}
+
+/// `pipelines[0].route.by_field` from figment's path `["pipelines", "0", "route", ...]`; the
+/// file as a whole is `config`.
+fn field_path(path: &[String]) -> String {
+    let mut text = String::new();
+    for part in path {
+        if part.bytes().all(|b| b.is_ascii_digit()) && !text.is_empty() {
+            text.push_str(&format!("[{part}]"));
+        } else {
+            if !text.is_empty() {
+                text.push('.');
+            }
+            text.push_str(part);
+        }
+    }
+    if text.is_empty() {
+        "config".into()
+    } else {
+        text
+    }
+}
+
+/// Takes `key` out of the table at `parent` (figment path parts) under `root`; whether it was
+/// there.
+fn remove_key(root: &mut Value, parent: &[String], key: &str) -> bool {
+    let mut at = root;
+    for part in parent {
+        at = match at {
+            Value::Dict(_, dict) => match dict.get_mut(part) {
+                Some(v) => v,
+                None => return false,
+            },
+            Value::Array(_, items) => {
+                match part.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                    Some(v) => v,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        };
+    }
+    match at {
+        Value::Dict(_, dict) => dict.remove(key).is_some(),
+        _ => false,
+    }
+}
+
+/// The known key closest to `name` by edit distance, if close enough to be a misspelling.
+fn closest<'a>(name: &str, known: &'a [&'static str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(name, k), *k))
+        .filter(|(d, k)| *d <= (k.len().max(name.len()) / 3).max(1))
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance, in characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// figment's text for `kind` without the value it found, which may be a secret: the field

@@ -84,7 +84,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn new(field: &str, problem: impl Into<String>) -> Self {
+    pub fn new(field: &str, problem: impl Into<String>) -> Self {
         ConfigError {
             field: field.to_owned(),
             problem: problem.into(),

@@ -470,3 +470,22 @@ fn the_log_section_is_read_on_its_own_and_a_broken_file_gives_none() {
     std::fs::write(&path, "[log\nlevel = ").unwrap();
     assert_eq!(super::log_section(&path), super::LogSection::default());
 }
+
+#[test]
+fn every_unknown_key_is_reported_at_once_with_the_key_it_resembles() {
+    let errors = load_str(
+        "[kafka]\nbootstrap_servers = \"k:9092\"\n[[pipelines]]\nname = \"p\"\ntable = \"public.outbox\"\nslott = \"s\"\nsource_urll = \"x\"\n[pipelines.routee]\nby_field = \"t\"\n[metrics]\nlisen = \"127.0.0.1:1\"\n",
+        &[],
+    )
+    .unwrap_err();
+    let text = errors.to_string();
+    for expected in [
+        "pipelines[0].slott: unknown key; did you mean `slot`?",
+        "pipelines[0].source_urll: unknown key; did you mean `source_url`?",
+        "pipelines[0].routee: unknown key; did you mean `route`?",
+        "metrics.lisen: unknown key; did you mean `listen`?",
+    ] {
+        assert!(text.contains(expected), "{expected} missing in {text}");
+    }
+    assert_eq!(errors.0.len(), 4, "{text}");
+}
