@@ -157,7 +157,7 @@ impl Command {
 struct RunArgs {
     /// TOML config file with one [[pipelines]] entry per database (examples/relay.toml);
     /// replaces the single-database flags.
-    #[arg(long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
+    #[arg(help_heading = "Config file", long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "source_password", "source_password_file", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
@@ -165,22 +165,33 @@ struct RunArgs {
     ])]
     config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
-    #[arg(long = "pipeline", requires = "config")]
+    #[arg(help_heading = "Config file", long = "pipeline", requires = "config")]
     pipelines: Vec<String>,
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9187).
-    #[arg(long, env = "OUTBOX_RELAY_METRICS_LISTEN")]
+    #[arg(help_heading = "Process", long, env = "OUTBOX_RELAY_METRICS_LISTEN")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// What a pipeline stopped by an error that retrying cannot fix does: exit (the others
     /// drain, the process exits with its exit code) or retry (it starts again after a long
     /// backoff, the others go on) [default: the config file's on_pipeline_failure, else exit].
-    #[arg(long, env = "OUTBOX_RELAY_ON_PIPELINE_FAILURE", value_enum)]
+    #[arg(
+        help_heading = "Process",
+        long,
+        env = "OUTBOX_RELAY_ON_PIPELINE_FAILURE",
+        value_enum
+    )]
     on_pipeline_failure: Option<outbox_relay::OnPipelineFailure>,
     /// libpq URL or key=value string of the source database; the role needs REPLICATION.
-    #[arg(long, env = "OUTBOX_RELAY_SOURCE_URL", hide_env_values = true)]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_SOURCE_URL",
+        hide_env_values = true
+    )]
     source_url: Option<String>,
     /// The source role's password when the URL has none, taken as written (no
     /// percent-encoding); give it in the environment, not on the command line.
     #[arg(
+        help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_SOURCE_PASSWORD",
         hide_env_values = true,
@@ -188,104 +199,160 @@ struct RunArgs {
     )]
     source_password: Option<String>,
     /// A file holding the source role's password (a mounted secret), when the URL has none.
-    #[arg(long, env = "OUTBOX_RELAY_SOURCE_PASSWORD_FILE")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_SOURCE_PASSWORD_FILE"
+    )]
     source_password_file: Option<String>,
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot, or
     /// unless the slot record says the relay streamed from it before.
-    #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_SLOT",
+        default_value = "outbox_relay"
+    )]
     slot: String,
     /// Publication that includes the outbox table; its exact name, without quotes.
-    #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_pub")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_PUBLICATION",
+        default_value = "outbox_pub"
+    )]
     publication: String,
     /// The outbox table, schema.table; double-quote a part as in SQL ('"Billing-Prod"."Outbox"'),
     /// an unquoted part is taken as written (no case folding).
-    #[arg(long, env = "OUTBOX_RELAY_TABLE", default_value = "public.outbox")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_TABLE",
+        default_value = "public.outbox"
+    )]
     table: TableName,
     /// Kafka bootstrap servers, host:port[,host:port].
-    #[arg(long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS")]
+    #[arg(help_heading = "Kafka", long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS")]
     bootstrap_servers: Option<String>,
     /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
-    #[arg(long = "kafka-property", value_parser = parse_property)]
+    #[arg(help_heading = "Kafka", long = "kafka-property", value_parser = parse_property)]
     kafka_properties: Vec<(String, String)>,
     /// Publish transactional logical decoding messages with this prefix as outbox events
     /// (pg_logical_emit_message(true, 'PREFIX', '{"aggregate_type": ..., "payload": ...}')).
-    #[arg(long, env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_MESSAGE_PREFIX"
+    )]
     message_prefix: Option<String>,
     /// Topic for each event, with ${routedByValue} where the routing value goes.
     #[arg(
+        help_heading = "Routing",
         long,
         env = "OUTBOX_RELAY_TOPIC_TEMPLATE",
         default_value = "${routedByValue}.events"
     )]
     topic_template: String,
     /// Route by this column's value instead of the aggregate type (Debezium's route.by.field).
-    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY_FIELD")]
+    #[arg(help_heading = "Routing", long, env = "OUTBOX_RELAY_ROUTE_BY_FIELD")]
     route_by_field: Option<String>,
     /// Case of the routing value in the topic name.
-    #[arg(long, env = "OUTBOX_RELAY_TOPIC_CASE", value_enum, default_value_t = config::TopicCase::Preserve)]
+    #[arg(help_heading = "Routing", long, env = "OUTBOX_RELAY_TOPIC_CASE", value_enum, default_value_t = config::TopicCase::Preserve)]
     topic_case: config::TopicCase,
     /// What an UPDATE or DELETE of an outbox row does.
-    #[arg(long, env = "OUTBOX_RELAY_OP_INVALID_BEHAVIOR", value_enum, default_value_t = config::InvalidOpBehavior::Ignore)]
+    #[arg(help_heading = "Routing", long, env = "OUTBOX_RELAY_OP_INVALID_BEHAVIOR", value_enum, default_value_t = config::InvalidOpBehavior::Ignore)]
     op_invalid_behavior: config::InvalidOpBehavior,
     /// Pipeline name in logs and metrics.
-    #[arg(long, env = "OUTBOX_RELAY_PIPELINE_NAME", default_value = "default")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_PIPELINE_NAME",
+        default_value = "default"
+    )]
     pipeline_name: String,
     /// Fail instead of creating the slot when it does not exist (with --config: for every
     /// pipeline, whatever the file says).
-    #[arg(long, env = "OUTBOX_RELAY_NO_CREATE_SLOT")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_NO_CREATE_SLOT"
+    )]
     no_create_slot: bool,
     /// Create the slot as a failover slot (PostgreSQL 17+), which a standby with
     /// sync_replication_slots = on keeps in sync; `setup` also turns it on for an existing
     /// slot no walsender holds.
-    #[arg(long, env = "OUTBOX_RELAY_FAILOVER")]
+    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_FAILOVER")]
     failover: bool,
     /// libpq URL of the physical standby that should keep the failover slot in sync; `check`
     /// and `status` read its settings and its copy of the slot.
-    #[arg(long, env = "OUTBOX_RELAY_STANDBY_URL", hide_env_values = true)]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_STANDBY_URL",
+        hide_env_values = true
+    )]
     standby_url: Option<String>,
     /// Do not record in the source database which slot the relay streamed from (with
     /// --config: for every pipeline). Without the record, a relay started after its slot was
     /// lost creates a new one and never publishes the events in between.
-    #[arg(long, env = "OUTBOX_RELAY_NO_SLOT_RECORD")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_NO_SLOT_RECORD"
+    )]
     no_slot_record: bool,
     /// Schema of the slot record table (streamed_slots), created if missing.
-    #[arg(long, env = "OUTBOX_RELAY_SLOT_RECORD_SCHEMA", default_value = config::DEFAULT_SLOT_RECORD_SCHEMA)]
+    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_SLOT_RECORD_SCHEMA", default_value = config::DEFAULT_SLOT_RECORD_SCHEMA)]
     slot_record_schema: String,
     /// Standby status update interval, ms.
-    #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
+    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
     status_interval_ms: u64,
     /// Records sent to Kafka and not yet acknowledged before WAL reading pauses.
-    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
+    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
     max_in_flight_events: usize,
     /// Bytes (key + value + headers) in flight before WAL reading pauses.
-    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
     max_in_flight_bytes: usize,
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
-    #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
+    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     shutdown_timeout_secs: u64,
     /// Seconds a record may wait for the sink's acknowledgement before the pipeline reads as
     /// degraded and /readyz fails.
-    #[arg(long, env = "OUTBOX_RELAY_MAX_EVENT_WAIT_SECS", default_value_t = config::DEFAULT_MAX_EVENT_WAIT_SECS)]
+    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_EVENT_WAIT_SECS", default_value_t = config::DEFAULT_MAX_EVENT_WAIT_SECS)]
     max_event_wait_secs: u64,
     /// When another walsender holds the slot and its client has sent no status update for
     /// this many seconds (a hung or stopped relay), terminate it and take the slot over.
     /// Default: never. The role needs pg_read_all_stats (to see reply_time) and
     /// pg_signal_backend (or the holder's role, or superuser).
-    #[arg(long, env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS")]
+    #[arg(
+        help_heading = "Source database",
+        long,
+        env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS"
+    )]
     terminate_stale_walsender_after_secs: Option<u64>,
     /// Exactly-once mode: a transactional producer commits consecutive PostgreSQL
     /// transactions' events in batches (a config file's exactly_once_max_batch_* and
     /// exactly_once_batch_linger_ms), each with a checkpoint record in one Kafka transaction;
     /// read_committed consumers see every event once, also after a crash. Needs a broker with
     /// transactions and the checkpoint topic (cleanup.policy=compact).
-    #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE")]
+    #[arg(help_heading = "Exactly-once", long, env = "OUTBOX_RELAY_EXACTLY_ONCE")]
     exactly_once: bool,
     /// With --exactly-once: the Kafka transactional.id [default: outbox-relay-<pipeline name>];
     /// a relay started with the same id fences the one before it.
-    #[arg(long, env = "OUTBOX_RELAY_TRANSACTIONAL_ID", requires = "exactly_once")]
+    #[arg(
+        help_heading = "Exactly-once",
+        long,
+        env = "OUTBOX_RELAY_TRANSACTIONAL_ID",
+        requires = "exactly_once"
+    )]
     transactional_id: Option<String>,
     /// With --exactly-once: the compacted checkpoint topic [default: outbox-relay.checkpoints].
-    #[arg(long, env = "OUTBOX_RELAY_CHECKPOINT_TOPIC", requires = "exactly_once")]
+    #[arg(
+        help_heading = "Exactly-once",
+        long,
+        env = "OUTBOX_RELAY_CHECKPOINT_TOPIC",
+        requires = "exactly_once"
+    )]
     checkpoint_topic: Option<String>,
 }
 
