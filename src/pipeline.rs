@@ -33,7 +33,7 @@ use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
 use crate::source::coverage::{Checker, CoverageWatch};
 use crate::source::logical::LogicalSource;
-use crate::source::outbox::OutboxDecoder;
+use crate::source::outbox::{MessageOrigin, OutboxDecoder};
 use crate::source::replication::{ReplicationClient, ReplicationStream};
 use crate::source::slot;
 use crate::source::slot_record::{self, Recorder};
@@ -309,8 +309,11 @@ async fn run_session(
     .await?;
     slot::columns::check_published(&client, config).await?;
     let outbox_oid = slot::table_oid(&client, &config.table).await?;
-    // Exactly-once: where this timeline's history left earlier ones, to check the checkpoint.
-    let history = match config.exactly_once {
+    // Where this timeline's history left earlier ones: exactly-once checks the checkpoint
+    // against it, and message events get their default ids from it.
+    let origin_ids = config.message_prefix.is_some()
+        && config.message_default_id == crate::config::MessageDefaultId::Origin;
+    let history = match config.exactly_once || origin_ids {
         true => exactly_once::timeline_history(&mut replication, identity.timeline).await?,
         false => Vec::new(),
     };
@@ -431,7 +434,12 @@ async fn run_session(
     )
     .with_route_by(config.route.by_field.clone())
     .with_columns(router.columns().to_vec())
-    .with_oid(outbox_oid);
+    .with_oid(outbox_oid)
+    .with_message_origin(origin_ids.then(|| MessageOrigin {
+        system_id: identity.system_id.clone(),
+        timeline: identity.timeline,
+        switches: history.iter().map(|s| (s.timeline, s.switch_lsn)).collect(),
+    }));
     let mut source = LogicalSource::new(
         stream,
         decoder,

@@ -82,7 +82,10 @@ fn the_cli_reference_names_every_command_and_flag() {
     }
     missing.sort();
     missing.dedup();
-    assert!(missing.is_empty(), "docs/reference/cli.md lacks {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/reference/cli.md lacks {missing:?}"
+    );
 }
 
 #[test]
@@ -104,5 +107,8 @@ fn the_configuration_reference_names_every_pipeline_key() {
         .iter()
         .filter(|k| !doc.contains(&format!("`{k}")) && !doc.contains(&format!("{k} =")))
         .collect();
-    assert!(missing.is_empty(), "docs/reference/configuration.md lacks {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/reference/configuration.md lacks {missing:?}"
+    );
 }

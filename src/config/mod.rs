@@ -169,6 +169,9 @@ pub struct PipelineConfig {
     /// Transactional logical decoding messages with this prefix are outbox events too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_prefix: Option<String>,
+    /// The id of a message event that gives none ([`MessageDefaultId`]).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub message_default_id: MessageDefaultId,
     /// Always written out: the topic names are what consumers see.
     #[serde(default)]
     pub route: RouteConfig,
@@ -327,6 +330,18 @@ defaults! {
     default_exactly_once_batch_linger_ms, is_default_exactly_once_batch_linger_ms: u64 = DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS;
 }
 
+/// The id a logical decoding message event gets when its JSON has no `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageDefaultId {
+    /// `pg-<system identifier>-<timeline>-<LSN>`: unique across clusters and across a
+    /// failover's timelines (the timeline that wrote the LSN, the same on every replay).
+    #[default]
+    Origin,
+    /// `lsn-<LSN>`: unique within one cluster's timeline only.
+    Lsn,
+}
+
 impl PipelineConfig {
     /// The pipeline `name` reading `table`, every other field at its default (as a file entry
     /// with only these two keys): no source URL, slot or publication yet, no Kafka brokers.
@@ -344,6 +359,7 @@ impl PipelineConfig {
             polling: PollingConfig::default(),
             columns: OutboxColumns::default(),
             message_prefix: None,
+            message_default_id: MessageDefaultId::default(),
             route: RouteConfig::default(),
             additional_placement: Vec::new(),
             value_format: ValueFormat::default(),

@@ -197,6 +197,38 @@ pub struct OutboxDecoder {
     /// table's oid): a Relation with this id under another name is the outbox as it was named
     /// then, e.g. before the rename that `table` now follows.
     oid: Option<u32>,
+    /// Where a message event without an id gets its id; `None`: `lsn-<LSN>`.
+    message_origin: Option<MessageOrigin>,
+}
+
+/// The cluster a message event came from, for its default id `pg-<system identifier>-
+/// <timeline>-<LSN>`: unique across clusters, and across the timelines of a failover, since
+/// each LSN is named with the timeline that wrote it (the same on every replay).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageOrigin {
+    /// `IDENTIFY_SYSTEM`'s `systemid`.
+    pub system_id: String,
+    /// The server's current timeline.
+    pub timeline: u32,
+    /// Where each earlier timeline of the current one's history ended (`TIMELINE_HISTORY`,
+    /// PostgreSQL docs 55.4): (timeline, the LSN where the next one begins), in order.
+    pub switches: Vec<(u32, Lsn)>,
+}
+
+impl MessageOrigin {
+    /// The timeline that wrote `lsn`: the first earlier timeline that ended after it, else
+    /// the current one.
+    pub fn timeline_of(&self, lsn: Lsn) -> u32 {
+        self.switches
+            .iter()
+            .find(|(_, end)| lsn < *end)
+            .map_or(self.timeline, |(timeline, _)| *timeline)
+    }
+
+    /// The default id of a message event at `lsn`.
+    pub fn id(&self, lsn: Lsn) -> String {
+        format!("pg-{}-{}-{lsn}", self.system_id, self.timeline_of(lsn))
+    }
 }
 
 /// An outbox event in a logical decoding message (`pg_logical_emit_message(true, prefix,
@@ -204,7 +236,8 @@ pub struct OutboxDecoder {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MessageEvent<'a> {
-    /// Defaults to `lsn-<message LSN>`, the same on every replay of the message.
+    /// Defaults to [`MessageOrigin::id`] (or `lsn-<message LSN>`), the same on every replay
+    /// of the message.
     id: Option<String>,
     aggregate_type: String,
     aggregate_id: Option<String>,
@@ -228,7 +261,15 @@ impl OutboxDecoder {
             extra: Vec::new(),
             types: HashMap::new(),
             oid: None,
+            message_origin: None,
         }
+    }
+
+    /// Gives message events without an id the id `origin` makes ([`MessageOrigin::id`])
+    /// instead of `lsn-<LSN>`.
+    pub fn with_message_origin(mut self, origin: Option<MessageOrigin>) -> Self {
+        self.message_origin = origin;
+        self
     }
 
     /// Also takes the relation with id `oid` (the outbox table's oid when the session
@@ -289,7 +330,10 @@ impl OutboxDecoder {
             serde_json::from_slice(&message.content).map_err(|e| invalid(e.to_string()))?;
         let text = |raw: &RawValue| Bytes::copy_from_slice(raw.get().as_bytes());
         Ok(OutboxEvent {
-            id: Bytes::from(event.id.unwrap_or_else(|| format!("lsn-{}", message.lsn))),
+            id: Bytes::from(event.id.unwrap_or_else(|| match &self.message_origin {
+                Some(origin) => origin.id(message.lsn),
+                None => format!("lsn-{}", message.lsn),
+            })),
             aggregate_type: Bytes::from(event.aggregate_type),
             aggregate_id: event.aggregate_id.map(Bytes::from),
             event_type: event.event_type.map(Bytes::from),

@@ -463,6 +463,23 @@ async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
     )
     .await
     .unwrap();
+    // Without an id: the cluster's system identifier, the timeline and the LSN name it.
+    c.execute(
+        "SELECT pg_logical_emit_message(true, 'outbox', $1)",
+        &[&format!(
+            r#"{{"aggregate_type": "{t}", "aggregate_id": "k", "payload": 3}}"#
+        )],
+    )
+    .await
+    .unwrap();
+    let system_id: String = c
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
 
     let expected = vec![
         row,
@@ -478,16 +495,21 @@ async fn logical_messages_with_the_prefix_are_published_in_commit_order() {
     let consumed = consume(
         &kafka().bootstrap(),
         &[topics[0].as_str()],
-        3,
+        4,
         Duration::from_secs(2),
         Duration::from_secs(60),
     )
     .await;
     assert_eq!(
         consumed.len(),
-        3,
-        "only the two committed outbox messages and the row: {consumed:?}"
+        4,
+        "only the three committed outbox messages and the row: {consumed:?}"
     );
+    let default_id = String::from_utf8_lossy(header(&consumed[3], "id").unwrap()).into_owned();
+    let lsn = default_id
+        .strip_prefix(&format!("pg-{system_id}-1-"))
+        .unwrap_or_else(|| panic!("default id {default_id:?}, system identifier {system_id}"));
+    assert!(support::parse_lsn(lsn) > 0, "{default_id}");
     assert_delivered(&expected, &consumed[..2], true);
     assert_eq!(header(&consumed[1], "via"), Some(&b"message"[..]));
     assert_eq!(header(&consumed[2], "id"), Some(&b"m-2"[..]));

@@ -270,6 +270,39 @@ fn logical_messages_with_the_prefix_are_events() {
         Bytes::from(format!("lsn-{}", outbox.lsn)),
         "a replay gets the same id"
     );
+    // With the cluster's origin: its system identifier and the timeline of the LSN.
+    let origin = MessageOrigin {
+        system_id: "7312345678901234567".into(),
+        timeline: 3,
+        switches: Vec::new(),
+    };
+    let decoder = decoder.with_message_origin(Some(origin));
+    let event = decoder.on_message(outbox, Lsn(1)).unwrap();
+    assert_eq!(
+        event.id,
+        Bytes::from(format!("pg-7312345678901234567-3-{}", outbox.lsn))
+    );
+}
+
+/// An LSN is named with the timeline that wrote it: after a failover, a message replayed
+/// from before the switch keeps the id it had on the old timeline, and the same LSN on the
+/// new timeline (other WAL) gets another.
+#[test]
+fn a_message_id_names_the_timeline_that_wrote_its_lsn() {
+    let origin = MessageOrigin {
+        system_id: "42".into(),
+        timeline: 3,
+        switches: vec![(1, Lsn(0x100)), (2, Lsn(0x200))],
+    };
+    assert_eq!(origin.timeline_of(Lsn(0xFF)), 1);
+    assert_eq!(
+        origin.timeline_of(Lsn(0x100)),
+        2,
+        "the switch LSN begins the next timeline"
+    );
+    assert_eq!(origin.timeline_of(Lsn(0x1FF)), 2);
+    assert_eq!(origin.timeline_of(Lsn(0x200)), 3);
+    assert_eq!(origin.id(Lsn(0x150)), "pg-42-2-0/150");
 }
 
 #[test]
