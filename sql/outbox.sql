@@ -19,8 +19,15 @@ CREATE TABLE IF NOT EXISTS outbox (
   created_at     timestamptz NOT NULL DEFAULT now()
 );
 
--- Only inserts: updates and deletes of outbox rows never reach the relay.
-CREATE PUBLICATION outbox_pub FOR TABLE outbox WITH (publish = 'insert');
+-- Only inserts: updates and deletes of outbox rows never reach the relay. Created unless it
+-- exists (this file may run again).
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = 'outbox_pub') THEN
+    CREATE PUBLICATION outbox_pub FOR TABLE outbox WITH (publish = 'insert');
+  END IF;
+END
+$$;
 
 -- The relay's role needs REPLICATION (for the walsender) and to see the publication's table:
 --   CREATE ROLE outbox_relay LOGIN REPLICATION PASSWORD '...';

@@ -1,12 +1,22 @@
 -- A least-privilege role for outbox-relay: REPLICATION for the walsender, SELECT on the
--- outbox only (the relay reads nothing else; `check` verifies both).
-CREATE ROLE outbox_relay LOGIN REPLICATION PASSWORD 'CHANGE_ME';
+-- outbox only (the relay reads nothing else; `check` verifies both). Run it after
+-- sql/outbox.sql and sql/slot_record.sql, as the database owner; it may run again.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'outbox_relay') THEN
+    -- Set the password afterwards: ALTER ROLE outbox_relay PASSWORD '...' (or \password).
+    CREATE ROLE outbox_relay LOGIN REPLICATION;
+  END IF;
+END
+$$;
 GRANT USAGE ON SCHEMA public TO outbox_relay;
 GRANT SELECT ON outbox TO outbox_relay;
--- The slot record (run sql/slot_record.sql first), so a lost slot is never re-created
--- silently; DELETE only for the role that runs `outbox-relay setup --accept-slot-loss`.
+-- The slot record, so a lost slot is never re-created silently: read and written while the
+-- relay streams. DELETE only for the role that runs `outbox-relay setup --accept-slot-loss`
+-- or `outbox-relay teardown` (an administrator), not the relay's:
+--   GRANT DELETE ON outbox_relay.streamed_slots TO <that role>;
 GRANT USAGE ON SCHEMA outbox_relay TO outbox_relay;
-GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relay.streamed_slots TO outbox_relay;
+GRANT SELECT, INSERT, UPDATE ON outbox_relay.streamed_slots TO outbox_relay;
 -- `outbox-relay setup` creates the publication when missing, which needs ownership of the
 -- table; create it as the owner instead (sql/outbox.sql) and the role needs nothing more.
 -- Only with terminate_stale_walsender_after_secs: to see another walsender's reply_time and

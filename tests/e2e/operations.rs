@@ -926,3 +926,52 @@ async fn metrics_and_health_are_served_until_a_shutdowns_drain_ends() {
         "the endpoint outlived the relay"
     );
 }
+
+/// The SQL kit runs in the order its page gives, twice (each file creates only what is
+/// missing), and the role `sql/roles.sql` makes streams with the slot record but may not
+/// delete from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_kit_runs_twice_and_its_role_streams_without_delete() {
+    let setup = Setup::new("sql_kit", &["Order"], 1).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
+    for _ in 0..2 {
+        for file in ["outbox.sql", "slot_record.sql", "roles.sql"] {
+            let sql = std::fs::read_to_string(root.join(file)).unwrap();
+            pg().psql(&setup.db.name, &sql);
+        }
+    }
+    let may_delete = pg().psql(
+        &setup.db.name,
+        "SELECT has_table_privilege('outbox_relay', 'outbox_relay.streamed_slots', 'DELETE')",
+    );
+    assert_eq!(may_delete.trim(), "f");
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let at = args.iter().position(|a| a == "--source-url").unwrap() + 1;
+    args[at] = format!(
+        "postgres://outbox_relay@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id = setup
+        .db
+        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    wait_for("the slot record row", Duration::from_secs(30), || async {
+        let rows = pg().psql(
+            &setup.db.name,
+            &format!(
+                "SELECT count(*) FROM outbox_relay.streamed_slots WHERE slot_name = '{}'",
+                setup.slot
+            ),
+        );
+        (rows.trim() == "1").then_some(())
+    })
+    .await;
+    drop(relay);
+}
