@@ -258,6 +258,16 @@ impl HolderWatch {
     }
 }
 
+/// Whether this session may create the slot: `create_slot`, and, with the slot record, only
+/// when the record's check found the slot missing and never streamed from. A slot the check
+/// found, gone since (dropped in the milliseconds before `slot::prepare`), is a loss to stop
+/// on, not a slot to create.
+fn may_create_slot(create_slot: bool, record: Option<&slot_record::Checked>) -> bool {
+    create_slot
+        && record
+            .is_none_or(|checked| matches!(checked.verdict, slot_record::Verdict::NeverStreamed))
+}
+
 /// One session: check the slot, connect, stream until shutdown or an error.
 #[allow(clippy::too_many_arguments)] // what the supervisor keeps between sessions, by part
 async fn run_session(
@@ -303,7 +313,7 @@ async fn run_session(
         &config.slot,
         &config.publication,
         &config.table,
-        create_slot,
+        may_create_slot(create_slot, record.as_ref()),
         config.failover,
     )
     .await?;
@@ -499,5 +509,36 @@ async fn keeping_alive<T>(
             result = &mut start => return result,
             _ = updates.tick() => stream.send_status(confirmed, confirmed).await?,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(verdict: slot_record::Verdict) -> slot_record::Checked {
+        slot_record::Checked {
+            verdict,
+            record: None,
+            standby: false,
+        }
+    }
+
+    #[test]
+    fn a_slot_the_record_check_found_is_never_created_by_the_session() {
+        use slot_record::Verdict;
+        assert!(may_create_slot(true, None), "no record kept: as configured");
+        assert!(
+            may_create_slot(true, Some(&checked(Verdict::NeverStreamed))),
+            "a first start"
+        );
+        assert!(
+            !may_create_slot(true, Some(&checked(Verdict::Exists))),
+            "a slot dropped after the record's check found it must not be created again"
+        );
+        assert!(!may_create_slot(
+            false,
+            Some(&checked(Verdict::NeverStreamed))
+        ));
     }
 }
