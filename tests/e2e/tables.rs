@@ -544,7 +544,7 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
     assert!(
         restarted
             .log()
-            .contains("table public.outbox is not in publication"),
+            .contains("table public.outbox does not exist in this database"),
         "{}",
         restarted.log()
     );
