@@ -25,8 +25,8 @@
 # Debian 12, as root (apt-get, debootstrap and rootful podman). Podman runs with runc, cgroupfs
 # and no default ulimits, from a containers.conf of its own (CONTAINERS_CONF), so the machine's
 # podman settings are left alone. Port 9187 (the image's health check) must be free.
-# Not part of tests/run.sh: it takes 3-4 minutes once the dist build and the base image exist,
-# about 15 on a fresh machine (docs/contributing.md).
+# Not part of tests/run.sh (docs/contributing.md says why): it takes under a minute once the
+# dist build and the base image exist, about 11 minutes more on a fresh machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
@@ -36,7 +36,7 @@ KEEP_IMAGE=0
 for arg in "$@"; do
   case "$arg" in
     --keep-image) KEEP_IMAGE=1 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "tests/image.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
