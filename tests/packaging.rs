@@ -1,5 +1,5 @@
-//! The packaging files against the source tree: Docker does not run on the machines this is
-//! built on, so what can be checked without it is checked here.
+//! The packaging files against the source tree, checked without a container engine
+//! (tests/image.sh builds the image and runs it).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -7,14 +7,22 @@ use std::path::{Component, Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The top-level entries the Dockerfile's build stage copies (`COPY <src>... <dest>` before
-/// the first `RUN cargo build`).
+/// The top-level entries the Dockerfile's build stage copies (`COPY <src>... <dest>` after
+/// `FROM ... AS build` and before its `cargo build`).
 fn copied_by_the_build_stage() -> BTreeSet<String> {
     let dockerfile = fs::read_to_string(Path::new(ROOT).join("docker/Dockerfile")).unwrap();
     let mut copied = BTreeSet::new();
+    let mut in_build_stage = false;
     for line in dockerfile.lines() {
         let line = line.trim();
-        if line.starts_with("RUN cargo build") {
+        if line.starts_with("FROM ") {
+            in_build_stage = line.ends_with(" AS build");
+            continue;
+        }
+        if !in_build_stage {
+            continue;
+        }
+        if line.starts_with("RUN ") && line.contains("cargo build") {
             break;
         }
         if let Some(rest) = line.strip_prefix("COPY ") {
@@ -95,6 +103,59 @@ fn the_dockerfile_copies_every_file_the_crate_includes() {
              {copied:?})",
             file.display(),
             path.display()
+        );
+    }
+}
+
+/// The sources of every `COPY` in docker/Dockerfile that reads the build context (not
+/// `--from=` another stage).
+fn copied_from_the_context() -> BTreeSet<String> {
+    let dockerfile = fs::read_to_string(Path::new(ROOT).join("docker/Dockerfile")).unwrap();
+    let mut copied = BTreeSet::new();
+    for line in dockerfile.lines() {
+        if let Some(rest) = line.trim().strip_prefix("COPY ") {
+            if rest.starts_with("--from=") {
+                continue;
+            }
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            for source in &words[..words.len() - 1] {
+                copied.insert(source.trim_end_matches('/').to_string());
+            }
+        }
+    }
+    copied
+}
+
+/// .dockerignore leaves out everything (`*`) and lets through what the image needs: each file
+/// or folder the Dockerfile copies from the context must be let through by name.
+#[test]
+fn the_dockerignore_lets_through_what_the_dockerfile_copies() {
+    let ignore = fs::read_to_string(Path::new(ROOT).join(".dockerignore")).unwrap();
+    let patterns: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        patterns.first(),
+        Some(&"*"),
+        ".dockerignore starts by leaving out everything"
+    );
+    let let_through: BTreeSet<String> = patterns
+        .iter()
+        .filter_map(|p| p.strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/').to_string())
+        .collect();
+    let copied = copied_from_the_context();
+    assert!(
+        copied.contains("target/dist/outbox-relay"),
+        "the prebuilt target copies the dist binary: {copied:?}"
+    );
+    for source in &copied {
+        assert!(
+            let_through.contains(source),
+            "docker/Dockerfile copies {source}, which .dockerignore leaves out (it lets through \
+             {let_through:?})"
         );
     }
 }
