@@ -649,7 +649,9 @@ fn column(event: &OutboxEvent, index: usize) -> Option<&ColumnValue> {
 fn push_json(out: &mut Vec<u8>, text: &[u8], kind: ValueKind) -> Result<(), ()> {
     match kind {
         ValueKind::Json => out.extend_from_slice(text),
-        ValueKind::Number if is_json_number(text) => out.extend_from_slice(text),
+        ValueKind::Number | ValueKind::Float4 | ValueKind::Float8 if is_json_number(text) => {
+            out.extend_from_slice(text)
+        }
         ValueKind::Bool if text == b"t" => out.extend_from_slice(b"true"),
         ValueKind::Bool if text == b"f" => out.extend_from_slice(b"false"),
         // Text, and numbers JSON has no form for (NaN, Infinity).

@@ -6,6 +6,7 @@ fn event(aggregate_type: &str) -> OutboxEvent {
         id: Bytes::from_static(b"00000000-0000-0000-0000-000000000001"),
         aggregate_type: Bytes::copy_from_slice(aggregate_type.as_bytes()),
         aggregate_id: Some(Bytes::from_static(b"42")),
+        aggregate_id_kind: ValueKind::Text,
         event_type: Some(Bytes::from_static(b"CreditDisbursed")),
         payload: Some(Bytes::from_static(b"{\"amount\": 1500000.10}")),
         headers: Some(Bytes::from_static(b"{}")),

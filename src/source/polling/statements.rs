@@ -31,6 +31,7 @@ pub(crate) struct Statements {
     /// `$1`: age (float8 s), `$2`: batch (int8). `None` without a purge.
     pub(super) purge: Option<String>,
     payload_kind: ValueKind,
+    aggregate_id_kind: ValueKind,
     extra_kinds: Vec<ValueKind>,
 }
 
@@ -66,7 +67,8 @@ impl Statements {
         let rows = client
             .query(
                 "SELECT a.attname::text, coalesce(bt.typname, t.typname)::text,
-                        coalesce(bt.typnamespace, t.typnamespace) = 'pg_catalog'::regnamespace
+                        coalesce(bt.typnamespace, t.typnamespace) = 'pg_catalog'::regnamespace,
+                        a.atttypmod
                  FROM pg_catalog.pg_attribute a
                  JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
                  LEFT JOIN pg_catalog.pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
@@ -100,7 +102,7 @@ impl Statements {
             .map(|r| {
                 let builtin: bool = r.get(2);
                 let kind = if builtin {
-                    ValueKind::of_name(r.get(1))
+                    ValueKind::of_name(r.get(1), r.get(3))
                 } else {
                     ValueKind::Text
                 };
@@ -122,7 +124,7 @@ impl Statements {
         let p = &config.polling;
         let (id, _) = need("columns.id", &c.id)?;
         let (aggregate_type, _) = need("columns.aggregate_type", &c.aggregate_type)?;
-        let (aggregate_id, _) = need("columns.aggregate_id", &c.aggregate_id)?;
+        let (aggregate_id, aggregate_id_kind) = need("columns.aggregate_id", &c.aggregate_id)?;
         let (event_type, _) = need("columns.event_type", &c.event_type)?;
         let (payload, payload_kind) = need("columns.payload", &c.payload)?;
         let (created_at, _) = need("polling.created_at_column", &p.created_at_column)?;
@@ -306,6 +308,7 @@ impl Statements {
             stats,
             purge,
             payload_kind,
+            aggregate_id_kind,
             extra_kinds,
         })
     }
@@ -336,6 +339,7 @@ impl Statements {
             id,
             aggregate_type,
             aggregate_id: text(COL_AGGREGATE_ID),
+            aggregate_id_kind: self.aggregate_id_kind,
             event_type: text(COL_EVENT_TYPE),
             payload: text(COL_PAYLOAD),
             headers: text(COL_HEADERS),
