@@ -46,11 +46,11 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    matches_destination, ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement,
-    SinkConfig, TableName, TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
+    matches_destination, ByteaFormat, ConfigError, ConfigErrors, NullPayload, PipelineConfig,
+    Placement, SinkConfig, TableName, TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
 };
 use crate::sink::{Header, Record};
-use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
+use crate::source::outbox::{ColumnValue, OutboxEvent};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
@@ -62,6 +62,7 @@ pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 pub const ALLOWED_DESTINATIONS: &str = "route.allowed_destinations";
 mod dead_letter;
 mod problems;
+mod render;
 
 pub use dead_letter::{ERROR_HEADER, TOPIC_HEADER};
 
@@ -124,6 +125,8 @@ pub enum RouteError {
         "event {event_id}: column {column:?} is not UTF-8 text and cannot go in the JSON envelope"
     )]
     NotUtf8 { event_id: String, column: String },
+    #[error("event {event_id}: bytea column {column:?} is not in PostgreSQL's hex form (\\x followed by pairs of hex digits)")]
+    Bytea { event_id: String, column: String },
 }
 
 impl RouteError {
@@ -139,6 +142,7 @@ impl RouteError {
             RouteError::Partition { .. } => "partition",
             RouteError::Timestamp { .. } => "timestamp",
             RouteError::NotUtf8 { .. } => "not_utf8",
+            RouteError::Bytea { .. } => "bytea",
         }
     }
 }
@@ -285,6 +289,7 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
+    bytea: ByteaFormat,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
     /// `route.allowed_destinations`: names and `*` patterns; `None`: any destination.
@@ -418,6 +423,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
+            bytea: config.bytea_format,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
             reserved: reserved_destinations(config),
@@ -493,12 +499,22 @@ impl Router {
             (None, NullPayload::JsonNull, ValueFormat::Payload) => {
                 Some(Bytes::from_static(b"null"))
             }
-            (Some(payload), _, ValueFormat::Payload) => Some(payload.clone()),
+            (Some(payload), _, ValueFormat::Payload) => Some(
+                render::raw(payload, event.payload_kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, "payload", problem))?,
+            ),
             (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload.as_ref())?),
+        };
+        let key = match &event.aggregate_id {
+            Some(key) => Some(
+                render::raw(key, event.aggregate_id_kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, "aggregate_id", problem))?,
+            ),
+            None => None,
         };
         Ok(Record {
             topic,
-            key: event.aggregate_id.clone(),
+            key,
             value,
             headers,
             timestamp_ms: Some(timestamp_ms),
@@ -612,14 +628,11 @@ impl Router {
                 .sum::<usize>();
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(b"{\"payload\":");
-        match payload {
-            Some(payload) => push_json(&mut out, payload, event.payload_kind).map_err(|()| {
-                RouteError::NotUtf8 {
-                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                    column: "payload".into(),
-                }
-            })?,
-            None => out.extend_from_slice(b"null"),
+        if let Some(payload) = payload {
+            render::push_json(&mut out, payload, event.payload_kind, self.bytea)
+                .map_err(|problem| unrenderable(event, "payload", problem))?;
+        } else {
+            out.extend_from_slice(b"null");
         }
         for (name, i) in &self.envelope {
             out.push(b',');
@@ -629,10 +642,8 @@ impl Router {
                 Some(ColumnValue {
                     text: Some(text),
                     kind,
-                }) => push_json(&mut out, text, *kind).map_err(|()| RouteError::NotUtf8 {
-                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                    column: self.columns[*i].clone(),
-                })?,
+                }) => render::push_json(&mut out, text, *kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, &self.columns[*i], problem))?,
                 _ => out.extend_from_slice(b"null"),
             }
         }
@@ -645,54 +656,14 @@ fn column(event: &OutboxEvent, index: usize) -> Option<&ColumnValue> {
     event.columns.get(index)
 }
 
-/// Appends `text` of a column of `kind` as JSON; `Err` if it must be a string and is not UTF-8.
-fn push_json(out: &mut Vec<u8>, text: &[u8], kind: ValueKind) -> Result<(), ()> {
-    match kind {
-        ValueKind::Json => out.extend_from_slice(text),
-        ValueKind::Number | ValueKind::Float4 | ValueKind::Float8 if is_json_number(text) => {
-            out.extend_from_slice(text)
-        }
-        ValueKind::Bool if text == b"t" => out.extend_from_slice(b"true"),
-        ValueKind::Bool if text == b"f" => out.extend_from_slice(b"false"),
-        // Text, and numbers JSON has no form for (NaN, Infinity).
-        _ => {
-            let text = std::str::from_utf8(text).map_err(|_| ())?;
-            serde_json::to_writer(&mut *out, text).expect("writing to a Vec cannot fail");
-        }
+/// The error for `column` of `event` that could not be rendered.
+fn unrenderable(event: &OutboxEvent, column: &str, problem: render::Unrenderable) -> RouteError {
+    let event_id = String::from_utf8_lossy(&event.id).into_owned();
+    let column = column.to_owned();
+    match problem {
+        render::Unrenderable::NotUtf8 => RouteError::NotUtf8 { event_id, column },
+        render::Unrenderable::NotHex => RouteError::Bytea { event_id, column },
     }
-    Ok(())
-}
-
-/// Whether `text` is a JSON number: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-fn is_json_number(text: &[u8]) -> bool {
-    fn digits(s: &[u8]) -> usize {
-        s.iter().take_while(|b| b.is_ascii_digit()).count()
-    }
-    let mut s = text.strip_prefix(b"-").unwrap_or(text);
-    match digits(s) {
-        0 => return false,
-        n if n > 1 && s[0] == b'0' => return false,
-        n => s = &s[n..],
-    }
-    if let Some(fraction) = s.strip_prefix(b".") {
-        let n = digits(fraction);
-        if n == 0 {
-            return false;
-        }
-        s = &fraction[n..];
-    }
-    if let Some(exponent) = s.strip_prefix(b"e").or_else(|| s.strip_prefix(b"E")) {
-        let exponent = exponent
-            .strip_prefix(b"+")
-            .or_else(|| exponent.strip_prefix(b"-"))
-            .unwrap_or(exponent);
-        let n = digits(exponent);
-        if n == 0 {
-            return false;
-        }
-        s = &exponent[n..];
-    }
-    s.is_empty()
 }
 
 /// Parses a `timestamptz` or `timestamp` as PostgreSQL prints it with `DateStyle = ISO`

@@ -190,6 +190,18 @@ pub enum NullPayload {
     JsonNull,
 }
 
+/// How a bytea key or payload is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ByteaFormat {
+    /// The bytes themselves (what Debezium publishes with `BinaryDataConverter` or
+    /// `ByteArrayConverter`): a protobuf or Avro payload as the application wrote it.
+    #[default]
+    Raw,
+    /// PostgreSQL's hex text (`\x0aff`), bytea placed columns included.
+    Hex,
+}
+
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
 /// column, a destination outside `route.allowed_destinations` or reserved for the relay, bad
 /// headers JSON, bad partition or timestamp value).

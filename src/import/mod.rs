@@ -801,6 +801,12 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
         {
             "shapes Debezium's change events; outbox-relay reads the configured table only".into()
         }
+        "binary.handling.mode" if value.trim().eq_ignore_ascii_case("bytes") => {
+            "not needed: outbox-relay publishes a bytea key or payload as its bytes".into()
+        }
+        "binary.handling.mode" => format!(
+            "{value}: Debezium wrote bytea as {value} text; outbox-relay publishes a bytea key or payload as its bytes (bytea_format = \"raw\") or as PostgreSQL's hex text \\x... (bytea_format = \"hex\"): check your consumers"
+        ),
         _ if option.ends_with(".handling.mode") || option.ends_with(".adjustment.mode") => {
             "shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it".into()
         }
@@ -820,7 +826,7 @@ fn converter_reason(option: &str, value: &str) -> String {
             "Debezium wrote the {what} as a JSON string (quoted and escaped, with a schema envelope unless schemas.enable=false); outbox-relay writes its text itself: check your consumers"
         ),
         "BinaryDataConverter" | "ByteArrayConverter" => format!(
-            "outbox-relay publishes text: a bytea {what} arrives as PostgreSQL's hex text (\\x...), not raw bytes"
+            "not needed: outbox-relay publishes a bytea {what} as its bytes (bytea_format = \"raw\", the default), and a text one as its text"
         ),
         _ => format!("{value}: outbox-relay publishes the {what} text as PostgreSQL prints it, without a converter"),
     }

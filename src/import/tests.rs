@@ -346,3 +346,46 @@ fn bare_config_maps_and_bad_files_parse_as_expected() {
     assert!(parse_json(r#"{"a": [1]}"#).unwrap_err().contains('a'));
     assert_eq!(java_replacement("x.$1-${name}.$23"), "x.${1}-${name}.${23}");
 }
+
+/// The notes of `EXAMPLE` with `extra` options added.
+fn notes_with(extra: &[(&str, &str)]) -> Vec<Note> {
+    let mut connector = parse_json(EXAMPLE).unwrap();
+    for (k, v) in extra {
+        connector.options.insert((*k).to_owned(), (*v).to_owned());
+    }
+    translate(&connector).unwrap().notes
+}
+
+fn reason<'a>(notes: &'a [Note], option: &str) -> &'a str {
+    &notes
+        .iter()
+        .find(|n| n.option == option)
+        .unwrap_or_else(|| panic!("no note for {option}: {notes:?}"))
+        .reason
+}
+
+#[test]
+fn bytea_notes_say_the_bytes_are_published_as_they_are() {
+    let notes = notes_with(&[
+        (
+            "value.converter",
+            "io.debezium.converters.BinaryDataConverter",
+        ),
+        (
+            "key.converter",
+            "org.apache.kafka.connect.converters.ByteArrayConverter",
+        ),
+        ("binary.handling.mode", "bytes"),
+    ]);
+    for option in ["value.converter", "key.converter", "binary.handling.mode"] {
+        let reason = reason(&notes, option);
+        assert!(reason.starts_with("not needed"), "{option}: {reason}");
+        assert!(!reason.contains("\\x"), "{option}: {reason}");
+    }
+    let notes = notes_with(&[("binary.handling.mode", "base64")]);
+    let reason = reason(&notes, "binary.handling.mode");
+    assert!(
+        reason.contains("base64") && reason.contains("bytea_format"),
+        "{reason}"
+    );
+}
