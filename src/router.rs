@@ -13,8 +13,9 @@
 //!   relays share) is an error whatever the template; with `route.allowed_destinations`, so is
 //!   one outside that list. Every row is untrusted input: without the list any row can pick
 //!   any destination the template can make.
-//! - Key: the aggregate id bytes; SQL NULL gives a null key.
-//! - Value: the payload bytes exactly as PostgreSQL printed them, or with
+//! - Key: the aggregate id bytes (a bytea's bytes, unless `bytea_format = "hex"`); SQL NULL
+//!   gives a null key.
+//! - Value: the payload bytes exactly as PostgreSQL printed them (a bytea's bytes), or with
 //!   `value_format = "envelope"` a JSON object `{"payload":...,"<alias>":...}`; SQL NULL gives
 //!   a tombstone, or a zero-byte value with `null_payload = "empty"`.
 //! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
@@ -24,6 +25,8 @@
 //!   so are entries whose name starts with `outbox_relay_` ([`RESERVED_HEADER_PREFIX`]), the
 //!   relay's own (dead-letter copies, exactly-once checkpoints).
 //!   Header placements of `additional_placement` come last, in configuration order.
+//!   Placed columns are rendered as Debezium's default converters render their type
+//!   (`router/render.rs`).
 //! - Timestamp: the `columns.timestamp` column's value, else the transaction's commit time.
 //! - Partition: the partition placement column's value, else chosen from the key.
 //!
@@ -460,7 +463,17 @@ impl Router {
             headers.extend(entries);
         }
         for (name, i) in &self.headers {
-            headers.push((name.clone(), column(event, *i).and_then(|c| c.text.clone())));
+            let value = match column(event, *i) {
+                Some(ColumnValue {
+                    text: Some(text),
+                    kind,
+                }) => Some(
+                    render::header(text, *kind, self.bytea)
+                        .map_err(|problem| unrenderable(event, &self.columns[*i], problem))?,
+                ),
+                _ => None,
+            };
+            headers.push((name.clone(), value));
         }
         let mut timestamp_ms = commit_time_ms;
         if let Some(i) = self.timestamp {
@@ -667,43 +680,11 @@ fn unrenderable(event: &OutboxEvent, column: &str, problem: render::Unrenderable
 }
 
 /// Parses a `timestamptz` or `timestamp` as PostgreSQL prints it with `DateStyle = ISO`
-/// (`2026-11-29 23:24:30.123456+00`, offsets like `+05:30` or `-03`; a `T` separator is
-/// accepted too) into Unix epoch ms; a value without an offset is UTC. `None` for anything
-/// else (`infinity`, BC dates, other date styles).
+/// (`2026-11-29 23:24:30.123456+00`, offsets like `+05:30` or `-03`, ` BC` after years before
+/// 1; a `T` separator is accepted too) into Unix epoch ms; a value without an offset is UTC.
+/// `None` for anything else (`infinity`, other date styles).
 pub fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
-    use chrono::{DateTime, NaiveDateTime};
-    let text = std::str::from_utf8(text).ok()?.trim();
-    let owned;
-    let text = if text.as_bytes().get(10) == Some(&b'T') {
-        owned = text.replacen('T', " ", 1);
-        owned.as_str()
-    } else {
-        text
-    };
-    if let Ok(t) = DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z") {
-        return Some(t.timestamp_millis());
-    }
-    // An offset with seconds (local mean time before 1900, `+05:53:28`), which chrono does
-    // not parse: parse without the seconds, then take them off.
-    let offset = text
-        .rfind(['+', '-'])
-        .filter(|&i| i > 10)
-        .map_or("", |i| &text[i..]);
-    if let [_, _, seconds] = offset.split(':').collect::<Vec<_>>()[..] {
-        let seconds: i64 = seconds.parse().ok().filter(|s| (0..60).contains(s))?;
-        let sign = if offset.starts_with('-') { -1 } else { 1 };
-        let without = &text[..text.len() - seconds_len(offset)];
-        let t = DateTime::parse_from_str(without, "%Y-%m-%d %H:%M:%S%.f%#z").ok()?;
-        return Some(t.timestamp_millis() - sign * seconds * 1_000);
-    }
-    NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
-        .ok()
-        .map(|t| t.and_utc().timestamp_millis())
-}
-
-/// Length of `:SS` at the end of an offset `+HH:MM:SS`.
-fn seconds_len(offset: &str) -> usize {
-    offset.len() - offset.rfind(':').unwrap_or(offset.len())
+    render::time::parse_utc(text).map(|t| t.and_utc().timestamp_millis())
 }
 
 /// Turns a jsonb object's text into headers, in the object's order.

@@ -23,6 +23,7 @@ use crate::config::{
     PipelineConfig, Placement, RouteConfig, Secret, TableName, ValueFormat,
 };
 
+mod formats;
 mod server;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -758,6 +759,9 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
     if starts("transforms.") || starts("predicates") {
         return "another transform: outbox-relay applies only the outbox routing".into();
     }
+    if let Some(reason) = formats::reason(option, value) {
+        return reason;
+    }
     match option {
         "topic.prefix" | "database.server.name" => {
             "not needed: it names Debezium's own topics; the outbox topics come from route.topic_template".into()
@@ -776,13 +780,12 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
         "tombstones.on.delete" | "skipped.operations" => {
             "outbox-relay publishes inserts only (op_invalid_behavior covers updates and deletes)".into()
         }
-        "key.converter" | "value.converter" => converter_reason(option, value),
         "max.batch.size" | "max.queue.size" | "max.queue.size.in.bytes" | "poll.interval.ms" => {
             "see max_in_flight_events and max_in_flight_bytes".into()
         }
         "database.sslpassword" | "database.sslfactory" => "not supported by outbox-relay's TLS".into(),
         "database.initial.statements" => "outbox-relay runs no statements of yours".into(),
-        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter") => {
+        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter.") => {
             "converter setting: outbox-relay publishes the columns' text (see the converter lines)".into()
         }
         _ if starts("errors.") => {
@@ -801,34 +804,10 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
         {
             "shapes Debezium's change events; outbox-relay reads the configured table only".into()
         }
-        "binary.handling.mode" if value.trim().eq_ignore_ascii_case("bytes") => {
-            "not needed: outbox-relay publishes a bytea key or payload as its bytes".into()
-        }
-        "binary.handling.mode" => format!(
-            "{value}: Debezium wrote bytea as {value} text; outbox-relay publishes a bytea key or payload as its bytes (bytea_format = \"raw\") or as PostgreSQL's hex text \\x... (bytea_format = \"hex\"): check your consumers"
-        ),
         _ if option.ends_with(".handling.mode") || option.ends_with(".adjustment.mode") => {
             "shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it".into()
         }
         _ => "no outbox-relay equivalent".into(),
-    }
-}
-
-fn converter_reason(option: &str, value: &str) -> String {
-    let what = if option == "key.converter" {
-        "key (aggregate id)"
-    } else {
-        "payload"
-    };
-    match value.rsplit('.').next().unwrap_or(value) {
-        "StringConverter" => format!("not needed: outbox-relay writes the {what} text too"),
-        "JsonConverter" => format!(
-            "Debezium wrote the {what} as a JSON string (quoted and escaped, with a schema envelope unless schemas.enable=false); outbox-relay writes its text itself: check your consumers"
-        ),
-        "BinaryDataConverter" | "ByteArrayConverter" => format!(
-            "not needed: outbox-relay publishes a bytea {what} as its bytes (bytea_format = \"raw\", the default), and a text one as its text"
-        ),
-        _ => format!("{value}: outbox-relay publishes the {what} text as PostgreSQL prints it, without a converter"),
     }
 }
 

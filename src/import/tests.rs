@@ -389,3 +389,37 @@ fn bytea_notes_say_the_bytes_are_published_as_they_are() {
         "{reason}"
     );
 }
+
+#[test]
+fn notes_say_how_placed_columns_compare_with_the_converters_and_handling_modes() {
+    let notes = notes_with(&[
+        (
+            "header.converter",
+            "org.apache.kafka.connect.storage.SimpleHeaderConverter",
+        ),
+        ("time.precision.mode", "adaptive"),
+    ]);
+    for option in ["header.converter", "time.precision.mode"] {
+        let reason = reason(&notes, option);
+        assert!(reason.starts_with("not needed"), "{option}: {reason}");
+    }
+    let notes = notes_with(&[
+        (
+            "header.converter",
+            "io.debezium.converters.BinaryDataConverter",
+        ),
+        ("time.precision.mode", "connect"),
+        ("decimal.handling.mode", "string"),
+    ]);
+    for (option, words) in [
+        ("header.converter", "SimpleHeaderConverter"),
+        ("time.precision.mode", "connect"),
+        ("decimal.handling.mode", "JSON number"),
+    ] {
+        let reason = reason(&notes, option);
+        assert!(
+            !reason.starts_with("not needed") && reason.contains(words),
+            "{option}: {reason}"
+        );
+    }
+}

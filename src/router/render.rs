@@ -11,6 +11,9 @@ use bytes::Bytes;
 use crate::config::ByteaFormat;
 use crate::source::outbox::ValueKind;
 
+mod float;
+pub(crate) mod time;
+
 /// Why a column's text cannot be rendered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unrenderable {
@@ -35,9 +38,29 @@ pub(super) fn raw(
     }
 }
 
-/// Appends `text` of a column of `kind` as JSON: json and jsonb as they are, numbers and
-/// booleans as JSON, a bytea as a base64 string (as Kafka's `JsonConverter` writes bytes),
-/// anything else as a JSON string.
+/// The header value of a column of `kind`, as Kafka Connect's `SimpleHeaderConverter` writes
+/// the value Debezium gives that type: booleans `true` and `false`, floats as Java prints them,
+/// timestamptz as ISO 8601 in UTC, timestamp, date and time as numbers, bytea as base64 (or
+/// its hex text with [`ByteaFormat::Hex`]); any other type as PostgreSQL printed it.
+///
+/// Returns an error if a bytea's text is not PostgreSQL's hex form.
+pub(super) fn header(
+    text: &Bytes,
+    kind: ValueKind,
+    bytea: ByteaFormat,
+) -> Result<Bytes, Unrenderable> {
+    Ok(match debezium(text, kind, bytea)? {
+        Some(Debezium::Number(s) | Debezium::String(s)) => Bytes::from(s),
+        Some(Debezium::Bool(b)) => Bytes::from_static(if b { b"true" } else { b"false" }),
+        None => text.clone(),
+    })
+}
+
+/// Appends `text` of a column of `kind` as JSON, as Kafka's `JsonConverter` writes the value
+/// Debezium gives that type (see [`header`]; bytea as a base64 string), except json and jsonb,
+/// which go in as they are, and numerics, which are JSON numbers (see the module docs of
+/// `router`); NaN and the infinities are strings, as Jackson writes them. Any other type is
+/// a JSON string of PostgreSQL's text.
 ///
 /// Returns an error if a string is not UTF-8 or a bytea's text is not hex.
 pub(super) fn push_json(
@@ -48,21 +71,59 @@ pub(super) fn push_json(
 ) -> Result<(), Unrenderable> {
     match kind {
         ValueKind::Json => out.extend_from_slice(text),
-        ValueKind::Number | ValueKind::Float4 | ValueKind::Float8 if is_json_number(text) => {
-            out.extend_from_slice(text)
-        }
-        ValueKind::Bool if text == b"t" => out.extend_from_slice(b"true"),
-        ValueKind::Bool if text == b"f" => out.extend_from_slice(b"false"),
-        ValueKind::Bytea if bytea == ByteaFormat::Raw => {
-            push_string(out, &base64(&decode_hex(text)?))
-        }
-        // Text, and numbers JSON has no form for (NaN, Infinity).
-        _ => push_string(
-            out,
-            std::str::from_utf8(text).map_err(|_| Unrenderable::NotUtf8)?,
-        ),
+        ValueKind::Number if is_json_number(text) => out.extend_from_slice(text),
+        _ => match debezium(text, kind, bytea)? {
+            Some(Debezium::Number(n)) if is_json_number(n.as_bytes()) => {
+                out.extend_from_slice(n.as_bytes())
+            }
+            Some(Debezium::Bool(b)) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+            Some(Debezium::Number(s) | Debezium::String(s)) => push_string(out, &s),
+            None => push_string(
+                out,
+                std::str::from_utf8(text).map_err(|_| Unrenderable::NotUtf8)?,
+            ),
+        },
     }
     Ok(())
+}
+
+/// A value in the form Debezium gives its type.
+enum Debezium {
+    /// A number (JSON number when it is one: not `NaN`).
+    Number(String),
+    Bool(bool),
+    String(String),
+}
+
+/// The form Debezium's PostgreSQL connector gives `text` of `kind` with its default options;
+/// `None` where it is PostgreSQL's text (or a value without another form, like `infinity`).
+fn debezium(
+    text: &[u8],
+    kind: ValueKind,
+    bytea: ByteaFormat,
+) -> Result<Option<Debezium>, Unrenderable> {
+    let number = |n: Option<i64>| n.map(|n| Debezium::Number(n.to_string()));
+    Ok(match kind {
+        ValueKind::Bool => match text {
+            b"t" => Some(Debezium::Bool(true)),
+            b"f" => Some(Debezium::Bool(false)),
+            _ => None,
+        },
+        ValueKind::Float4 | ValueKind::Float8 => std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| float::java_float(t, kind == ValueKind::Float8))
+            .map(Debezium::Number),
+        ValueKind::Bytea if bytea == ByteaFormat::Raw => {
+            Some(Debezium::String(base64(&decode_hex(text)?)))
+        }
+        ValueKind::Timestamptz(precision) => {
+            time::zoned_timestamp(text, precision).map(Debezium::String)
+        }
+        ValueKind::Timestamp(precision) => number(time::epoch_timestamp(text, precision)),
+        ValueKind::Date => number(time::epoch_day(text)),
+        ValueKind::Time(precision) => number(time::time_of_day(text, precision)),
+        ValueKind::Text | ValueKind::Json | ValueKind::Number | ValueKind::Bytea => None,
+    })
 }
 
 fn push_string(out: &mut Vec<u8>, text: &str) {

@@ -113,3 +113,160 @@ bytea_format = "hex"
     );
     drop((raw, hex));
 }
+
+/// Each placed column type as a header and in the envelope: the table of
+/// docs/concepts/records.md, values worked out by hand from Debezium's rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placed_columns_are_rendered_as_debeziums_default_converters_render_them() {
+    let setup = Setup::new("placed", &["Typed"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    let columns = [
+        ("flag", "boolean"),
+        ("n", "int4"),
+        ("amount", "numeric(12,2)"),
+        ("ratio", "float8"),
+        ("small", "real"),
+        ("at", "timestamptz"),
+        ("at0", "timestamptz(0)"),
+        ("local_at", "timestamp"),
+        ("local_ms", "timestamp(3)"),
+        ("day", "date"),
+        ("clock", "time"),
+        ("blob", "bytea"),
+        ("doc", "jsonb"),
+        ("ref", "uuid"),
+    ];
+    let add: Vec<String> = columns
+        .iter()
+        .map(|(name, ty)| format!("ADD COLUMN {name} {ty}"))
+        .collect();
+    c.batch_execute(&format!("ALTER TABLE outbox {}", add.join(", ")))
+        .await
+        .unwrap();
+    let placements: Vec<String> = columns
+        .iter()
+        .flat_map(|(name, _)| {
+            [
+                format!(r#"{{ field = "{name}", placement = "header" }}"#),
+                format!(r#"{{ field = "{name}", placement = "envelope" }}"#),
+            ]
+        })
+        .collect();
+    let (_dir, args) = run_with_config(&format!(
+        r#"[kafka]
+bootstrap_servers = "{bootstrap}"
+[[pipelines]]
+name = "placed"
+source_url = "{url}"
+slot = "{slot}"
+publication = "outbox_pub"
+table = "public.outbox"
+value_format = "envelope"
+additional_placement = [{placements}]
+"#,
+        bootstrap = kafka().bootstrap(),
+        url = setup.db.url(Auth::Trust),
+        slot = setup.slot,
+        placements = placements.join(", "),
+    ));
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+
+    let full: String = c
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, flag, n, amount,
+                 ratio, small, at, at0, local_at, local_ms, day, clock, blob, doc, ref)
+             VALUES ($1, 'k', 'Typed', '{\"x\": 1}', true, 42, 1500000.10, 1e20, 3,
+                 '2026-11-29 23:24:30.5+01', '2026-11-29 23:24:30+01', '2026-11-29 23:24:30.123456',
+                 '2026-11-29 23:24:30.123', '2026-11-29', '23:24:30.5', '\\x00ff10',
+                 '{\"a\": [1, 2.50]}', '1b4e28ba-2fa1-11d2-883f-0016d3cca427')
+             RETURNING id::text",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let sparse: String = c
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, flag, ratio, small)
+             VALUES ($1, 'k', 'Typed', '{}', false, 'NaN', '-Infinity') RETURNING id::text",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let consumed = setup
+        .consume_all(2, Duration::from_secs(1), Duration::from_secs(60))
+        .await;
+
+    // (column, header bytes, envelope JSON) of the full row.
+    let expected: [(&str, &str, &str); 14] = [
+        ("flag", "true", "true"),
+        ("n", "42", "42"),
+        ("amount", "1500000.10", "1500000.10"),
+        ("ratio", "1.0E20", "1.0E20"),
+        ("small", "3.0", "3.0"),
+        (
+            "at",
+            "2026-11-29T22:24:30.500000Z",
+            r#""2026-11-29T22:24:30.500000Z""#,
+        ),
+        ("at0", "2026-11-29T22:24:30Z", r#""2026-11-29T22:24:30Z""#),
+        // Microseconds since 1970 for timestamp, milliseconds for timestamp(0) to (3).
+        ("local_at", "1795994670123456", "1795994670123456"),
+        ("local_ms", "1795994670123", "1795994670123"),
+        // Days since 1970; microseconds since midnight.
+        ("day", "20786", "20786"),
+        ("clock", "84270500000", "84270500000"),
+        ("blob", "AP8Q", r#""AP8Q""#),
+        ("doc", r#"{"a": [1, 2.50]}"#, r#"{"a": [1, 2.50]}"#),
+        (
+            "ref",
+            "1b4e28ba-2fa1-11d2-883f-0016d3cca427",
+            r#""1b4e28ba-2fa1-11d2-883f-0016d3cca427""#,
+        ),
+    ];
+    let r = record(&consumed, &full);
+    let headers: Vec<(&str, Option<&str>)> = r
+        .headers
+        .iter()
+        .skip(2)
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                v.as_deref().map(|v| std::str::from_utf8(v).unwrap()),
+            )
+        })
+        .collect();
+    let want: Vec<(&str, Option<&str>)> = expected.iter().map(|(n, h, _)| (*n, Some(*h))).collect();
+    assert_eq!(headers, want, "header placements");
+    let envelope: Vec<String> = expected
+        .iter()
+        .map(|(n, _, json)| format!(r#""{n}":{json}"#))
+        .collect();
+    assert_eq!(
+        r.value_str().unwrap(),
+        format!(r#"{{"payload":{{"x": 1}},{}}}"#, envelope.join(",")),
+        "envelope placements"
+    );
+
+    let r = record(&consumed, &sparse);
+    let header_of = |name: &str| header(r, name).map(|v| std::str::from_utf8(v).unwrap());
+    assert_eq!(header_of("flag"), Some("false"));
+    assert_eq!(header_of("ratio"), Some("NaN"));
+    assert_eq!(header_of("small"), Some("-Infinity"));
+    assert!(
+        r.headers.iter().any(|(k, v)| k == "day" && v.is_none()),
+        "NULL is a null header value"
+    );
+    let value: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+    assert_eq!(value["flag"], false);
+    assert_eq!(
+        value["ratio"], "NaN",
+        "JSON has no NaN: a string, as Jackson writes it"
+    );
+    assert_eq!(value["small"], "-Infinity");
+    assert!(value["day"].is_null() && value["blob"].is_null(), "{value}");
+    drop(relay);
+}

@@ -1,6 +1,6 @@
 use bytes::Bytes;
 
-use super::is_json_number;
+use super::{is_json_number, Unrenderable};
 use crate::config::{AdditionalPlacement, ByteaFormat, PipelineConfig, Placement, ValueFormat};
 use crate::lsn::Lsn;
 use crate::router::{RouteError, Router};
@@ -140,5 +140,172 @@ fn json_numbers() {
         "1 ",
     ] {
         assert!(!is_json_number(bad.as_bytes()), "{bad}");
+    }
+}
+
+/// The header value of `text` of `kind`, as UTF-8.
+fn header_of(text: &str, kind: ValueKind) -> String {
+    let bytes = super::header(
+        &Bytes::copy_from_slice(text.as_bytes()),
+        kind,
+        ByteaFormat::Raw,
+    )
+    .unwrap_or_else(|e| panic!("{text:?} as {kind:?}: {e:?}"));
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// `text` of `kind` as JSON.
+fn json_of(text: &str, kind: ValueKind) -> String {
+    let mut out = Vec::new();
+    super::push_json(&mut out, text.as_bytes(), kind, ByteaFormat::Raw)
+        .unwrap_or_else(|e| panic!("{text:?} as {kind:?}: {e:?}"));
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn booleans_are_true_and_false() {
+    assert_eq!(header_of("t", ValueKind::Bool), "true");
+    assert_eq!(header_of("f", ValueKind::Bool), "false");
+    assert_eq!(json_of("t", ValueKind::Bool), "true");
+}
+
+/// PostgreSQL's shortest-exact float text, and what Java's `Double.toString` and
+/// `Float.toString` (JDK 19 and later) print for the same value: what Kafka's
+/// `SimpleHeaderConverter` and `JsonConverter` (through Jackson) write.
+#[test]
+fn floats_are_printed_as_java_prints_them() {
+    for (pg, java) in [
+        ("1e+20", "1.0E20"),
+        ("100", "100.0"),
+        ("0.1", "0.1"),
+        ("-1.5", "-1.5"),
+        ("1234567", "1234567.0"),
+        ("9999999", "9999999.0"),
+        ("10000000", "1.0E7"),
+        ("123456789", "1.23456789E8"),
+        ("0.001", "0.001"),
+        ("0.0001", "1.0E-4"),
+        ("1.2345e-05", "1.2345E-5"),
+        ("0", "0.0"),
+        ("-0", "-0.0"),
+        // Java picks the closest of the one- and two-digit decimals that round to the value.
+        ("5e-324", "4.9E-324"),
+        ("2e+23", "2.0E23"),
+        ("1.7976931348623157e+308", "1.7976931348623157E308"),
+        ("NaN", "NaN"),
+        ("Infinity", "Infinity"),
+        ("-Infinity", "-Infinity"),
+    ] {
+        assert_eq!(header_of(pg, ValueKind::Float8), java, "float8 {pg}");
+    }
+    for (pg, java) in [
+        ("3", "3.0"),
+        ("1.1", "1.1"),
+        ("16777216", "1.6777216E7"),
+        ("3.4028235e+38", "3.4028235E38"),
+        ("1e-45", "1.4E-45"),
+        ("NaN", "NaN"),
+    ] {
+        assert_eq!(header_of(pg, ValueKind::Float4), java, "float4 {pg}");
+    }
+    // In JSON a number, but NaN and the infinities are strings, as Jackson writes them.
+    assert_eq!(json_of("1e+20", ValueKind::Float8), "1.0E20");
+    assert_eq!(json_of("NaN", ValueKind::Float8), r#""NaN""#);
+    assert_eq!(json_of("-Infinity", ValueKind::Float4), r#""-Infinity""#);
+}
+
+#[test]
+fn timestamptz_is_iso_8601_in_utc_with_the_columns_fractional_digits() {
+    for (pg, precision, iso) in [
+        ("2026-11-29 22:24:30.5+00", 6, "2026-11-29T22:24:30.500000Z"),
+        ("2026-11-29 22:24:30+00", 6, "2026-11-29T22:24:30.000000Z"),
+        ("2026-11-29 22:24:30.12+00", 3, "2026-11-29T22:24:30.120Z"),
+        ("2026-11-29 22:24:30+00", 0, "2026-11-29T22:24:30Z"),
+        (
+            "2026-11-30 03:54:30.123456+05:30",
+            6,
+            "2026-11-29T22:24:30.123456Z",
+        ),
+        ("0099-01-01 00:00:00+00", 0, "0099-01-01T00:00:00Z"),
+        // Debezium passes PostgreSQL's infinities through.
+        ("infinity", 6, "infinity"),
+        ("-infinity", 6, "-infinity"),
+    ] {
+        let kind = ValueKind::Timestamptz(precision);
+        assert_eq!(header_of(pg, kind), iso, "{pg} ({precision})");
+        assert_eq!(
+            json_of(pg, kind),
+            format!("\"{iso}\""),
+            "{pg} ({precision})"
+        );
+    }
+}
+
+#[test]
+fn timestamp_date_and_time_are_numbers_since_the_epoch_or_midnight() {
+    for (pg, kind, number) in [
+        // Microseconds since 1970 for precision 4 to 6, milliseconds for 0 to 3.
+        (
+            "2026-11-29 23:24:30.123456",
+            ValueKind::Timestamp(6),
+            "1795994670123456",
+        ),
+        (
+            "2026-11-29 23:24:30.123",
+            ValueKind::Timestamp(3),
+            "1795994670123",
+        ),
+        ("1970-01-01 00:00:00", ValueKind::Timestamp(6), "0"),
+        ("1969-12-31 23:59:59.5", ValueKind::Timestamp(6), "-500000"),
+        ("1969-12-31 23:59:59.5", ValueKind::Timestamp(1), "-500"),
+        // Days since 1970.
+        ("2026-11-29", ValueKind::Date, "20786"),
+        ("1969-12-31", ValueKind::Date, "-1"),
+        // Microseconds (or milliseconds) since midnight; PostgreSQL's 24:00:00 is a day.
+        ("23:24:30.5", ValueKind::Time(6), "84270500000"),
+        ("23:24:30.123", ValueKind::Time(3), "84270123"),
+        ("00:00:00", ValueKind::Time(6), "0"),
+        ("24:00:00", ValueKind::Time(6), "86400000000"),
+    ] {
+        assert_eq!(header_of(pg, kind), number, "{pg} as {kind:?}");
+        assert_eq!(json_of(pg, kind), number, "{pg} as {kind:?}");
+    }
+    // What has no such number stays PostgreSQL's text.
+    assert_eq!(header_of("infinity", ValueKind::Timestamp(6)), "infinity");
+    assert_eq!(json_of("-infinity", ValueKind::Date), r#""-infinity""#);
+}
+
+#[test]
+fn placed_bytea_is_base64_or_hex_text_when_asked() {
+    assert_eq!(header_of("\\x00ff10", ValueKind::Bytea), "AP8Q");
+    assert_eq!(header_of("\\x", ValueKind::Bytea), "");
+    assert_eq!(json_of("\\x00ff10", ValueKind::Bytea), r#""AP8Q""#);
+    let hex = super::header(
+        &Bytes::from_static(b"\\x00ff10"),
+        ValueKind::Bytea,
+        ByteaFormat::Hex,
+    )
+    .unwrap();
+    assert_eq!(&hex[..], b"\\x00ff10");
+    assert_eq!(
+        super::header(
+            &Bytes::from_static(b"00ff"),
+            ValueKind::Bytea,
+            ByteaFormat::Raw
+        ),
+        Err(Unrenderable::NotHex)
+    );
+}
+
+#[test]
+fn text_numbers_and_json_are_placed_as_postgresql_prints_them() {
+    for (text, kind) in [
+        ("1500000.10", ValueKind::Number),
+        ("-42", ValueKind::Number),
+        (r#"{"a": [1, 2.50]}"#, ValueKind::Json),
+        ("1b4e28ba-2fa1-11d2-883f-0016d3cca427", ValueKind::Text),
+        ("{1,2}", ValueKind::Text),
+    ] {
+        assert_eq!(header_of(text, kind), text);
     }
 }
