@@ -17,7 +17,8 @@
 //!   gives a null key.
 //! - Value: the payload bytes exactly as PostgreSQL printed them (a bytea's bytes), or with
 //!   `value_format = "envelope"` a JSON object `{"payload":...,"<alias>":...}`; SQL NULL gives
-//!   a tombstone, or a zero-byte value with `null_payload = "empty"`.
+//!   a tombstone, or a zero-byte value with `null_payload = "empty"`. With
+//!   `empty_payload = "tombstone"` an empty or blank text payload gives a tombstone too.
 //! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
 //!   entry of the row's `headers` jsonb object in its order: a string as its text, any other
 //!   JSON value as its JSON text, `null` as a null header value. Entries named `id` or
@@ -49,11 +50,12 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    matches_destination, ByteaFormat, ConfigError, ConfigErrors, NullPayload, PipelineConfig,
-    Placement, SinkConfig, TableName, TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
+    matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload, NullPayload,
+    PipelineConfig, Placement, SinkConfig, TableName, TopicCase, ValueFormat,
+    DEFAULT_CHECKPOINT_TOPIC,
 };
 use crate::sink::{Header, Record};
-use crate::source::outbox::{ColumnValue, OutboxEvent};
+use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
@@ -292,6 +294,7 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
+    empty_payload: EmptyPayload,
     bytea: ByteaFormat,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
@@ -426,6 +429,7 @@ impl Router {
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
+            empty_payload: config.empty_payload,
             bytea: config.bytea_format,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
@@ -506,7 +510,11 @@ impl Router {
                     );
             }
         }
-        let value = match (&event.payload, self.null_payload, self.value_format) {
+        // Debezium's route.tombstone.on.empty.payload: a tombstone in either value format.
+        let empty = self.empty_payload == EmptyPayload::Tombstone
+            && event.payload.as_deref().is_some_and(|p| is_blank(p, event));
+        let value = match (event.payload.as_ref(), self.null_payload, self.value_format) {
+            _ if empty => None,
             (None, NullPayload::Tombstone, _) => None,
             (None, NullPayload::Empty, _) => Some(Bytes::new()),
             (None, NullPayload::JsonNull, ValueFormat::Payload) => {
@@ -516,23 +524,28 @@ impl Router {
                 render::raw(payload, event.payload_kind, self.bytea)
                     .map_err(|problem| unrenderable(event, "payload", problem))?,
             ),
-            (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload.as_ref())?),
-        };
-        let key = match &event.aggregate_id {
-            Some(key) => Some(
-                render::raw(key, event.aggregate_id_kind, self.bytea)
-                    .map_err(|problem| unrenderable(event, "aggregate_id", problem))?,
-            ),
-            None => None,
+            (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload)?),
         };
         Ok(Record {
             topic,
-            key,
+            key: self.key(event)?,
             value,
             headers,
             timestamp_ms: Some(timestamp_ms),
             partition,
         })
+    }
+
+    /// The record key: the aggregate id's bytes (see [`render::raw`]).
+    fn key(&self, event: &OutboxEvent) -> Result<Option<Bytes>, RouteError> {
+        event
+            .aggregate_id
+            .as_ref()
+            .map(|key| {
+                render::raw(key, event.aggregate_id_kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, "aggregate_id", problem))
+            })
+            .transpose()
     }
 
     fn topic(&self, event: &OutboxEvent) -> Result<String, RouteError> {
@@ -663,6 +676,13 @@ impl Router {
         out.push(b'}');
         Ok(Bytes::from(out))
     }
+}
+
+/// Whether `payload` of `event` is empty as Debezium's `route.tombstone.on.empty.payload` sees
+/// it: text that Java's `String.trim` leaves empty (every character U+0000 to U+0020). Debezium
+/// checks the payload's text, so a bytea (a byte buffer there) is never empty.
+fn is_blank(payload: &[u8], event: &OutboxEvent) -> bool {
+    event.payload_kind != ValueKind::Bytea && payload.iter().all(|b| *b <= b' ')
 }
 
 fn column(event: &OutboxEvent, index: usize) -> Option<&ColumnValue> {

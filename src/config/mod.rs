@@ -24,9 +24,9 @@ use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
-    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, InvalidOpBehavior,
-    NullPayload, OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase, ValueFormat,
-    DEFAULT_HEADERS_COLUMN,
+    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
+    InvalidOpBehavior, NullPayload, OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase,
+    ValueFormat, DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -182,6 +182,8 @@ pub struct PipelineConfig {
     pub value_format: ValueFormat,
     #[serde(default, skip_serializing_if = "is_default")]
     pub null_payload: NullPayload,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub empty_payload: EmptyPayload,
     #[serde(default, skip_serializing_if = "is_default")]
     pub bytea_format: ByteaFormat,
     #[serde(default, skip_serializing_if = "is_default")]
@@ -366,6 +368,7 @@ impl PipelineConfig {
             additional_placement: Vec::new(),
             value_format: ValueFormat::default(),
             null_payload: NullPayload::default(),
+            empty_payload: EmptyPayload::default(),
             bytea_format: ByteaFormat::default(),
             on_bad_event: OnBadEvent::default(),
             dead_letter_topic: None,

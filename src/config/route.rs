@@ -190,6 +190,19 @@ pub enum NullPayload {
     JsonNull,
 }
 
+/// What an empty or blank payload becomes (Debezium's `route.tombstone.on.empty.payload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmptyPayload {
+    /// Published as it is: a zero-byte (or blank) value.
+    #[default]
+    Keep,
+    /// A tombstone (a null value, in either `value_format`) for a payload whose text is empty
+    /// or only characters up to U+0020 (what Java's `String.trim` removes); a bytea payload
+    /// is never empty in this sense, as in Debezium.
+    Tombstone,
+}
+
 /// How a bytea key or payload is published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]

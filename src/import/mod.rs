@@ -19,7 +19,7 @@ use std::path::Path;
 
 use crate::config::file::FileConfig;
 use crate::config::{
-    AdditionalPlacement, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
+    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
     PipelineConfig, Placement, RouteConfig, Secret, TableName, ValueFormat,
 };
 
@@ -509,10 +509,16 @@ impl Importer {
         if topic_regex.is_some() {
             self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
         }
-        let tombstone_on_null = get(self, "route.tombstone.on.empty.payload")
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("true"));
-        if tombstone_on_null {
-            self.note(&option("route.tombstone.on.empty.payload"), "true: Debezium sent a tombstone for a NULL payload and also for an empty or blank text one; outbox-relay's tombstone is for NULL only (an empty text payload is a zero-byte value): write NULL for a deletion");
+        // A NULL or empty payload gives a tombstone (value_format envelope included).
+        let tombstone_on_empty = match get(self, "route.tombstone.on.empty.payload") {
+            Some(value) => boolean(&value).ok_or_else(|| ImportError::Unsupported {
+                option: option("route.tombstone.on.empty.payload"),
+                reason: format!("{value:?} is not true or false, which Debezium refuses too"),
+            })?,
+            None => false,
+        };
+        if tombstone_on_empty {
+            pipeline.empty_payload = EmptyPayload::Tombstone;
         }
         let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
             .into_iter()
@@ -577,7 +583,7 @@ impl Importer {
             pipeline.value_format = ValueFormat::Envelope;
             // Debezium's envelope keeps a NULL payload as "payload": null unless told to
             // send a tombstone.
-            if !tombstone_on_null {
+            if !tombstone_on_empty {
                 pipeline.null_payload = NullPayload::JsonNull;
             }
         }
@@ -633,6 +639,16 @@ impl Importer {
         if !self.options.contains_key("key.converter") {
             self.note("key.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the key (aggregate id) as a quoted JSON string, while outbox-relay writes its text: the same aggregate goes to another partition, so its order across the switch-over is not kept (see Coming from Debezium)");
         }
+    }
+}
+
+/// A boolean option as Kafka's `ConfigDef` reads it: `true` or `false` in any case, blanks
+/// around it ignored; `None` for anything else.
+fn boolean(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
     }
 }
 

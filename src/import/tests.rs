@@ -284,8 +284,10 @@ fn every_router_option_is_mapped_or_noted() {
             placement("part", Placement::Partition, None),
         ]
     );
-    // route.tombstone.on.empty.payload = true: NULL payloads stay tombstones.
+    // route.tombstone.on.empty.payload = true: NULL payloads stay tombstones, and empty ones
+    // become tombstones.
     assert!(!toml.contains("json_null"), "{toml}");
+    assert!(toml.contains(r#"empty_payload = "tombstone""#), "{toml}");
     let notes = options(&imported.notes);
     for option in [
         "database.password",
@@ -297,8 +299,6 @@ fn every_router_option_is_mapped_or_noted() {
         "value.converter",
         "producer.override.acks",
         "producer.override.max.request.size",
-        // Debezium's tombstone for an empty payload too; outbox-relay's for NULL only.
-        "transforms.router.route.tombstone.on.empty.payload",
     ] {
         assert!(notes.contains(&option), "no note for {option}: {notes:?}");
     }
@@ -422,4 +422,42 @@ fn notes_say_how_placed_columns_compare_with_the_converters_and_handling_modes()
             "{option}: {reason}"
         );
     }
+}
+
+#[test]
+fn tombstone_on_empty_payload_is_carried_over_and_a_value_debezium_refuses_is_refused() {
+    let translated = |value: &str| {
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        connector.options.insert(
+            "transforms.outbox.route.tombstone.on.empty.payload".into(),
+            value.into(),
+        );
+        translate(&connector)
+    };
+    for value in ["true", " TRUE "] {
+        let imported = translated(value).unwrap();
+        assert!(
+            imported.toml.contains(r#"empty_payload = "tombstone""#),
+            "{value:?}: {}",
+            imported.toml
+        );
+        assert!(
+            !options(&imported.notes)
+                .contains(&"transforms.outbox.route.tombstone.on.empty.payload"),
+            "{:?}",
+            imported.notes
+        );
+    }
+    let imported = translated("false").unwrap();
+    assert!(
+        !imported.toml.contains("empty_payload"),
+        "{}",
+        imported.toml
+    );
+    // Kafka's ConfigDef takes only true or false for a boolean.
+    let err = translated("yes").unwrap_err();
+    assert!(
+        matches!(&err, ImportError::Unsupported { option, .. } if option == "transforms.outbox.route.tombstone.on.empty.payload"),
+        "{err}"
+    );
 }

@@ -2,9 +2,10 @@
 //! expects it: bytea keys and payloads as raw bytes, placed columns rendered as Debezium's
 //! default converters render them, empty payloads as tombstones when asked.
 
+use std::path::Path;
 use std::time::Duration;
 
-use crate::support::{consume, kafka, Auth, Consumed, Relay};
+use crate::support::{consume, kafka, run_within, Auth, Consumed, Relay};
 use crate::{header, run_with_config, Setup};
 
 /// The record of event `id` among `consumed`, which must hold it exactly once.
@@ -268,5 +269,122 @@ additional_placement = [{placements}]
     );
     assert_eq!(value["small"], "-Infinity");
     assert!(value["day"].is_null() && value["blob"].is_null(), "{value}");
+    drop(relay);
+}
+
+/// A Debezium connector with `route.tombstone.on.empty.payload=true`, imported and run: the
+/// records Debezium's own tests describe (a text payload, a boolean placed in the envelope as
+/// `deleted`; an empty payload gives a tombstone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_tombstone_on_empty_payload_turns_empty_and_blank_text_into_tombstones() {
+    let setup = Setup::new("tombstone", &["User"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    let sql = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("sql")
+            .join("outbox_debezium.sql"),
+    )
+    .unwrap();
+    c.batch_execute(&sql).await.unwrap();
+    c.batch_execute(
+        "ALTER TABLE outboxevent ALTER COLUMN payload TYPE text, ADD COLUMN is_deleted boolean",
+    )
+    .await
+    .unwrap();
+    setup.db.create_slot(&setup.slot).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let connector = dir.path().join("users-connector.json");
+    std::fs::write(
+        &connector,
+        serde_json::json!({
+            "name": "users-connector",
+            "config": {
+                "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                "database.hostname": "127.0.0.1",
+                "database.port": setup.db.port(),
+                "database.user": "postgres",
+                "database.dbname": setup.db.name,
+                "topic.prefix": "users",
+                "plugin.name": "pgoutput",
+                "slot.name": setup.slot,
+                "publication.name": "outboxevent_pub",
+                "table.include.list": "public.outboxevent",
+                "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+                "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+                "value.converter.schemas.enable": "false",
+                "transforms": "outbox",
+                "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+                "transforms.outbox.route.topic.replacement": "${routedByValue}.events",
+                "transforms.outbox.route.tombstone.on.empty.payload": "true",
+                "transforms.outbox.table.fields.additional.placement": "is_deleted:envelope:deleted"
+            }
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut import = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    import.args(["import-debezium".as_ref(), connector.as_os_str()]);
+    let output = run_within(import, Duration::from_secs(60));
+    assert!(output.status.success(), "{}", output.stderr);
+    let config = dir.path().join("relay.toml");
+    std::fs::write(&config, &output.stdout).unwrap();
+    let bootstrap = kafka().bootstrap();
+    let relay = Relay::spawn_with_env(
+        &[
+            "run".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+        &[
+            ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+            ("USERS_CONNECTOR_DB_PASSWORD", "unused-with-trust"),
+        ],
+    );
+    setup.wait_streaming().await;
+
+    // (payload, is_deleted, the value expected: None for a tombstone)
+    let rows: [(Option<&str>, bool, Option<&str>); 5] = [
+        (Some("{}"), true, Some(r#"{"payload":"{}","deleted":true}"#)),
+        (Some(""), true, None),
+        (Some(" \t\r\n "), true, None),
+        (None, true, None),
+        (
+            Some(" x "),
+            false,
+            Some(r#"{"payload":" x ","deleted":false}"#),
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (payload, deleted, _) in rows {
+        let id: String = c
+            .query_one(
+                "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, is_deleted)
+                 VALUES (gen_random_uuid(), $1, '10711fa5', 'UserUpdated', $2, $3) RETURNING id::text",
+                &[&t, &payload, &deleted],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        ids.push(id);
+    }
+    let consumed = setup
+        .consume_all(rows.len(), Duration::from_secs(1), Duration::from_secs(60))
+        .await;
+    for ((payload, _, expected), id) in rows.iter().zip(&ids) {
+        let r = record(&consumed, id);
+        assert_eq!(
+            r.value_str().as_deref(),
+            *expected,
+            "value for payload {payload:?}"
+        );
+        assert_eq!(r.key.as_deref(), Some(&b"10711fa5"[..]), "the key stays");
+    }
+    assert!(
+        !output.stderr.contains("route.tombstone.on.empty.payload"),
+        "carried over, so not in the notes:\n{}",
+        output.stderr
+    );
     drop(relay);
 }

@@ -1,7 +1,9 @@
 use bytes::Bytes;
 
 use super::{is_json_number, Unrenderable};
-use crate::config::{AdditionalPlacement, ByteaFormat, PipelineConfig, Placement, ValueFormat};
+use crate::config::{
+    AdditionalPlacement, ByteaFormat, EmptyPayload, PipelineConfig, Placement, ValueFormat,
+};
 use crate::lsn::Lsn;
 use crate::router::{RouteError, Router};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
@@ -308,4 +310,58 @@ fn text_numbers_and_json_are_placed_as_postgresql_prints_them() {
     ] {
         assert_eq!(header_of(text, kind), text);
     }
+}
+
+/// An event with a text payload `payload`.
+fn text_event(payload: Option<&str>) -> OutboxEvent {
+    let mut event = bytea_event("\\x6b", payload);
+    event.payload_kind = ValueKind::Text;
+    event
+}
+
+#[test]
+fn empty_payload_tombstone_turns_empty_and_blank_text_into_tombstones() {
+    let tombstones = |value_format| {
+        router(PipelineConfig {
+            empty_payload: EmptyPayload::Tombstone,
+            value_format,
+            ..PipelineConfig::test_pipeline()
+        })
+    };
+    // Java's String.trim removes U+0000 to U+0020, not other white space.
+    for (payload, tombstone) in [
+        ("", true),
+        (" ", true),
+        (" \t\r\n\u{b}\u{c}\u{1f} ", true),
+        (" x ", false),
+        ("\u{a0}", false),
+        ("\u{2003}", false),
+        ("{}", false),
+    ] {
+        for format in [ValueFormat::Payload, ValueFormat::Envelope] {
+            let value = tombstones(format)
+                .route(&text_event(Some(payload)), 0)
+                .unwrap()
+                .value;
+            assert_eq!(
+                value.is_none(),
+                tombstone,
+                "{payload:?} in {format:?}: {value:?}"
+            );
+        }
+    }
+    // A zero-length bytea is bytes, not empty text: Debezium checks the payload's text.
+    let mut bytea = bytea_event("\\x6b", Some("\\x"));
+    bytea.payload_kind = ValueKind::Bytea;
+    let value = tombstones(ValueFormat::Payload)
+        .route(&bytea, 0)
+        .unwrap()
+        .value;
+    assert_eq!(value.as_deref(), Some(&b""[..]));
+    // Without the option an empty payload is a zero-byte value.
+    let value = router(PipelineConfig::test_pipeline())
+        .route(&text_event(Some("")), 0)
+        .unwrap()
+        .value;
+    assert_eq!(value.as_deref(), Some(&b""[..]));
 }
