@@ -50,9 +50,9 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload, NullPayload,
-    PipelineConfig, Placement, SinkConfig, TableName, TopicCase, ValueFormat,
-    DEFAULT_CHECKPOINT_TOPIC,
+    matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload,
+    MissingPlacementColumn, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
+    TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
 };
 use crate::sink::{Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
@@ -287,6 +287,9 @@ pub struct Router {
     regex: Option<(String, Regex)>,
     /// The extra columns events carry ([`OutboxEvent::columns`]), in that order.
     columns: Vec<String>,
+    /// Those of `columns` the table may lack: placement-only ones with
+    /// `missing_placement_column = "ignore"`.
+    optional: Vec<String>,
     /// Indexes into `columns`.
     timestamp: Option<usize>,
     headers: Vec<(Cow<'static, str>, usize)>,
@@ -382,6 +385,12 @@ impl Router {
         };
         let parsed = Template::parse(&route.topic_template)?;
         parsed.check_groups(regex.as_ref().map(|(_, r)| r), regex.is_some())?;
+        // Routing and the timestamp need their columns whatever the placements may lack.
+        let needed: Vec<String> = parsed
+            .columns()
+            .chain(columns.timestamp.as_deref())
+            .map(str::to_owned)
+            .collect();
         let mut extra: Vec<String> = Vec::new();
         let mut index = |name: &str| match extra.iter().position(|c| c == name) {
             Some(i) => i,
@@ -418,11 +427,21 @@ impl Router {
                 Placement::Partition => partition = Some(i),
             }
         }
+        let optional = match config.missing_placement_column {
+            MissingPlacementColumn::Error => Vec::new(),
+            MissingPlacementColumn::Ignore => config
+                .additional_placement
+                .iter()
+                .map(|p| p.field.clone())
+                .filter(|field| !needed.contains(field))
+                .collect(),
+        };
         Ok(Router {
             template,
             case: route.topic_case,
             regex,
             columns: extra,
+            optional,
             timestamp,
             headers,
             envelope,
@@ -440,6 +459,12 @@ impl Router {
     /// The extra columns the decoder must put in [`OutboxEvent::columns`], in that order.
     pub fn columns(&self) -> &[String] {
         &self.columns
+    }
+
+    /// Those of [`Router::columns`] the table may lack ([`ColumnValue::absent`]): the columns
+    /// only placements use, with `missing_placement_column = "ignore"`.
+    pub fn optional_columns(&self) -> Vec<String> {
+        self.optional.clone()
     }
 
     /// Routes `event`, committed at `commit_time_ms` (Unix epoch, ms).
@@ -468,9 +493,11 @@ impl Router {
         }
         for (name, i) in &self.headers {
             let value = match column(event, *i) {
+                Some(ColumnValue { absent: true, .. }) => continue,
                 Some(ColumnValue {
                     text: Some(text),
                     kind,
+                    ..
                 }) => Some(
                     render::header(text, *kind, self.bytea)
                         .map_err(|problem| unrenderable(event, &self.columns[*i], problem))?,
@@ -661,6 +688,9 @@ impl Router {
             out.extend_from_slice(b"null");
         }
         for (name, i) in &self.envelope {
+            if column(event, *i).is_some_and(|c| c.absent) {
+                continue;
+            }
             out.push(b',');
             serde_json::to_writer(&mut out, name).expect("writing to a Vec cannot fail");
             out.push(b':');
@@ -668,6 +698,7 @@ impl Router {
                 Some(ColumnValue {
                     text: Some(text),
                     kind,
+                    ..
                 }) => render::push_json(&mut out, text, *kind, self.bytea)
                     .map_err(|problem| unrenderable(event, &self.columns[*i], problem))?,
                 _ => out.extend_from_slice(b"null"),

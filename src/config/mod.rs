@@ -25,8 +25,8 @@ pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
     matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
-    InvalidOpBehavior, NullPayload, OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase,
-    ValueFormat, DEFAULT_HEADERS_COLUMN,
+    InvalidOpBehavior, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns, Placement,
+    RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -178,6 +178,8 @@ pub struct PipelineConfig {
     /// Extra columns put in the record, in this order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub additional_placement: Vec<AdditionalPlacement>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub missing_placement_column: MissingPlacementColumn,
     #[serde(default, skip_serializing_if = "is_default")]
     pub value_format: ValueFormat,
     #[serde(default, skip_serializing_if = "is_default")]
@@ -366,6 +368,7 @@ impl PipelineConfig {
             message_default_id: MessageDefaultId::default(),
             route: RouteConfig::default(),
             additional_placement: Vec::new(),
+            missing_placement_column: MissingPlacementColumn::default(),
             value_format: ValueFormat::default(),
             null_payload: NullPayload::default(),
             empty_payload: EmptyPayload::default(),

@@ -153,6 +153,19 @@ impl AdditionalPlacement {
     }
 }
 
+/// What a placement whose column the table does not have does (Debezium's
+/// `table.field.additional.missing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingPlacementColumn {
+    /// The pipeline stops at the table's first insert without it.
+    #[default]
+    Error,
+    /// The placement is left out: no header, no envelope field, the partition by key. A column
+    /// that routing or the timestamp also uses is still required.
+    Ignore,
+}
+
 /// Where an [`AdditionalPlacement`] column goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]

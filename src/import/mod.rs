@@ -19,8 +19,9 @@ use std::path::Path;
 
 use crate::config::file::FileConfig;
 use crate::config::{
-    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
-    PipelineConfig, Placement, RouteConfig, Secret, TableName, ValueFormat,
+    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, KafkaConfig, MissingPlacementColumn,
+    NullPayload, OutboxColumns, PipelineConfig, Placement, RouteConfig, Secret, TableName,
+    ValueFormat,
 };
 
 mod formats;
@@ -538,6 +539,20 @@ impl Importer {
             );
             mapped
         });
+        if let Some(value) = get(self, "table.field.additional.missing") {
+            pipeline.missing_placement_column = match value.trim().to_ascii_lowercase().as_str() {
+                "error" => MissingPlacementColumn::Error,
+                "ignore" => MissingPlacementColumn::Ignore,
+                _ => {
+                    return Err(ImportError::Unsupported {
+                        option: option("table.field.additional.missing"),
+                        reason: format!(
+                            "{value:?} is not error or ignore, which Debezium refuses too"
+                        ),
+                    })
+                }
+            };
+        }
         let additional = match get(self, "table.fields.additional.placement") {
             Some(list) => {
                 additional_placement(&list).map_err(|reason| ImportError::Unsupported {
@@ -754,9 +769,6 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
             | "table.field.event.schema.version"
             | "table.field.schema.version" => {
                 "Debezium 1.x envelope metadata; outbox-relay has no equivalent".into()
-            }
-            "table.fields.additional.error.on.missing" => {
-                "a missing column always stops outbox-relay".into()
             }
             "table.json.payload.null.behavior" => {
                 "about JSON expansion, which outbox-relay does not need".into()

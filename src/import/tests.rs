@@ -461,3 +461,44 @@ fn tombstone_on_empty_payload_is_carried_over_and_a_value_debezium_refuses_is_re
         "{err}"
     );
 }
+
+#[test]
+fn a_missing_additional_field_may_be_ignored_under_debeziums_option_name() {
+    let translated = |value: &str| {
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        for (k, v) in [
+            ("table.fields.additional.placement", "tenant:header"),
+            ("table.field.additional.missing", value),
+        ] {
+            connector
+                .options
+                .insert(format!("transforms.outbox.{k}"), v.into());
+        }
+        translate(&connector)
+    };
+    let imported = translated(" Ignore ").unwrap();
+    assert!(
+        imported
+            .toml
+            .contains(r#"missing_placement_column = "ignore""#),
+        "{}",
+        imported.toml
+    );
+    assert!(
+        !options(&imported.notes).contains(&"transforms.outbox.table.field.additional.missing"),
+        "carried over, not noted: {:?}",
+        imported.notes
+    );
+    let imported = translated("error").unwrap();
+    assert!(
+        !imported.toml.contains("missing_placement_column"),
+        "{}",
+        imported.toml
+    );
+    // Debezium's option takes error or ignore only.
+    let err = translated("skip").unwrap_err();
+    assert!(
+        matches!(&err, ImportError::Unsupported { option, .. } if option == "transforms.outbox.table.field.additional.missing"),
+        "{err}"
+    );
+}

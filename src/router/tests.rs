@@ -291,6 +291,7 @@ fn with_columns(
             ColumnValue {
                 text: text.map(|t| Bytes::copy_from_slice(t.as_bytes())),
                 kind: *kind,
+                absent: false,
             }
         })
         .collect();

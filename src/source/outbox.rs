@@ -50,6 +50,9 @@ pub struct ColumnValue {
     /// The text PostgreSQL printed; `None` for SQL NULL.
     pub text: Option<Bytes>,
     pub kind: ValueKind,
+    /// The table has no such column (one that may be missing: see
+    /// [`OutboxDecoder::with_optional_columns`]); `text` is `None`.
+    pub absent: bool,
 }
 
 /// What a column's text is, by its type (or a domain's base type): how the router renders it.
@@ -201,8 +204,8 @@ struct ColumnIndexes {
     routed_by: Option<usize>,
     payload_kind: ValueKind,
     aggregate_id_kind: ValueKind,
-    /// The configured extra columns, in order.
-    extra: Vec<(usize, ValueKind)>,
+    /// The configured extra columns, in order; `None` for an optional one the table lacks.
+    extra: Vec<(Option<usize>, ValueKind)>,
 }
 
 #[derive(Debug)]
@@ -241,6 +244,8 @@ pub struct OutboxDecoder {
     route_by: Option<String>,
     /// Extra columns events carry ([`OutboxEvent::columns`]).
     extra: Vec<String>,
+    /// Those of `extra` the table may lack.
+    optional: Vec<String>,
     /// Kinds of non-built-in types (domains) from Type messages, by oid.
     types: HashMap<u32, ValueKind>,
     /// The outbox table's oid when the session started (a Relation message's id is the
@@ -309,6 +314,7 @@ impl OutboxDecoder {
             message_prefix,
             route_by: None,
             extra: Vec::new(),
+            optional: Vec::new(),
             types: HashMap::new(),
             oid: None,
             message_origin: None,
@@ -334,6 +340,13 @@ impl OutboxDecoder {
     /// a Relation of the outbox table without one of them is an error at its first insert.
     pub fn with_columns(mut self, columns: Vec<String>) -> Self {
         self.extra = columns;
+        self
+    }
+
+    /// Lets the table lack these of the [`OutboxDecoder::with_columns`] columns: an event of a
+    /// table without one carries it as [`ColumnValue::absent`].
+    pub fn with_optional_columns(mut self, columns: Vec<String>) -> Self {
+        self.optional = columns;
         self
     }
 
@@ -442,8 +455,13 @@ impl OutboxDecoder {
                         .extra
                         .iter()
                         .map(|name| {
-                            find("route, additional_placement or columns.timestamp", name)
-                                .map(|i| (i, kind(i)))
+                            match find("route, additional_placement or columns.timestamp", name) {
+                                Ok(i) => Ok((Some(i), kind(i))),
+                                Err(_) if self.optional.contains(name) => {
+                                    Ok((None, ValueKind::Text))
+                                }
+                                Err(missing) => Err(missing),
+                            }
                         })
                         .collect::<Result<_, _>>()?,
                     id: find("id", &c.id)?,
@@ -571,8 +589,12 @@ impl OutboxDecoder {
                 .zip(&self.extra)
                 .map(|(&(index, kind), name)| {
                     Ok(ColumnValue {
-                        text: text(index, name)?,
+                        text: match index {
+                            Some(index) => text(index, name)?,
+                            None => None,
+                        },
                         kind,
+                        absent: index.is_none(),
                     })
                 })
                 .collect::<Result<_, OutboxError>>()?,

@@ -388,3 +388,115 @@ async fn an_imported_tombstone_on_empty_payload_turns_empty_and_blank_text_into_
     );
     drop(relay);
 }
+
+/// A Debezium connector with `table.field.additional.missing=ignore` whose placements name a
+/// column the table does not have, imported and run: the events flow without those
+/// placements (no header, no envelope field), the others stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_imported_connector_ignoring_missing_additional_fields_leaves_those_placements_out() {
+    let setup = Setup::new("missingfield", &["User"], 1).await;
+    let t = setup.types[0].clone();
+    let c = &setup.db.client;
+    let sql = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("sql")
+            .join("outbox_debezium.sql"),
+    )
+    .unwrap();
+    c.batch_execute(&sql).await.unwrap();
+    c.batch_execute("ALTER TABLE outboxevent ADD COLUMN tenant text")
+        .await
+        .unwrap();
+    setup.db.create_slot(&setup.slot).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let connector = dir.path().join("users-connector.properties");
+    std::fs::write(
+        &connector,
+        format!(
+            "name=users-connector
+connector.class=io.debezium.connector.postgresql.PostgresConnector
+database.hostname=127.0.0.1
+database.port={port}
+database.user=postgres
+database.dbname={db}
+topic.prefix=users
+plugin.name=pgoutput
+slot.name={slot}
+publication.name=outboxevent_pub
+table.include.list=public.outboxevent
+value.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter.schemas.enable=false
+transforms=outbox
+transforms.outbox.type=io.debezium.transforms.outbox.EventRouter
+transforms.outbox.route.topic.replacement=${{routedByValue}}.events
+transforms.outbox.table.fields.additional.placement=tenant:header,region:header,tenant:envelope:tenant,region:envelope:region,shard:partition
+transforms.outbox.table.field.additional.missing=ignore
+",
+            port = setup.db.port(),
+            db = setup.db.name,
+            slot = setup.slot,
+        ),
+    )
+    .unwrap();
+    let mut import = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    import.args(["import-debezium".as_ref(), connector.as_os_str()]);
+    let output = run_within(import, Duration::from_secs(60));
+    assert!(output.status.success(), "{}", output.stderr);
+    let config = dir.path().join("relay.toml");
+    std::fs::write(&config, &output.stdout).unwrap();
+    let bootstrap = kafka().bootstrap();
+    let relay = Relay::spawn_with_env(
+        &[
+            "run".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+        &[
+            ("KAFKA_BOOTSTRAP_SERVERS", bootstrap.as_str()),
+            ("USERS_CONNECTOR_DB_PASSWORD", "unused-with-trust"),
+        ],
+    );
+    setup.wait_streaming().await;
+
+    let mut ids = Vec::new();
+    for tenant in [Some("acme"), None] {
+        let id: String = c
+            .query_one(
+                "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, tenant)
+                 VALUES (gen_random_uuid(), $1, 'u-1', 'UserUpdated', '{\"n\": 1}', $2) RETURNING id::text",
+                &[&t, &tenant],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        ids.push(id);
+    }
+    let consumed = setup
+        .consume_all(ids.len(), Duration::from_secs(1), Duration::from_secs(60))
+        .await;
+    for (id, tenant, envelope) in [
+        (
+            &ids[0],
+            Some(&b"acme"[..]),
+            r#"{"payload":{"n": 1},"tenant":"acme"}"#,
+        ),
+        (&ids[1], None, r#"{"payload":{"n": 1},"tenant":null}"#),
+    ] {
+        let r = record(&consumed, id);
+        let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            ["id", "event_type", "tenant"],
+            "no header for the missing column region"
+        );
+        assert_eq!(
+            header(r, "tenant"),
+            tenant,
+            "NULL stays a null header value"
+        );
+        assert_eq!(r.value_str().as_deref(), Some(envelope));
+        assert_eq!(r.partition, 0, "partitioned by key");
+    }
+    drop(relay);
+}

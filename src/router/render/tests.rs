@@ -109,6 +109,7 @@ fn a_bytea_payload_in_the_envelope_is_base64_as_jsonconverter_writes_bytes() {
     event.columns = vec![ColumnValue {
         text: Some(Bytes::from_static(b"1")),
         kind: ValueKind::Number,
+        absent: false,
     }];
     let record = router.route(&event, 0).unwrap();
     assert_eq!(
@@ -364,4 +365,59 @@ fn empty_payload_tombstone_turns_empty_and_blank_text_into_tombstones() {
         .unwrap()
         .value;
     assert_eq!(value.as_deref(), Some(&b""[..]));
+}
+
+#[test]
+fn placements_of_a_missing_column_are_left_out_with_missing_placement_column_ignore() {
+    use crate::config::{MissingPlacementColumn, RouteConfig};
+    let place = |field: &str, placement, alias: Option<&str>| AdditionalPlacement {
+        field: field.into(),
+        placement,
+        alias: alias.map(str::to_owned),
+    };
+    let config = PipelineConfig {
+        route: RouteConfig {
+            topic_template: "${column:tenant}.events".into(),
+            ..RouteConfig::default()
+        },
+        additional_placement: vec![
+            place("tenant", Placement::Header, None),
+            place("region", Placement::Header, None),
+            place("region", Placement::Envelope, Some("r")),
+            place("tenant", Placement::Envelope, None),
+            place("shard", Placement::Partition, None),
+        ],
+        value_format: ValueFormat::Envelope,
+        missing_placement_column: MissingPlacementColumn::Ignore,
+        ..PipelineConfig::test_pipeline()
+    };
+    let router = router(config.clone());
+    // The template needs tenant whatever the placements may lack.
+    assert_eq!(router.optional_columns(), ["region", "region", "shard"]);
+    let mut event = text_event(Some(r#"{"n": 1}"#));
+    event.payload_kind = ValueKind::Json;
+    event.columns = router
+        .columns()
+        .iter()
+        .map(|name| ColumnValue {
+            text: (name == "tenant").then(|| Bytes::from_static(b"acme")),
+            kind: ValueKind::Text,
+            absent: name != "tenant",
+        })
+        .collect();
+    let record = router.route(&event, 0).unwrap();
+    let names: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_ref()).collect();
+    assert_eq!(names, ["id", "event_type", "tenant"]);
+    assert_eq!(
+        record.value.as_deref(),
+        Some(&br#"{"payload":{"n": 1},"tenant":"acme"}"#[..])
+    );
+    assert_eq!(record.partition, None);
+    // By default every placement's column is required.
+    let strict = Router::new(&PipelineConfig {
+        missing_placement_column: MissingPlacementColumn::Error,
+        ..config
+    })
+    .unwrap();
+    assert!(strict.optional_columns().is_empty());
 }

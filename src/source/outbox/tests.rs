@@ -444,3 +444,39 @@ fn kinds_follow_the_type_and_its_modifier() {
     }
     assert_eq!(ValueKind::of_name("timestamp", 9), ValueKind::Timestamp(6));
 }
+
+#[test]
+fn an_optional_extra_column_the_table_lacks_is_absent_and_others_are_still_required() {
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec!["no_such_column".into(), "headers".into()])
+    .with_optional_columns(vec!["no_such_column".into()]);
+    let decoded = events_with(&mut decoder);
+    let first = &decoded[0];
+    assert_eq!(
+        first.columns[0],
+        ColumnValue {
+            text: None,
+            kind: ValueKind::Text,
+            absent: true
+        }
+    );
+    assert!(!first.columns[1].absent);
+    assert_eq!(first.columns[1].text, first.headers);
+    // Optional only where the table lacks it: a present column is read as any other.
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec!["headers".into(), "missing_too".into()])
+    .with_optional_columns(vec!["headers".into()]);
+    let err = events(&mut decoder).remove(0).unwrap_err();
+    assert!(
+        matches!(&err, OutboxError::MissingColumn { column, .. } if column == "missing_too"),
+        "{err}"
+    );
+}

@@ -10,6 +10,7 @@ use super::{PollingError, FAILED, PENDING, PUBLISHED};
 use crate::config::{MarkMode, PipelineConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
+use crate::router::Router;
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 use crate::source::replication::{quote_ident, quote_literal};
 use crate::source::SourceError;
@@ -32,7 +33,9 @@ pub(crate) struct Statements {
     pub(super) purge: Option<String>,
     payload_kind: ValueKind,
     aggregate_id_kind: ValueKind,
-    extra_kinds: Vec<ValueKind>,
+    /// Each of the router's columns: its kind, and whether the table lacks it (an optional
+    /// one, selected as NULL).
+    extra_kinds: Vec<(ValueKind, bool)>,
 }
 
 /// Positions in the SELECT's row.
@@ -49,15 +52,16 @@ pub(super) const COL_OLDER: usize = 9;
 pub(super) const COL_EXTRA: usize = 10;
 
 impl Statements {
-    /// Reads the table's columns and builds the statements.
+    /// Reads the table's columns and builds the statements, selecting the columns `router`
+    /// needs ([`Router::columns`]).
     ///
     /// Returns an error naming the table or the column if one the configuration needs is
-    /// not there, or the table if it is not a plain one (partitioned, with child tables, a
+    /// not there (an optional one of `router`'s may be), or the table if it is not a plain one (partitioned, with child tables, a
     /// view, a foreign table).
     pub(crate) async fn prepare(
         client: &Client,
         config: &PipelineConfig,
-        extra: &[String],
+        router: &Router,
     ) -> Result<Statements, Error> {
         let table = format!(
             "{}.{}",
@@ -142,10 +146,16 @@ impl Statements {
         };
         let mut extra_select = String::new();
         let mut extra_kinds = Vec::new();
-        for column in extra {
+        let optional = router.optional_columns();
+        for column in router.columns() {
+            if optional.contains(column) && !columns.contains_key(column) {
+                extra_select.push_str(", NULL::text");
+                extra_kinds.push((ValueKind::Text, true));
+                continue;
+            }
             let (quoted, kind) = need("routing and record options", column)?;
             extra_select.push_str(&format!(", o.{quoted}::text"));
-            extra_kinds.push(kind);
+            extra_kinds.push((kind, false));
         }
 
         // The pending condition on the table under `alias` (`o.` or nothing).
@@ -349,9 +359,10 @@ impl Statements {
                 .extra_kinds
                 .iter()
                 .enumerate()
-                .map(|(i, kind)| ColumnValue {
+                .map(|(i, &(kind, absent))| ColumnValue {
                     text: text(COL_EXTRA + i),
-                    kind: *kind,
+                    kind,
+                    absent,
                 })
                 .collect(),
             lsn: Lsn::ZERO,
