@@ -444,6 +444,7 @@ async fn run_session(
     )
     .with_route_by(config.route.by_field.clone())
     .with_columns(router.columns().to_vec())
+    .with_optional_columns(router.optional_columns())
     .with_oid(outbox_oid)
     .with_message_origin(origin_ids.then(|| MessageOrigin {
         system_id: identity.system_id.clone(),

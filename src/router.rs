@@ -13,10 +13,12 @@
 //!   relays share) is an error whatever the template; with `route.allowed_destinations`, so is
 //!   one outside that list. Every row is untrusted input: without the list any row can pick
 //!   any destination the template can make.
-//! - Key: the aggregate id bytes; SQL NULL gives a null key.
-//! - Value: the payload bytes exactly as PostgreSQL printed them, or with
+//! - Key: the aggregate id bytes (a bytea's bytes, unless `bytea_format = "hex"`); SQL NULL
+//!   gives a null key.
+//! - Value: the payload bytes exactly as PostgreSQL printed them (a bytea's bytes), or with
 //!   `value_format = "envelope"` a JSON object `{"payload":...,"<alias>":...}`; SQL NULL gives
-//!   a tombstone, or a zero-byte value with `null_payload = "empty"`.
+//!   a tombstone, or a zero-byte value with `null_payload = "empty"`. With
+//!   `empty_payload = "tombstone"` an empty or blank text payload gives a tombstone too.
 //! - Headers: `id` (the event id, as Debezium's outbox router), `event_type`, then every
 //!   entry of the row's `headers` jsonb object in its order: a string as its text, any other
 //!   JSON value as its JSON text, `null` as a null header value. Entries named `id` or
@@ -24,6 +26,8 @@
 //!   so are entries whose name starts with `outbox_relay_` ([`RESERVED_HEADER_PREFIX`]), the
 //!   relay's own (dead-letter copies, exactly-once checkpoints).
 //!   Header placements of `additional_placement` come last, in configuration order.
+//!   Placed columns are rendered as Debezium's default converters render their type
+//!   (`router/render.rs`).
 //! - Timestamp: the `columns.timestamp` column's value, else the transaction's commit time.
 //! - Partition: the partition placement column's value, else chosen from the key.
 //!
@@ -46,8 +50,9 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    matches_destination, ConfigError, ConfigErrors, NullPayload, PipelineConfig, Placement,
-    SinkConfig, TableName, TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
+    matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload,
+    MissingPlacementColumn, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
+    TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
 };
 use crate::sink::{Header, Record};
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
@@ -62,6 +67,7 @@ pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 pub const ALLOWED_DESTINATIONS: &str = "route.allowed_destinations";
 mod dead_letter;
 mod problems;
+mod render;
 
 pub use dead_letter::{ERROR_HEADER, TOPIC_HEADER};
 
@@ -124,6 +130,8 @@ pub enum RouteError {
         "event {event_id}: column {column:?} is not UTF-8 text and cannot go in the JSON envelope"
     )]
     NotUtf8 { event_id: String, column: String },
+    #[error("event {event_id}: bytea column {column:?} is not in PostgreSQL's hex form (\\x followed by pairs of hex digits)")]
+    Bytea { event_id: String, column: String },
 }
 
 impl RouteError {
@@ -139,6 +147,7 @@ impl RouteError {
             RouteError::Partition { .. } => "partition",
             RouteError::Timestamp { .. } => "timestamp",
             RouteError::NotUtf8 { .. } => "not_utf8",
+            RouteError::Bytea { .. } => "bytea",
         }
     }
 }
@@ -278,6 +287,9 @@ pub struct Router {
     regex: Option<(String, Regex)>,
     /// The extra columns events carry ([`OutboxEvent::columns`]), in that order.
     columns: Vec<String>,
+    /// Those of `columns` the table may lack: placement-only ones with
+    /// `missing_placement_column = "ignore"`.
+    optional: Vec<String>,
     /// Indexes into `columns`.
     timestamp: Option<usize>,
     headers: Vec<(Cow<'static, str>, usize)>,
@@ -285,6 +297,8 @@ pub struct Router {
     partition: Option<usize>,
     value_format: ValueFormat,
     null_payload: NullPayload,
+    empty_payload: EmptyPayload,
+    bytea: ByteaFormat,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
     /// `route.allowed_destinations`: names and `*` patterns; `None`: any destination.
@@ -371,6 +385,12 @@ impl Router {
         };
         let parsed = Template::parse(&route.topic_template)?;
         parsed.check_groups(regex.as_ref().map(|(_, r)| r), regex.is_some())?;
+        // Routing and the timestamp need their columns whatever the placements may lack.
+        let needed: Vec<String> = parsed
+            .columns()
+            .chain(columns.timestamp.as_deref())
+            .map(str::to_owned)
+            .collect();
         let mut extra: Vec<String> = Vec::new();
         let mut index = |name: &str| match extra.iter().position(|c| c == name) {
             Some(i) => i,
@@ -407,17 +427,29 @@ impl Router {
                 Placement::Partition => partition = Some(i),
             }
         }
+        let optional = match config.missing_placement_column {
+            MissingPlacementColumn::Error => Vec::new(),
+            MissingPlacementColumn::Ignore => config
+                .additional_placement
+                .iter()
+                .map(|p| p.field.clone())
+                .filter(|field| !needed.contains(field))
+                .collect(),
+        };
         Ok(Router {
             template,
             case: route.topic_case,
             regex,
             columns: extra,
+            optional,
             timestamp,
             headers,
             envelope,
             partition,
             value_format: config.value_format,
             null_payload: config.null_payload,
+            empty_payload: config.empty_payload,
+            bytea: config.bytea_format,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
             reserved: reserved_destinations(config),
@@ -427,6 +459,12 @@ impl Router {
     /// The extra columns the decoder must put in [`OutboxEvent::columns`], in that order.
     pub fn columns(&self) -> &[String] {
         &self.columns
+    }
+
+    /// Those of [`Router::columns`] the table may lack ([`ColumnValue::absent`]): the columns
+    /// only placements use, with `missing_placement_column = "ignore"`.
+    pub fn optional_columns(&self) -> Vec<String> {
+        self.optional.clone()
     }
 
     /// Routes `event`, committed at `commit_time_ms` (Unix epoch, ms).
@@ -454,7 +492,19 @@ impl Router {
             headers.extend(entries);
         }
         for (name, i) in &self.headers {
-            headers.push((name.clone(), column(event, *i).and_then(|c| c.text.clone())));
+            let value = match column(event, *i) {
+                Some(ColumnValue { absent: true, .. }) => continue,
+                Some(ColumnValue {
+                    text: Some(text),
+                    kind,
+                    ..
+                }) => Some(
+                    render::header(text, *kind, self.bytea)
+                        .map_err(|problem| unrenderable(event, &self.columns[*i], problem))?,
+                ),
+                _ => None,
+            };
+            headers.push((name.clone(), value));
         }
         let mut timestamp_ms = commit_time_ms;
         if let Some(i) = self.timestamp {
@@ -487,23 +537,42 @@ impl Router {
                     );
             }
         }
-        let value = match (&event.payload, self.null_payload, self.value_format) {
+        // Debezium's route.tombstone.on.empty.payload: a tombstone in either value format.
+        let empty = self.empty_payload == EmptyPayload::Tombstone
+            && event.payload.as_deref().is_some_and(|p| is_blank(p, event));
+        let value = match (event.payload.as_ref(), self.null_payload, self.value_format) {
+            _ if empty => None,
             (None, NullPayload::Tombstone, _) => None,
             (None, NullPayload::Empty, _) => Some(Bytes::new()),
             (None, NullPayload::JsonNull, ValueFormat::Payload) => {
                 Some(Bytes::from_static(b"null"))
             }
-            (Some(payload), _, ValueFormat::Payload) => Some(payload.clone()),
-            (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload.as_ref())?),
+            (Some(payload), _, ValueFormat::Payload) => Some(
+                render::raw(payload, event.payload_kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, "payload", problem))?,
+            ),
+            (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload)?),
         };
         Ok(Record {
             topic,
-            key: event.aggregate_id.clone(),
+            key: self.key(event)?,
             value,
             headers,
             timestamp_ms: Some(timestamp_ms),
             partition,
         })
+    }
+
+    /// The record key: the aggregate id's bytes (see [`render::raw`]).
+    fn key(&self, event: &OutboxEvent) -> Result<Option<Bytes>, RouteError> {
+        event
+            .aggregate_id
+            .as_ref()
+            .map(|key| {
+                render::raw(key, event.aggregate_id_kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, "aggregate_id", problem))
+            })
+            .transpose()
     }
 
     fn topic(&self, event: &OutboxEvent) -> Result<String, RouteError> {
@@ -612,16 +681,16 @@ impl Router {
                 .sum::<usize>();
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(b"{\"payload\":");
-        match payload {
-            Some(payload) => push_json(&mut out, payload, event.payload_kind).map_err(|()| {
-                RouteError::NotUtf8 {
-                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                    column: "payload".into(),
-                }
-            })?,
-            None => out.extend_from_slice(b"null"),
+        if let Some(payload) = payload {
+            render::push_json(&mut out, payload, event.payload_kind, self.bytea)
+                .map_err(|problem| unrenderable(event, "payload", problem))?;
+        } else {
+            out.extend_from_slice(b"null");
         }
         for (name, i) in &self.envelope {
+            if column(event, *i).is_some_and(|c| c.absent) {
+                continue;
+            }
             out.push(b',');
             serde_json::to_writer(&mut out, name).expect("writing to a Vec cannot fail");
             out.push(b':');
@@ -629,10 +698,9 @@ impl Router {
                 Some(ColumnValue {
                     text: Some(text),
                     kind,
-                }) => push_json(&mut out, text, *kind).map_err(|()| RouteError::NotUtf8 {
-                    event_id: String::from_utf8_lossy(&event.id).into_owned(),
-                    column: self.columns[*i].clone(),
-                })?,
+                    ..
+                }) => render::push_json(&mut out, text, *kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, &self.columns[*i], problem))?,
                 _ => out.extend_from_slice(b"null"),
             }
         }
@@ -641,96 +709,33 @@ impl Router {
     }
 }
 
+/// Whether `payload` of `event` is empty as Debezium's `route.tombstone.on.empty.payload` sees
+/// it: text that Java's `String.trim` leaves empty (every character U+0000 to U+0020). Debezium
+/// checks the payload's text, so a bytea (a byte buffer there) is never empty.
+fn is_blank(payload: &[u8], event: &OutboxEvent) -> bool {
+    event.payload_kind != ValueKind::Bytea && payload.iter().all(|b| *b <= b' ')
+}
+
 fn column(event: &OutboxEvent, index: usize) -> Option<&ColumnValue> {
     event.columns.get(index)
 }
 
-/// Appends `text` of a column of `kind` as JSON; `Err` if it must be a string and is not UTF-8.
-fn push_json(out: &mut Vec<u8>, text: &[u8], kind: ValueKind) -> Result<(), ()> {
-    match kind {
-        ValueKind::Json => out.extend_from_slice(text),
-        ValueKind::Number if is_json_number(text) => out.extend_from_slice(text),
-        ValueKind::Bool if text == b"t" => out.extend_from_slice(b"true"),
-        ValueKind::Bool if text == b"f" => out.extend_from_slice(b"false"),
-        // Text, and numbers JSON has no form for (NaN, Infinity).
-        _ => {
-            let text = std::str::from_utf8(text).map_err(|_| ())?;
-            serde_json::to_writer(&mut *out, text).expect("writing to a Vec cannot fail");
-        }
+/// The error for `column` of `event` that could not be rendered.
+fn unrenderable(event: &OutboxEvent, column: &str, problem: render::Unrenderable) -> RouteError {
+    let event_id = String::from_utf8_lossy(&event.id).into_owned();
+    let column = column.to_owned();
+    match problem {
+        render::Unrenderable::NotUtf8 => RouteError::NotUtf8 { event_id, column },
+        render::Unrenderable::NotHex => RouteError::Bytea { event_id, column },
     }
-    Ok(())
-}
-
-/// Whether `text` is a JSON number: `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?`.
-fn is_json_number(text: &[u8]) -> bool {
-    fn digits(s: &[u8]) -> usize {
-        s.iter().take_while(|b| b.is_ascii_digit()).count()
-    }
-    let mut s = text.strip_prefix(b"-").unwrap_or(text);
-    match digits(s) {
-        0 => return false,
-        n if n > 1 && s[0] == b'0' => return false,
-        n => s = &s[n..],
-    }
-    if let Some(fraction) = s.strip_prefix(b".") {
-        let n = digits(fraction);
-        if n == 0 {
-            return false;
-        }
-        s = &fraction[n..];
-    }
-    if let Some(exponent) = s.strip_prefix(b"e").or_else(|| s.strip_prefix(b"E")) {
-        let exponent = exponent
-            .strip_prefix(b"+")
-            .or_else(|| exponent.strip_prefix(b"-"))
-            .unwrap_or(exponent);
-        let n = digits(exponent);
-        if n == 0 {
-            return false;
-        }
-        s = &exponent[n..];
-    }
-    s.is_empty()
 }
 
 /// Parses a `timestamptz` or `timestamp` as PostgreSQL prints it with `DateStyle = ISO`
-/// (`2026-11-29 23:24:30.123456+00`, offsets like `+05:30` or `-03`; a `T` separator is
-/// accepted too) into Unix epoch ms; a value without an offset is UTC. `None` for anything
-/// else (`infinity`, BC dates, other date styles).
+/// (`2026-11-29 23:24:30.123456+00`, offsets like `+05:30` or `-03`, ` BC` after years before
+/// 1; a `T` separator is accepted too) into Unix epoch ms; a value without an offset is UTC.
+/// `None` for anything else (`infinity`, other date styles).
 pub fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
-    use chrono::{DateTime, NaiveDateTime};
-    let text = std::str::from_utf8(text).ok()?.trim();
-    let owned;
-    let text = if text.as_bytes().get(10) == Some(&b'T') {
-        owned = text.replacen('T', " ", 1);
-        owned.as_str()
-    } else {
-        text
-    };
-    if let Ok(t) = DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z") {
-        return Some(t.timestamp_millis());
-    }
-    // An offset with seconds (local mean time before 1900, `+05:53:28`), which chrono does
-    // not parse: parse without the seconds, then take them off.
-    let offset = text
-        .rfind(['+', '-'])
-        .filter(|&i| i > 10)
-        .map_or("", |i| &text[i..]);
-    if let [_, _, seconds] = offset.split(':').collect::<Vec<_>>()[..] {
-        let seconds: i64 = seconds.parse().ok().filter(|s| (0..60).contains(s))?;
-        let sign = if offset.starts_with('-') { -1 } else { 1 };
-        let without = &text[..text.len() - seconds_len(offset)];
-        let t = DateTime::parse_from_str(without, "%Y-%m-%d %H:%M:%S%.f%#z").ok()?;
-        return Some(t.timestamp_millis() - sign * seconds * 1_000);
-    }
-    NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f")
-        .ok()
-        .map(|t| t.and_utc().timestamp_millis())
-}
-
-/// Length of `:SS` at the end of an offset `+HH:MM:SS`.
-fn seconds_len(offset: &str) -> usize {
-    offset.len() - offset.rfind(':').unwrap_or(offset.len())
+    render::time::parse_utc(text).map(|t| t.and_utc().timestamp_millis())
 }
 
 /// Turns a jsonb object's text into headers, in the object's order.

@@ -24,9 +24,9 @@ use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
-    matches_destination, validate_topic, AdditionalPlacement, InvalidOpBehavior, NullPayload,
-    OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase, ValueFormat,
-    DEFAULT_HEADERS_COLUMN,
+    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
+    InvalidOpBehavior, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns, Placement,
+    RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -179,9 +179,15 @@ pub struct PipelineConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub additional_placement: Vec<AdditionalPlacement>,
     #[serde(default, skip_serializing_if = "is_default")]
+    pub missing_placement_column: MissingPlacementColumn,
+    #[serde(default, skip_serializing_if = "is_default")]
     pub value_format: ValueFormat,
     #[serde(default, skip_serializing_if = "is_default")]
     pub null_payload: NullPayload,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub empty_payload: EmptyPayload,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub bytea_format: ByteaFormat,
     #[serde(default, skip_serializing_if = "is_default")]
     pub on_bad_event: OnBadEvent,
     /// Required with `on_bad_event = "dead_letter"`.
@@ -362,8 +368,11 @@ impl PipelineConfig {
             message_default_id: MessageDefaultId::default(),
             route: RouteConfig::default(),
             additional_placement: Vec::new(),
+            missing_placement_column: MissingPlacementColumn::default(),
             value_format: ValueFormat::default(),
             null_payload: NullPayload::default(),
+            empty_payload: EmptyPayload::default(),
+            bytea_format: ByteaFormat::default(),
             on_bad_event: OnBadEvent::default(),
             dead_letter_topic: None,
             op_invalid_behavior: InvalidOpBehavior::default(),

@@ -153,6 +153,19 @@ impl AdditionalPlacement {
     }
 }
 
+/// What a placement whose column the table does not have does (Debezium's
+/// `table.field.additional.missing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingPlacementColumn {
+    /// The pipeline stops at the table's first insert without it.
+    #[default]
+    Error,
+    /// The placement is left out: no header, no envelope field, the partition by key. A column
+    /// that routing or the timestamp also uses is still required.
+    Ignore,
+}
+
 /// Where an [`AdditionalPlacement`] column goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -188,6 +201,31 @@ pub enum NullPayload {
     /// The JSON `null`: the value `null`, or with `value_format = "envelope"` the envelope
     /// with `"payload":null` (Debezium's envelope output for a NULL payload).
     JsonNull,
+}
+
+/// What an empty or blank payload becomes (Debezium's `route.tombstone.on.empty.payload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmptyPayload {
+    /// Published as it is: a zero-byte (or blank) value.
+    #[default]
+    Keep,
+    /// A tombstone (a null value, in either `value_format`) for a payload whose text is empty
+    /// or only characters up to U+0020 (what Java's `String.trim` removes); a bytea payload
+    /// is never empty in this sense, as in Debezium.
+    Tombstone,
+}
+
+/// How a bytea key or payload is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ByteaFormat {
+    /// The bytes themselves (what Debezium publishes with `BinaryDataConverter` or
+    /// `ByteArrayConverter`): a protobuf or Avro payload as the application wrote it.
+    #[default]
+    Raw,
+    /// PostgreSQL's hex text (`\x0aff`), bytea placed columns included.
+    Hex,
 }
 
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template

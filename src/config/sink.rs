@@ -676,6 +676,7 @@ mod tests {
             id: bytes::Bytes::from_static(b"e-1"),
             aggregate_type: bytes::Bytes::copy_from_slice(aggregate_type.as_bytes()),
             aggregate_id: None,
+            aggregate_id_kind: crate::source::outbox::ValueKind::Text,
             event_type: None,
             payload: None,
             headers: None,

@@ -19,10 +19,12 @@ use std::path::Path;
 
 use crate::config::file::FileConfig;
 use crate::config::{
-    AdditionalPlacement, InvalidOpBehavior, KafkaConfig, NullPayload, OutboxColumns,
-    PipelineConfig, Placement, RouteConfig, Secret, TableName, ValueFormat,
+    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, KafkaConfig, MissingPlacementColumn,
+    NullPayload, OutboxColumns, PipelineConfig, Placement, RouteConfig, Secret, TableName,
+    ValueFormat,
 };
 
+mod formats;
 mod server;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -508,10 +510,16 @@ impl Importer {
         if topic_regex.is_some() {
             self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
         }
-        let tombstone_on_null = get(self, "route.tombstone.on.empty.payload")
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("true"));
-        if tombstone_on_null {
-            self.note(&option("route.tombstone.on.empty.payload"), "true: Debezium sent a tombstone for a NULL payload and also for an empty or blank text one; outbox-relay's tombstone is for NULL only (an empty text payload is a zero-byte value): write NULL for a deletion");
+        // A NULL or empty payload gives a tombstone (value_format envelope included).
+        let tombstone_on_empty = match get(self, "route.tombstone.on.empty.payload") {
+            Some(value) => boolean(&value).ok_or_else(|| ImportError::Unsupported {
+                option: option("route.tombstone.on.empty.payload"),
+                reason: format!("{value:?} is not true or false, which Debezium refuses too"),
+            })?,
+            None => false,
+        };
+        if tombstone_on_empty {
+            pipeline.empty_payload = EmptyPayload::Tombstone;
         }
         let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
             .into_iter()
@@ -531,6 +539,20 @@ impl Importer {
             );
             mapped
         });
+        if let Some(value) = get(self, "table.field.additional.missing") {
+            pipeline.missing_placement_column = match value.trim().to_ascii_lowercase().as_str() {
+                "error" => MissingPlacementColumn::Error,
+                "ignore" => MissingPlacementColumn::Ignore,
+                _ => {
+                    return Err(ImportError::Unsupported {
+                        option: option("table.field.additional.missing"),
+                        reason: format!(
+                            "{value:?} is not error or ignore, which Debezium refuses too"
+                        ),
+                    })
+                }
+            };
+        }
         let additional = match get(self, "table.fields.additional.placement") {
             Some(list) => {
                 additional_placement(&list).map_err(|reason| ImportError::Unsupported {
@@ -576,7 +598,7 @@ impl Importer {
             pipeline.value_format = ValueFormat::Envelope;
             // Debezium's envelope keeps a NULL payload as "payload": null unless told to
             // send a tombstone.
-            if !tombstone_on_null {
+            if !tombstone_on_empty {
                 pipeline.null_payload = NullPayload::JsonNull;
             }
         }
@@ -632,6 +654,16 @@ impl Importer {
         if !self.options.contains_key("key.converter") {
             self.note("key.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the key (aggregate id) as a quoted JSON string, while outbox-relay writes its text: the same aggregate goes to another partition, so its order across the switch-over is not kept (see Coming from Debezium)");
         }
+    }
+}
+
+/// A boolean option as Kafka's `ConfigDef` reads it: `true` or `false` in any case, blanks
+/// around it ignored; `None` for anything else.
+fn boolean(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
     }
 }
 
@@ -738,9 +770,6 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
             | "table.field.schema.version" => {
                 "Debezium 1.x envelope metadata; outbox-relay has no equivalent".into()
             }
-            "table.fields.additional.error.on.missing" => {
-                "a missing column always stops outbox-relay".into()
-            }
             "table.json.payload.null.behavior" => {
                 "about JSON expansion, which outbox-relay does not need".into()
             }
@@ -757,6 +786,9 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
     }
     if starts("transforms.") || starts("predicates") {
         return "another transform: outbox-relay applies only the outbox routing".into();
+    }
+    if let Some(reason) = formats::reason(option, value) {
+        return reason;
     }
     match option {
         "topic.prefix" | "database.server.name" => {
@@ -776,13 +808,12 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
         "tombstones.on.delete" | "skipped.operations" => {
             "outbox-relay publishes inserts only (op_invalid_behavior covers updates and deletes)".into()
         }
-        "key.converter" | "value.converter" => converter_reason(option, value),
         "max.batch.size" | "max.queue.size" | "max.queue.size.in.bytes" | "poll.interval.ms" => {
             "see max_in_flight_events and max_in_flight_bytes".into()
         }
         "database.sslpassword" | "database.sslfactory" => "not supported by outbox-relay's TLS".into(),
         "database.initial.statements" => "outbox-relay runs no statements of yours".into(),
-        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter") => {
+        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter.") => {
             "converter setting: outbox-relay publishes the columns' text (see the converter lines)".into()
         }
         _ if starts("errors.") => {
@@ -805,24 +836,6 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
             "shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it".into()
         }
         _ => "no outbox-relay equivalent".into(),
-    }
-}
-
-fn converter_reason(option: &str, value: &str) -> String {
-    let what = if option == "key.converter" {
-        "key (aggregate id)"
-    } else {
-        "payload"
-    };
-    match value.rsplit('.').next().unwrap_or(value) {
-        "StringConverter" => format!("not needed: outbox-relay writes the {what} text too"),
-        "JsonConverter" => format!(
-            "Debezium wrote the {what} as a JSON string (quoted and escaped, with a schema envelope unless schemas.enable=false); outbox-relay writes its text itself: check your consumers"
-        ),
-        "BinaryDataConverter" | "ByteArrayConverter" => format!(
-            "outbox-relay publishes text: a bytea {what} arrives as PostgreSQL's hex text (\\x...), not raw bytes"
-        ),
-        _ => format!("{value}: outbox-relay publishes the {what} text as PostgreSQL prints it, without a converter"),
     }
 }
 

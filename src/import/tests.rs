@@ -284,8 +284,10 @@ fn every_router_option_is_mapped_or_noted() {
             placement("part", Placement::Partition, None),
         ]
     );
-    // route.tombstone.on.empty.payload = true: NULL payloads stay tombstones.
+    // route.tombstone.on.empty.payload = true: NULL payloads stay tombstones, and empty ones
+    // become tombstones.
     assert!(!toml.contains("json_null"), "{toml}");
+    assert!(toml.contains(r#"empty_payload = "tombstone""#), "{toml}");
     let notes = options(&imported.notes);
     for option in [
         "database.password",
@@ -297,8 +299,6 @@ fn every_router_option_is_mapped_or_noted() {
         "value.converter",
         "producer.override.acks",
         "producer.override.max.request.size",
-        // Debezium's tombstone for an empty payload too; outbox-relay's for NULL only.
-        "transforms.router.route.tombstone.on.empty.payload",
     ] {
         assert!(notes.contains(&option), "no note for {option}: {notes:?}");
     }
@@ -345,4 +345,160 @@ fn bare_config_maps_and_bad_files_parse_as_expected() {
     assert!(parse_json(r#"{"config": 1}"#).is_err());
     assert!(parse_json(r#"{"a": [1]}"#).unwrap_err().contains('a'));
     assert_eq!(java_replacement("x.$1-${name}.$23"), "x.${1}-${name}.${23}");
+}
+
+/// The notes of `EXAMPLE` with `extra` options added.
+fn notes_with(extra: &[(&str, &str)]) -> Vec<Note> {
+    let mut connector = parse_json(EXAMPLE).unwrap();
+    for (k, v) in extra {
+        connector.options.insert((*k).to_owned(), (*v).to_owned());
+    }
+    translate(&connector).unwrap().notes
+}
+
+fn reason<'a>(notes: &'a [Note], option: &str) -> &'a str {
+    &notes
+        .iter()
+        .find(|n| n.option == option)
+        .unwrap_or_else(|| panic!("no note for {option}: {notes:?}"))
+        .reason
+}
+
+#[test]
+fn bytea_notes_say_the_bytes_are_published_as_they_are() {
+    let notes = notes_with(&[
+        (
+            "value.converter",
+            "io.debezium.converters.BinaryDataConverter",
+        ),
+        (
+            "key.converter",
+            "org.apache.kafka.connect.converters.ByteArrayConverter",
+        ),
+        ("binary.handling.mode", "bytes"),
+    ]);
+    for option in ["value.converter", "key.converter", "binary.handling.mode"] {
+        let reason = reason(&notes, option);
+        assert!(reason.starts_with("not needed"), "{option}: {reason}");
+        assert!(!reason.contains("\\x"), "{option}: {reason}");
+    }
+    let notes = notes_with(&[("binary.handling.mode", "base64")]);
+    let reason = reason(&notes, "binary.handling.mode");
+    assert!(
+        reason.contains("base64") && reason.contains("bytea_format"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn notes_say_how_placed_columns_compare_with_the_converters_and_handling_modes() {
+    let notes = notes_with(&[
+        (
+            "header.converter",
+            "org.apache.kafka.connect.storage.SimpleHeaderConverter",
+        ),
+        ("time.precision.mode", "adaptive"),
+    ]);
+    for option in ["header.converter", "time.precision.mode"] {
+        let reason = reason(&notes, option);
+        assert!(reason.starts_with("not needed"), "{option}: {reason}");
+    }
+    let notes = notes_with(&[
+        (
+            "header.converter",
+            "io.debezium.converters.BinaryDataConverter",
+        ),
+        ("time.precision.mode", "connect"),
+        ("decimal.handling.mode", "string"),
+    ]);
+    for (option, words) in [
+        ("header.converter", "SimpleHeaderConverter"),
+        ("time.precision.mode", "connect"),
+        ("decimal.handling.mode", "JSON number"),
+    ] {
+        let reason = reason(&notes, option);
+        assert!(
+            !reason.starts_with("not needed") && reason.contains(words),
+            "{option}: {reason}"
+        );
+    }
+}
+
+#[test]
+fn tombstone_on_empty_payload_is_carried_over_and_a_value_debezium_refuses_is_refused() {
+    let translated = |value: &str| {
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        connector.options.insert(
+            "transforms.outbox.route.tombstone.on.empty.payload".into(),
+            value.into(),
+        );
+        translate(&connector)
+    };
+    for value in ["true", " TRUE "] {
+        let imported = translated(value).unwrap();
+        assert!(
+            imported.toml.contains(r#"empty_payload = "tombstone""#),
+            "{value:?}: {}",
+            imported.toml
+        );
+        assert!(
+            !options(&imported.notes)
+                .contains(&"transforms.outbox.route.tombstone.on.empty.payload"),
+            "{:?}",
+            imported.notes
+        );
+    }
+    let imported = translated("false").unwrap();
+    assert!(
+        !imported.toml.contains("empty_payload"),
+        "{}",
+        imported.toml
+    );
+    // Kafka's ConfigDef takes only true or false for a boolean.
+    let err = translated("yes").unwrap_err();
+    assert!(
+        matches!(&err, ImportError::Unsupported { option, .. } if option == "transforms.outbox.route.tombstone.on.empty.payload"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_additional_field_may_be_ignored_under_debeziums_option_name() {
+    let translated = |value: &str| {
+        let mut connector = parse_json(EXAMPLE).unwrap();
+        for (k, v) in [
+            ("table.fields.additional.placement", "tenant:header"),
+            ("table.field.additional.missing", value),
+        ] {
+            connector
+                .options
+                .insert(format!("transforms.outbox.{k}"), v.into());
+        }
+        translate(&connector)
+    };
+    let imported = translated(" Ignore ").unwrap();
+    assert!(
+        imported
+            .toml
+            .contains(r#"missing_placement_column = "ignore""#),
+        "{}",
+        imported.toml
+    );
+    assert!(
+        !options(&imported.notes).contains(&"transforms.outbox.table.field.additional.missing"),
+        "carried over, not noted: {:?}",
+        imported.notes
+    );
+    let imported = translated("error").unwrap();
+    assert!(
+        !imported.toml.contains("missing_placement_column"),
+        "{}",
+        imported.toml
+    );
+    // Debezium's option takes error or ignore only.
+    let err = translated("skip").unwrap_err();
+    assert!(
+        matches!(&err, ImportError::Unsupported { option, .. } if option == "transforms.outbox.table.field.additional.missing"),
+        "{err}"
+    );
 }

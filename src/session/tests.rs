@@ -36,6 +36,7 @@ fn transaction(i: u64, events: u64) -> Vec<SourceItem> {
             id: Bytes::from(format!("e{i}.{n}")),
             aggregate_type: Bytes::from_static(b"order"),
             aggregate_id: Some(Bytes::from(format!("k{i}"))),
+            aggregate_id_kind: ValueKind::Text,
             event_type: Some(Bytes::from_static(b"created")),
             payload: Some(Bytes::from_static(b"{}")),
             headers: None,

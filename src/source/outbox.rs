@@ -24,6 +24,8 @@ pub struct OutboxEvent {
     pub aggregate_type: Bytes,
     /// `None` for SQL NULL.
     pub aggregate_id: Option<Bytes>,
+    /// How the aggregate id column's type prints (bytea: hex).
+    pub aggregate_id_kind: ValueKind,
     pub event_type: Option<Bytes>,
     /// `None` for SQL NULL (a tombstone).
     pub payload: Option<Bytes>,
@@ -48,9 +50,12 @@ pub struct ColumnValue {
     /// The text PostgreSQL printed; `None` for SQL NULL.
     pub text: Option<Bytes>,
     pub kind: ValueKind,
+    /// The table has no such column (one that may be missing: see
+    /// [`OutboxDecoder::with_optional_columns`]); `text` is `None`.
+    pub absent: bool,
 }
 
-/// What a column's text is, by its type (or a domain's base type).
+/// What a column's text is, by its type (or a domain's base type): how the router renders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ValueKind {
     /// Anything else: put in JSON as a string.
@@ -58,32 +63,79 @@ pub enum ValueKind {
     Text,
     /// json, jsonb: JSON text already.
     Json,
-    /// int2, int4, int8, numeric, float4, float8.
+    /// int2, int4, int8, numeric: the text is the number.
     Number,
+    /// float4, printed shortest-exact (`extra_float_digits` > 0).
+    Float4,
+    /// float8, printed shortest-exact.
+    Float8,
     /// bool, printed `t` or `f`.
     Bool,
+    /// bytea, printed as hex (`\x0aff`; `bytea_output = hex`).
+    Bytea,
+    /// timestamptz with its fractional digits (the type modifier, 6 without one).
+    Timestamptz(u8),
+    /// timestamp with its fractional digits.
+    Timestamp(u8),
+    /// date.
+    Date,
+    /// time with its fractional digits.
+    Time(u8),
 }
 
+/// Fractional digits of a time type without a type modifier.
+const DEFAULT_TIME_PRECISION: u8 = 6;
+
 impl ValueKind {
-    /// The kind of a built-in type by name (a `pg_catalog` type in a Type message).
-    pub(crate) fn of_name(name: &str) -> ValueKind {
+    /// The kind of a built-in type by name (a `pg_catalog` type in a Type message), with the
+    /// column's type modifier (`atttypmod`, -1 for none).
+    pub(crate) fn of_name(name: &str, typmod: i32) -> ValueKind {
+        let precision = precision(typmod);
         match name {
             "json" | "jsonb" => ValueKind::Json,
-            "int2" | "int4" | "int8" | "numeric" | "float4" | "float8" => ValueKind::Number,
+            "int2" | "int4" | "int8" | "numeric" => ValueKind::Number,
+            "float4" => ValueKind::Float4,
+            "float8" => ValueKind::Float8,
             "bool" => ValueKind::Bool,
+            "bytea" => ValueKind::Bytea,
+            "timestamptz" => ValueKind::Timestamptz(precision),
+            "timestamp" => ValueKind::Timestamp(precision),
+            "date" => ValueKind::Date,
+            "time" => ValueKind::Time(precision),
             _ => ValueKind::Text,
         }
     }
 
-    /// The kind of a built-in type by oid (pg_type.dat).
-    fn of_oid(oid: u32) -> Option<ValueKind> {
-        Some(match oid {
-            114 | 3802 => ValueKind::Json,
-            20 | 21 | 23 | 700 | 701 | 1700 => ValueKind::Number,
-            16 => ValueKind::Bool,
+    /// The kind of a built-in type by oid (pg_type.dat), with the column's type modifier.
+    fn of_oid(oid: u32, typmod: i32) -> Option<ValueKind> {
+        let name = match oid {
+            114 => "json",
+            3802 => "jsonb",
+            20 => "int8",
+            21 => "int2",
+            23 => "int4",
+            1700 => "numeric",
+            700 => "float4",
+            701 => "float8",
+            16 => "bool",
+            17 => "bytea",
+            1184 => "timestamptz",
+            1114 => "timestamp",
+            1082 => "date",
+            1083 => "time",
             _ => return None,
-        })
+        };
+        Some(ValueKind::of_name(name, typmod))
     }
+}
+
+/// The fractional digits of a time type with type modifier `typmod`: the modifier is the
+/// precision (0 to 6), -1 is none.
+fn precision(typmod: i32) -> u8 {
+    u8::try_from(typmod)
+        .ok()
+        .filter(|p| *p <= DEFAULT_TIME_PRECISION)
+        .unwrap_or(DEFAULT_TIME_PRECISION)
 }
 
 /// An outbox row the relay cannot turn into an event; the pipeline stops before confirming it.
@@ -151,8 +203,9 @@ struct ColumnIndexes {
     headers: Option<usize>,
     routed_by: Option<usize>,
     payload_kind: ValueKind,
-    /// The configured extra columns, in order.
-    extra: Vec<(usize, ValueKind)>,
+    aggregate_id_kind: ValueKind,
+    /// The configured extra columns, in order; `None` for an optional one the table lacks.
+    extra: Vec<(Option<usize>, ValueKind)>,
 }
 
 #[derive(Debug)]
@@ -191,6 +244,8 @@ pub struct OutboxDecoder {
     route_by: Option<String>,
     /// Extra columns events carry ([`OutboxEvent::columns`]).
     extra: Vec<String>,
+    /// Those of `extra` the table may lack.
+    optional: Vec<String>,
     /// Kinds of non-built-in types (domains) from Type messages, by oid.
     types: HashMap<u32, ValueKind>,
     /// The outbox table's oid when the session started (a Relation message's id is the
@@ -259,6 +314,7 @@ impl OutboxDecoder {
             message_prefix,
             route_by: None,
             extra: Vec::new(),
+            optional: Vec::new(),
             types: HashMap::new(),
             oid: None,
             message_origin: None,
@@ -287,19 +343,26 @@ impl OutboxDecoder {
         self
     }
 
+    /// Lets the table lack these of the [`OutboxDecoder::with_columns`] columns: an event of a
+    /// table without one carries it as [`ColumnValue::absent`].
+    pub fn with_optional_columns(mut self, columns: Vec<String>) -> Self {
+        self.optional = columns;
+        self
+    }
+
     /// Records a Type message: the kind of a domain or other non-built-in type, for the
     /// Relation messages that follow.
     pub fn on_type(&mut self, ty: &TypeBody) {
         let kind = if ty.namespace.is_empty() {
-            ValueKind::of_name(&ty.name)
+            ValueKind::of_name(&ty.name, -1)
         } else {
             ValueKind::Text
         };
         self.types.insert(ty.type_oid, kind);
     }
 
-    fn kind(&self, oid: u32) -> ValueKind {
-        ValueKind::of_oid(oid)
+    fn kind(&self, oid: u32, typmod: i32) -> ValueKind {
+        ValueKind::of_oid(oid, typmod)
             .or_else(|| self.types.get(&oid).copied())
             .unwrap_or_default()
     }
@@ -336,6 +399,7 @@ impl OutboxDecoder {
             })),
             aggregate_type: Bytes::from(event.aggregate_type),
             aggregate_id: event.aggregate_id.map(Bytes::from),
+            aggregate_id_kind: ValueKind::Text,
             event_type: event.event_type.map(Bytes::from),
             payload: event.payload.map(text),
             headers: event.headers.map(text),
@@ -377,22 +441,32 @@ impl OutboxDecoder {
                     })
             };
             let c = &self.columns;
-            let kind = |index: usize| self.kind(relation.columns[index].type_oid);
+            let kind = |index: usize| {
+                let column = &relation.columns[index];
+                self.kind(column.type_oid, column.type_modifier)
+            };
             RelationKind::Outbox((|| {
                 let payload = find("payload", &c.payload)?;
+                let aggregate_id = find("aggregate_id", &c.aggregate_id)?;
                 Ok(ColumnIndexes {
                     payload_kind: kind(payload),
+                    aggregate_id_kind: kind(aggregate_id),
                     extra: self
                         .extra
                         .iter()
                         .map(|name| {
-                            find("route, additional_placement or columns.timestamp", name)
-                                .map(|i| (i, kind(i)))
+                            match find("route, additional_placement or columns.timestamp", name) {
+                                Ok(i) => Ok((Some(i), kind(i))),
+                                Err(_) if self.optional.contains(name) => {
+                                    Ok((None, ValueKind::Text))
+                                }
+                                Err(missing) => Err(missing),
+                            }
                         })
                         .collect::<Result<_, _>>()?,
                     id: find("id", &c.id)?,
                     aggregate_type: find("aggregate_type", &c.aggregate_type)?,
-                    aggregate_id: find("aggregate_id", &c.aggregate_id)?,
+                    aggregate_id,
                     event_type: find("event_type", &c.event_type)?,
                     payload,
                     headers: if c.headers_optional() {
@@ -497,6 +571,7 @@ impl OutboxDecoder {
                 &c.aggregate_type,
             )?,
             aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?,
+            aggregate_id_kind: indexes.aggregate_id_kind,
             event_type: text(indexes.event_type, &c.event_type)?,
             payload: text(indexes.payload, &c.payload)?,
             headers: match indexes.headers {
@@ -514,8 +589,12 @@ impl OutboxDecoder {
                 .zip(&self.extra)
                 .map(|(&(index, kind), name)| {
                     Ok(ColumnValue {
-                        text: text(index, name)?,
+                        text: match index {
+                            Some(index) => text(index, name)?,
+                            None => None,
+                        },
                         kind,
+                        absent: index.is_none(),
                     })
                 })
                 .collect::<Result<_, OutboxError>>()?,

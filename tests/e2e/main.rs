@@ -12,6 +12,8 @@
 //! - `supervision`: the supervisor seen from outside: a stop during set-up, the backoff of a
 //!   session that fails after every start;
 //! - `routing`: topic templates, routing options, the dead-letter topic;
+//! - `records`: what a record carries for a column's type (bytea, placed columns) and for an
+//!   empty payload;
 //! - `tables`: outbox table shapes: mapped and quoted names, updates and deletes, ALTER TABLE;
 //! - `connection`: authentication, TLS, libpq's environment, reconnects, hostile defaults,
 //!   two relays on one slot;
@@ -52,6 +54,7 @@ mod generated_columns;
 mod kafka_tls;
 mod operations;
 mod polling;
+mod records;
 mod routing;
 mod server_failures;
 mod sinks;

@@ -13,6 +13,7 @@ fn event() -> OutboxEvent {
         id: Bytes::from_static(b"e-1"),
         aggregate_type: Bytes::from_static(b"has space"),
         aggregate_id: Some(Bytes::from_static(b"42")),
+        aggregate_id_kind: ValueKind::Text,
         event_type: Some(Bytes::from_static(b"CreditDisbursed")),
         payload: Some(Bytes::from_static(b"{\"amount\": 1500000.10}")),
         headers: Some(Bytes::from_static(b"{}")),

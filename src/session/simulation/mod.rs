@@ -301,6 +301,7 @@ async fn session(
         config.message_prefix.clone(),
     )
     .with_columns(router.columns().to_vec())
+    .with_optional_columns(router.optional_columns())
     .with_oid(Some(OUTBOX_OID));
     let source = LogicalSource::new(
         FakeWalsender::new(world.clone()),

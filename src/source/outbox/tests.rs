@@ -374,8 +374,8 @@ fn extra_columns_carry_text_and_kind_with_domains_from_type_messages() {
     let kinds: Vec<ValueKind> = first.columns.iter().map(|c| c.kind).collect();
     assert_eq!(
         kinds,
-        [ValueKind::Text, ValueKind::Json, ValueKind::Json],
-        "timestamptz is text; the domain over jsonb is JSON (from its Type message)"
+        [ValueKind::Timestamptz(6), ValueKind::Json, ValueKind::Json],
+        "timestamptz with its precision; the domain over jsonb is JSON (from its Type message)"
     );
     let created_at = first.columns[0].text.as_deref().unwrap();
     assert!(
@@ -416,4 +416,67 @@ fn a_missing_extra_column_is_an_error_naming_it() {
 
 fn events_with(decoder: &mut OutboxDecoder) -> Vec<OutboxEvent> {
     events(decoder).into_iter().map(Result::unwrap).collect()
+}
+
+#[test]
+fn kinds_follow_the_type_and_its_modifier() {
+    let cases = [
+        (16, -1, ValueKind::Bool),
+        (17, -1, ValueKind::Bytea),
+        (20, -1, ValueKind::Number),
+        (1700, 786_438, ValueKind::Number),
+        (700, -1, ValueKind::Float4),
+        (701, -1, ValueKind::Float8),
+        (1184, -1, ValueKind::Timestamptz(6)),
+        (1184, 0, ValueKind::Timestamptz(0)),
+        (1114, 3, ValueKind::Timestamp(3)),
+        (1114, -1, ValueKind::Timestamp(6)),
+        (1082, -1, ValueKind::Date),
+        (1083, 2, ValueKind::Time(2)),
+        (2950, -1, ValueKind::Text),
+    ];
+    for (oid, typmod, kind) in cases {
+        assert_eq!(
+            ValueKind::of_oid(oid, typmod).unwrap_or_default(),
+            kind,
+            "oid {oid} typmod {typmod}"
+        );
+    }
+    assert_eq!(ValueKind::of_name("timestamp", 9), ValueKind::Timestamp(6));
+}
+
+#[test]
+fn an_optional_extra_column_the_table_lacks_is_absent_and_others_are_still_required() {
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec!["no_such_column".into(), "headers".into()])
+    .with_optional_columns(vec!["no_such_column".into()]);
+    let decoded = events_with(&mut decoder);
+    let first = &decoded[0];
+    assert_eq!(
+        first.columns[0],
+        ColumnValue {
+            text: None,
+            kind: ValueKind::Text,
+            absent: true
+        }
+    );
+    assert!(!first.columns[1].absent);
+    assert_eq!(first.columns[1].text, first.headers);
+    // Optional only where the table lacks it: a present column is read as any other.
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_columns(vec!["headers".into(), "missing_too".into()])
+    .with_optional_columns(vec!["headers".into()]);
+    let err = events(&mut decoder).remove(0).unwrap_err();
+    assert!(
+        matches!(&err, OutboxError::MissingColumn { column, .. } if column == "missing_too"),
+        "{err}"
+    );
 }

@@ -95,9 +95,7 @@ const FAILED: &str = "FAILED";
 /// Returns an error naming the table or the missing column.
 pub(crate) async fn check_table(client: &Client, config: &PipelineConfig) -> Result<String, Error> {
     let router = Router::new(config).map_err(ConfigError::from)?;
-    Ok(Statements::prepare(client, config, router.columns())
-        .await?
-        .stats)
+    Ok(Statements::prepare(client, config, &router).await?.stats)
 }
 
 /// A row the polling source cannot use; the pipeline stops (nothing of the row is marked).
@@ -163,7 +161,7 @@ async fn session(
             .map_err(SourceError::Sql)?;
     }
     let router = Router::new(config).map_err(ConfigError::from)?;
-    let sql = Statements::prepare(&client, config, router.columns()).await?;
+    let sql = Statements::prepare(&client, config, &router).await?;
     let source = PollingSource::new(
         config,
         metrics.clone(),

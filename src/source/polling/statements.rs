@@ -10,6 +10,7 @@ use super::{PollingError, FAILED, PENDING, PUBLISHED};
 use crate::config::{MarkMode, PipelineConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
+use crate::router::Router;
 use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 use crate::source::replication::{quote_ident, quote_literal};
 use crate::source::SourceError;
@@ -31,7 +32,10 @@ pub(crate) struct Statements {
     /// `$1`: age (float8 s), `$2`: batch (int8). `None` without a purge.
     pub(super) purge: Option<String>,
     payload_kind: ValueKind,
-    extra_kinds: Vec<ValueKind>,
+    aggregate_id_kind: ValueKind,
+    /// Each of the router's columns: its kind, and whether the table lacks it (an optional
+    /// one, selected as NULL).
+    extra_kinds: Vec<(ValueKind, bool)>,
 }
 
 /// Positions in the SELECT's row.
@@ -48,15 +52,16 @@ pub(super) const COL_OLDER: usize = 9;
 pub(super) const COL_EXTRA: usize = 10;
 
 impl Statements {
-    /// Reads the table's columns and builds the statements.
+    /// Reads the table's columns and builds the statements, selecting the columns `router`
+    /// needs ([`Router::columns`]).
     ///
     /// Returns an error naming the table or the column if one the configuration needs is
-    /// not there, or the table if it is not a plain one (partitioned, with child tables, a
+    /// not there (an optional one of `router`'s may be), or the table if it is not a plain one (partitioned, with child tables, a
     /// view, a foreign table).
     pub(crate) async fn prepare(
         client: &Client,
         config: &PipelineConfig,
-        extra: &[String],
+        router: &Router,
     ) -> Result<Statements, Error> {
         let table = format!(
             "{}.{}",
@@ -66,7 +71,8 @@ impl Statements {
         let rows = client
             .query(
                 "SELECT a.attname::text, coalesce(bt.typname, t.typname)::text,
-                        coalesce(bt.typnamespace, t.typnamespace) = 'pg_catalog'::regnamespace
+                        coalesce(bt.typnamespace, t.typnamespace) = 'pg_catalog'::regnamespace,
+                        a.atttypmod
                  FROM pg_catalog.pg_attribute a
                  JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
                  LEFT JOIN pg_catalog.pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
@@ -100,7 +106,7 @@ impl Statements {
             .map(|r| {
                 let builtin: bool = r.get(2);
                 let kind = if builtin {
-                    ValueKind::of_name(r.get(1))
+                    ValueKind::of_name(r.get(1), r.get(3))
                 } else {
                     ValueKind::Text
                 };
@@ -122,7 +128,7 @@ impl Statements {
         let p = &config.polling;
         let (id, _) = need("columns.id", &c.id)?;
         let (aggregate_type, _) = need("columns.aggregate_type", &c.aggregate_type)?;
-        let (aggregate_id, _) = need("columns.aggregate_id", &c.aggregate_id)?;
+        let (aggregate_id, aggregate_id_kind) = need("columns.aggregate_id", &c.aggregate_id)?;
         let (event_type, _) = need("columns.event_type", &c.event_type)?;
         let (payload, payload_kind) = need("columns.payload", &c.payload)?;
         let (created_at, _) = need("polling.created_at_column", &p.created_at_column)?;
@@ -140,10 +146,16 @@ impl Statements {
         };
         let mut extra_select = String::new();
         let mut extra_kinds = Vec::new();
-        for column in extra {
+        let optional = router.optional_columns();
+        for column in router.columns() {
+            if optional.contains(column) && !columns.contains_key(column) {
+                extra_select.push_str(", NULL::text");
+                extra_kinds.push((ValueKind::Text, true));
+                continue;
+            }
             let (quoted, kind) = need("routing and record options", column)?;
             extra_select.push_str(&format!(", o.{quoted}::text"));
-            extra_kinds.push(kind);
+            extra_kinds.push((kind, false));
         }
 
         // The pending condition on the table under `alias` (`o.` or nothing).
@@ -306,6 +318,7 @@ impl Statements {
             stats,
             purge,
             payload_kind,
+            aggregate_id_kind,
             extra_kinds,
         })
     }
@@ -336,6 +349,7 @@ impl Statements {
             id,
             aggregate_type,
             aggregate_id: text(COL_AGGREGATE_ID),
+            aggregate_id_kind: self.aggregate_id_kind,
             event_type: text(COL_EVENT_TYPE),
             payload: text(COL_PAYLOAD),
             headers: text(COL_HEADERS),
@@ -345,9 +359,10 @@ impl Statements {
                 .extra_kinds
                 .iter()
                 .enumerate()
-                .map(|(i, kind)| ColumnValue {
+                .map(|(i, &(kind, absent))| ColumnValue {
                     text: text(COL_EXTRA + i),
-                    kind: *kind,
+                    kind,
+                    absent,
                 })
                 .collect(),
             lsn: Lsn::ZERO,

@@ -11,7 +11,7 @@
 use tokio_postgres::Client;
 
 use super::failover::Server;
-use crate::config::PipelineConfig;
+use crate::config::{MissingPlacementColumn, PipelineConfig};
 use crate::source::replication::quote_ident;
 use crate::source::SourceError;
 
@@ -28,7 +28,7 @@ pub struct Mapped<'a> {
 }
 
 /// Every outbox column `config` maps: `columns.*`, `route.by_field`, `columns.timestamp` and
-/// each `additional_placement` field.
+/// each `additional_placement` field (not required with `missing_placement_column = "ignore"`).
 pub fn mapped_columns(config: &PipelineConfig) -> Vec<Mapped<'_>> {
     fn required<'a>(field: &'static str, column: &'a str) -> Mapped<'a> {
         Mapped {
@@ -62,12 +62,13 @@ pub fn mapped_columns(config: &PipelineConfig) -> Vec<Mapped<'_>> {
             .as_deref()
             .map(|column| required("columns.timestamp", column)),
     );
-    mapped.extend(
-        config
-            .additional_placement
-            .iter()
-            .map(|placement| required("additional_placement", &placement.field)),
-    );
+    // With missing_placement_column = "ignore" a placement's column may be missing.
+    let ignore = config.missing_placement_column == MissingPlacementColumn::Ignore;
+    mapped.extend(config.additional_placement.iter().map(|placement| Mapped {
+        field: "additional_placement",
+        column: &placement.field,
+        required: !ignore,
+    }));
     mapped
 }
 
