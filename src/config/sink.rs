@@ -199,12 +199,26 @@ impl SinkConfig {
             SinkConfig::Kafka => {}
             SinkConfig::Redis(redis) => {
                 resolve_url(&mut redis.url, &mut redis.url_file, expand, &mut problems);
+                redis.password = resolve_password(
+                    &redis.url,
+                    redis.password.take(),
+                    redis.password_file.take(),
+                    expand,
+                    &mut problems,
+                );
             }
             SinkConfig::Nats(nats) => nats.resolve(expand, &mut problems),
             SinkConfig::RabbitMq(rabbitmq) => {
                 resolve_url(
                     &mut rabbitmq.url,
                     &mut rabbitmq.url_file,
+                    expand,
+                    &mut problems,
+                );
+                rabbitmq.password = resolve_password(
+                    &rabbitmq.url,
+                    rabbitmq.password.take(),
+                    rabbitmq.password_file.take(),
                     expand,
                     &mut problems,
                 );
@@ -246,6 +260,32 @@ fn validate_stream_key(key: &str) -> Result<(), &'static str> {
         return Err("empty");
     }
     Ok(())
+}
+
+/// `sink.password` (or `sink.password_file` read into it) beside `url`, which must then hold
+/// no password of its own.
+fn resolve_password(
+    url: &SinkUrl,
+    value: Option<Secret>,
+    file: Option<String>,
+    expand: &dyn Fn(&str) -> Result<String, String>,
+    problems: &mut Vec<(String, String)>,
+) -> Option<Secret> {
+    let password = optional_secret(
+        "password",
+        value.as_ref().map(|s| s.0.as_str()),
+        file,
+        expand,
+        problems,
+    )?;
+    if super::redact_url(url) != url.0 {
+        problems.push((
+            "sink.password".into(),
+            "the URL has a password too: give it in one place".into(),
+        ));
+        return None;
+    }
+    Some(password)
 }
 
 /// `url` from [`secret`] (`sink.url`, or `sink.url_file` read into it); unchanged after
@@ -367,6 +407,13 @@ pub struct RedisConfig {
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url_file: Option<String>,
+    /// The password, beside a URL without one: taken as written (no percent-encoding);
+    /// `${NAME}` takes it from the environment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// A file holding `password` (a mounted secret), instead of `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
     /// `MAXLEN ~ <n>` on each `XADD`: trims the stream to about that many entries; `None`:
     /// never trimmed by the relay.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -382,6 +429,8 @@ impl Default for RedisConfig {
         RedisConfig {
             url: SinkUrl::default(),
             url_file: None,
+            password: None,
+            password_file: None,
             max_len: None,
             max_concurrency: DEFAULT_REDIS_MAX_CONCURRENCY,
             delivery_timeout_ms: DEFAULT_DELIVERY_TIMEOUT_MS,
@@ -410,6 +459,13 @@ pub struct RabbitMqConfig {
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url_file: Option<String>,
+    /// The password, beside a URL without one: taken as written (no percent-encoding);
+    /// `${NAME}` takes it from the environment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// A file holding `password` (a mounted secret), instead of `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
     /// The exchange every record is published to, declared by the operator (`check` verifies
     /// it exists); `""` (the default): the default exchange, which routes to the queue named
     /// like the routing key.
@@ -430,6 +486,8 @@ impl Default for RabbitMqConfig {
         RabbitMqConfig {
             url: SinkUrl::default(),
             url_file: None,
+            password: None,
+            password_file: None,
             exchange: String::new(),
             content_type: DEFAULT_RABBITMQ_CONTENT_TYPE.into(),
             max_message_bytes: DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES,

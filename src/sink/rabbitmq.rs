@@ -87,12 +87,15 @@ impl RabbitMqPublisher {
             .with_connection_name("outbox-relay".into())
             .with_executor(tokio_executor_trait::Tokio::current())
             .with_reactor(tokio_reactor_trait::Tokio);
-        let uri: AMQPUri = config.url.parse().map_err(|_| {
+        let mut uri: AMQPUri = config.url.parse().map_err(|_| {
             error(
                 false,
                 "sink.url does not parse as amqp[s]://[user:password@]host[:port][/vhost]".into(),
             )
         })?;
+        if let Some(password) = &config.password {
+            uri.authority.userinfo.password = password.0.clone();
+        }
         let connection = Connection::connect_uri(uri, properties)
             .await
             .map_err(|e| error(connect_retryable(&e), e.to_string()))?;

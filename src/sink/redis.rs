@@ -55,7 +55,13 @@ impl RedisPublisher {
                 reason,
             }
         };
-        let client = redis::Client::open(&*config.url).map_err(error)?;
+        let mut info =
+            redis::IntoConnectionInfo::into_connection_info(&*config.url).map_err(error)?;
+        if let Some(password) = &config.password {
+            let settings = info.redis_settings().clone().set_password(&**password);
+            info = info.set_redis_settings(settings);
+        }
+        let client = redis::Client::open(info).map_err(error)?;
         // One reconnect attempt per failed command: the ordered sink's backoff and delivery
         // timeout pace the retries, and a connect error (a refused certificate) surfaces.
         let manager = ConnectionManagerConfig::new()

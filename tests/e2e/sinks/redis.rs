@@ -337,3 +337,79 @@ async fn tls_verifies_the_server_and_delivers() {
     drop(relay);
     drop(tls);
 }
+
+/// A password with `@`, `#` and `/` given as `sink.password` beside a URL without one: taken
+/// as written, no percent-encoding, and the server that requires it takes the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_beside_the_url_is_taken_as_written() {
+    use std::time::Duration;
+
+    use crate::support::Relay;
+
+    const TRICKY: &str = "p@ss#w/rd:1?x";
+    let server = start(free_port());
+    let url = redis_url(&server);
+    let admin = redis::Client::open(url.as_str()).unwrap();
+    let mut connection = within(
+        "connecting to redis-server",
+        Duration::from_secs(30),
+        admin.get_multiplexed_async_connection(),
+    )
+    .await
+    .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg(TRICKY)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let setup = super::setup("redis_password", &["Order"]).await;
+    let toml = format!(
+        "[[pipelines]]\nname = \"{slot}\"\nsource_url = \"{source}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n[pipelines.sink]\nkind = \"redis\"\nurl = \"{url}\"\npassword = \"${{REDIS_PASSWORD}}\"\n",
+        slot = setup.slot,
+        source = setup.db.url(crate::support::Auth::Trust),
+    );
+    let (_dir, args) = crate::run_with_config(&toml);
+    let relay = Relay::spawn_with_env(&args, &[("REDIS_PASSWORD", TRICKY)]);
+    setup.wait_streaming().await;
+    let id = setup
+        .db
+        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
+        .await;
+    let reader = redis::Client::open(
+        redis::IntoConnectionInfo::into_connection_info(url.as_str())
+            .map(|info| {
+                let settings = info.redis_settings().clone().set_password(TRICKY);
+                info.set_redis_settings(settings)
+            })
+            .unwrap(),
+    )
+    .unwrap();
+    let stream = &setup.topics()[0];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut connection = reader.get_multiplexed_async_connection().await.unwrap();
+        let entries: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        if let Some((_, fields)) = entries.first() {
+            assert!(
+                fields.iter().any(|f| f == id.as_bytes()),
+                "the entry names event {id}: {fields:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no entry in {stream} within 60 s:\n{}",
+            crate::support::tail_lines(&relay.log(), 20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!relay.log().contains(TRICKY), "the password was logged");
+}
