@@ -174,10 +174,16 @@ pub async fn run(
         ));
     }
     let mut first_error = None;
+    let mut signalled = false;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = &mut shutdown, if !token.is_cancelled() => token.cancel(),
+            // Also after a failed pipeline cancelled the others: a signal during that drain
+            // still arms what follows one (the second signal's exit).
+            _ = &mut shutdown, if !signalled => {
+                signalled = true;
+                token.cancel();
+            }
             joined = tasks.join_next() => match joined {
                 None => break,
                 Some(Ok(Ok(()))) => {}

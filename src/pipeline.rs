@@ -305,7 +305,7 @@ async fn run_session(
         ..
     }) = &record
     {
-        return Err(SourceError::Config(loss.to_string()).into());
+        return Err(SourceError::SlotLost(loss.to_string()).into());
     }
     slot::check_failover(&client, &config.slot, config.failover).await?;
     let state = slot::prepare(

@@ -52,6 +52,10 @@ fn hide_secrets(value: &mut Value, key: &str) {
         return;
     }
     match value {
+        // A libpq `key=value` string holds its password without `://`.
+        Value::String(text) if key.ends_with("_url") && !text.contains("://") => {
+            *text = redact_url(text)
+        }
         Value::String(text) if text.contains("://") => *text = shown_url(text),
         Value::Object(map) => {
             for (key, value) in map.iter_mut() {
@@ -99,8 +103,10 @@ mod tests {
             secret: Secret("hmac-key".into()),
             ..Default::default()
         });
+        config.standby_url = Some("host=standby user=relay password=kv-secret".into());
         let summary = config.summary();
         for secret in [
+            "kv-secret",
             "hunter2",
             "s3cret-pw",
             "kafka-pw",

@@ -113,6 +113,14 @@ impl KafkaSink {
             .creating_topics(config.create_topics.clone()))
     }
 
+    /// The same sink, letting the records of a missing topic go on to librdkafka once the topic
+    /// was checked (and named), instead of holding them ([`topics`]): for the polling source,
+    /// whose cycle's transaction must end.
+    pub fn not_holding_missing_topics(mut self) -> Self {
+        self.topics = self.topics.clone().not_holding();
+        self
+    }
+
     /// The same sink, creating missing topics as `create` says (`kafka.create_topics`).
     pub fn creating_topics(mut self, create: Option<CreateTopics>) -> Self {
         let mut admin = self.client.clone();

@@ -139,6 +139,10 @@ pub enum SourceError {
     Auth(String),
     #[error("{0}")]
     Config(String),
+    /// The slot the relay streamed from is gone (the slot record says so): events after its
+    /// last confirmed LSN may be missing.
+    #[error("{0}")]
+    SlotLost(String),
     #[error("the server closed the replication connection")]
     Closed,
     #[error("invalid pgoutput message at LSN {lsn}")]
@@ -179,6 +183,7 @@ impl SourceError {
             SourceError::Auth(_)
             | SourceError::Tls(_)
             | SourceError::Config(_)
+            | SourceError::SlotLost(_)
             | SourceError::Decode { .. }
             | SourceError::Tracker { .. } => false,
         }

@@ -721,8 +721,13 @@ async fn open_stream_pinned(
 ) -> Result<(Box<dyn Socket>, Endpoint), SourceError> {
     let failed = |source: io::Error| {
         let host = endpoint.tls_name();
+        let shown = endpoint.to_string();
         SourceError::Connect {
-            endpoint: endpoint.to_string(),
+            // `u:p@ss@db` parses as host `ss@db`: what precedes the last '@' may be password.
+            endpoint: match shown.rfind('@') {
+                Some(at) => format!("***{}", &shown[at..]),
+                None => shown,
+            },
             // `postgres://u:p@ss@host/db` parses as user `u`, host `ss@host`.
             hint: if host.contains(['@', '#', '/']) && endpoint.addr.is_none() {
                 " (a host name cannot hold '@', '#' or '/': is it part of a password? Percent-encode it in the URL, or give it in source_password)"
@@ -916,7 +921,9 @@ mod tests {
             .unwrap();
         let text = crate::error::chain(&error);
         assert!(
-            text.contains("at ss@127.0.0.1:1 (") && text.contains("source_password"),
+            text.contains("at ***@127.0.0.1:1 (")
+                && text.contains("source_password")
+                && !text.contains("ss@"),
             "{text}"
         );
     }

@@ -164,6 +164,10 @@ async fn a_relay_restarted_after_its_slot_was_dropped_refuses_to_create_it_until
     // Committed while there is no slot: what a re-created slot would never publish.
     write_events(&setup.db.client, 1, 1, &setup.types, 1, 100, Duration::ZERO).await;
 
+    // A lost slot is a permanent source error: exit code 4, which alerts can tell apart.
+    let mut relay = Relay::spawn(&run);
+    let status = relay.wait(START_FAILURE_DEADLINE);
+    assert_eq!(status.code(), Some(4), "{}", relay.log());
     let log = refused(&run);
     for needle in [
         format!(

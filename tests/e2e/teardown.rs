@@ -54,9 +54,9 @@ async fn teardown_removes_the_slot_its_record_and_the_publication_once_no_relay_
     print.push("--print-sql".into());
     let (ok, out) = run_command(&print);
     assert!(
-        ok && out.contains(&format!("pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = '{}'", setup.slot))
+        ok && out.contains(&format!("pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = '{}' AND database = current_database()", setup.slot))
             && out.contains("DELETE FROM \"outbox_relay\".\"streamed_slots\"")
-            && out.contains("DROP PUBLICATION IF EXISTS \"outbox_pub\""),
+            && out.contains("-- DROP PUBLICATION IF EXISTS \"outbox_pub\""),
         "{out}"
     );
     // Not a terminal and no --yes: nothing is removed.
@@ -65,15 +65,23 @@ async fn teardown_removes_the_slot_its_record_and_the_publication_once_no_relay_
     assert!(setup.db.slot_active_pid(&setup.slot).await.is_none());
     assert_eq!(records().await, 1, "removed without confirmation");
 
+    // Another logical slot of the database (another relay, another consumer) may stream
+    // with the publication: it is kept.
+    let other = format!("{}_other", setup.slot);
+    setup.db.create_slot(&other).await;
+    let (ok, out) = run_command(&with_yes);
+    assert!(
+        ok && out.contains("keeps publication \"outbox_pub\": other logical slots")
+            && out.contains(&format!("removed replication slot {:?}", setup.slot)),
+        "{out}"
+    );
+    setup.db.drop_slot(&other).await;
     let (ok, out) = run_command(&with_yes);
     assert!(ok, "{out}");
-    for removed in [
-        format!("removed replication slot {:?}", setup.slot),
-        format!("removed the slot record of {:?}", setup.slot),
-        "removed publication \"outbox_pub\"".to_owned(),
-    ] {
-        assert!(out.contains(&removed), "{removed} missing in:\n{out}");
-    }
+    assert!(
+        out.contains("removed publication \"outbox_pub\""),
+        "once no other slot may use it:\n{out}"
+    );
     let left: i64 = setup
         .db
         .client

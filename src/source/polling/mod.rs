@@ -225,6 +225,9 @@ async fn new_sink(config: &PipelineConfig, producers: &SharedProducers) -> Resul
                 )
             },
         )
+        // A polling cycle's transaction must end: a missing topic's records fail after
+        // message.timeout.ms and are retried, instead of waiting for the topic.
+        .map(KafkaSink::not_holding_missing_topics)
     })
     .await
 }

@@ -4,8 +4,9 @@
 //!
 //! In order: the slot (refused while a walsender holds it: a relay streams from it), then the
 //! slot record's row (a relay started afterwards finds neither, and creates a new slot as on a
-//! first start), then the publication, when it publishes the outbox table alone and no other
-//! pipeline of the config uses it (one shared with other consumers is kept, and said so).
+//! first start), then the publication, when it publishes the outbox table alone, no other
+//! pipeline of the config uses it and no other logical slot of the database exists (which
+//! might stream with it); otherwise it is kept, and said so.
 
 use tokio_postgres::Client;
 
@@ -34,7 +35,7 @@ pub struct Plan {
 /// without looking at the database: each removes what exists only.
 pub fn sql(config: &PipelineConfig) -> String {
     let mut text = format!(
-        "-- the slot (fails while a relay streams from it: stop the relay first):\nSELECT pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = {};\n",
+        "-- the slot (fails while a relay streams from it: stop the relay first):\nSELECT pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = {} AND database = current_database();\n",
         quote_literal(&config.slot)
     );
     if config.slot_record {
@@ -45,7 +46,7 @@ pub fn sql(config: &PipelineConfig) -> String {
         ));
     }
     text.push_str(&format!(
-        "-- the publication, unless other consumers use it:\nDROP PUBLICATION IF EXISTS {};",
+        "-- the publication, only if no other slot of this database streams with it (check\n-- pg_replication_slots) and it publishes nothing others need:\n-- DROP PUBLICATION IF EXISTS {};",
         quote_ident(&config.publication)
     ));
     text
@@ -127,6 +128,17 @@ pub async fn plan(
         ),
     };
     let outbox_alone = |tables: &[(String, String)]| matches!(tables, [(schema, name)] if *schema == config.table.schema && *name == config.table.name);
+    // Any other logical slot of this database may stream with this publication (another
+    // relay with its own config, another consumer): its walsender would fail without it.
+    let other_slots: Vec<String> = client
+        .query(
+            "SELECT slot_name::text FROM pg_catalog.pg_replication_slots WHERE database = current_database() AND slot_type = 'logical' AND slot_name <> $1",
+            &[&config.slot],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
     let sharing: Vec<&str> = others
         .iter()
         .filter(|o| o.source_url == config.source_url && o.publication == config.publication)
@@ -134,6 +146,11 @@ pub async fn plan(
         .collect();
     match tables {
         None => plan.kept.push(format!("no publication {:?}", config.publication)),
+        Some(_) if !other_slots.is_empty() => plan.kept.push(format!(
+            "publication {:?}: other logical slots of this database may stream with it ({})",
+            config.publication,
+            other_slots.join(", ")
+        )),
         Some(_) if !sharing.is_empty() => plan.kept.push(format!(
             "publication {:?}: pipeline {} uses it too",
             config.publication,

@@ -453,7 +453,7 @@ pub async fn setup(
         return Ok(None);
     };
     if !accept_slot_loss {
-        return Err(SourceError::Config(loss.to_string()).into());
+        return Err(SourceError::SlotLost(loss.to_string()).into());
     }
     let forgotten = forget(client, &config.slot_record_schema, &config.slot).await?;
     warn!(
