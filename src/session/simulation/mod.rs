@@ -682,6 +682,58 @@ mod tests {
         );
     }
 
+    /// The session's defects, over the ordered sink.
+    #[test]
+    fn the_simulation_catches_session_defects_over_the_ordered_sink() {
+        caught(
+            Mutation::TrackerStartsAtZero,
+            Guarantee::AtLeastOnceOrdered,
+            "below the slot's confirmed LSN",
+        );
+        caught(
+            Mutation::ConfirmSourcePosition,
+            Guarantee::AtLeastOnceOrdered,
+            "which is not acknowledged",
+        );
+        caught(
+            Mutation::NoTrackerBound,
+            Guarantee::AtLeastOnceOrdered,
+            "wait in the ack tracker",
+        );
+        caught(
+            Mutation::DrainForever,
+            Guarantee::AtLeastOnceOrdered,
+            "of the shutdown",
+        );
+    }
+
+    #[test]
+    fn the_simulation_catches_an_ordered_sink_that_publishes_a_key_concurrently() {
+        caught(
+            Mutation::OrderedKeyConcurrently,
+            Guarantee::AtLeastOnceOrdered,
+            "arrived first after",
+        );
+    }
+
+    #[test]
+    fn the_simulation_catches_an_ordered_sink_that_does_not_hold_a_failed_key() {
+        caught(
+            Mutation::OrderedNoHold,
+            Guarantee::AtLeastOnceOrdered,
+            "arrived first after",
+        );
+    }
+
+    #[test]
+    fn the_simulation_catches_an_ordered_sink_that_publishes_an_acknowledged_record_again() {
+        caught(
+            Mutation::OrderedRepublishAcknowledged,
+            Guarantee::AtLeastOnceOrdered,
+            "again after the server acknowledged it",
+        );
+    }
+
     /// A batch of several PostgreSQL transactions checkpointed at its first one's end: the
     /// session after a crash passes over only that one and publishes the rest again.
     #[test]
