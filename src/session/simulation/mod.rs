@@ -35,8 +35,9 @@
 //! Over the ordered sink (a mode of its own, at-least-once): `max_concurrency` 1-4 and a
 //! delivery timeout of 0.3-5 s, and in each session with faults: random latencies, retryable
 //! errors before and after the server wrote the record, refusals for good, attempts without an
-//! answer, the server down for a while and back, the connection broken for good; such a
-//! session's source connection is lost within 6 s at the latest rather than 2.
+//! answer, the server down for a while and back, the connection broken for good (a session
+//! that draws neither a connection loss nor a shutdown loses its source connection within
+//! 6 s, not 2, to leave time for these).
 //!
 //! # Invariants
 //! The flush LSN never decreases (across sessions: never below the slot); never passes the
