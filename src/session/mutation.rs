@@ -1,7 +1,8 @@
 //! Deliberate defects the session simulation (`simulation/`) must catch: one per invariant,
 //! each switched on for the current thread only (`cargo test` runs tests on several threads at
-//! once). The session loop asks [`active`] at the place the defect would be; the simulation's
-//! fakes ask it for the defects of the world they model. Outside test builds nothing can
+//! once). The session loop and the ordered sink (`crate::sink::ordered`) ask [`active`] at the
+//! place the defect would be; the simulation's fakes ask it for the defects of the world they
+//! model. Outside test builds nothing can
 //! switch one on and [`active`] is a constant `false`.
 
 /// A defect to switch on.
@@ -42,6 +43,14 @@ pub(crate) enum Mutation {
     /// one's end LSN as its checkpoint, not the last one's: a redo after a crash publishes the
     /// later ones again.
     CheckpointFirstTransaction,
+    /// The ordered sink publishes a key's record without waiting for the acknowledgement of
+    /// the one before it: a later record of the key may arrive first.
+    OrderedKeyConcurrently,
+    /// The ordered sink does not hold a key after a failure: the key's next records go out
+    /// before the failed one is published again.
+    OrderedNoHold,
+    /// The ordered sink publishes a record once more after the server acknowledged it.
+    OrderedRepublishAcknowledged,
 }
 
 #[cfg(test)]

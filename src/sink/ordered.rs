@@ -44,6 +44,7 @@ use tracing::warn;
 
 use super::{Delivery, DeliveryError, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
+use crate::session::mutation::{self, Mutation};
 use crate::shutdown::AbortOnDrop;
 
 /// The first wait before publishing a record again.
@@ -348,6 +349,10 @@ impl<P: Publisher> Driver<P> {
             self.ready.push_back(job);
             return;
         };
+        if mutation::active(Mutation::OrderedKeyConcurrently) && !self.held.contains_key(&key) {
+            self.ready.push_back(job);
+            return;
+        }
         if let Some(reason) = self.held.get(&key) {
             let reason = format!("not published: an earlier record of its key failed ({reason})");
             let error = PublishError {
@@ -427,6 +432,9 @@ impl<P: Publisher> Driver<P> {
                 };
                 self.outcome(job, Err((e, holds)));
             }
+            Ok(()) if attempt == 0 && mutation::active(Mutation::OrderedRepublishAcknowledged) => {
+                running.push(self.attempt(job, 1));
+            }
             Ok(()) => self.outcome(job, Ok(())),
         }
     }
@@ -438,6 +446,7 @@ impl<P: Publisher> Driver<P> {
         let key = key_of(&job.record);
         let mut holds = None;
         let result = result.map_err(|(e, hold)| {
+            let hold = hold && !mutation::active(Mutation::OrderedNoHold);
             if let (true, Some(key)) = (hold, &key) {
                 if self.held.insert(key.clone(), e.reason.clone()).is_none() {
                     holds = Some(key.clone());

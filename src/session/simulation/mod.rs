@@ -1,6 +1,7 @@
 //! Deterministic simulation of the session loop: the real [`Session`] over the real
 //! log-tailing source ([`LogicalSource`], its pgoutput decoding and outbox mapping) reading a
-//! fake walsender, and a fake Kafka, both driven by one seeded random source on tokio's
+//! fake walsender, and a fake Kafka or the real [`crate::sink::ordered::OrderedSink`] over a
+//! fake server ([`publisher`]), all driven by one seeded random source on tokio's
 //! paused clock, for sessions one after another as the supervisor runs them. Invariants are
 //! checked after every step (each status update, each record sent, each Commit read) and at
 //! the end of each schedule.
@@ -31,6 +32,13 @@
 //! [`Recovery::Stop`] is followed by the operator's fix (`on_bad_event = "dead_letter"`); the
 //! last session has no faults and runs until the slot reached the last commit.
 //!
+//! Over the ordered sink (a mode of its own, at-least-once): `max_concurrency` 1-4 and a
+//! delivery timeout of 0.3-5 s, and in each session with faults: random latencies, retryable
+//! errors before and after the server wrote the record, refusals for good, attempts without an
+//! answer, the server down for a while and back, the connection broken for good (a session
+//! that draws neither a connection loss nor a shutdown loses its source connection within
+//! 6 s, not 2, to leave time for these).
+//!
 //! # Invariants
 //! The flush LSN never decreases (across sessions: never below the slot); never passes the
 //! commit record of a transaction with an event the broker did not write (exactly-once: that
@@ -43,7 +51,14 @@
 //! dead-letter copies that replace refused records), and so do the committed transactions
 //! queued behind an unacknowledged one in the ack tracker; a shutdown completes within
 //! `shutdown_timeout` (exactly-once: plus the commit call's and the abort's timeouts, 60 s
-//! and 10 s, which the drain cannot cut short).
+//! and 10 s, which the drain cannot cut short); nothing but committed events is written.
+//! Over the ordered sink the flush LSN passes only events whose acknowledgement reached the
+//! session (a record the server wrote without its acknowledgement arriving does not count);
+//! the order exemption is for records refused with a dead-letter topic only (with `halt` a
+//! refusal holds its key); within a session the session hands each record over once and the
+//! sink publishes none again after the server acknowledged it (so the copies of an event are
+//! at most the sessions that published it plus its lost acknowledgements); no more than
+//! `max_concurrency` attempts wait for an answer at once.
 //!
 //! # The coordinator model
 //! librdkafka's mock cluster writes no transaction markers and does not fence, and no broker
@@ -56,7 +71,8 @@
 //! failed, librdkafka refuses every further record and the commit until the abort.
 //!
 //! # Not modelled
-//! The polling source (its `FailureHandling::Recorded` path is in `tests.rs`); UPDATE and
+//! The polling source (its `FailureHandling::Recorded` path is in `tests.rs`); the clients of
+//! the ordered sink's servers (reconnecting, what each calls an acknowledgement); UPDATE and
 //! DELETE of outbox rows; PostgreSQL losing a confirmed flush LSN in a crash; several relays
 //! at once (a standby is the supervisor's test); the supervisor's backoff (its jitter is not
 //! seeded; sessions follow each other at once); keepalives inside a transaction.
@@ -76,7 +92,8 @@
 //! `cargo test --locked` runs [`DEFAULT_SCHEDULES`] schedules in each of the three modes
 //! (at-least-once, exactly-once, exactly-once with a dead-letter topic; in a debug build about
 //! 0.7 ms of CPU each: 35 s for the first two on the 2-core development machine otherwise idle,
-//! run at once, and about 30 s for the third). Each test `the_simulation_catches_...`
+//! run at once, and about 30 s for the third), and [`DEFAULT_ORDERED_SCHEDULES`] over the
+//! ordered sink (about 0.8 ms each: 8 s). Each test `the_simulation_catches_...`
 //! switches one deliberate defect on ([`super::mutation`]) and asserts that the default
 //! schedules find it. A longer run: `SIMULATION_SCHEDULES=5000000 cargo test --release
 //! --locked --lib session::simulation::tests::every_schedule` (5 million per mode; for the
@@ -86,6 +103,7 @@
 //! (`SIMULATION_SEED=...`).
 
 mod broker;
+mod publisher;
 mod server;
 mod wal;
 mod world;
@@ -106,12 +124,24 @@ use crate::source::logical::LogicalSource;
 use crate::source::outbox::OutboxDecoder;
 use crate::supervisor::SessionProgress;
 use broker::{SimSink, SimTransactions};
+use publisher::SimOrderedSink;
 use server::FakeWalsender;
 use wal::{DEAD_LETTER_TOPIC, MESSAGE_PREFIX, OUTBOX_OID};
 use world::{Guarantee, Setup, Shared, World};
 
 /// Schedules per mode in the test command.
 pub(crate) const DEFAULT_SCHEDULES: u64 = 50_000;
+/// Schedules over the ordered sink in the test command (each runs the sink's publishing task
+/// too, and its retries' backoff makes sessions longer).
+pub(crate) const DEFAULT_ORDERED_SCHEDULES: u64 = 10_000;
+
+/// Schedules of `guarantee` in the test command.
+fn default_schedules(guarantee: Guarantee) -> u64 {
+    match guarantee {
+        Guarantee::AtLeastOnceOrdered => DEFAULT_ORDERED_SCHEDULES,
+        _ => DEFAULT_SCHEDULES,
+    }
+}
 /// Most sessions with faults before the last one.
 const MAX_FAULTY_SESSIONS: usize = 3;
 /// How long the last session may take to reach the last commit after it committed.
@@ -310,7 +340,6 @@ async fn session(
         metrics.clone(),
         start,
     );
-    let sink = SimSink::new(world.clone());
     let mode = match config.exactly_once {
         false => Mode::AtLeastOnce,
         true => {
@@ -344,11 +373,36 @@ async fn session(
         last_commit_at.max(Instant::now()) + LIVENESS_DEADLINE
     };
     let progress = SessionProgress::new(metrics.clone());
-    let run = Session::new(
-        &config, metrics, source, sink, router, mode, start, &progress,
-    )
-    .run(&shutdown, config.status_interval());
-    tokio::pin!(run);
+    let ordered = world.lock().setup.ordered.is_some();
+    let mut run: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Error>>>> =
+        match ordered {
+            false => Box::pin(
+                Session::new(
+                    &config,
+                    metrics,
+                    source,
+                    SimSink::new(world.clone()),
+                    router,
+                    mode,
+                    start,
+                    &progress,
+                )
+                .run(&shutdown, config.status_interval()),
+            ),
+            true => Box::pin(
+                Session::new(
+                    &config,
+                    metrics,
+                    source,
+                    SimOrderedSink::new(world.clone(), config.on_bad_event == OnBadEvent::Halt),
+                    router,
+                    mode,
+                    start,
+                    &progress,
+                )
+                .run(&shutdown, config.status_interval()),
+            ),
+        };
     let session_start = Instant::now();
     let shutdown_at = shutdown_after.map(|after| session_start + after);
     let result = tokio::select! {
@@ -402,8 +456,8 @@ async fn session(
 }
 
 /// The seeds of a run: `SIMULATION_SEED` alone, or `SIMULATION_SCHEDULES` (default
-/// [`DEFAULT_SCHEDULES`]) from `SIMULATION_FIRST_SEED` (default 0).
-fn seeds() -> std::ops::Range<u64> {
+/// `default`) from `SIMULATION_FIRST_SEED` (default 0).
+fn seeds(default: u64) -> std::ops::Range<u64> {
     let var = |name: &str| {
         std::env::var(name).ok().map(|v| {
             let v = v.trim();
@@ -418,7 +472,7 @@ fn seeds() -> std::ops::Range<u64> {
         Some(seed) => seed..seed + 1,
         None => {
             let first = var("SIMULATION_FIRST_SEED").unwrap_or(0);
-            first..first + var("SIMULATION_SCHEDULES").unwrap_or(DEFAULT_SCHEDULES)
+            first..first + var("SIMULATION_SCHEDULES").unwrap_or(default)
         }
     }
 }
@@ -459,7 +513,7 @@ mod tests {
 
     fn every_schedule(guarantee: Guarantee, test: &str) {
         let started = std::time::Instant::now();
-        let (ran, failure, total) = find_violation(seeds(), guarantee);
+        let (ran, failure, total) = find_violation(seeds(default_schedules(guarantee)), guarantee);
         if let Some((seed, violation)) = failure {
             panic!(
                 "invariant violated in schedule {seed}: {violation}\nreplay: SIMULATION_SEED={seed} cargo test --locked --lib session::simulation::tests::{test} -- --exact --nocapture"
@@ -495,6 +549,14 @@ mod tests {
     }
 
     #[test]
+    fn every_schedule_at_least_once_ordered() {
+        every_schedule(
+            Guarantee::AtLeastOnceOrdered,
+            "every_schedule_at_least_once_ordered",
+        );
+    }
+
+    #[test]
     fn every_schedule_exactly_once() {
         every_schedule(Guarantee::ExactlyOnce, "every_schedule_exactly_once");
     }
@@ -514,7 +576,7 @@ mod tests {
     /// message contains `expected`; returns how many ran.
     fn caught(mutation: Mutation, guarantee: Guarantee, expected: &str) -> u64 {
         let _on = mutation::switch_on(mutation);
-        let (ran, failure, _) = find_violation(0..DEFAULT_SCHEDULES, guarantee);
+        let (ran, failure, _) = find_violation(0..default_schedules(guarantee), guarantee);
         match failure {
             Some((seed, violation)) => {
                 println!(
@@ -619,6 +681,58 @@ mod tests {
             Mutation::ConfirmSourcePosition,
             Guarantee::ExactlyOnce,
             "which is not committed",
+        );
+    }
+
+    /// The session's defects, over the ordered sink.
+    #[test]
+    fn the_simulation_catches_session_defects_over_the_ordered_sink() {
+        caught(
+            Mutation::TrackerStartsAtZero,
+            Guarantee::AtLeastOnceOrdered,
+            "below the slot's confirmed LSN",
+        );
+        caught(
+            Mutation::ConfirmSourcePosition,
+            Guarantee::AtLeastOnceOrdered,
+            "which is not acknowledged",
+        );
+        caught(
+            Mutation::NoTrackerBound,
+            Guarantee::AtLeastOnceOrdered,
+            "wait in the ack tracker",
+        );
+        caught(
+            Mutation::DrainForever,
+            Guarantee::AtLeastOnceOrdered,
+            "of the shutdown",
+        );
+    }
+
+    #[test]
+    fn the_simulation_catches_an_ordered_sink_that_publishes_a_key_concurrently() {
+        caught(
+            Mutation::OrderedKeyConcurrently,
+            Guarantee::AtLeastOnceOrdered,
+            "arrived first after",
+        );
+    }
+
+    #[test]
+    fn the_simulation_catches_an_ordered_sink_that_does_not_hold_a_failed_key() {
+        caught(
+            Mutation::OrderedNoHold,
+            Guarantee::AtLeastOnceOrdered,
+            "arrived first after",
+        );
+    }
+
+    #[test]
+    fn the_simulation_catches_an_ordered_sink_that_publishes_an_acknowledged_record_again() {
+        caught(
+            Mutation::OrderedRepublishAcknowledged,
+            Guarantee::AtLeastOnceOrdered,
+            "again after the server acknowledged it",
         );
     }
 

@@ -1,6 +1,6 @@
 //! What the fakes share: the seeded random source, the WAL, the slot, the broker's log and
-//! transaction coordinator, this session's faults, and the invariant checks run after every
-//! step the session takes against them.
+//! transaction coordinator (or the ordered sink's server), this session's faults, and the
+//! invariant checks run after every step the session takes against them.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,6 +10,7 @@ use fastrand::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::publisher::{PublisherSetup, Server};
 use super::wal::{Wal, WalShape, START, TOPIC};
 use crate::exactly_once::BatchLimits;
 use crate::lsn::Lsn;
@@ -33,11 +34,14 @@ impl Shared {
     }
 }
 
-/// The delivery guarantee a run's schedules test.
+/// The delivery guarantee a run's schedules test, and the sink.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Guarantee {
     /// With or without a dead-letter topic, with bad input.
     AtLeastOnce,
+    /// At-least-once over the ordered sink (the sink of every kind but Kafka), with or without
+    /// a dead-letter topic, with bad input.
+    AtLeastOnceOrdered,
     /// Without a dead-letter topic and bad input.
     ExactlyOnce,
     /// With a dead-letter topic and bad input.
@@ -62,6 +66,8 @@ pub(super) struct Setup {
     pub partitions: usize,
     /// Exactly-once: when a batch of PostgreSQL transactions closes.
     pub batch: BatchLimits,
+    /// The ordered sink's settings, when the schedule runs it instead of Kafka.
+    pub ordered: Option<PublisherSetup>,
 }
 
 /// What goes wrong in one session, drawn at its start; nothing does in the final one.
@@ -86,6 +92,12 @@ pub(super) struct Faults {
     pub commit_hang_per_mille: u16,
     pub commit_late_per_mille: u16,
     pub abort_fail_per_mille: u16,
+    /// The ordered sink's server: per mille of attempts that get no answer; the time, since
+    /// the session's start, from which it is down and until it is back; when the client's
+    /// connection breaks for good.
+    pub silent_per_mille: u16,
+    pub server_down: Option<(Duration, Duration)>,
+    pub broken_after: Option<Duration>,
 }
 
 /// A record the broker wrote, in the order it wrote them.
@@ -235,14 +247,19 @@ pub(super) struct World {
     /// The largest numbers seen, for the report.
     pub peak_in_flight: InFlight,
     pub peak_unconfirmed: usize,
+    /// The ordered sink's server and what the sink reported.
+    pub server: Server,
 }
 
 impl World {
     pub fn new(seed: u64, guarantee: Guarantee) -> World {
         let mut rng = Rng::with_seed(seed);
-        let exactly_once = guarantee != Guarantee::AtLeastOnce;
+        let exactly_once = matches!(
+            guarantee,
+            Guarantee::ExactlyOnce | Guarantee::ExactlyOnceWithDeadLetter
+        );
         let dead_letter = match guarantee {
-            Guarantee::AtLeastOnce => rng.bool(),
+            Guarantee::AtLeastOnce | Guarantee::AtLeastOnceOrdered => rng.bool(),
             Guarantee::ExactlyOnce => false,
             Guarantee::ExactlyOnceWithDeadLetter => true,
         };
@@ -276,6 +293,8 @@ impl World {
                     linger: Duration::from_millis(rng.u64(0..=20)),
                 },
             },
+            ordered: (guarantee == Guarantee::AtLeastOnceOrdered)
+                .then(|| PublisherSetup::draw(&mut rng)),
         };
         // Exactly-once without a dead-letter topic: bad input that halts cannot be fixed by
         // the operator's restart.
@@ -307,6 +326,7 @@ impl World {
             done: None,
             peak_in_flight: InFlight::default(),
             peak_unconfirmed: 0,
+            server: Server::default(),
         }
     }
 
@@ -341,15 +361,29 @@ impl World {
                     .then(|| self.rng.usize(0..self.setup.partitions)),
                 latency_max_ms: self.rng.u64(1..50),
                 init_fails: self.rng.u8(0..10) == 0,
+                ..Faults::default()
             },
         };
+        if self.setup.ordered.is_some() {
+            self.server.begin_session();
+            if !last {
+                Server::draw_faults(&mut self.rng, &mut self.faults);
+            }
+        }
         if last {
             self.faults.latency_max_ms = self.rng.u64(1..50);
         } else if self.faults.connection_lost_after.is_none()
             && self.faults.shutdown_after.is_none()
         {
-            // A session with faults ends by one of them at the latest.
-            self.faults.connection_lost_after = Some(Duration::from_millis(self.rng.u64(0..2_000)));
+            // A session with faults ends by one of them at the latest (over the ordered sink,
+            // later: time for its server to go down and come back, and for the delivery
+            // timeout).
+            let latest = match self.setup.ordered {
+                None => 2_000,
+                Some(_) => 6_000,
+            };
+            self.faults.connection_lost_after =
+                Some(Duration::from_millis(self.rng.u64(0..latest)));
         }
     }
 
@@ -485,9 +519,11 @@ impl World {
         }
     }
 
-    /// Whether event `id` reached the broker (exactly-once: is visible to `read_committed`).
+    /// Whether event `id` reached the broker (exactly-once: is visible to `read_committed`;
+    /// the ordered sink: its acknowledgement reached the session).
     fn delivered(&self, id: &str) -> bool {
         match self.setup.exactly_once {
+            false if self.setup.ordered.is_some() => self.server.acknowledged.contains(id),
             false => self.written.contains(id),
             true => self
                 .log
@@ -509,11 +545,24 @@ impl World {
                 self.slot
             ));
         }
+        let events: HashSet<&str> = self
+            .wal
+            .txns
+            .iter()
+            .flat_map(|t| t.events())
+            .map(|e| e.id.as_str())
+            .collect();
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         // Per key: the last first arrival, as (transaction, change).
         let mut last_of_key: BTreeMap<&str, (usize, usize, &str)> = BTreeMap::new();
         let mut problems = Vec::new();
         for w in &self.log {
+            if !events.contains(w.id.as_str()) {
+                problems.push(format!(
+                    "record {} written to {} is no committed event",
+                    w.id, w.topic
+                ));
+            }
             if !self.coordinator.visible(w.txn) {
                 continue;
             }
