@@ -375,12 +375,7 @@ impl<P: Publisher> Driver<P> {
     /// than the delivery timeout leaves of the time since its first attempt.
     fn attempt(&self, mut job: Job, attempt: u32) -> BoxFuture<'static, Attempt> {
         let publisher = Arc::clone(&self.publisher);
-        let delay = match attempt {
-            0 => Duration::ZERO,
-            n => FIRST_RETRY
-                .saturating_mul(1 << (n - 1).min(16))
-                .min(MAX_RETRY),
-        };
+        let delay = retry_delay(attempt);
         let timeout = self.settings.delivery_timeout;
         Box::pin(async move {
             if !delay.is_zero() {
@@ -400,6 +395,24 @@ impl<P: Publisher> Driver<P> {
                 };
             (job, attempt, result)
         })
+    }
+
+    /// Attempt `attempt` of `job` after its backoff, which `last` ended; when the backoff
+    /// would end past the record's deadline, no attempt is made: the record fails at the
+    /// deadline with `last`.
+    fn retry(&self, job: Job, attempt: u32, last: PublishError) -> BoxFuture<'static, Attempt> {
+        let deadline = job
+            .first_attempt
+            .map(|first| first + self.settings.delivery_timeout);
+        match deadline {
+            Some(deadline) if deadline <= tokio::time::Instant::now() + retry_delay(attempt) => {
+                Box::pin(async move {
+                    tokio::time::sleep_until(deadline).await;
+                    (job, attempt, Err(last))
+                })
+            }
+            _ => self.attempt(job, attempt),
+        }
     }
 
     fn finished(
@@ -423,7 +436,7 @@ impl<P: Publisher> Driver<P> {
                     self.last_retry_warning = Some(Instant::now());
                     warn!(event_id = %job.record.event_id(), destination = %job.record.topic, reason = %e.reason, attempt = attempt + 1, "publishing failed; retrying (until delivery_timeout_ms after the record's first attempt)");
                 }
-                running.push(self.attempt(job, attempt + 1));
+                running.push(self.retry(job, attempt + 1, e));
             }
             Err(e) => {
                 let holds = match e.failure {
@@ -496,6 +509,17 @@ impl<P: Publisher> Driver<P> {
                 self.waiting.remove(&key);
             }
         }
+    }
+}
+
+/// The backoff before attempt number `attempt` (0: the first, none): [`FIRST_RETRY`] doubling
+/// up to [`MAX_RETRY`].
+fn retry_delay(attempt: u32) -> Duration {
+    match attempt {
+        0 => Duration::ZERO,
+        n => FIRST_RETRY
+            .saturating_mul(1 << (n - 1).min(16))
+            .min(MAX_RETRY),
     }
 }
 
