@@ -33,13 +33,14 @@
 //! - [`config`]: the pipeline configuration as plain data, at the bottom of the dependency
 //!   graph (it imports no other module): one serde schema for the flags, the config file, its
 //!   environment overrides and `import-debezium`'s output; [`config::secret_file`] reads the
-//!   files that hold secrets.
+//!   files that hold secrets, `config::summary` makes the start's one-line settings (secrets
+//!   hidden).
 //! - [`validation`]: every start-up check of a pipeline (its own fields, the router's options,
 //!   the source URL), run once before any command starts.
 //! - [`source`]: the [`source::Source`] trait and its two implementations:
 //!   [`source::logical`] (log tailing: replication connection, pgoutput decoder, outbox
 //!   mapping, slot checks, [`source::slot_record`]: the record that keeps a lost slot from
-//!   being re-created silently) and [`source::polling`] (`source_kind = "polling"`: the outbox
+//!   being re-created silently, [`source::slot::teardown`]: what `teardown` removes) and [`source::polling`] (`source_kind = "polling"`: the outbox
 //!   table read with `FOR UPDATE SKIP LOCKED` where logical replication is not available);
 //!   [`source::conninfo`] reads `source_url` as libpq does, [`source::target`] picks the
 //!   host of a multi-host URL by `target_session_attrs`, for both connections, and
@@ -49,7 +50,8 @@
 //!   [`source::coverage`] checks that the publication still covers the outbox, which idle
 //!   progress waits for.
 //! - [`session`]: the session loop, generic over source and sink; no IO of its own. Its
-//!   tests include a deterministic simulation (`session/simulation/`, test builds only) and
+//!   tests include a deterministic simulation (`session/simulation/`, test builds only: the
+//!   Kafka sink's and the ordered sink's, `simulation/publisher.rs`) and
 //!   `session::mutation`, the deliberate defects they switch on to show that they catch them
 //!   (a constant off outside test builds).
 //! - [`supervisor`]: runs a pipeline's sessions for every source kind: states and readiness,
@@ -57,11 +59,13 @@
 //!   decided from [`error::Recovery`], a stop during set-up that drops the session.
 //! - [`router`]: events to records, each destination checked by the sink kind's rules; built
 //!   from a pipeline's config, refusing bad routing options with their field paths
-//!   (`router::problems`); `router::dead_letter` makes the dead-letter copy, always
-//!   deliverable whatever the row held.
+//!   (`router::problems`); `router::render` renders column values as Debezium's converters
+//!   do; `router::dead_letter` makes the dead-letter copy, always deliverable whatever the row
+//!   held.
 //! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer ([`sink::kafka::SharedProducers`]:
 //!   one producer for the pipelines with the same settings; [`sink::kafka::topics`]: a record
-//!   for a missing topic waits, or the topic is created; [`sink::producer`]: the rdkafka
+//!   for a missing topic waits, or the topic is created; [`sink::kafka::log`]: librdkafka's
+//!   lines told once; [`sink::producer`]: the rdkafka
 //!   producer, its delivery thread and the queue its reports wake a session through), and the
 //!   other sink kinds ([`sink::redis`], [`sink::nats`], [`sink::rabbitmq`], [`sink::http`]) as
 //!   [`sink::ordered::Publisher`]s behind [`sink::ordered::OrderedSink`] (per-key order,
