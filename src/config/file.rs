@@ -267,9 +267,10 @@ fn select_pipeline(pipelines: &[Value], selector: &str) -> Result<usize, String>
     }
 }
 
-/// Fields that hold secrets (the HTTP sink's `secret`, NATS's `token` and `nkey`): an
-/// override of one is its text as it is, never a number (`0042` is not 42).
-const SECRET_FIELDS: [&str; 3] = ["secret", "token", "nkey"];
+/// Fields that hold secrets (the HTTP sink's `secret`, NATS's `token` and `nkey`, the
+/// passwords beside URLs): an override of one is its text as it is, never a number (`0042` is
+/// not 42).
+const SECRET_FIELDS: [&str; 5] = ["secret", "token", "nkey", "password", "source_password"];
 
 /// Sets `path` in `dict` to `raw`, creating tables on the way. The value is parsed as
 /// figment's `Env` parses values, unless the file holds a string there, it is a

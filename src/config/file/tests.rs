@@ -422,6 +422,12 @@ fn overrides_keep_secrets_as_text_and_type_errors_do_not_show_values() {
         panic!("not http")
     };
     assert_eq!(&*http.secret, "0042");
+    let config = load_with_overrides(
+        toml,
+        &[("OUTBOX_RELAY__PIPELINES__0__SOURCE_PASSWORD", "0042")],
+    )
+    .unwrap();
+    assert_eq!(config.pipelines[0].source_password.as_deref(), Some("0042"));
 
     let without_url = toml.replace("url = \"https", "# url = \"https");
     let errors = load_with_overrides(
