@@ -384,6 +384,22 @@ mod tests {
         }
     }
 
+    /// Supervises `sessions` of pipeline `p` with `on_pipeline_failure = "exit"` and no
+    /// shutdown (the fake cancels its own).
+    async fn supervise_exit(
+        p: &PipelineMetrics,
+        sessions: &mut impl Sessions,
+    ) -> Result<(), Error> {
+        supervise(
+            "p",
+            p,
+            &CancellationToken::new(),
+            sessions,
+            OnPipelineFailure::Exit,
+        )
+        .await
+    }
+
     fn closed() -> Error {
         SourceError::Closed.into()
     }
@@ -407,15 +423,7 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(7, false, closed);
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut fake,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut fake).await.unwrap();
         let gaps = fake.gaps();
         assert_eq!(gaps.len(), 7, "{gaps:?}");
         // Without jitter 1, 2, 4, 8, 16, 30, 30 s; jitter adds up to as much again.
@@ -448,15 +456,7 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(7, true, closed);
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut fake,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut fake).await.unwrap();
         let gaps = fake.gaps();
         assert_eq!(gaps.len(), 7, "{gaps:?}");
         assert!(
@@ -473,15 +473,7 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(10, false, slot_in_use);
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut fake,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut fake).await.unwrap();
         let gaps = fake.gaps();
         assert_eq!(gaps.len(), 10, "{gaps:?}");
         assert!(
@@ -501,28 +493,12 @@ mod tests {
         p.in_flight_events.set(5_000);
         p.in_flight_bytes.set(1 << 20);
         let mut failing = Fake::new(3, false, closed);
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut failing,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut failing).await.unwrap();
         assert_eq!(p.reconnects.get(), 3);
         assert_eq!((p.in_flight_events.get(), p.in_flight_bytes.get()), (0, 0));
         let mut standing_by = Fake::new(2, false, slot_in_use);
         p.set_failed_sessions(3);
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut standing_by,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut standing_by).await.unwrap();
         assert!(gauge_line(&metrics, 0), "{}", metrics.render());
         assert_eq!(p.reconnects.get(), 3, "standing by is not reconnecting");
     }
@@ -532,14 +508,7 @@ mod tests {
         let metrics = Metrics::new();
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(1, false, || SourceError::Auth("password".into()).into());
-        let result = supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut fake,
-            OnPipelineFailure::Exit,
-        )
-        .await;
+        let result = supervise_exit(&p, &mut fake).await;
         assert!(
             matches!(result, Err(Error::Source(SourceError::Auth(_)))),
             "{result:?}"
@@ -684,15 +653,7 @@ mod tests {
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(12, false, closed);
         let start = Instant::now();
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut fake,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut fake).await.unwrap();
         let minutes = start.elapsed().as_secs() / 60;
         let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         assert_eq!(
@@ -716,15 +677,7 @@ mod tests {
         let p = metrics.pipeline("p");
         let mut fake = Fake::new(10, false, slot_in_use);
         fake.stream = false;
-        supervise(
-            "p",
-            &p,
-            &CancellationToken::new(),
-            &mut fake,
-            OnPipelineFailure::Exit,
-        )
-        .await
-        .unwrap();
+        supervise_exit(&p, &mut fake).await.unwrap();
         let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         assert_eq!(captured.lines_with("standing by"), 1, "{log}");
         assert_eq!(captured.lines_with("WARN"), 0, "{log}");
