@@ -375,6 +375,13 @@ async fn run_session(
         }
     };
     let transactional_id = config.exactly_once.then(|| config.transactional_id());
+    // With dead-lettering, a row naming a topic nobody made is bad input: refused and
+    // dead-lettered, not waited for.
+    let dead_letters = config.on_bad_event == crate::config::OnBadEvent::DeadLetter;
+    let gate = move |sink: KafkaSink| match dead_letters {
+        true => sink.refusing_missing_topics(),
+        false => sink,
+    };
     let kafka = |transactional_id: Option<&str>| {
         KafkaSink::new(
             &config.kafka,
@@ -383,6 +390,7 @@ async fn run_session(
             config.max_in_flight_bytes,
             transactional_id,
         )
+        .map(gate)
     };
     redo.forget_confirmed(confirmed_flush_lsn);
     // Status updates at most every min(status interval, wal_sender_timeout / 2).
@@ -413,6 +421,7 @@ async fn run_session(
                         config.kafka.create_topics.clone(),
                         || kafka(None),
                     )
+                    .map(gate)
                 })
                 .await?,
                 Mode::AtLeastOnce,

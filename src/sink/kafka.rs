@@ -121,6 +121,14 @@ impl KafkaSink {
         self
     }
 
+    /// The same sink, refusing for good the records of a topic found missing (with
+    /// `on_bad_event = "dead_letter"`, so that they are dead-lettered instead of holding the
+    /// pipeline).
+    pub fn refusing_missing_topics(mut self) -> Self {
+        self.topics = self.topics.clone().refusing();
+        self
+    }
+
     /// The same sink, creating missing topics as `create` says (`kafka.create_topics`).
     pub fn creating_topics(mut self, create: Option<CreateTopics>) -> Self {
         let mut admin = self.client.clone();
@@ -329,10 +337,22 @@ impl Sink for KafkaSink {
         if self.renew && self.in_flight.events == 0 {
             self.renew_producer();
         }
-        if (retired && self.producer.is_retired())
-            || self.left_over_fills_the_limits()
-            || !self.topics.admits(&record.topic, &self.producer)
-        {
+        if !self.topics.admits(&record.topic, &self.producer) {
+            if let Some(why) = self.topics.refusal(&record.topic) {
+                return Err(SendError::Refused(DeliveryError {
+                    event_id: record.event_id(),
+                    topic: record.topic.clone(),
+                    retryable: false,
+                    too_large: false,
+                    connection_lost: false,
+                    attempted: true,
+                    reason: why,
+                    record: Some(Box::new(record)),
+                }));
+            }
+            return Err(SendError::Full(Box::new(record)));
+        }
+        if (retired && self.producer.is_retired()) || self.left_over_fills_the_limits() {
             return Err(SendError::Full(Box::new(record)));
         }
         let size = record.size();

@@ -120,3 +120,57 @@ async fn with_create_topics_the_relay_creates_a_missing_topic_before_its_first_r
     let log = relay.log();
     assert!(log.contains("created the topic"), "{log}");
 }
+
+/// With `on_bad_event = "dead_letter"`, a row naming a topic nobody made is bad input: it is
+/// dead-lettered once the topic is found missing, and the rows after it flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_dead_lettering_a_row_for_a_missing_topic_is_dead_lettered_and_the_rest_flow() {
+    let setup = Setup::new("missing_dlq", &["Order"], 1).await;
+    let dead_letters = format!("{}.dead-letters", setup.slot);
+    kafka().create_topic(&dead_letters, 1);
+    let toml = format!(
+        "[kafka]\nbootstrap_servers = \"{}\"\n\
+         [[pipelines]]\nname = \"p\"\nsource_url = \"{}\"\nslot = \"{}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\non_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dead_letters}\"\n",
+        kafka().bootstrap(),
+        setup.db.url(Auth::Trust),
+        setup.slot
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let bogus = setup
+        .db
+        .insert_event(
+            &format!("Nobody_{}", setup.slot),
+            "x",
+            "Bogus",
+            Some("{}"),
+            None,
+        )
+        .await;
+    let good = setup
+        .db
+        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
+        .await;
+    let delivered = setup
+        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        delivered[0].header_str("id").as_deref(),
+        Some(good.as_str())
+    );
+    let copies = consume(
+        &kafka().bootstrap(),
+        &[dead_letters.as_str()],
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    let document = copies[0].value_str().unwrap_or_default();
+    assert!(
+        document.contains(&bogus) && document.contains("does not exist"),
+        "{document}"
+    );
+    assert!(!relay.log().contains("reconnecting"), "{}", relay.log());
+}

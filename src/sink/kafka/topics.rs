@@ -50,6 +50,10 @@ pub struct TopicGate {
     /// created, with `create_topics`) but its records go on to librdkafka, which fails them
     /// after `message.timeout.ms`, so a polling cycle's transaction ends (the rows are retried).
     holds: bool,
+    /// Whether a missing topic's records are refused for good once it is checked (with
+    /// `on_bad_event = "dead_letter"`: a row naming a topic nobody made is bad input, and
+    /// must not hold the others).
+    refuses: bool,
     shared: Arc<Shared>,
 }
 
@@ -72,6 +76,7 @@ impl TopicGate {
         TopicGate {
             checks: !cfg!(test),
             holds: true,
+            refuses: false,
             shared: Arc::new(Shared {
                 states: Mutex::default(),
                 create,
@@ -84,6 +89,25 @@ impl TopicGate {
     pub fn not_holding(mut self) -> Self {
         self.holds = false;
         self
+    }
+
+    /// The same gate, refusing the records of a missing topic once it is checked
+    /// ([`TopicGate::refusal`]).
+    pub fn refusing(mut self) -> Self {
+        self.refuses = true;
+        self
+    }
+
+    /// Why a record for `topic` is refused for good: the topic was checked and is missing,
+    /// and the gate refuses ([`TopicGate::refusing`]).
+    pub fn refusal(&self, topic: &str) -> Option<String> {
+        if !self.refuses {
+            return None;
+        }
+        match lock(&self.shared.states).get(topic) {
+            Some(TopicState::Missing { why, .. }) => Some(why.clone()),
+            _ => None,
+        }
     }
 
     /// The same gate, checking topics also in a unit test.
@@ -132,6 +156,10 @@ impl TopicGate {
 
     /// Why records wait, when a topic is missing: its name and the fix.
     pub fn waiting(&self) -> Option<String> {
+        if self.refuses {
+            // Its records are refused (and dead-lettered): nothing waits.
+            return None;
+        }
         lock(&self.shared.states)
             .values()
             .find_map(|state| match state {
