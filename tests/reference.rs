@@ -69,6 +69,14 @@ fn the_metrics_reference_tables_are_generated_from_the_registered_metrics() {
 }
 
 #[test]
+fn the_cli_reference_tables_are_generated_from_the_flags() {
+    check_generated(
+        "docs/reference/cli.md",
+        &outbox_relay::cli::reference::reference_markdown(),
+    );
+}
+
+#[test]
 fn every_metric_the_registry_serves_is_in_the_catalog() {
     let metrics = outbox_relay::Metrics::new();
     let catalog: BTreeSet<&str> = metrics.catalog().iter().map(|m| m.name).collect();
@@ -77,7 +85,10 @@ fn every_metric_the_registry_serves_is_in_the_catalog() {
         .filter(|n| n != "outbox_relay_")
         .collect();
     let code: BTreeSet<&str> = code.iter().map(String::as_str).collect();
-    assert_eq!(catalog, code, "every metric is registered through the catalog's Registrar");
+    assert_eq!(
+        catalog, code,
+        "every metric is registered through the catalog's Registrar"
+    );
 }
 
 /// Every `outbox_relay_<name>` in `text`.

@@ -1,0 +1,185 @@
+//! The flags tables of `docs/reference/cli.md`, generated from clap's definitions (checked by
+//! `tests/reference.rs`).
+
+use clap::{Arg, ArgAction, CommandFactory};
+
+use super::Cli;
+
+/// One flag (or positional argument) and the commands that take it.
+struct Flag<'a> {
+    arg: &'a Arg,
+    commands: Vec<String>,
+}
+
+/// Markdown: one table per help heading ("Source database", "Kafka", ...), a row per flag in
+/// the order clap defines them: the flag and its value, its environment variable, its default,
+/// the commands that take it, and its help's first paragraph.
+pub fn reference_markdown() -> String {
+    markdown(&Cli::command())
+}
+
+fn markdown<'a>(cli: &'a clap::Command) -> String {
+    let mut flags: Vec<Flag<'a>> = Vec::new();
+    let mut add = |arg: &'a Arg, command: &str| {
+        if arg.is_hide_set() || matches!(arg.get_id().as_str(), "help" | "version") {
+            return;
+        }
+        match flags.iter_mut().find(|f| same(f.arg, arg)) {
+            Some(flag) => flag.commands.push(command.to_owned()),
+            None => flags.push(Flag {
+                arg,
+                commands: vec![command.to_owned()],
+            }),
+        }
+    };
+    for arg in cli.get_arguments() {
+        add(arg, "all");
+    }
+    for command in cli.get_subcommands() {
+        for arg in command.get_arguments() {
+            if !arg.is_global_set() {
+                add(arg, command.get_name());
+            }
+        }
+    }
+    let mut headings: Vec<&str> = Vec::new();
+    for flag in &flags {
+        let heading = heading(flag.arg);
+        if !headings.contains(&heading) {
+            headings.push(heading);
+        }
+    }
+    let mut out = String::new();
+    for heading in headings {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "### {heading}\n\n| flag | variable | default | commands | what it sets |\n|---|---|---|---|---|\n"
+        ));
+        for flag in flags.iter().filter(|f| heading_of(f) == heading) {
+            out.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                usage(flag.arg),
+                flag.arg
+                    .get_env()
+                    .map(|v| format!("`{}`", v.to_string_lossy()))
+                    .unwrap_or_default(),
+                default(flag.arg),
+                flag.commands.join(", "),
+                cell(&first_paragraph(flag.arg)),
+            ));
+        }
+    }
+    out
+}
+
+/// Two commands' copies of one flattened flag are the same flag.
+fn same(a: &Arg, b: &Arg) -> bool {
+    a.get_id() == b.get_id() && a.get_long() == b.get_long() && a.get_help() == b.get_help()
+}
+
+fn heading(arg: &Arg) -> &str {
+    arg.get_help_heading().unwrap_or("Other flags")
+}
+
+fn heading_of<'a>(flag: &Flag<'a>) -> &'a str {
+    heading(flag.arg)
+}
+
+/// `` `--slot NAME` ``, `` `--topic-case preserve\|lower\|upper` ``, `` `--yes` ``, `CONNECTOR`.
+fn usage(arg: &Arg) -> String {
+    let takes_value = !matches!(
+        arg.get_action(),
+        ArgAction::SetTrue | ArgAction::SetFalse | ArgAction::Count
+    );
+    let value = if !takes_value {
+        String::new()
+    } else {
+        let possible: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .filter(|v| !v.is_hide_set())
+            .map(|v| v.get_name().to_owned())
+            .collect();
+        if possible.is_empty() {
+            arg.get_value_names()
+                .map(|names| names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|| arg.get_id().as_str().to_uppercase())
+        } else {
+            possible.join("\\|")
+        }
+    };
+    let repeat = if matches!(arg.get_action(), ArgAction::Append) {
+        " (repeatable)"
+    } else {
+        ""
+    };
+    match arg.get_long() {
+        Some(long) if value.is_empty() => format!("`--{long}`"),
+        Some(long) => format!("`--{long} {value}`{repeat}"),
+        None => format!("`{value}`"),
+    }
+}
+
+fn default(arg: &Arg) -> String {
+    let values: Vec<String> = arg
+        .get_default_values()
+        .iter()
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    let takes_value = !matches!(arg.get_action(), ArgAction::SetTrue | ArgAction::SetFalse);
+    if values.is_empty() || !takes_value {
+        String::new()
+    } else {
+        format!("`{}`", values.join(","))
+    }
+}
+
+/// The help's first paragraph, on one line.
+fn first_paragraph(arg: &Arg) -> String {
+    let help = arg
+        .get_long_help()
+        .or(arg.get_help())
+        .map(|h| h.to_string())
+        .unwrap_or_default();
+    help.split("\n\n")
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_of_several_commands_is_one_row_naming_them() {
+        let page = reference_markdown();
+        let slot = page
+            .lines()
+            .find(|l| l.starts_with("| `--slot NAME`") || l.starts_with("| `--slot SLOT`"))
+            .unwrap_or_else(|| panic!("no --slot row in\n{page}"));
+        assert!(slot.contains("`OUTBOX_RELAY_SLOT`"), "{slot}");
+        assert!(slot.contains("`outbox_relay`"), "{slot}");
+        assert!(slot.contains("run, setup, check"), "{slot}");
+        assert_eq!(page.matches("| `--slot ").count(), 1, "{page}");
+    }
+
+    #[test]
+    fn the_global_flags_are_listed_once_for_all_commands() {
+        let page = reference_markdown();
+        let level = page
+            .lines()
+            .find(|l| l.starts_with("| `--log-level"))
+            .unwrap_or_else(|| panic!("no --log-level row in\n{page}"));
+        assert!(level.contains("| all |"), "{level}");
+        assert_eq!(page.matches("| `--log-level").count(), 1);
+    }
+}
