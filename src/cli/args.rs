@@ -10,12 +10,24 @@ use crate::logging::LogFormat;
 #[command(version = VERSION_WITH_COMMIT, about)]
 pub struct Cli {
     /// Log format [default: the config file's [log] format, else text].
-    #[arg(long, value_enum, env = "OUTBOX_RELAY_LOG_FORMAT", global = true)]
+    #[arg(
+        help_heading = "Logging",
+        long,
+        value_enum,
+        env = "OUTBOX_RELAY_LOG_FORMAT",
+        global = true
+    )]
     pub log_format: Option<LogFormat>,
     /// Log level (error, warn, info, debug, trace, or a tracing filter such as
     /// outbox_relay=debug,info); RUST_LOG, when set, wins [default: the config file's [log]
     /// level, else info].
-    #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", global = true)]
+    #[arg(
+        value_name = "LEVEL",
+        help_heading = "Logging",
+        long,
+        env = "OUTBOX_RELAY_LOG_LEVEL",
+        global = true
+    )]
     pub log_level: Option<String>,
     #[command(subcommand)]
     pub command: Command,
@@ -52,9 +64,9 @@ pub enum Command {
     /// confirmed; reconcile the events after it, then run setup with --accept-slot-loss.
     ///
     ///   outbox-relay setup --config relay.toml
-    ///   outbox-relay setup --source-url ... --bootstrap-servers ... --print-sql
+    ///   outbox-relay setup --source-url ... --print-sql
     ///   outbox-relay setup --config relay.toml --pipeline orders --accept-slot-loss
-    #[command(verbatim_doc_comment)]
+    #[command(verbatim_doc_comment, mut_args = only_the_database_flags)]
     Setup {
         #[command(flatten)]
         args: RunArgs,
@@ -75,7 +87,7 @@ pub enum Command {
     /// trigger). Exits 1 if anything fails.
     ///
     ///   outbox-relay check --config relay.toml
-    #[command(verbatim_doc_comment)]
+    #[command(verbatim_doc_comment, mut_args = without_the_process_flags)]
     Check(RunArgs),
     /// Removes what a pipeline left in its database once it is gone from service: its
     /// replication slot (which keeps WAL until dropped; refused while a relay streams from it),
@@ -87,7 +99,7 @@ pub enum Command {
     ///
     ///   outbox-relay teardown --config relay.toml --pipeline orders
     ///   outbox-relay teardown --source-url ... --slot old_slot --publication outbox_pub --yes
-    #[command(verbatim_doc_comment)]
+    #[command(verbatim_doc_comment, mut_args = only_the_database_flags)]
     Teardown {
         #[command(flatten)]
         args: RunArgs,
@@ -104,7 +116,7 @@ pub enum Command {
     /// and why it was invalidated.
     ///
     ///   outbox-relay status --config relay.toml
-    #[command(verbatim_doc_comment)]
+    #[command(verbatim_doc_comment, mut_args = only_the_database_flags)]
     Status(RunArgs),
     /// Sends an HTTP GET to the relay's health endpoint and exits 0 on a 2xx answer, 1
     /// otherwise (another status, no answer within the timeout, connection refused). For
@@ -114,10 +126,14 @@ pub enum Command {
     #[command(verbatim_doc_comment)]
     Probe {
         /// Plain http:// URL to GET.
-        #[arg(long, default_value = "http://127.0.0.1:9187/readyz")]
+        #[arg(
+            value_name = "URL",
+            long,
+            default_value = "http://127.0.0.1:9187/readyz"
+        )]
         url: String,
         /// How long to wait for the connection and the status line, ms.
-        #[arg(long, default_value_t = 2_000)]
+        #[arg(value_name = "MS", long, default_value_t = 2_000)]
         timeout_ms: u64,
     },
     /// Prints the outbox-relay config (TOML) equivalent to a Debezium PostgreSQL connector with
@@ -135,6 +151,44 @@ pub enum Command {
         /// application.properties.
         connector: std::path::PathBuf,
     },
+}
+
+/// Headings of `run`'s flags that matter to `run` alone: what the process serves and how it
+/// delivers.
+const RUN_ONLY: &[&str] = &["Process", "Delivery"];
+
+/// Headings of the flags that `setup`, `status` and `teardown` read: they reach the database
+/// only.
+const DATABASE: &[&str] = &["Config file", "Source database", "Logging"];
+
+/// Source database flags about streaming, which `setup`, `status` and `teardown` do not do.
+const STREAMING: &[&str] = &[
+    "no_create_slot",
+    "status_interval_ms",
+    "terminate_stale_walsender_after_secs",
+    "message_prefix",
+];
+
+/// `check`'s flags: all of `run`'s but the process's and delivery's. The others stay accepted,
+/// so that one command line or environment serves every command, and hidden from `--help`.
+fn without_the_process_flags(arg: clap::Arg) -> clap::Arg {
+    let hide = arg.is_hide_set()
+        || arg
+            .get_help_heading()
+            .is_some_and(|h| RUN_ONLY.contains(&h));
+    arg.hide(hide)
+}
+
+/// `setup`'s, `status`'s and `teardown`'s flags: the config file's, the database's and the
+/// command's own. `run`'s other flags stay accepted (one command line serves every command) and
+/// hidden from `--help`.
+fn only_the_database_flags(arg: clap::Arg) -> clap::Arg {
+    let hide = arg.is_hide_set()
+        || arg
+            .get_help_heading()
+            .is_some_and(|h| !DATABASE.contains(&h))
+        || STREAMING.contains(&arg.get_id().as_str());
+    arg.hide(hide)
 }
 
 impl Command {
@@ -155,7 +209,7 @@ impl Command {
 pub struct RunArgs {
     /// TOML config file with one [[pipelines]] entry per database (examples/relay.toml);
     /// replaces the single-database flags.
-    #[arg(help_heading = "Config file", long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
+    #[arg(value_name = "FILE", help_heading = "Config file", long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "source_password", "source_password_file", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
@@ -163,10 +217,20 @@ pub struct RunArgs {
     ])]
     pub(crate) config: Option<std::path::PathBuf>,
     /// With --config: run only this pipeline (repeatable).
-    #[arg(help_heading = "Config file", long = "pipeline", requires = "config")]
+    #[arg(
+        value_name = "NAME",
+        help_heading = "Config file",
+        long = "pipeline",
+        requires = "config"
+    )]
     pub(crate) pipelines: Vec<String>,
     /// Serve /metrics, /healthz and /readyz on this address (e.g. 0.0.0.0:9187).
-    #[arg(help_heading = "Process", long, env = "OUTBOX_RELAY_METRICS_LISTEN")]
+    #[arg(
+        value_name = "ADDR",
+        help_heading = "Process",
+        long,
+        env = "OUTBOX_RELAY_METRICS_LISTEN"
+    )]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
     /// What a pipeline stopped by an error that retrying cannot fix does: exit (the others
     /// drain, the process exits with its exit code) or retry (it starts again after a long
@@ -180,6 +244,7 @@ pub struct RunArgs {
     pub(crate) on_pipeline_failure: Option<crate::OnPipelineFailure>,
     /// libpq URL or key=value string of the source database; the role needs REPLICATION.
     #[arg(
+        value_name = "URL",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_SOURCE_URL",
@@ -198,6 +263,7 @@ pub struct RunArgs {
     pub(crate) source_password: Option<String>,
     /// A file holding the source role's password (a mounted secret), when the URL has none.
     #[arg(
+        value_name = "FILE",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_SOURCE_PASSWORD_FILE"
@@ -206,6 +272,7 @@ pub struct RunArgs {
     /// Logical replication slot (pgoutput); created if missing unless --no-create-slot, or
     /// unless the slot record says the relay streamed from it before.
     #[arg(
+        value_name = "NAME",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_SLOT",
@@ -214,6 +281,7 @@ pub struct RunArgs {
     pub(crate) slot: String,
     /// Publication that includes the outbox table; its exact name, without quotes.
     #[arg(
+        value_name = "NAME",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_PUBLICATION",
@@ -223,6 +291,7 @@ pub struct RunArgs {
     /// The outbox table, schema.table; double-quote a part as in SQL ('"Billing-Prod"."Outbox"'),
     /// an unquoted part is taken as written (no case folding).
     #[arg(
+        value_name = "SCHEMA.TABLE",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_TABLE",
@@ -230,14 +299,20 @@ pub struct RunArgs {
     )]
     pub(crate) table: TableName,
     /// Kafka bootstrap servers, host:port[,host:port].
-    #[arg(help_heading = "Kafka", long, env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS")]
+    #[arg(
+        value_name = "HOST:PORT,...",
+        help_heading = "Kafka",
+        long,
+        env = "OUTBOX_RELAY_BOOTSTRAP_SERVERS"
+    )]
     pub(crate) bootstrap_servers: Option<String>,
     /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
-    #[arg(help_heading = "Kafka", long = "kafka-property", value_parser = parse_property)]
+    #[arg(value_name = "KEY=VALUE", help_heading = "Kafka", long = "kafka-property", value_parser = parse_property)]
     pub(crate) kafka_properties: Vec<(String, String)>,
     /// Publish transactional logical decoding messages with this prefix as outbox events
     /// (pg_logical_emit_message(true, 'PREFIX', '{"aggregate_type": ..., "payload": ...}')).
     #[arg(
+        value_name = "PREFIX",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_MESSAGE_PREFIX"
@@ -245,6 +320,7 @@ pub struct RunArgs {
     pub(crate) message_prefix: Option<String>,
     /// Topic for each event, with ${routedByValue} where the routing value goes.
     #[arg(
+        value_name = "TEMPLATE",
         help_heading = "Routing",
         long,
         env = "OUTBOX_RELAY_TOPIC_TEMPLATE",
@@ -252,7 +328,12 @@ pub struct RunArgs {
     )]
     pub(crate) topic_template: String,
     /// Route by this column's value instead of the aggregate type (Debezium's route.by.field).
-    #[arg(help_heading = "Routing", long, env = "OUTBOX_RELAY_ROUTE_BY_FIELD")]
+    #[arg(
+        value_name = "COLUMN",
+        help_heading = "Routing",
+        long,
+        env = "OUTBOX_RELAY_ROUTE_BY_FIELD"
+    )]
     pub(crate) route_by_field: Option<String>,
     /// Case of the routing value in the topic name.
     #[arg(help_heading = "Routing", long, env = "OUTBOX_RELAY_TOPIC_CASE", value_enum, default_value_t = config::TopicCase::Preserve)]
@@ -262,6 +343,7 @@ pub struct RunArgs {
     pub(crate) op_invalid_behavior: config::InvalidOpBehavior,
     /// Pipeline name in logs and metrics.
     #[arg(
+        value_name = "NAME",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_PIPELINE_NAME",
@@ -284,6 +366,7 @@ pub struct RunArgs {
     /// libpq URL of the physical standby that should keep the failover slot in sync; `check`
     /// and `status` read its settings and its copy of the slot.
     #[arg(
+        value_name = "URL",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_STANDBY_URL",
@@ -300,29 +383,30 @@ pub struct RunArgs {
     )]
     pub(crate) no_slot_record: bool,
     /// Schema of the slot record table (streamed_slots), created if missing.
-    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_SLOT_RECORD_SCHEMA", default_value = config::DEFAULT_SLOT_RECORD_SCHEMA)]
+    #[arg(value_name = "SCHEMA", help_heading = "Source database", long, env = "OUTBOX_RELAY_SLOT_RECORD_SCHEMA", default_value = config::DEFAULT_SLOT_RECORD_SCHEMA)]
     pub(crate) slot_record_schema: String,
     /// Standby status update interval, ms.
-    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
+    #[arg(value_name = "MS", help_heading = "Source database", long, env = "OUTBOX_RELAY_STATUS_INTERVAL_MS", default_value_t = config::DEFAULT_STATUS_INTERVAL_MS)]
     pub(crate) status_interval_ms: u64,
     /// Records sent to Kafka and not yet acknowledged before WAL reading pauses.
-    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
+    #[arg(value_name = "EVENTS", help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_EVENTS)]
     pub(crate) max_in_flight_events: usize,
     /// Bytes (key + value + headers) in flight before WAL reading pauses.
-    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
+    #[arg(value_name = "BYTES", help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
     pub(crate) max_in_flight_bytes: usize,
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
-    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
+    #[arg(value_name = "SECS", help_heading = "Delivery", long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     pub(crate) shutdown_timeout_secs: u64,
     /// Seconds a record may wait for the sink's acknowledgement before the pipeline reads as
     /// degraded and /readyz fails.
-    #[arg(help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_EVENT_WAIT_SECS", default_value_t = config::DEFAULT_MAX_EVENT_WAIT_SECS)]
+    #[arg(value_name = "SECS", help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_EVENT_WAIT_SECS", default_value_t = config::DEFAULT_MAX_EVENT_WAIT_SECS)]
     pub(crate) max_event_wait_secs: u64,
     /// When another walsender holds the slot and its client has sent no status update for
     /// this many seconds (a hung or stopped relay), terminate it and take the slot over.
     /// Default: never. The role needs pg_read_all_stats (to see reply_time) and
     /// pg_signal_backend (or the holder's role, or superuser).
     #[arg(
+        value_name = "SECS",
         help_heading = "Source database",
         long,
         env = "OUTBOX_RELAY_TERMINATE_STALE_WALSENDER_AFTER_SECS"
@@ -338,6 +422,7 @@ pub struct RunArgs {
     /// With --exactly-once: the Kafka transactional.id [default: outbox-relay-<pipeline name>];
     /// a relay started with the same id fences the one before it.
     #[arg(
+        value_name = "ID",
         help_heading = "Exactly-once",
         long,
         env = "OUTBOX_RELAY_TRANSACTIONAL_ID",
@@ -346,6 +431,7 @@ pub struct RunArgs {
     pub(crate) transactional_id: Option<String>,
     /// With --exactly-once: the compacted checkpoint topic [default: outbox-relay.checkpoints].
     #[arg(
+        value_name = "TOPIC",
         help_heading = "Exactly-once",
         long,
         env = "OUTBOX_RELAY_CHECKPOINT_TOPIC",

@@ -80,7 +80,7 @@ fn same(a: &Arg, b: &Arg) -> bool {
 }
 
 fn heading(arg: &Arg) -> &str {
-    arg.get_help_heading().unwrap_or("Other flags")
+    arg.get_help_heading().unwrap_or("Each command's own")
 }
 
 fn heading_of<'a>(flag: &Flag<'a>) -> &'a str {
@@ -104,7 +104,13 @@ fn usage(arg: &Arg) -> String {
             .collect();
         if possible.is_empty() {
             arg.get_value_names()
-                .map(|names| names.iter().map(|n| n.as_str()).collect::<Vec<_>>().join(" "))
+                .map(|names| {
+                    names
+                        .iter()
+                        .map(|n| n.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
                 .unwrap_or_else(|| arg.get_id().as_str().to_uppercase())
         } else {
             possible.join("\\|")

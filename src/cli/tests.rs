@@ -148,3 +148,79 @@ fn pipeline_no_create_slot_and_no_slot_record_apply_to_the_config_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The long help of `command`, as `outbox-relay <command> --help` prints it.
+fn help(command: &str) -> String {
+    let mut cli = Cli::command();
+    cli.build();
+    cli.find_subcommand_mut(command)
+        .expect("a command")
+        .render_long_help()
+        .to_string()
+}
+
+#[test]
+fn setup_status_and_teardown_show_only_the_database_flags() {
+    for command in ["setup", "status", "teardown"] {
+        let help = help(command);
+        for own in [
+            "--config",
+            "--source-url",
+            "--slot",
+            "--table",
+            "--log-level",
+        ] {
+            assert!(help.contains(own), "{command} --help lacks {own}:\n{help}");
+        }
+        for other in [
+            "--bootstrap-servers",
+            "--metrics-listen",
+            "--max-in-flight-events",
+            "--topic-template",
+            "--exactly-once",
+            "--status-interval-ms",
+        ] {
+            assert!(
+                !help.contains(other),
+                "{command} --help shows {other}:\n{help}"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_shows_what_it_checks_but_not_the_process_or_delivery_flags() {
+    let help = help("check");
+    for shown in ["--bootstrap-servers", "--topic-template", "--exactly-once"] {
+        assert!(help.contains(shown), "check --help lacks {shown}:\n{help}");
+    }
+    for hidden in [
+        "--metrics-listen",
+        "--max-in-flight-events",
+        "--shutdown-timeout-secs",
+    ] {
+        assert!(
+            !help.contains(hidden),
+            "check --help shows {hidden}:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn a_run_command_line_still_serves_every_command() {
+    let _environment = environment();
+    let run_flags = [
+        "--source-url",
+        "postgres://relay@db/app",
+        "--bootstrap-servers",
+        "kafka:9092",
+        "--max-in-flight-events",
+        "5",
+        "--metrics-listen",
+        "127.0.0.1:9187",
+    ];
+    for command in ["setup", "check", "status", "teardown"] {
+        let argv: Vec<&str> = std::iter::once(command).chain(run_flags).collect();
+        parse(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    }
+}
