@@ -77,6 +77,14 @@ fn the_cli_reference_tables_are_generated_from_the_flags() {
 }
 
 #[test]
+fn the_configuration_reference_tables_are_generated_from_the_schema() {
+    check_generated(
+        "docs/reference/configuration.md",
+        &outbox_relay::cli::reference::configuration_markdown(),
+    );
+}
+
+#[test]
 fn every_metric_the_registry_serves_is_in_the_catalog() {
     let metrics = outbox_relay::Metrics::new();
     let catalog: BTreeSet<&str> = metrics.catalog().iter().map(|m| m.name).collect();

@@ -18,6 +18,60 @@ pub fn reference_markdown() -> String {
     markdown(&Cli::command())
 }
 
+/// The tables of `docs/reference/configuration.md`: every key of the config file, with the
+/// flag of `run` that sets it in the single-database form.
+pub fn configuration_markdown() -> String {
+    crate::config::reference::reference_markdown(&flag_of_key)
+}
+
+/// A flag of `run` whose config key is not its own name (in `[[pipelines]]` unless it starts
+/// with a table of the file's top level).
+const FLAG_KEYS: &[(&str, &str)] = &[
+    ("pipeline_name", "pipelines.name"),
+    ("no_create_slot", "pipelines.create_slot"),
+    ("no_slot_record", "pipelines.slot_record"),
+    ("topic_template", "pipelines.route.topic_template"),
+    ("route_by_field", "pipelines.route.by_field"),
+    ("topic_case", "pipelines.route.topic_case"),
+    ("bootstrap_servers", "kafka.bootstrap_servers"),
+    ("kafka_properties", "kafka.properties"),
+    ("metrics_listen", "metrics.listen"),
+    ("on_pipeline_failure", "on_pipeline_failure"),
+    ("log_level", "log.level"),
+    ("log_format", "log.format"),
+];
+
+/// Flags of `run` that set no key of the file.
+const NOT_KEYS: &[&str] = &["config", "pipelines", "help", "version"];
+
+/// The config key `run`'s flag `id` sets.
+fn key_of_flag(id: &str) -> String {
+    FLAG_KEYS
+        .iter()
+        .find(|(flag, _)| *flag == id)
+        .map_or_else(|| format!("pipelines.{id}"), |(_, key)| (*key).to_owned())
+}
+
+/// `` `--slot` `` for `pipelines.slot`; the `[kafka]` flags for a pipeline's `kafka` table too.
+fn flag_of_key(key: &str) -> Option<String> {
+    let mut cli = Cli::command();
+    cli.build();
+    let run = cli.find_subcommand("run")?;
+    let key = key
+        .strip_prefix("pipelines.kafka.")
+        .map_or(key.to_owned(), |k| format!("kafka.{k}"));
+    let flag = run
+        .get_arguments()
+        .filter(|a| !NOT_KEYS.contains(&a.get_id().as_str()))
+        .find(|a| key_of_flag(a.get_id().as_str()) == key)
+        .map(|a| match (a.get_long(), a.get_env(), a.is_hide_set()) {
+            (_, Some(env), true) => format!("`{}`", env.to_string_lossy()),
+            (Some(long), _, _) => format!("`--{long}`"),
+            _ => String::new(),
+        });
+    flag
+}
+
 fn markdown<'a>(cli: &'a clap::Command) -> String {
     let mut flags: Vec<Flag<'a>> = Vec::new();
     let mut add = |arg: &'a Arg, command: &str| {
@@ -164,6 +218,35 @@ fn cell(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_of_run_sets_a_key_of_the_file() {
+        let keys = crate::config::reference::schema().to_string();
+        let mut cli = Cli::command();
+        cli.build();
+        let run = cli.find_subcommand("run").expect("run");
+        let page = configuration_markdown();
+        for arg in run.get_arguments() {
+            let id = arg.get_id().as_str();
+            if NOT_KEYS.contains(&id) {
+                continue;
+            }
+            let key = key_of_flag(id);
+            let last = key.rsplit('.').next().expect("a key");
+            assert!(
+                keys.contains(&format!("\"{last}\"")),
+                "--{id}: no key {key} in the schema"
+            );
+            let shown = arg.get_long().map(|l| format!("`--{l}`"));
+            let shown = shown.filter(|_| !arg.is_hide_set()).unwrap_or_else(|| {
+                format!("`{}`", arg.get_env().expect("a variable").to_string_lossy())
+            });
+            assert!(
+                page.contains(&shown),
+                "the configuration page does not show {shown} for {key}"
+            );
+        }
+    }
 
     #[test]
     fn a_flag_of_several_commands_is_one_row_naming_them() {

@@ -47,7 +47,18 @@ pub struct RelayConfig {
 
 /// What a pipeline stopped by an error that retrying cannot fix does to the process
 /// (`on_pipeline_failure`; docs/operations/runbook.md, "Exit codes").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnPipelineFailure {
     /// The other pipelines drain and the process exits with the failed pipeline's exit code,
@@ -61,20 +72,26 @@ pub enum OnPipelineFailure {
 
 /// The file as written: `[kafka]` defaults, `[metrics]`, and the `[[pipelines]]` entries
 /// (what `import-debezium` prints).
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// Brokers and properties of every pipeline that does not set its own.
     #[serde(default)]
     pub kafka: KafkaConfig,
     #[serde(default, skip_serializing_if = "MetricsSection::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub metrics: MetricsSection,
-    /// [`OnPipelineFailure`].
+    /// What a pipeline stopped by an error that retrying cannot fix does.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub on_pipeline_failure: OnPipelineFailure,
-    /// `[log]`: read before the rest of the file, to set up logging ([`log_section`]).
+    /// The log's level and format.
+    ///
+    /// Read before the rest of the file, to set up logging ([`log_section`]).
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub log: LogSection,
+    /// One entry per source database.
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
 }
@@ -85,12 +102,17 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 
 /// `[log]`: the level and format of the log, under `--log-level` and `--log-format` (and
 /// their variables), which win.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
+    /// `error`, `warn`, `info`, `debug`, `trace`, or a filter such as
+    /// `outbox_relay=debug,info` (`RUST_LOG`, when set, wins); unset: `info`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub level: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    /// Unset: `text`.
     pub format: Option<crate::logging::LogFormat>,
 }
 
@@ -109,11 +131,13 @@ pub fn log_section(path: &Path) -> LogSection {
         .unwrap_or_default()
 }
 
-/// `[metrics]`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+/// `[metrics]`: the HTTP endpoint of `/metrics`, `/healthz` and `/readyz`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
+    /// The address to listen on, e.g. `127.0.0.1:9187`; unset: no endpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub listen: Option<SocketAddr>,
 }
 

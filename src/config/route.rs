@@ -50,7 +50,7 @@ pub fn matches_destination(pattern: &str, name: &str) -> bool {
 }
 
 /// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OutboxColumns {
     /// Event id: the Kafka header `id`.
@@ -70,6 +70,7 @@ pub struct OutboxColumns {
     /// Optional `timestamptz` or `timestamp` column (a `timestamp` is taken as UTC) whose
     /// value is the Kafka record timestamp; `None` or a NULL value: the commit time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub timestamp: Option<String>,
 }
 
@@ -99,11 +100,12 @@ impl Default for OutboxColumns {
 }
 
 /// How events map to topics (Debezium's `route.by.field`, `route.topic.replacement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteConfig {
     /// Column whose value routes the event; `None`: the aggregate type column.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub by_field: Option<String>,
     /// Topic name with placeholders: `${routedByValue}` (the routing value), `${name}` or
     /// `${1}` (a capture group of `topic_regex`), `${column:<name>}` (a column's text).
@@ -112,6 +114,7 @@ pub struct RouteConfig {
     /// Regex the whole routing value (after `topic_case`) must match; its capture groups
     /// may be used in `topic_template` (Debezium's `route.topic.regex`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub topic_regex: Option<String>,
     /// The destinations rows may route to: exact names, or patterns where `*` stands for any
     /// run of characters (none included). A routed destination outside the list is a bad
@@ -119,6 +122,7 @@ pub struct RouteConfig {
     /// pick any `<X>.events` topic. The dead-letter and checkpoint topics are never
     /// destinations, whatever the template; a list that admits one is refused at start.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub allowed_destinations: Option<Vec<String>>,
 }
 
@@ -135,7 +139,7 @@ impl Default for RouteConfig {
 }
 
 /// An extra column put in the record (Debezium's `table.fields.additional.placement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdditionalPlacement {
     /// The column.
@@ -143,6 +147,7 @@ pub struct AdditionalPlacement {
     pub placement: Placement,
     /// Header or envelope field name; defaults to `field`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub alias: Option<String>,
 }
 
@@ -155,7 +160,9 @@ impl AdditionalPlacement {
 
 /// What a placement whose column the table does not have does (Debezium's
 /// `table.field.additional.missing`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingPlacementColumn {
     /// The pipeline stops at the table's first insert without it.
@@ -167,7 +174,7 @@ pub enum MissingPlacementColumn {
 }
 
 /// Where an [`AdditionalPlacement`] column goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// A header with the column's text (NULL: a null header value), after the others.
@@ -179,7 +186,9 @@ pub enum Placement {
 }
 
 /// What the record value is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ValueFormat {
     /// The payload bytes exactly as PostgreSQL printed them.
@@ -190,7 +199,9 @@ pub enum ValueFormat {
 }
 
 /// What a SQL NULL payload becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum NullPayload {
     /// A null value: a delete on compacted topics.
@@ -204,7 +215,9 @@ pub enum NullPayload {
 }
 
 /// What an empty or blank payload becomes (Debezium's `route.tombstone.on.empty.payload`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EmptyPayload {
     /// Published as it is: a zero-byte (or blank) value.
@@ -217,7 +230,9 @@ pub enum EmptyPayload {
 }
 
 /// How a bytea key or payload is published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ByteaFormat {
     /// The bytes themselves (what Debezium publishes with `BinaryDataConverter` or
@@ -231,7 +246,9 @@ pub enum ByteaFormat {
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
 /// column, a destination outside `route.allowed_destinations` or reserved for the relay, bad
 /// headers JSON, bad partition or timestamp value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadEvent {
     /// The pipeline stops before confirming the event's transaction.
@@ -242,19 +259,43 @@ pub enum OnBadEvent {
 }
 
 /// What happens to the routing value's case in the topic name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum TopicCase {
-    /// Kafka topic names are case-sensitive: `Order` and `order` stay two topics.
+    /// As written: Kafka topic names are case-sensitive, so `Order` and `order` stay two topics.
     #[default]
     Preserve,
+    /// Lower-cased.
     Lower,
+    /// Upper-cased.
     Upper,
 }
 
 /// What an UPDATE or DELETE of an outbox row does (Debezium's `table.op.invalid.behavior`).
 /// Rows may be deleted right after the insert, so the default passes over them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum InvalidOpBehavior {
     /// Passed over, counted in `outbox_relay_messages_skipped_total{kind}`.

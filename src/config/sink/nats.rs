@@ -24,7 +24,7 @@ pub const MAX_SUBJECT_LEN: usize = 3968;
 /// `Nats-Msg-Id` = the event id; the stream's PubAck is the acknowledgement (stored by the
 /// stream, and replicated if it has replicas). A stream covering the subjects must exist:
 /// creating it is the operator's.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
     /// `nats://[user:password@]host[:port]`, `tls://...` for TLS (the system's trusted roots),
@@ -33,25 +33,32 @@ pub struct NatsConfig {
     pub url: NatsUrl,
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub url_file: Option<String>,
     /// An authentication token; `${NAME}` references are resolved.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub token: Option<Secret>,
     /// A file holding `token`, instead of `token`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub token_file: Option<String>,
     /// A user nkey seed (`SU...`); `${NAME}` references are resolved.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub nkey: Option<Secret>,
     /// A file holding `nkey`, instead of `nkey`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub nkey_file: Option<String>,
     /// A `.creds` file (user JWT and nkey seed, as `nsc` writes it).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub credentials_file: Option<String>,
-    /// [`DEFAULT_NATS_MAX_CONCURRENCY`].
+    /// Records in flight at once, each of a different key (a key's records go one at a time).
     pub max_concurrency: usize,
-    /// [`DEFAULT_DELIVERY_TIMEOUT_MS`](super::DEFAULT_DELIVERY_TIMEOUT_MS).
+    /// Milliseconds a record is retried for, from its first attempt (time queued behind its
+    /// key's earlier records does not count); past it the record fails and the session restarts.
     pub delivery_timeout_ms: u64,
 }
 
@@ -73,7 +80,7 @@ impl Default for NatsConfig {
 
 /// A NATS server list; `Debug` hides passwords and tokens (a user without a password is a
 /// token).
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(transparent)]
 pub struct NatsUrl(pub String);
 
@@ -308,7 +315,7 @@ mod tests {
 
     #[test]
     fn a_sink_table_of_kind_nats_reads_its_settings() {
-        #[derive(Deserialize)]
+        #[derive(Deserialize, schemars::JsonSchema)]
         struct Holder {
             sink: SinkConfig,
         }
