@@ -110,24 +110,24 @@ pub struct LogSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(!skip_serializing_if)]
     pub level: Option<String>,
+    /// Unset: `text`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(!skip_serializing_if)]
-    /// Unset: `text`.
     pub format: Option<crate::logging::LogFormat>,
 }
 
-/// The `[log]` section of the file at `path`, read on its own before logging is set up; a
-/// file that cannot be read or parsed gives none (loading it later reports why).
+/// The `[log]` section of the file at `path`, with its `OUTBOX_RELAY__LOG__*` overrides, read
+/// on its own before logging is set up; a file that cannot be read or parsed gives none
+/// (loading it later reports why).
 pub fn log_section(path: &Path) -> LogSection {
-    #[derive(Deserialize)]
-    struct OnlyLog {
-        #[serde(default)]
-        log: LogSection,
-    }
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|text| toml::from_str::<OnlyLog>(&text).ok())
-        .map(|only| only.log)
+    Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(
+            Env::prefixed(ENV_PREFIX)
+                .split("__")
+                .filter(|key| key.starts_with("log.")),
+        )
+        .extract_inner::<LogSection>("log")
         .unwrap_or_default()
 }
 
