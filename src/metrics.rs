@@ -344,11 +344,14 @@ impl PipelineMetrics {
             state,
             PipelineState::Degraded | PipelineState::Failed | PipelineState::Draining
         );
+        let took_over = previous.is_some_and(|r| r.state == PipelineState::StandingBy);
         let last_error = match (&reason, previous) {
             (Some(reason), _) if is_error => Some(reason.clone()),
-            // Streaming with no failed session behind it (after progress, or a takeover
-            // from standing by): the last error is over.
-            _ if state == PipelineState::Streaming && failed_sessions == 0 => None,
+            // A takeover from standing by with no failed session behind it: the last error is
+            // over. Otherwise it stays until the session makes progress
+            // ([`Self::set_failed_sessions`] with 0): a pipeline that streams again after a
+            // failure has not shown yet that the failure is gone.
+            _ if state == PipelineState::Streaming && took_over && failed_sessions == 0 => None,
             (_, previous) => previous.and_then(|r| r.last_error.clone()),
         };
         let entry = HealthEntry {
@@ -511,6 +514,34 @@ impl PipelineMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_error_stays_after_a_restart_until_the_session_makes_progress() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        let last_error = || metrics.health()["orders"].last_error.clone();
+        p.set_state(
+            PipelineState::Failed,
+            Some("password authentication failed".into()),
+        );
+        p.set_state(PipelineState::Starting, None);
+        p.set_state(PipelineState::Streaming, None);
+        assert_eq!(
+            last_error().as_deref(),
+            Some("password authentication failed")
+        );
+        p.set_failed_sessions(0);
+        assert_eq!(last_error(), None, "progress ends it");
+        // A takeover from standing by ends it too.
+        p.set_state(PipelineState::Degraded, Some("broker down".into()));
+        p.set_failed_sessions(0);
+        p.set_state(
+            PipelineState::StandingBy,
+            Some("another relay holds the slot".into()),
+        );
+        p.set_state(PipelineState::Streaming, None);
+        assert_eq!(last_error(), None);
+    }
 
     #[test]
     fn renders_labelled_metrics() {

@@ -511,4 +511,3 @@ fn the_log_section_takes_its_environment_overrides() -> Result<(), String> {
     });
     Ok(())
 }
-
