@@ -530,7 +530,7 @@ pub fn validate_routing_key(key: &str) -> Result<(), &'static str> {
 mod tests {
     use super::*;
 
-    #[derive(Deserialize, schemars::JsonSchema)]
+    #[derive(Deserialize)]
     struct Holder {
         #[serde(default)]
         sink: SinkConfig,

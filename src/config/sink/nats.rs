@@ -35,6 +35,15 @@ pub struct NatsConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(!skip_serializing_if)]
     pub url_file: Option<String>,
+    /// The password of the user the URL names (`nats://user@host`), taken as written (no
+    /// percent-encoding); `${NAME}` references are resolved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub password: Option<Secret>,
+    /// A file holding `password` (a mounted secret), instead of `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub password_file: Option<String>,
     /// An authentication token; `${NAME}` references are resolved.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(!skip_serializing_if)]
@@ -67,6 +76,8 @@ impl Default for NatsConfig {
         NatsConfig {
             url: NatsUrl::default(),
             url_file: None,
+            password: None,
+            password_file: None,
             token: None,
             token_file: None,
             nkey: None,
@@ -195,6 +206,27 @@ impl NatsConfig {
                 Err(e) => problems.push(("sink.url".into(), e)),
             }
         }
+        let (password, password_file) = (self.password.take(), self.password_file.take());
+        self.password = optional_secret(
+            "password",
+            password.as_deref(),
+            password_file,
+            expand,
+            problems,
+        );
+        if self.password.is_some() {
+            match self.servers() {
+                Ok(servers) if servers.iter().any(|s| s.password.is_some()) => problems.push((
+                    "sink.password".into(),
+                    "the URL has a password too: give it in one place".into(),
+                )),
+                Ok(servers) if servers.iter().all(|s| s.user.is_none()) => problems.push((
+                    "sink.password".into(),
+                    "name the user in the URL (nats://user@host:4222)".into(),
+                )),
+                _ => {}
+            }
+        }
         let (token, token_file) = (self.token.take(), self.token_file.take());
         self.token = optional_secret("token", token.as_deref(), token_file, expand, problems);
         let (nkey, nkey_file) = (self.nkey.take(), self.nkey_file.take());
@@ -315,7 +347,7 @@ mod tests {
 
     #[test]
     fn a_sink_table_of_kind_nats_reads_its_settings() {
-        #[derive(Deserialize, schemars::JsonSchema)]
+        #[derive(Deserialize)]
         struct Holder {
             sink: SinkConfig,
         }
@@ -334,6 +366,35 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("user"), "{e}");
+    }
+
+    #[test]
+    fn a_password_beside_the_url_is_the_url_users_and_taken_as_written() {
+        let (nats, problems) = resolve(NatsConfig {
+            url: NatsUrl("nats://relay@n1:4222".into()),
+            password: Some(Secret("p@ss#w/rd".into())),
+            ..NatsConfig::default()
+        });
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(nats.password.as_deref(), Some("p@ss#w/rd"));
+        let (_, problems) = resolve(NatsConfig {
+            url: NatsUrl("nats://n1:4222".into()),
+            password: Some(Secret("pw".into())),
+            ..NatsConfig::default()
+        });
+        assert!(
+            format!("{problems:?}").contains("name the user in the URL"),
+            "{problems:?}"
+        );
+        let (_, problems) = resolve(NatsConfig {
+            url: NatsUrl("nats://relay:other@n1:4222".into()),
+            password: Some(Secret("pw".into())),
+            ..NatsConfig::default()
+        });
+        assert!(
+            format!("{problems:?}").contains("give it in one place"),
+            "{problems:?}"
+        );
     }
 
     /// A lone user in a NATS URL is a token: a URL refused for its scheme is shown without it.
