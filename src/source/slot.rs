@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client};
 use tracing::warn;
 
-use super::replication::{quote_ident, quote_literal, ReplicationClient};
+use super::replication::{quote_ident, ReplicationClient};
 use super::SourceError;
 use crate::config::{PipelineConfig, TableName};
 use crate::lsn::Lsn;
@@ -18,10 +18,12 @@ use crate::shutdown::AbortOnDrop;
 
 pub mod columns;
 pub mod failover;
+mod setup_sql;
 pub mod standby;
 pub mod teardown;
 
 use failover::Invalidation;
+pub use setup_sql::setup_sql;
 
 /// What the relay needs to know about the server before `START_REPLICATION`.
 #[derive(Debug, Clone)]
@@ -498,36 +500,6 @@ fn driven(
 
 /// Owns the task driving a tokio-postgres connection; aborts it when dropped.
 pub type SqlConnection = AbortOnDrop;
-
-/// The SQL `outbox-relay setup` runs for `config`: the slot record table (unless
-/// `slot_record` is off), the publication (when missing) and the slot (with `failover`, a
-/// failover slot, PostgreSQL 17+).
-pub fn setup_sql(config: &PipelineConfig) -> String {
-    let record = match config.slot_record {
-        true => {
-            let [schema, table] = super::slot_record::ddl(&config.slot_record_schema);
-            format!("-- the slot record (sql/slot_record.sql):\n{schema};\n{table};\n")
-        }
-        false => String::new(),
-    };
-    let (failover_args, alter) = if config.failover {
-        (
-            ", false, false, true",
-            format!(
-                "\n-- or, for an existing slot no walsender holds, on a replication connection (psql \"dbname=... replication=database\"):\n{};",
-                failover::alter_failover_command(&config.slot)
-            ),
-        )
-    } else {
-        ("", String::new())
-    };
-    record + &format!(
-        "-- unless the publication exists already (sql/outbox.sql creates outbox_pub):\nCREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert');\nSELECT pg_create_logical_replication_slot({}, 'pgoutput'{failover_args});{alter}",
-        quote_ident(&config.publication),
-        config.table.quoted(),
-        quote_literal(&config.slot),
-    )
-}
 
 /// What `setup` found and did for one pipeline.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -271,6 +271,52 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
     );
 }
 
+/// What `setup --print-sql` prints is what a DBA runs instead of `setup`: run as it is, the
+/// relay then streams without creating anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_setup_prints_runs_as_it_is_and_the_relay_streams_after_it() {
+    let setup = Setup::new("printsql", &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute("DROP PUBLICATION outbox_pub")
+        .await
+        .unwrap();
+    let mut run_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let mut print = run_args.clone();
+    print[0] = "setup".into();
+    print.push("--print-sql".into());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(&print)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sql = printed
+        .split_once("in its database:\n")
+        .map_or(printed.as_str(), |(_, sql)| sql);
+    // As a DBA runs it: psql -f, each statement on its own, stopping at the first error.
+    if let Err(e) = pg().psql_file(&setup.db.name, sql) {
+        panic!("the printed SQL fails: {e}\n{sql}");
+    }
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_some(),
+        "the printed SQL created no slot:\n{sql}"
+    );
+
+    let (written, _) =
+        write_events(&setup.db.client, 2, 2, &setup.types, 2, 0, Duration::ZERO).await;
+    run_args.push("--no-create-slot".into());
+    let mut relay = Relay::spawn(&run_args);
+    setup.assert_first_topic(&written, true).await;
+    relay.sigterm();
+    assert!(relay.wait(Duration::from_secs(40)).success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is() {
     let setup = Setup::new("check", &["Order"], 1).await;

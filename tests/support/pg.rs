@@ -413,6 +413,37 @@ host replication all 127.0.0.1/32 trust
         run_cmd(cmd, Duration::from_secs(60)).stdout
     }
 
+    /// Runs the script `sql` with `psql -f` as `postgres` over the Unix socket in database
+    /// `db`, as an operator runs a file (each statement in its own transaction), stopping at
+    /// the first error. Returns psql's output, or its error output. Blocking; panics after 60 s.
+    pub fn psql_file(&self, db: &str, sql: &str) -> Result<String, String> {
+        let file = self
+            .dir
+            .join(format!("{}.sql", super::unique_name("script")));
+        fs::write(&file, sql).expect("writing the script");
+        let mut cmd = self.command("psql");
+        cmd.current_dir(&self.dir)
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h"])
+            .arg(&self.dir)
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-f",
+            ])
+            .arg(&file);
+        let result = run::run_cmd_status(cmd, Duration::from_secs(60));
+        let _ = fs::remove_file(&file);
+        match result {
+            Ok(o) if o.status.success() => Ok(o.stdout),
+            Ok(o) => Err(format!("{}{}", o.stderr, o.stdout)),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// Runs `sql` with psql connecting by `conninfo` (a URL or `key=value` string, e.g. with
     /// `replication=database` for walsender commands such as `IDENTIFY_SYSTEM`). Returns psql's
     /// unaligned, tuples-only output, or its error output. Blocking; panics after 60 s.
