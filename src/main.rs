@@ -126,8 +126,11 @@ enum Command {
     /// the Outbox Event Router: the JSON posted to Kafka Connect, its bare config map, or a
     /// .properties file; or a Debezium Server application.properties (source, outbox transform
     /// and sink: debezium.sink.type kafka, redis, nats-jetstream, rabbitmq or http). Options it
-    /// does not carry over go to stderr, one per line, with the reason. Passwords are never printed: URLs refer to
-    /// environment variables.
+    /// does not carry over go to stderr, one per line, with the reason, most severe first
+    /// (error, difference, info). Passwords are never printed: URLs refer to environment
+    /// variables. Exits 1 without printing a config when Debezium itself refuses an option's
+    /// value, or when the relay would publish something other than Debezium did (a difference)
+    /// and --accept-differences is not given.
     ///
     ///   outbox-relay import-debezium orders-connector.json > relay.toml
     ///   outbox-relay import-debezium conf/application.properties > relay.toml
@@ -136,6 +139,10 @@ enum Command {
         /// Connector configuration file (.json or .properties), or Debezium Server's
         /// application.properties.
         connector: std::path::PathBuf,
+        /// Print the config even where the relay publishes something other than Debezium did
+        /// (the notes marked "difference"), once you have checked each.
+        #[arg(long)]
+        accept_differences: bool,
     },
 }
 
@@ -694,12 +701,33 @@ async fn run(command: Command) -> anyhow::Result<()> {
             anyhow::ensure!(!failed, "some checks failed");
             Ok(())
         }
-        Command::ImportDebezium { connector } => {
-            let imported = outbox_relay::import::import_file(&connector)?;
-            print!("{}", imported.toml);
+        Command::ImportDebezium {
+            connector,
+            accept_differences,
+        } => {
+            let imported = match outbox_relay::import::import_file(&connector) {
+                Err(outbox_relay::import::ImportError::Refused { notes }) => {
+                    for note in &notes {
+                        eprintln!("{note}");
+                    }
+                    let errors = notes
+                        .iter()
+                        .filter(|n| n.severity == outbox_relay::import::Severity::Error)
+                        .count();
+                    anyhow::bail!("{}: Debezium refuses {errors} of its option values (the error lines above): no config printed", connector.display());
+                }
+                result => result?,
+            };
             for note in &imported.notes {
                 eprintln!("{note}");
             }
+            let differences = imported.differences();
+            anyhow::ensure!(
+                differences == 0 || accept_differences,
+                "{}: the relay would publish other records than Debezium did in {differences} place(s) (the difference lines above): no config printed; check each, then run again with --accept-differences",
+                connector.display()
+            );
+            print!("{}", imported.toml);
             Ok(())
         }
         Command::Status(args) => {

@@ -25,8 +25,8 @@ pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
     matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
-    InvalidOpBehavior, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns, Placement,
-    RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
+    InvalidOpBehavior, JsonPayload, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns,
+    Placement, RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -188,6 +188,8 @@ pub struct PipelineConfig {
     pub empty_payload: EmptyPayload,
     #[serde(default, skip_serializing_if = "is_default")]
     pub bytea_format: ByteaFormat,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub json_payload: JsonPayload,
     #[serde(default, skip_serializing_if = "is_default")]
     pub on_bad_event: OnBadEvent,
     /// Required with `on_bad_event = "dead_letter"`.
@@ -373,6 +375,7 @@ impl PipelineConfig {
             null_payload: NullPayload::default(),
             empty_payload: EmptyPayload::default(),
             bytea_format: ByteaFormat::default(),
+            json_payload: JsonPayload::default(),
             on_bad_event: OnBadEvent::default(),
             dead_letter_topic: None,
             op_invalid_behavior: InvalidOpBehavior::default(),

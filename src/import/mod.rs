@@ -19,9 +19,9 @@ use std::path::Path;
 
 use crate::config::file::FileConfig;
 use crate::config::{
-    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, KafkaConfig, MissingPlacementColumn,
-    NullPayload, OutboxColumns, PipelineConfig, Placement, RouteConfig, Secret, TableName,
-    ValueFormat,
+    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, JsonPayload, KafkaConfig,
+    MissingPlacementColumn, NullPayload, OutboxColumns, PipelineConfig, Placement, RouteConfig,
+    Secret, TableName, ValueFormat,
 };
 
 mod formats;
@@ -49,25 +49,83 @@ pub struct Connector {
     pub options: BTreeMap<String, String>,
 }
 
+/// How much a [`Note`] matters, most first: notes are listed in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Debezium itself refuses the option's value: nothing is imported.
+    Error,
+    /// The relay will not publish what Debezium published (or cannot reproduce the option):
+    /// `import-debezium` prints no config unless `--accept-differences` is given.
+    Difference,
+    /// Carried over, not needed, or without effect on the records.
+    Info,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Error => "error",
+            Severity::Difference => "difference",
+            Severity::Info => "info",
+        })
+    }
+}
+
 /// An option (or a column default) that was not carried over as it was, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
+    pub severity: Severity,
     pub option: String,
     pub reason: String,
 }
 
-impl fmt::Display for Note {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.option, self.reason)
+impl Note {
+    /// A note of [`Severity::Info`].
+    pub fn info(option: impl Into<String>, reason: impl Into<String>) -> Note {
+        Note {
+            severity: Severity::Info,
+            option: option.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A note of [`Severity::Difference`].
+    pub fn difference(option: impl Into<String>, reason: impl Into<String>) -> Note {
+        Note {
+            severity: Severity::Difference,
+            ..Note::info(option, reason)
+        }
     }
 }
 
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.severity, self.option, self.reason)
+    }
+}
+
+/// `notes` sorted by [`Severity`], most severe first, each severity in its original order.
+fn sorted(mut notes: Vec<Note>) -> Vec<Note> {
+    notes.sort_by_key(|n| n.severity);
+    notes
+}
+
 /// The translation: TOML for a config file (the serialized [`FileConfig`] with one pipeline,
-/// under comments), and the notes for the operator.
+/// under comments), and the notes for the operator, sorted by [`Severity`] (never an error).
 #[derive(Debug, Clone)]
 pub struct Imported {
     pub toml: String,
     pub notes: Vec<Note>,
+}
+
+impl Imported {
+    /// The notes of [`Severity::Difference`].
+    pub fn differences(&self) -> usize {
+        self.notes
+            .iter()
+            .filter(|n| n.severity == Severity::Difference)
+            .count()
+    }
 }
 
 /// A connector configuration that cannot be translated.
@@ -83,6 +141,9 @@ pub enum ImportError {
     Format { path: String, reason: String },
     #[error("{option}: {reason}")]
     Unsupported { option: String, reason: String },
+    /// Options whose values Debezium refuses; `notes` holds every note, errors first.
+    #[error("Debezium refuses {} option value(s): {}", .notes.iter().filter(|n| n.severity == Severity::Error).count(), .notes.iter().filter(|n| n.severity == Severity::Error).map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Refused { notes: Vec<Note> },
 }
 
 /// Reads `path` (a `.properties` file, else JSON: `{"name": ..., "config": {...}}` as posted to
@@ -166,7 +227,7 @@ pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
     let (file, comments, notes) = translate_parts(connector)?;
     Ok(Imported {
         toml: render(&comments, &file),
-        notes,
+        notes: sorted(notes),
     })
 }
 
@@ -178,6 +239,7 @@ fn translate_parts(
         options: connector.options.clone(),
         used: BTreeSet::new(),
         notes: Vec::new(),
+        expanded: false,
     };
     if let Some(class) = im.take("connector.class") {
         if class != POSTGRES_CONNECTOR {
@@ -282,6 +344,11 @@ fn translate_parts(
         pipelines: vec![pipeline],
         ..FileConfig::default()
     };
+    if im.notes.iter().any(|n| n.severity == Severity::Error) {
+        return Err(ImportError::Refused {
+            notes: sorted(im.notes),
+        });
+    }
     Ok((file, comments, im.notes))
 }
 
@@ -312,6 +379,8 @@ struct Importer {
     options: BTreeMap<String, String>,
     used: BTreeSet<String>,
     notes: Vec<Note>,
+    /// `table.expand.json.payload` is true.
+    expanded: bool,
 }
 
 struct UrlWithSecret {
@@ -330,9 +399,21 @@ impl Importer {
     }
 
     fn note(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note::info(option, reason));
+    }
+
+    fn difference(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note::difference(option, reason));
+    }
+
+    /// A value Debezium refuses: `accepted` lists what it takes.
+    fn refuse(&mut self, option: &str, value: &str, accepted: &str) {
         self.notes.push(Note {
+            severity: Severity::Error,
             option: option.to_owned(),
-            reason: reason.into(),
+            reason: format!(
+                "{value:?} is refused by Debezium too: the accepted values are {accepted}"
+            ),
         });
     }
 
@@ -503,71 +584,69 @@ impl Importer {
         self.take(&option("type"));
         let get = |im: &mut Importer, name: &str| im.take(&option(name));
         let event_type = get(self, "table.field.event.type").unwrap_or_else(|| {
-            self.note("columns.event_type", "\"type\", the column of Debezium's documented outbox table: outbox-relay requires an event type column and sends it as header event_type (Debezium 2.x has no such option); name yours if it differs");
+            self.note("columns.event_type", "\"type\", the default of Debezium's table.field.event.type: Debezium reads the column only where table.fields.additional.placement places it, while outbox-relay requires it and always sends it as header event_type (one more header); name yours if it differs");
             "type".into()
         });
         let topic_regex = get(self, "route.topic.regex").filter(|r| r != DEFAULT_TOPIC_REGEX);
         if topic_regex.is_some() {
-            self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
+            self.difference(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic, while outbox-relay stops on such an event (on_bad_event): check the values your services write");
         }
         // A NULL or empty payload gives a tombstone (value_format envelope included).
-        let tombstone_on_empty = match get(self, "route.tombstone.on.empty.payload") {
-            Some(value) => boolean(&value).ok_or_else(|| ImportError::Unsupported {
-                option: option("route.tombstone.on.empty.payload"),
-                reason: format!("{value:?} is not true or false, which Debezium refuses too"),
-            })?,
-            None => false,
-        };
+        let tombstone_on_empty = self.boolean_option(&option("route.tombstone.on.empty.payload"));
         if tombstone_on_empty {
             pipeline.empty_payload = EmptyPayload::Tombstone;
         }
         let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
             .into_iter()
             .find_map(|name| get(self, name).map(|value| (option(name), value)));
-        let op_invalid_behavior = op_invalid.map(|(option, value)| {
-            let (mapped, name) = match value.trim().to_ascii_lowercase().as_str() {
-                "fatal" => (InvalidOpBehavior::Error, "error"),
-                "error" => {
-                    self.note(&option, "error (log and go on) becomes \"warn\": outbox-relay's \"error\" stops the pipeline, like Debezium's fatal");
-                    (InvalidOpBehavior::Warn, "warn")
+        let op_invalid_behavior = op_invalid.and_then(|(option, value)| {
+            let mapped = match value.trim().to_ascii_lowercase().as_str() {
+                "fatal" => {
+                    self.difference(&option, "fatal becomes op_invalid_behavior = \"error\", which stops the pipeline on a DELETE of an outbox row too (Debezium drops deletes silently) when the publication publishes deletes; if your services delete outbox rows, publish inserts only or leave it out");
+                    InvalidOpBehavior::Error
                 }
-                _ => (InvalidOpBehavior::Warn, "warn"),
+                "error" => {
+                    self.note(&option, "error (log at level ERROR and go on) becomes op_invalid_behavior = \"warn\" (log at level WARN and go on): outbox-relay's \"error\" stops the pipeline, like Debezium's fatal; it needs a publication that publishes updates, and logs deletes too");
+                    InvalidOpBehavior::Warn
+                }
+                "warn" => {
+                    self.note(&option, "op_invalid_behavior = \"warn\": it needs a publication that publishes updates, and logs deletes too (Debezium drops them silently)");
+                    InvalidOpBehavior::Warn
+                }
+                _ => {
+                    self.refuse(&option, &value, "warn, error and fatal");
+                    return None;
+                }
             };
-            self.note(
-                &option,
-                format!("op_invalid_behavior = {name:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"),
-            );
-            mapped
+            Some(mapped)
         });
         if let Some(value) = get(self, "table.field.additional.missing") {
-            pipeline.missing_placement_column = match value.trim().to_ascii_lowercase().as_str() {
-                "error" => MissingPlacementColumn::Error,
-                "ignore" => MissingPlacementColumn::Ignore,
-                _ => {
-                    return Err(ImportError::Unsupported {
-                        option: option("table.field.additional.missing"),
-                        reason: format!(
-                            "{value:?} is not error or ignore, which Debezium refuses too"
-                        ),
-                    })
-                }
-            };
+            match value.trim().to_ascii_lowercase().as_str() {
+                "error" => pipeline.missing_placement_column = MissingPlacementColumn::Error,
+                "ignore" => pipeline.missing_placement_column = MissingPlacementColumn::Ignore,
+                _ => self.refuse(
+                    &option("table.field.additional.missing"),
+                    &value,
+                    "error and ignore",
+                ),
+            }
         }
         let additional = match get(self, "table.fields.additional.placement") {
-            Some(list) => {
-                additional_placement(&list).map_err(|reason| ImportError::Unsupported {
-                    option: option("table.fields.additional.placement"),
-                    reason,
-                })?
-            }
+            Some(list) => match additional_placement(&list) {
+                Ok(additional) => additional,
+                Err(reason) => {
+                    let option = option("table.fields.additional.placement");
+                    self.notes.push(Note {
+                        severity: Severity::Error,
+                        option,
+                        reason,
+                    });
+                    Vec::new()
+                }
+            },
             None => Vec::new(),
         };
-        if let Some(expand) = get(self, "table.expand.json.payload") {
-            self.note(
-                &option("table.expand.json.payload"),
-                format!("{expand}: outbox-relay always publishes the payload text as PostgreSQL prints it, so a json/jsonb payload is JSON already (as expansion gave), byte for byte"),
-            );
-        }
+        self.json_expansion(alias, pipeline);
         pipeline.columns = OutboxColumns {
             id: get(self, "table.field.event.id").unwrap_or_else(|| "id".into()),
             aggregate_type: get(self, "route.by.field").unwrap_or_else(|| "aggregatetype".into()),
@@ -606,6 +685,66 @@ impl Importer {
         Ok(())
     }
 
+    /// A boolean option's value (`false` when not set); a value Debezium refuses is an error
+    /// note.
+    fn boolean_option(&mut self, option: &str) -> bool {
+        let value = self.take(option);
+        match value.as_deref().map(boolean) {
+            None => false,
+            Some(Some(b)) => b,
+            Some(None) => {
+                self.refuse(
+                    option,
+                    value.as_deref().unwrap_or_default(),
+                    "true and false",
+                );
+                false
+            }
+        }
+    }
+
+    /// `table.expand.json.payload` as `json_payload`, with its null and empty array behaviours
+    /// and the connector's `field.name.adjustment.mode`, which renames expanded fields.
+    fn json_expansion(&mut self, alias: &str, pipeline: &mut PipelineConfig) {
+        let option = |name: &str| format!("transforms.{alias}.{name}");
+        self.expanded = self.boolean_option(&option("table.expand.json.payload"));
+        if self.expanded {
+            pipeline.json_payload = JsonPayload::DebeziumExpanded;
+        }
+        let unused = "only used with table.expand.json.payload=true";
+        for (name, default, other, what) in [
+            (
+                "table.json.payload.null.behavior",
+                "ignore",
+                "optional_bytes",
+                "null fields",
+            ),
+            (
+                "table.json.payload.empty.array.behavior",
+                "ignore",
+                "optional_string",
+                "empty arrays",
+            ),
+        ] {
+            let full = option(name);
+            let Some(value) = self.take(&full) else {
+                continue;
+            };
+            match value.trim().to_ascii_lowercase() {
+                v if v == default && self.expanded => self.note(&full, format!("the default: json_payload = \"debezium_expanded\" leaves {what} out too")),
+                v if v == other && self.expanded => self.difference(&full, format!("not supported: {other} keeps {what} in the expanded payload, while json_payload = \"debezium_expanded\" leaves them out (Debezium's default) and json_payload = \"as_stored\" keeps the text as PostgreSQL prints it")),
+                v if v == default || v == other => self.note(&full, unused),
+                _ => self.refuse(&full, &value, &format!("{default} and {other}")),
+            }
+        }
+        if let Some(mode) = self.take("field.name.adjustment.mode") {
+            match mode.trim().eq_ignore_ascii_case("none") || !self.expanded {
+                true => self.note("field.name.adjustment.mode", "shapes Debezium's change events; outbox-relay keeps field names as written"),
+                false => self.difference("field.name.adjustment.mode", format!("{mode}: Debezium renamed expanded payload fields to fit it; json_payload = \"debezium_expanded\" keeps the names as written: not supported")),
+            }
+        }
+    }
+
     /// `producer.override.*` properties librdkafka knows by the same name.
     fn producer_properties(&mut self) -> Vec<(String, String)> {
         let options: Vec<String> = self
@@ -627,7 +766,7 @@ impl Importer {
                 (p, _) if SAME_PRODUCER_PROPERTIES.contains(&p) => {
                     properties.push((p.to_owned(), value))
                 }
-                _ => self.note(
+                _ => self.difference(
                     &option,
                     "a Java producer property: set the librdkafka equivalent under kafka.properties by hand",
                 ),
@@ -644,15 +783,27 @@ impl Importer {
             .filter(|(k, _)| !self.used.contains(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let context = formats::Context {
+            expanded: self.expanded,
+            value_schemas: self
+                .options
+                .get("value.converter.schemas.enable")
+                .and_then(|v| boolean(v))
+                .unwrap_or(true),
+        };
         for (option, value) in rest {
-            let reason = reason_for(&option, &value, router, other_routers);
-            self.note(&option, reason);
+            let (severity, reason) = reason_for(&option, &value, router, other_routers, &context);
+            self.notes.push(Note {
+                severity,
+                option,
+                reason,
+            });
         }
         if !self.options.contains_key("value.converter") {
-            self.note("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
+            self.difference("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
         }
         if !self.options.contains_key("key.converter") {
-            self.note("key.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the key (aggregate id) as a quoted JSON string, while outbox-relay writes its text: the same aggregate goes to another partition, so its order across the switch-over is not kept (see Coming from Debezium)");
+            self.difference("key.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the key (aggregate id) as a quoted JSON string, while outbox-relay writes its text: the same aggregate goes to another partition, so its order across the switch-over is not kept (see Coming from Debezium)");
         }
     }
 }
@@ -718,29 +869,40 @@ fn java_replacement(replacement: &str) -> String {
     out
 }
 
-/// Parses `column:placement[:alias],...`.
+/// Parses `column:placement[:alias],...` as Debezium does: split at commas, then colons,
+/// empty pieces at the end dropped (Java's `String.split`), every entry two or three pieces.
+///
+/// Returns an error, as Debezium's validation does, for an empty list, an empty entry, an
+/// entry of another shape, an empty column name, or a placement other than header, envelope
+/// and partition.
 fn additional_placement(list: &str) -> Result<Vec<AdditionalPlacement>, String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
+    let entries = java_split(list, ',');
+    if entries.is_empty() || entries.iter().all(|e| e.trim().is_empty()) {
+        return Err(format!("{list:?} is empty, which Debezium refuses too: give column:placement[:alias] entries (placement header, envelope or partition), or leave the option out"));
+    }
+    entries
+        .into_iter()
         .map(|entry| {
-            let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
+            let parts: Vec<&str> = java_split(entry, ':').into_iter().map(str::trim).collect();
             let (field, placement, alias) = match parts[..] {
                 [field, placement] => (field, placement, None),
                 [field, placement, alias] => (field, placement, Some(alias)),
                 _ => {
                     return Err(format!(
-                        "{entry:?} is not column:placement or column:placement:alias"
+                        "{entry:?} is not column:placement or column:placement:alias, which Debezium refuses too"
                     ))
                 }
             };
+            if field.is_empty() {
+                return Err(format!("{entry:?} names no column"));
+            }
             let placement = match placement.to_ascii_lowercase().as_str() {
                 "header" => Placement::Header,
                 "envelope" => Placement::Envelope,
                 "partition" => Placement::Partition,
                 _ => {
                     return Err(format!(
-                        "{entry:?}: placement must be header, envelope or partition"
+                        "{entry:?}: the accepted placements are header, envelope and partition"
                     ))
                 }
             };
@@ -756,86 +918,113 @@ fn additional_placement(list: &str) -> Result<Vec<AdditionalPlacement>, String> 
         .collect()
 }
 
-/// Why an option is not carried over.
-fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String]) -> String {
+/// `text` split at `separator` as Java's `String.split` does: empty pieces at the end dropped.
+fn java_split(text: &str, separator: char) -> Vec<&str> {
+    let mut pieces: Vec<&str> = text.split(separator).collect();
+    while pieces.last().is_some_and(|p| p.is_empty()) {
+        pieces.pop();
+    }
+    pieces
+}
+
+/// How an option not carried over compares, and why: `converters` says how the connector's
+/// converters and expansion write records ([`formats::Context`]).
+fn reason_for(
+    option: &str,
+    value: &str,
+    router: &str,
+    other_routers: &[String],
+    context: &formats::Context,
+) -> (Severity, String) {
+    use Severity::{Difference, Info};
     let starts = |prefix: &str| option.starts_with(prefix);
     if let Some(rest) = option.strip_prefix(&format!("transforms.{router}.")) {
         return match rest {
-            r if r.starts_with("tracing.") => "outbox-relay creates no tracing spans".into(),
-            "predicate" | "negate" => {
-                "outbox-relay applies its routing to the configured table only".into()
-            }
-            "table.field.payload.id"
-            | "table.field.event.schema.version"
-            | "table.field.schema.version" => {
-                "Debezium 1.x envelope metadata; outbox-relay has no equivalent".into()
-            }
-            "table.json.payload.null.behavior" => {
-                "about JSON expansion, which outbox-relay does not need".into()
-            }
-            _ => "an Event Router option outbox-relay does not know".into(),
+            r if r.starts_with("tracing.") => (Difference, "outbox-relay creates no tracing spans and adds no trace headers".into()),
+            "predicate" | "negate" => (
+                Info,
+                "outbox-relay applies its routing to the configured table only".into(),
+            ),
+            "table.field.event.schema.version" => (
+                Difference,
+                "not supported: it versions Kafka Connect value schemas, and outbox-relay writes no schemas".into(),
+            ),
+            "table.field.payload.id" | "table.field.schema.version" => (
+                Difference,
+                "Debezium 1.x envelope metadata: not supported".into(),
+            ),
+            _ => (
+                Info,
+                "not an option of Debezium's Event Router (it ignored it too)".into(),
+            ),
         };
     }
     if let Some(alias) = other_routers
         .iter()
         .find(|a| starts(&format!("transforms.{a}.")))
     {
-        return format!(
-            "a second Event Router ({alias}): one pipeline per outbox table, import it separately"
+        return (
+            Difference,
+            format!("a second Event Router ({alias}): one pipeline per outbox table, import it separately"),
         );
     }
     if starts("transforms.") || starts("predicates") {
-        return "another transform: outbox-relay applies only the outbox routing".into();
+        return (
+            Difference,
+            "another transform: outbox-relay applies only the outbox routing".into(),
+        );
     }
-    if let Some(reason) = formats::reason(option, value) {
-        return reason;
+    if let Some(found) = formats::reason(option, value, context) {
+        return found;
     }
+    let info = |reason: &str| (Info, reason.to_owned());
+    let difference = |reason: &str| (Difference, reason.to_owned());
     match option {
         "topic.prefix" | "database.server.name" => {
-            "not needed: it names Debezium's own topics; the outbox topics come from route.topic_template".into()
+            info("not needed: it names Debezium's own topics; the outbox topics come from route.topic_template")
         }
-        "tasks.max" => "one pipeline reads one slot".into(),
-        "snapshot.mode" => "outbox-relay never snapshots: it publishes rows committed after the slot's position".into(),
+        "tasks.max" => info("one pipeline reads one slot"),
+        "snapshot.mode" => info("outbox-relay never snapshots: it publishes rows committed after the slot's position"),
         "slot.drop.on.stop" if value == "true" => {
-            "the slot was dropped whenever Debezium stopped: create it with `outbox-relay setup`".into()
+            info("the slot was dropped whenever Debezium stopped: create it with `outbox-relay setup`")
         }
-        "publication.autocreate.mode" => format!(
+        "publication.autocreate.mode" => (Info, format!(
             "{value}: outbox-relay does not create publications while running (`outbox-relay setup` does); a publication FOR ALL TABLES works, and other tables' changes are passed over"
-        ),
+        )),
         "heartbeat.interval.ms" | "heartbeat.action.query" | "heartbeat.topics.prefix" => {
-            "outbox-relay confirms the slot's position from keepalives when idle: no heartbeats needed".into()
+            info("outbox-relay confirms the slot's position from keepalives when idle: no heartbeats needed")
         }
         "tombstones.on.delete" | "skipped.operations" => {
-            "outbox-relay publishes inserts only (op_invalid_behavior covers updates and deletes)".into()
+            info("outbox-relay publishes inserts only (op_invalid_behavior covers updates and deletes)")
         }
         "max.batch.size" | "max.queue.size" | "max.queue.size.in.bytes" | "poll.interval.ms" => {
-            "see max_in_flight_events and max_in_flight_bytes".into()
+            info("see max_in_flight_events and max_in_flight_bytes")
         }
-        "database.sslpassword" | "database.sslfactory" => "not supported by outbox-relay's TLS".into(),
-        "database.initial.statements" => "outbox-relay runs no statements of yours".into(),
-        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter.") => {
-            "converter setting: outbox-relay publishes the columns' text (see the converter lines)".into()
+        "database.sslpassword" | "database.sslfactory" => difference("not supported by outbox-relay's TLS"),
+        "database.initial.statements" => difference("outbox-relay runs no statements of yours"),
+        _ if starts("errors.log.") || starts("errors.retry.") => {
+            info("Kafka Connect error logging and retries: outbox-relay logs bad input and retries transient failures")
         }
         _ if starts("errors.") => {
-            "Kafka Connect error handling: outbox-relay stops on bad input (on_bad_event) and retries transient failures".into()
+            difference("Kafka Connect error handling: outbox-relay does not skip bad input; it stops on it, or dead-letters it with on_bad_event = \"dead_letter\"")
         }
-        _ if starts("topic.creation.") => "outbox-relay creates no topics: they must exist or be auto-created".into(),
-        _ if starts("slot.") => "outbox-relay retries and keeps its slot itself".into(),
+        _ if starts("topic.creation.") => info("outbox-relay creates no topics unless [kafka] create_topics says so: they must exist or be auto-created"),
+        _ if starts("slot.") => info("outbox-relay retries and keeps its slot itself"),
         _ if starts("snapshot.") || starts("incremental.snapshot") || starts("signal.") || starts("notification.") => {
-            "outbox-relay has no snapshots or signals".into()
+            info("outbox-relay has no snapshots or signals")
         }
+        _ if starts("column.") => difference("column masks, truncation and exclusions changed the columns Debezium read; outbox-relay reads them as stored"),
         _ if starts("schema.")
             || starts("table.")
-            || starts("column.")
             || starts("message.")
             || starts("database.") =>
         {
-            "shapes Debezium's change events; outbox-relay reads the configured table only".into()
+            info("shapes Debezium's change events; outbox-relay reads the configured table only")
         }
         _ if option.ends_with(".handling.mode") || option.ends_with(".adjustment.mode") => {
-            "shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it".into()
+            info("shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it")
         }
-        _ => "no outbox-relay equivalent".into(),
+        _ => info("no outbox-relay equivalent"),
     }
 }
 
