@@ -130,7 +130,10 @@ fn import_debezium_refuses_values_debezium_refuses_naming_the_option_and_accepte
     );
     // Errors are listed before the other notes.
     let first_info = text.find("info: ").expect("info notes too");
-    assert!(text.rfind("error: transforms").unwrap() < first_info, "{text}");
+    assert!(
+        text.rfind("error: transforms").unwrap() < first_info,
+        "{text}"
+    );
 }
 
 #[test]
@@ -142,12 +145,17 @@ fn import_debezium_prints_no_config_for_differences_unless_they_are_accepted() {
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(output.stdout.is_empty(), "no config printed");
     assert!(
-        text.contains("difference: value.converter: io.confluent.connect.avro.AvroConverter: not supported")
-            && text.contains("--accept-differences"),
+        text.contains(
+            "difference: value.converter: io.confluent.connect.avro.AvroConverter: not supported"
+        ) && text.contains("--accept-differences"),
         "{text}"
     );
     let output = relay(
-        &["import-debezium", "--accept-differences", path.to_str().unwrap()],
+        &[
+            "import-debezium",
+            "--accept-differences",
+            path.to_str().unwrap(),
+        ],
         &[],
     );
     let text = stderr(&output);
