@@ -45,7 +45,13 @@ pub(super) fn reason_for(
             format!("a second Event Router ({alias}): one pipeline per outbox table, import it separately"),
         );
     }
-    if starts("transforms.") || starts("predicates") {
+    if starts("predicates") {
+        return (
+            Info,
+            "a predicate: outbox-relay reads the configured outbox table only".into(),
+        );
+    }
+    if starts("transforms.") {
         return (
             Difference,
             "another transform: outbox-relay applies only the outbox routing".into(),
@@ -82,6 +88,9 @@ pub(super) fn reason_for(
         _ if starts("errors.log.") || starts("errors.retry.") => {
             info("Kafka Connect error logging and retries: outbox-relay logs bad input and retries transient failures")
         }
+        "errors.tolerance" if value.trim().eq_ignore_ascii_case("none") => {
+            info("Kafka Connect's default: outbox-relay does not skip bad input either")
+        }
         _ if starts("errors.") => {
             difference("Kafka Connect error handling: outbox-relay does not skip bad input; it stops on it, or dead-letters it with on_bad_event = \"dead_letter\"")
         }
@@ -90,7 +99,12 @@ pub(super) fn reason_for(
         _ if starts("snapshot.") || starts("incremental.snapshot") || starts("signal.") || starts("notification.") => {
             info("outbox-relay has no snapshots or signals")
         }
-        _ if starts("column.") => difference("column masks, truncation and exclusions changed the columns Debezium read; outbox-relay reads them as stored"),
+        _ if starts("column.mask")
+            || starts("column.truncate")
+            || option == "column.exclude.list"
+            || option == "column.include.list"
+            || option == "column.blacklist"
+            || option == "column.whitelist" => difference("column masks, truncation and exclusions changed the columns Debezium read; outbox-relay reads them as stored"),
         _ if starts("schema.")
             || starts("table.")
             || starts("message.")

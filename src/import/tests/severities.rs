@@ -205,3 +205,46 @@ fn the_event_type_note_says_debezium_defines_the_option() {
         "{note}"
     );
 }
+
+#[test]
+fn options_that_do_not_change_the_records_are_info_and_those_that_do_are_differences() {
+    let mut connector = parse_json(EXAMPLE).unwrap();
+    for (k, v) in [
+        ("predicates", "isOutbox"),
+        (
+            "predicates.isOutbox.type",
+            "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+        ),
+        ("transforms.outbox.predicate", "isOutbox"),
+        ("errors.tolerance", "none"),
+        ("column.propagate.source.type", ".*"),
+        ("column.mask.with.12.chars", "public.outboxevent.payload"),
+        ("errors.deadletterqueue.topic.name", "dlq"),
+    ] {
+        connector.options.insert(k.into(), v.into());
+    }
+    let imported = translate(&connector).unwrap();
+    let severity = |option: &str| {
+        imported
+            .notes
+            .iter()
+            .find(|n| n.option == option)
+            .map(|n| n.severity)
+            .unwrap_or_else(|| panic!("no note for {option}: {:?}", imported.notes))
+    };
+    for option in [
+        "predicates",
+        "predicates.isOutbox.type",
+        "transforms.outbox.predicate",
+        "errors.tolerance",
+        "column.propagate.source.type",
+    ] {
+        assert_eq!(severity(option), Severity::Info, "{option}");
+    }
+    for option in [
+        "column.mask.with.12.chars",
+        "errors.deadletterqueue.topic.name",
+    ] {
+        assert_eq!(severity(option), Severity::Difference, "{option}");
+    }
+}
