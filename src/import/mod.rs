@@ -488,9 +488,11 @@ impl Importer {
             if libpq.contains(&mode.as_str()) {
                 query.push(format!("sslmode={mode}"));
             } else {
-                self.note(
+                // Debezium's sslmode takes libpq's values only.
+                self.refuse(
                     "database.sslmode",
-                    format!("{mode:?} is not a libpq sslmode: left out (prefer)"),
+                    &mode,
+                    "disable, allow, prefer, require, verify-ca and verify-full",
                 );
             }
         }
@@ -513,13 +515,16 @@ impl Importer {
             .take("plugin.name")
             .unwrap_or_else(|| "decoderbufs".into());
         let slot = self.take("slot.name").unwrap_or_else(|| "debezium".into());
-        if plugin == "pgoutput" {
-            return (slot, false);
+        match plugin.trim().to_ascii_lowercase().as_str() {
+            "pgoutput" => return (slot, false),
+            // wal2json: Debezium 1.x.
+            "decoderbufs" | "wal2json" | "wal2json_streaming" | "wal2json_rds"
+            | "wal2json_rds_streaming" => self.difference(
+                "plugin.name",
+                format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
+            ),
+            _ => self.refuse("plugin.name", &plugin, "pgoutput and decoderbufs"),
         }
-        self.note(
-            "plugin.name",
-            format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
-        );
         ("outbox_relay".into(), true)
     }
 

@@ -65,6 +65,24 @@ fn values_debezium_refuses_are_all_refused_at_once_with_the_accepted_values() {
 }
 
 #[test]
+fn an_sslmode_or_plugin_debezium_refuses_is_refused() {
+    let mut connector = parse_json(EXAMPLE).unwrap();
+    connector
+        .options
+        .insert("database.sslmode".into(), "strict".into());
+    connector
+        .options
+        .insert("plugin.name".into(), "test_decoding".into());
+    let err = translate(&connector).unwrap_err();
+    assert_eq!(refused(&err), ["database.sslmode", "plugin.name"]);
+    assert!(
+        err.to_string().contains("verify-full")
+            && err.to_string().contains("pgoutput and decoderbufs"),
+        "{err}"
+    );
+}
+
+#[test]
 fn an_empty_or_malformed_additional_placement_is_refused_as_debezium_refuses_it() {
     for list in [
         "",
