@@ -135,7 +135,8 @@ impl Importer {
     }
 
     /// `table.expand.json.payload` as `json_payload`, with its null and empty array behaviours
-    /// and the connector's `field.name.adjustment.mode`, which renames expanded fields.
+    /// and the transform's own `field.name.adjustment.mode` (the connector's is not passed to
+    /// it), which renames expanded fields.
     fn json_expansion(&mut self, alias: &str, pipeline: &mut PipelineConfig) {
         let option = |name: &str| format!("transforms.{alias}.{name}");
         self.expanded = self.boolean_option(&option("table.expand.json.payload"));
@@ -168,10 +169,15 @@ impl Importer {
                 _ => self.refuse(&full, &value, &format!("{default} and {other}")),
             }
         }
-        if let Some(mode) = self.take("field.name.adjustment.mode") {
-            match mode.trim().eq_ignore_ascii_case("none") || !self.expanded {
-                true => self.note("field.name.adjustment.mode", "shapes Debezium's change events; outbox-relay keeps field names as written"),
-                false => self.difference("field.name.adjustment.mode", format!("{mode}: Debezium renamed expanded payload fields to fit it; json_payload = \"debezium_expanded\" keeps the names as written: not supported")),
+        let adjustment = option("field.name.adjustment.mode");
+        if let Some(mode) = self.take(&adjustment) {
+            // Debezium reads it only when expanding (and fails to start on a value it does
+            // not know).
+            match mode.trim().to_ascii_lowercase().as_str() {
+                _ if !self.expanded => self.note(&adjustment, unused),
+                "none" => self.note(&adjustment, "the default: field names kept as written"),
+                "avro" | "avro_unicode" => self.difference(&adjustment, format!("not supported: {mode} renamed expanded payload fields that Avro does not take; json_payload = \"debezium_expanded\" keeps the names as written")),
+                _ => self.refuse(&adjustment, &mode, "none, avro and avro_unicode"),
             }
         }
     }

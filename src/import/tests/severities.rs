@@ -148,6 +148,16 @@ fn json_expansion_is_carried_over_and_behaviours_it_cannot_reproduce_are_differe
         assert_eq!(note.severity, Severity::Difference, "{note}");
         assert!(note.reason.contains("not supported"), "{note}");
     }
+    // The transform's own field.name.adjustment.mode renames expanded fields.
+    let imported = with_router_options(&[
+        ("table.expand.json.payload", "true"),
+        ("field.name.adjustment.mode", "avro"),
+    ])
+    .unwrap();
+    assert_eq!(
+        note(&imported, "field.name.adjustment.mode").severity,
+        Severity::Difference
+    );
     // Without expansion the relay keeps the stored text.
     let imported = with_router_options(&[("table.expand.json.payload", "false")]).unwrap();
     assert!(!imported.toml.contains("json_payload"), "{}", imported.toml);
