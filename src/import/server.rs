@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use super::{render, sorted, translate_parts, Connector, ImportError, Imported, Note, Severity};
 use crate::config::sink::NatsUrl;
+use crate::config::JsonPayload;
 use crate::config::{
     HttpConfig, KafkaConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl,
 };
@@ -95,7 +96,17 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
             reason: "not set, so Debezium Server wrote values in its json format (a text payload column as a quoted JSON string); outbox-relay writes the payload text itself: check your consumers".into(),
         });
     }
+    let expanded = file.pipelines[0].json_payload == JsonPayload::DebeziumExpanded;
     for key in other {
+        if key == "debezium.format.value" {
+            let value = server.options.get(&key).cloned().unwrap_or_default();
+            let schemas = server
+                .options
+                .get("debezium.format.value.schemas.enable")
+                .and_then(|v| super::boolean(v));
+            notes.push(value_format(key, &value, expanded, schemas));
+            continue;
+        }
         let reason = if key.starts_with("debezium.format.") {
             "Debezium Server's output format: outbox-relay writes the payload column as the value (the outbox transform's output) and headers as its sink kind carries them"
         } else if key.starts_with("quarkus.") {
@@ -173,6 +184,17 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
         toml: render(&comments, &file),
         notes: sorted(notes),
     })
+}
+
+/// How Debezium Server's `debezium.format.value` compares with what the relay writes;
+/// `schemas` is `debezium.format.value.schemas.enable` when given.
+fn value_format(option: String, value: &str, expanded: bool, schemas: Option<bool>) -> Note {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "simplestring" | "binary" => Note::info(option, format!("{value}: not needed: outbox-relay writes the payload text, or a bytea payload's bytes, too")),
+        "json" if expanded && schemas == Some(false) => Note::info(option, "json without schemas, with table.expand.json.payload: the same bytes as json_payload = \"debezium_expanded\" writes"),
+        "avro" | "protobuf" => Note::difference(option, format!("{value}: not supported: Avro and Protobuf with a schema registry; outbox-relay registers no schemas and writes the payload as it is stored, because no schema registry can be run to test against")),
+        _ => Note::difference(option, format!("{value}: Debezium Server wrote the payload in that format (json: a text payload as a quoted JSON string, with a schema wrapper unless schemas.enable=false); outbox-relay writes the payload text itself: check your consumers")),
+    }
 }
 
 /// A connector option's name as Debezium Server writes it.
