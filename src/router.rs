@@ -50,7 +50,7 @@ use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
-    matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload,
+    matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload, JsonPayload,
     MissingPlacementColumn, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
     TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
 };
@@ -132,6 +132,8 @@ pub enum RouteError {
     NotUtf8 { event_id: String, column: String },
     #[error("event {event_id}: bytea column {column:?} is not in PostgreSQL's hex form (\\x followed by pairs of hex digits)")]
     Bytea { event_id: String, column: String },
+    #[error("event {event_id}: json_payload = \"debezium_expanded\", but Debezium's expansion fails on the payload: {reason}")]
+    JsonExpansion { event_id: String, reason: String },
 }
 
 impl RouteError {
@@ -148,6 +150,7 @@ impl RouteError {
             RouteError::Timestamp { .. } => "timestamp",
             RouteError::NotUtf8 { .. } => "not_utf8",
             RouteError::Bytea { .. } => "bytea",
+            RouteError::JsonExpansion { .. } => "json_expansion",
         }
     }
 }
@@ -299,6 +302,7 @@ pub struct Router {
     null_payload: NullPayload,
     empty_payload: EmptyPayload,
     bytea: ByteaFormat,
+    json_payload: JsonPayload,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
     /// `route.allowed_destinations`: names and `*` patterns; `None`: any destination.
@@ -450,6 +454,7 @@ impl Router {
             null_payload: config.null_payload,
             empty_payload: config.empty_payload,
             bytea: config.bytea_format,
+            json_payload: config.json_payload,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
             reserved: reserved_destinations(config),
@@ -547,10 +552,13 @@ impl Router {
             (None, NullPayload::JsonNull, ValueFormat::Payload) => {
                 Some(Bytes::from_static(b"null"))
             }
-            (Some(payload), _, ValueFormat::Payload) => Some(
-                render::raw(payload, event.payload_kind, self.bytea)
-                    .map_err(|problem| unrenderable(event, "payload", problem))?,
-            ),
+            (Some(payload), _, ValueFormat::Payload) => {
+                Some(match self.expanded(event, payload)? {
+                    Some(expanded) => Bytes::from(expanded),
+                    None => render::raw(payload, event.payload_kind, self.bytea)
+                        .map_err(|problem| unrenderable(event, "payload", problem))?,
+                })
+            }
             (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload)?),
         };
         Ok(Record {
@@ -682,8 +690,11 @@ impl Router {
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(b"{\"payload\":");
         if let Some(payload) = payload {
-            render::push_json(&mut out, payload, event.payload_kind, self.bytea)
-                .map_err(|problem| unrenderable(event, "payload", problem))?;
+            match self.expanded(event, payload)? {
+                Some(expanded) => out.extend_from_slice(&expanded),
+                None => render::push_json(&mut out, payload, event.payload_kind, self.bytea)
+                    .map_err(|problem| unrenderable(event, "payload", problem))?,
+            }
         } else {
             out.extend_from_slice(b"null");
         }
@@ -706,6 +717,27 @@ impl Router {
         }
         out.push(b'}');
         Ok(Bytes::from(out))
+    }
+}
+
+impl Router {
+    /// `payload` of `event` as Debezium's JSON expansion gives it, with `json_payload =
+    /// "debezium_expanded"` and a json, jsonb or text payload (Debezium expands only a payload
+    /// it holds as a string); `None` otherwise.
+    ///
+    /// Returns an error if Debezium's expansion would fail on the payload.
+    fn expanded(&self, event: &OutboxEvent, payload: &[u8]) -> Result<Option<Vec<u8>>, RouteError> {
+        if self.json_payload != JsonPayload::DebeziumExpanded
+            || !matches!(event.payload_kind, ValueKind::Json | ValueKind::Text)
+        {
+            return Ok(None);
+        }
+        render::expand::debezium_expanded(payload)
+            .map(Some)
+            .map_err(|reason| RouteError::JsonExpansion {
+                event_id: String::from_utf8_lossy(&event.id).into_owned(),
+                reason,
+            })
     }
 }
 

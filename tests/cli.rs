@@ -74,3 +74,98 @@ fn misspelt_keys_in_a_config_file_come_all_at_once_one_per_line() {
         "{text}"
     );
 }
+
+const STRING_CONVERTER: &str = "org.apache.kafka.connect.storage.StringConverter";
+
+/// A connector with `value_converter`, a key converter that writes what the relay writes and
+/// the Event Router options `router`, written to a file in `dir`.
+fn connector(
+    dir: &std::path::Path,
+    value_converter: &str,
+    router: &[(&str, &str)],
+) -> std::path::PathBuf {
+    let mut config = serde_json::json!({
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": "db",
+        "database.dbname": "orders",
+        "plugin.name": "pgoutput",
+        "table.include.list": "public.outboxevent",
+        "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+        "value.converter": value_converter,
+        "transforms": "outbox",
+        "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+    });
+    for (key, value) in router {
+        config[format!("transforms.outbox.{key}")] = (*value).into();
+    }
+    let path = dir.join("connector.json");
+    let body = serde_json::json!({"name": "orders", "config": config});
+    std::fs::write(&path, body.to_string()).unwrap();
+    path
+}
+
+#[test]
+fn import_debezium_refuses_values_debezium_refuses_naming_the_option_and_accepted_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = connector(
+        dir.path(),
+        STRING_CONVERTER,
+        &[
+            ("table.op.invalid.behavior", "loud"),
+            ("table.fields.additional.placement", ""),
+        ],
+    );
+    let output = relay(&["import-debezium", path.to_str().unwrap()], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(output.stdout.is_empty(), "no config printed");
+    assert!(
+        text.contains("error: transforms.outbox.table.op.invalid.behavior: \"loud\"")
+            && text.contains("warn, error and fatal"),
+        "{text}"
+    );
+    assert!(
+        text.contains("error: transforms.outbox.table.fields.additional.placement: \"\" is empty"),
+        "{text}"
+    );
+    // Errors are listed before the other notes.
+    let first_info = text.find("info: ").expect("info notes too");
+    assert!(
+        text.rfind("error: transforms").unwrap() < first_info,
+        "{text}"
+    );
+}
+
+#[test]
+fn import_debezium_prints_no_config_for_differences_unless_they_are_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = connector(dir.path(), "io.confluent.connect.avro.AvroConverter", &[]);
+    let output = relay(&["import-debezium", path.to_str().unwrap()], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(output.stdout.is_empty(), "no config printed");
+    assert!(
+        text.contains(
+            "difference: value.converter: io.confluent.connect.avro.AvroConverter: not supported"
+        ) && text.contains("--accept-differences"),
+        "{text}"
+    );
+    let output = relay(
+        &[
+            "import-debezium",
+            "--accept-differences",
+            path.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("[[pipelines]]"),
+        "{text}"
+    );
+    // Without differences the config is printed and the exit code is 0.
+    let path = connector(dir.path(), STRING_CONVERTER, &[]);
+    let output = relay(&["import-debezium", path.to_str().unwrap()], &[]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}

@@ -140,8 +140,11 @@ pub enum Command {
     /// the Outbox Event Router: the JSON posted to Kafka Connect, its bare config map, or a
     /// .properties file; or a Debezium Server application.properties (source, outbox transform
     /// and sink: debezium.sink.type kafka, redis, nats-jetstream, rabbitmq or http). Options it
-    /// does not carry over go to stderr, one per line, with the reason. Passwords are never printed: URLs refer to
-    /// environment variables.
+    /// does not carry over go to stderr, one per line, with the reason, most severe first
+    /// (error, difference, info). Passwords are never printed: URLs refer to environment
+    /// variables. Exits 1 without printing a config when Debezium itself refuses an option's
+    /// value, or when the relay would publish something other than Debezium did (a difference)
+    /// and --accept-differences is not given.
     ///
     ///   outbox-relay import-debezium orders-connector.json > relay.toml
     ///   outbox-relay import-debezium conf/application.properties > relay.toml
@@ -150,6 +153,10 @@ pub enum Command {
         /// Connector configuration file (.json or .properties), or Debezium Server's
         /// application.properties.
         connector: std::path::PathBuf,
+        /// Print the config even where the relay publishes something other than Debezium did
+        /// (the notes marked "difference"), once you have checked each.
+        #[arg(long)]
+        accept_differences: bool,
     },
 }
 

@@ -216,12 +216,33 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
             anyhow::ensure!(!failed, "some checks failed");
             Ok(())
         }
-        Command::ImportDebezium { connector } => {
-            let imported = crate::import::import_file(&connector)?;
-            print!("{}", imported.toml);
+        Command::ImportDebezium {
+            connector,
+            accept_differences,
+        } => {
+            let imported = match crate::import::import_file(&connector) {
+                Err(crate::import::ImportError::Refused { notes }) => {
+                    for note in &notes {
+                        eprintln!("{note}");
+                    }
+                    let errors = notes
+                        .iter()
+                        .filter(|n| n.severity == crate::import::Severity::Error)
+                        .count();
+                    anyhow::bail!("{}: Debezium refuses {errors} of its option values (the error lines above): no config printed", connector.display());
+                }
+                result => result?,
+            };
             for note in &imported.notes {
                 eprintln!("{note}");
             }
+            let differences = imported.differences();
+            anyhow::ensure!(
+                differences == 0 || accept_differences,
+                "{}: the relay would publish other records than Debezium did in {differences} place(s) (the difference lines above): no config printed; check each, then run again with --accept-differences",
+                connector.display()
+            );
+            print!("{}", imported.toml);
             Ok(())
         }
         Command::Status(args) => {

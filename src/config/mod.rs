@@ -26,8 +26,8 @@ pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
     matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
-    InvalidOpBehavior, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns, Placement,
-    RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
+    InvalidOpBehavior, JsonPayload, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns,
+    Placement, RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -211,6 +211,9 @@ pub struct PipelineConfig {
     #[serde(default, skip_serializing_if = "is_default")]
     #[schemars(!skip_serializing_if)]
     pub bytea_format: ByteaFormat,
+    #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
+    pub json_payload: JsonPayload,
     #[serde(default, skip_serializing_if = "is_default")]
     #[schemars(!skip_serializing_if)]
     pub on_bad_event: OnBadEvent,
@@ -421,6 +424,7 @@ impl PipelineConfig {
             null_payload: NullPayload::default(),
             empty_payload: EmptyPayload::default(),
             bytea_format: ByteaFormat::default(),
+            json_payload: JsonPayload::default(),
             on_bad_event: OnBadEvent::default(),
             dead_letter_topic: None,
             op_invalid_behavior: InvalidOpBehavior::default(),

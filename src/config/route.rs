@@ -243,6 +243,23 @@ pub enum ByteaFormat {
     Hex,
 }
 
+/// How a json, jsonb or text payload is published.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum JsonPayload {
+    /// The text as PostgreSQL prints it, byte for byte (what Debezium publishes with
+    /// `StringConverter` and no expansion).
+    #[default]
+    AsStored,
+    /// What Debezium publishes with `table.expand.json.payload = true` and `JsonConverter`
+    /// (`schemas.enable = false`): the object re-written compactly, null fields and empty
+    /// arrays left out (`router/render/expand.rs`). A payload Debezium would not expand is a
+    /// bad event.
+    DebeziumExpanded,
+}
+
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
 /// column, a destination outside `route.allowed_destinations` or reserved for the relay, bad
 /// headers JSON, bad partition or timestamp value).

@@ -18,13 +18,11 @@ use std::fmt;
 use std::path::Path;
 
 use crate::config::file::FileConfig;
-use crate::config::{
-    AdditionalPlacement, EmptyPayload, InvalidOpBehavior, KafkaConfig, MissingPlacementColumn,
-    NullPayload, OutboxColumns, PipelineConfig, Placement, RouteConfig, Secret, TableName,
-    ValueFormat,
-};
+use crate::config::{KafkaConfig, PipelineConfig, Secret, TableName};
 
+mod event_router;
 mod formats;
+mod reasons;
 mod server;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -49,25 +47,83 @@ pub struct Connector {
     pub options: BTreeMap<String, String>,
 }
 
+/// How much a [`Note`] matters, most first: notes are listed in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Debezium itself refuses the option's value: nothing is imported.
+    Error,
+    /// The relay will not publish what Debezium published (or cannot reproduce the option):
+    /// `import-debezium` prints no config unless `--accept-differences` is given.
+    Difference,
+    /// Carried over, not needed, or without effect on the records.
+    Info,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Error => "error",
+            Severity::Difference => "difference",
+            Severity::Info => "info",
+        })
+    }
+}
+
 /// An option (or a column default) that was not carried over as it was, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Note {
+    pub severity: Severity,
     pub option: String,
     pub reason: String,
 }
 
-impl fmt::Display for Note {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.option, self.reason)
+impl Note {
+    /// A note of [`Severity::Info`].
+    pub fn info(option: impl Into<String>, reason: impl Into<String>) -> Note {
+        Note {
+            severity: Severity::Info,
+            option: option.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A note of [`Severity::Difference`].
+    pub fn difference(option: impl Into<String>, reason: impl Into<String>) -> Note {
+        Note {
+            severity: Severity::Difference,
+            ..Note::info(option, reason)
+        }
     }
 }
 
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.severity, self.option, self.reason)
+    }
+}
+
+/// `notes` sorted by [`Severity`], most severe first, each severity in its original order.
+fn sorted(mut notes: Vec<Note>) -> Vec<Note> {
+    notes.sort_by_key(|n| n.severity);
+    notes
+}
+
 /// The translation: TOML for a config file (the serialized [`FileConfig`] with one pipeline,
-/// under comments), and the notes for the operator.
+/// under comments), and the notes for the operator, sorted by [`Severity`] (never an error).
 #[derive(Debug, Clone)]
 pub struct Imported {
     pub toml: String,
     pub notes: Vec<Note>,
+}
+
+impl Imported {
+    /// The notes of [`Severity::Difference`].
+    pub fn differences(&self) -> usize {
+        self.notes
+            .iter()
+            .filter(|n| n.severity == Severity::Difference)
+            .count()
+    }
 }
 
 /// A connector configuration that cannot be translated.
@@ -83,6 +139,9 @@ pub enum ImportError {
     Format { path: String, reason: String },
     #[error("{option}: {reason}")]
     Unsupported { option: String, reason: String },
+    /// Options whose values Debezium refuses; `notes` holds every note, errors first.
+    #[error("Debezium refuses {} option value(s): {}", .notes.iter().filter(|n| n.severity == Severity::Error).count(), .notes.iter().filter(|n| n.severity == Severity::Error).map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Refused { notes: Vec<Note> },
 }
 
 /// Reads `path` (a `.properties` file, else JSON: `{"name": ..., "config": {...}}` as posted to
@@ -161,12 +220,13 @@ fn with_name(name: Option<String>, mut options: BTreeMap<String, String>) -> Con
 /// Translates `connector` into an outbox-relay config and notes.
 ///
 /// Returns an error if it is not a Debezium PostgreSQL connector, has no Outbox Event Router
-/// transform, or its `table.fields.additional.placement` is malformed.
+/// transform, or Debezium refuses one of its option values ([`ImportError::Refused`], with
+/// every note).
 pub fn translate(connector: &Connector) -> Result<Imported, ImportError> {
     let (file, comments, notes) = translate_parts(connector)?;
     Ok(Imported {
         toml: render(&comments, &file),
-        notes,
+        notes: sorted(notes),
     })
 }
 
@@ -178,6 +238,7 @@ fn translate_parts(
         options: connector.options.clone(),
         used: BTreeSet::new(),
         notes: Vec::new(),
+        expanded: false,
     };
     if let Some(class) = im.take("connector.class") {
         if class != POSTGRES_CONNECTOR {
@@ -245,7 +306,7 @@ fn translate_parts(
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         ..PipelineConfig::new(name.clone(), im.table())
     };
-    im.router(alias, &mut pipeline)?;
+    im.router(alias, &mut pipeline);
     let bootstrap_servers = im.take("producer.override.bootstrap.servers");
     pipeline.kafka.properties = im.producer_properties();
     im.note_the_rest(alias, other_routers);
@@ -282,6 +343,11 @@ fn translate_parts(
         pipelines: vec![pipeline],
         ..FileConfig::default()
     };
+    if im.notes.iter().any(|n| n.severity == Severity::Error) {
+        return Err(ImportError::Refused {
+            notes: sorted(im.notes),
+        });
+    }
     Ok((file, comments, im.notes))
 }
 
@@ -312,6 +378,8 @@ struct Importer {
     options: BTreeMap<String, String>,
     used: BTreeSet<String>,
     notes: Vec<Note>,
+    /// `table.expand.json.payload` is true.
+    expanded: bool,
 }
 
 struct UrlWithSecret {
@@ -330,9 +398,21 @@ impl Importer {
     }
 
     fn note(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note::info(option, reason));
+    }
+
+    fn difference(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note::difference(option, reason));
+    }
+
+    /// A value Debezium refuses: `accepted` lists what it takes.
+    fn refuse(&mut self, option: &str, value: &str, accepted: &str) {
         self.notes.push(Note {
+            severity: Severity::Error,
             option: option.to_owned(),
-            reason: reason.into(),
+            reason: format!(
+                "{value:?} is refused by Debezium too: the accepted values are {accepted}"
+            ),
         });
     }
 
@@ -408,9 +488,11 @@ impl Importer {
             if libpq.contains(&mode.as_str()) {
                 query.push(format!("sslmode={mode}"));
             } else {
-                self.note(
+                // Debezium's sslmode takes libpq's values only.
+                self.refuse(
                     "database.sslmode",
-                    format!("{mode:?} is not a libpq sslmode: left out (prefer)"),
+                    &mode,
+                    "disable, allow, prefer, require, verify-ca and verify-full",
                 );
             }
         }
@@ -433,13 +515,16 @@ impl Importer {
             .take("plugin.name")
             .unwrap_or_else(|| "decoderbufs".into());
         let slot = self.take("slot.name").unwrap_or_else(|| "debezium".into());
-        if plugin == "pgoutput" {
-            return (slot, false);
+        match plugin.trim().to_ascii_lowercase().as_str() {
+            "pgoutput" => return (slot, false),
+            // wal2json: Debezium 1.x.
+            "decoderbufs" | "wal2json" | "wal2json_streaming" | "wal2json_rds"
+            | "wal2json_rds_streaming" => self.difference(
+                "plugin.name",
+                format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
+            ),
+            _ => self.refuse("plugin.name", &plugin, "pgoutput and decoderbufs"),
         }
-        self.note(
-            "plugin.name",
-            format!("{plugin} (Debezium's default is decoderbufs): outbox-relay reads pgoutput only, so it cannot take over slot {slot:?}; the config names a new slot outbox_relay: create it with `outbox-relay setup` before stopping Debezium (events in between are published twice; consumers dedupe by the id header), then drop {slot:?}"),
-        );
         ("outbox_relay".into(), true)
     }
 
@@ -496,116 +581,6 @@ impl Importer {
         }
     }
 
-    /// Sets `pipeline`'s columns, route and record options from the Event Router transform
-    /// `alias`.
-    fn router(&mut self, alias: &str, pipeline: &mut PipelineConfig) -> Result<(), ImportError> {
-        let option = |name: &str| format!("transforms.{alias}.{name}");
-        self.take(&option("type"));
-        let get = |im: &mut Importer, name: &str| im.take(&option(name));
-        let event_type = get(self, "table.field.event.type").unwrap_or_else(|| {
-            self.note("columns.event_type", "\"type\", the column of Debezium's documented outbox table: outbox-relay requires an event type column and sends it as header event_type (Debezium 2.x has no such option); name yours if it differs");
-            "type".into()
-        });
-        let topic_regex = get(self, "route.topic.regex").filter(|r| r != DEFAULT_TOPIC_REGEX);
-        if topic_regex.is_some() {
-            self.note(&option("route.topic.regex"), "copied to route.topic_regex (Java regex syntax); where it did not match, Debezium's RegexRouter kept the routing value itself as the topic: check the topics outbox-relay gives such values");
-        }
-        // A NULL or empty payload gives a tombstone (value_format envelope included).
-        let tombstone_on_empty = match get(self, "route.tombstone.on.empty.payload") {
-            Some(value) => boolean(&value).ok_or_else(|| ImportError::Unsupported {
-                option: option("route.tombstone.on.empty.payload"),
-                reason: format!("{value:?} is not true or false, which Debezium refuses too"),
-            })?,
-            None => false,
-        };
-        if tombstone_on_empty {
-            pipeline.empty_payload = EmptyPayload::Tombstone;
-        }
-        let op_invalid = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"]
-            .into_iter()
-            .find_map(|name| get(self, name).map(|value| (option(name), value)));
-        let op_invalid_behavior = op_invalid.map(|(option, value)| {
-            let (mapped, name) = match value.trim().to_ascii_lowercase().as_str() {
-                "fatal" => (InvalidOpBehavior::Error, "error"),
-                "error" => {
-                    self.note(&option, "error (log and go on) becomes \"warn\": outbox-relay's \"error\" stops the pipeline, like Debezium's fatal");
-                    (InvalidOpBehavior::Warn, "warn")
-                }
-                _ => (InvalidOpBehavior::Warn, "warn"),
-            };
-            self.note(
-                &option,
-                format!("op_invalid_behavior = {name:?} also covers DELETEs (Debezium drops them silently) and needs a publication that publishes updates and deletes; if your services delete outbox rows, leave it out (ignore)"),
-            );
-            mapped
-        });
-        if let Some(value) = get(self, "table.field.additional.missing") {
-            pipeline.missing_placement_column = match value.trim().to_ascii_lowercase().as_str() {
-                "error" => MissingPlacementColumn::Error,
-                "ignore" => MissingPlacementColumn::Ignore,
-                _ => {
-                    return Err(ImportError::Unsupported {
-                        option: option("table.field.additional.missing"),
-                        reason: format!(
-                            "{value:?} is not error or ignore, which Debezium refuses too"
-                        ),
-                    })
-                }
-            };
-        }
-        let additional = match get(self, "table.fields.additional.placement") {
-            Some(list) => {
-                additional_placement(&list).map_err(|reason| ImportError::Unsupported {
-                    option: option("table.fields.additional.placement"),
-                    reason,
-                })?
-            }
-            None => Vec::new(),
-        };
-        if let Some(expand) = get(self, "table.expand.json.payload") {
-            self.note(
-                &option("table.expand.json.payload"),
-                format!("{expand}: outbox-relay always publishes the payload text as PostgreSQL prints it, so a json/jsonb payload is JSON already (as expansion gave), byte for byte"),
-            );
-        }
-        pipeline.columns = OutboxColumns {
-            id: get(self, "table.field.event.id").unwrap_or_else(|| "id".into()),
-            aggregate_type: get(self, "route.by.field").unwrap_or_else(|| "aggregatetype".into()),
-            aggregate_id: get(self, "table.field.event.key")
-                .unwrap_or_else(|| "aggregateid".into()),
-            event_type,
-            payload: get(self, "table.field.event.payload")
-                .or_else(|| get(self, "table.field.payload"))
-                .unwrap_or_else(|| "payload".into()),
-            timestamp: get(self, "table.field.event.timestamp"),
-            ..OutboxColumns::default()
-        };
-        pipeline.route = RouteConfig {
-            topic_template: java_replacement(
-                &get(self, "route.topic.replacement")
-                    .unwrap_or_else(|| DEFAULT_TOPIC_REPLACEMENT.into()),
-            ),
-            topic_regex,
-            ..RouteConfig::default()
-        };
-        if let Some(behavior) = op_invalid_behavior {
-            pipeline.op_invalid_behavior = behavior;
-        }
-        if additional
-            .iter()
-            .any(|a| a.placement == Placement::Envelope)
-        {
-            pipeline.value_format = ValueFormat::Envelope;
-            // Debezium's envelope keeps a NULL payload as "payload": null unless told to
-            // send a tombstone.
-            if !tombstone_on_empty {
-                pipeline.null_payload = NullPayload::JsonNull;
-            }
-        }
-        pipeline.additional_placement = additional;
-        Ok(())
-    }
-
     /// `producer.override.*` properties librdkafka knows by the same name.
     fn producer_properties(&mut self) -> Vec<(String, String)> {
         let options: Vec<String> = self
@@ -627,7 +602,7 @@ impl Importer {
                 (p, _) if SAME_PRODUCER_PROPERTIES.contains(&p) => {
                     properties.push((p.to_owned(), value))
                 }
-                _ => self.note(
+                _ => self.difference(
                     &option,
                     "a Java producer property: set the librdkafka equivalent under kafka.properties by hand",
                 ),
@@ -644,15 +619,28 @@ impl Importer {
             .filter(|(k, _)| !self.used.contains(*k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        let context = formats::Context {
+            expanded: self.expanded,
+            value_schemas: self
+                .options
+                .get("value.converter.schemas.enable")
+                .and_then(|v| boolean(v))
+                .unwrap_or(true),
+        };
         for (option, value) in rest {
-            let reason = reason_for(&option, &value, router, other_routers);
-            self.note(&option, reason);
+            let (severity, reason) =
+                reasons::reason_for(&option, &value, router, other_routers, &context);
+            self.notes.push(Note {
+                severity,
+                option,
+                reason,
+            });
         }
         if !self.options.contains_key("value.converter") {
-            self.note("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
+            self.difference("value.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the payload as a JSON string (quoted and escaped, in a schema envelope unless schemas.enable=false), while outbox-relay writes the payload text itself: check your consumers");
         }
         if !self.options.contains_key("key.converter") {
-            self.note("key.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the key (aggregate id) as a quoted JSON string, while outbox-relay writes its text: the same aggregate goes to another partition, so its order across the switch-over is not kept (see Coming from Debezium)");
+            self.difference("key.converter", "not set, so the Kafka Connect worker's default applied; with JsonConverter (Kafka's default) Debezium wrote the key (aggregate id) as a quoted JSON string, while outbox-relay writes its text: the same aggregate goes to another partition, so its order across the switch-over is not kept (see Coming from Debezium)");
         }
     }
 }
@@ -697,145 +685,6 @@ fn env_reference(value: &str) -> Reference {
             Reference::Env(name.to_owned())
         }
         _ => Reference::Other,
-    }
-}
-
-/// A Java regex replacement (`$1`, `${name}`) in outbox-relay's template form (`${1}`, `${name}`).
-fn java_replacement(replacement: &str) -> String {
-    let mut out = String::with_capacity(replacement.len());
-    let mut chars = replacement.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
-            out.push_str("${");
-            while let Some(d) = chars.next_if(char::is_ascii_digit) {
-                out.push(d);
-            }
-            out.push('}');
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Parses `column:placement[:alias],...`.
-fn additional_placement(list: &str) -> Result<Vec<AdditionalPlacement>, String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
-        .map(|entry| {
-            let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
-            let (field, placement, alias) = match parts[..] {
-                [field, placement] => (field, placement, None),
-                [field, placement, alias] => (field, placement, Some(alias)),
-                _ => {
-                    return Err(format!(
-                        "{entry:?} is not column:placement or column:placement:alias"
-                    ))
-                }
-            };
-            let placement = match placement.to_ascii_lowercase().as_str() {
-                "header" => Placement::Header,
-                "envelope" => Placement::Envelope,
-                "partition" => Placement::Partition,
-                _ => {
-                    return Err(format!(
-                        "{entry:?}: placement must be header, envelope or partition"
-                    ))
-                }
-            };
-            Ok(AdditionalPlacement {
-                field: field.to_owned(),
-                // Debezium ignores an alias for the partition.
-                alias: alias
-                    .filter(|_| placement != Placement::Partition)
-                    .map(str::to_owned),
-                placement,
-            })
-        })
-        .collect()
-}
-
-/// Why an option is not carried over.
-fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String]) -> String {
-    let starts = |prefix: &str| option.starts_with(prefix);
-    if let Some(rest) = option.strip_prefix(&format!("transforms.{router}.")) {
-        return match rest {
-            r if r.starts_with("tracing.") => "outbox-relay creates no tracing spans".into(),
-            "predicate" | "negate" => {
-                "outbox-relay applies its routing to the configured table only".into()
-            }
-            "table.field.payload.id"
-            | "table.field.event.schema.version"
-            | "table.field.schema.version" => {
-                "Debezium 1.x envelope metadata; outbox-relay has no equivalent".into()
-            }
-            "table.json.payload.null.behavior" => {
-                "about JSON expansion, which outbox-relay does not need".into()
-            }
-            _ => "an Event Router option outbox-relay does not know".into(),
-        };
-    }
-    if let Some(alias) = other_routers
-        .iter()
-        .find(|a| starts(&format!("transforms.{a}.")))
-    {
-        return format!(
-            "a second Event Router ({alias}): one pipeline per outbox table, import it separately"
-        );
-    }
-    if starts("transforms.") || starts("predicates") {
-        return "another transform: outbox-relay applies only the outbox routing".into();
-    }
-    if let Some(reason) = formats::reason(option, value) {
-        return reason;
-    }
-    match option {
-        "topic.prefix" | "database.server.name" => {
-            "not needed: it names Debezium's own topics; the outbox topics come from route.topic_template".into()
-        }
-        "tasks.max" => "one pipeline reads one slot".into(),
-        "snapshot.mode" => "outbox-relay never snapshots: it publishes rows committed after the slot's position".into(),
-        "slot.drop.on.stop" if value == "true" => {
-            "the slot was dropped whenever Debezium stopped: create it with `outbox-relay setup`".into()
-        }
-        "publication.autocreate.mode" => format!(
-            "{value}: outbox-relay does not create publications while running (`outbox-relay setup` does); a publication FOR ALL TABLES works, and other tables' changes are passed over"
-        ),
-        "heartbeat.interval.ms" | "heartbeat.action.query" | "heartbeat.topics.prefix" => {
-            "outbox-relay confirms the slot's position from keepalives when idle: no heartbeats needed".into()
-        }
-        "tombstones.on.delete" | "skipped.operations" => {
-            "outbox-relay publishes inserts only (op_invalid_behavior covers updates and deletes)".into()
-        }
-        "max.batch.size" | "max.queue.size" | "max.queue.size.in.bytes" | "poll.interval.ms" => {
-            "see max_in_flight_events and max_in_flight_bytes".into()
-        }
-        "database.sslpassword" | "database.sslfactory" => "not supported by outbox-relay's TLS".into(),
-        "database.initial.statements" => "outbox-relay runs no statements of yours".into(),
-        _ if starts("key.converter.") || starts("value.converter.") || starts("header.converter.") => {
-            "converter setting: outbox-relay publishes the columns' text (see the converter lines)".into()
-        }
-        _ if starts("errors.") => {
-            "Kafka Connect error handling: outbox-relay stops on bad input (on_bad_event) and retries transient failures".into()
-        }
-        _ if starts("topic.creation.") => "outbox-relay creates no topics: they must exist or be auto-created".into(),
-        _ if starts("slot.") => "outbox-relay retries and keeps its slot itself".into(),
-        _ if starts("snapshot.") || starts("incremental.snapshot") || starts("signal.") || starts("notification.") => {
-            "outbox-relay has no snapshots or signals".into()
-        }
-        _ if starts("schema.")
-            || starts("table.")
-            || starts("column.")
-            || starts("message.")
-            || starts("database.") =>
-        {
-            "shapes Debezium's change events; outbox-relay reads the configured table only".into()
-        }
-        _ if option.ends_with(".handling.mode") || option.ends_with(".adjustment.mode") => {
-            "shapes Debezium's change events; outbox-relay publishes the columns' text as PostgreSQL prints it".into()
-        }
-        _ => "no outbox-relay equivalent".into(),
     }
 }
 

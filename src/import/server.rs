@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{render, translate_parts, Connector, ImportError, Imported, Note};
+use super::{render, sorted, translate_parts, Connector, ImportError, Imported, Note, Severity};
 use crate::config::sink::NatsUrl;
+use crate::config::JsonPayload;
 use crate::config::{
     HttpConfig, KafkaConfig, NatsConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl,
 };
@@ -72,7 +73,15 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
         name: server.name.clone(),
         options: source,
     };
-    let (mut file, mut comments, mut notes) = translate_parts(&connector)?;
+    let (mut file, mut comments, mut notes) = translate_parts(&connector).map_err(|e| match e {
+        ImportError::Refused { mut notes } => {
+            for note in &mut notes {
+                note.option = original_name(&note.option);
+            }
+            ImportError::Refused { notes }
+        }
+        e => e,
+    })?;
     // Debezium Server has no converters: its value format is `debezium.format.value`.
     notes.retain(|n| {
         n.option != "value.converter" || connector.options.contains_key("value.converter")
@@ -82,11 +91,22 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
     }
     if !server.options.contains_key("debezium.format.value") {
         notes.push(Note {
+            severity: Severity::Difference,
             option: "debezium.format.value".into(),
             reason: "not set, so Debezium Server wrote values in its json format (a text payload column as a quoted JSON string); outbox-relay writes the payload text itself: check your consumers".into(),
         });
     }
+    let expanded = file.pipelines[0].json_payload == JsonPayload::DebeziumExpanded;
     for key in other {
+        if key == "debezium.format.value" {
+            let value = server.options.get(&key).cloned().unwrap_or_default();
+            let schemas = server
+                .options
+                .get("debezium.format.value.schemas.enable")
+                .and_then(|v| super::boolean(v));
+            notes.push(value_format(key, &value, expanded, schemas));
+            continue;
+        }
         let reason = if key.starts_with("debezium.format.") {
             "Debezium Server's output format: outbox-relay writes the payload column as the value (the outbox transform's output) and headers as its sink kind carries them"
         } else if key.starts_with("quarkus.") {
@@ -94,10 +114,7 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
         } else {
             "not a Debezium Server option outbox-relay knows"
         };
-        notes.push(Note {
-            option: key,
-            reason: reason.into(),
-        });
+        notes.push(Note::info(key, reason));
     }
     let env_prefix = env_prefix(&file.pipelines[0].name);
     let pipeline = &mut file.pipelines[0];
@@ -165,8 +182,19 @@ pub(super) fn translate(server: &Connector) -> Result<Imported, ImportError> {
     comments[0] = comments[0].replace("Debezium connector", "Debezium Server configuration");
     Ok(Imported {
         toml: render(&comments, &file),
-        notes,
+        notes: sorted(notes),
     })
+}
+
+/// How Debezium Server's `debezium.format.value` compares with what the relay writes;
+/// `schemas` is `debezium.format.value.schemas.enable` when given.
+fn value_format(option: String, value: &str, expanded: bool, schemas: Option<bool>) -> Note {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "simplestring" | "binary" => Note::info(option, format!("{value}: not needed: outbox-relay writes the payload text, or a bytea payload's bytes, too")),
+        "json" if expanded && schemas == Some(false) => Note::info(option, "json without schemas, with table.expand.json.payload: the same bytes as json_payload = \"debezium_expanded\" writes"),
+        "avro" | "protobuf" => Note::difference(option, format!("{value}: not supported: Avro and Protobuf with a schema registry; outbox-relay registers no schemas and writes the payload as it is stored, because no schema registry can be run to test against")),
+        _ => Note::difference(option, format!("{value}: Debezium Server wrote the payload in that format (json: a text payload as a quoted JSON string, with a schema wrapper unless schemas.enable=false); outbox-relay writes the payload text itself: check your consumers")),
+    }
 }
 
 /// A connector option's name as Debezium Server writes it.
@@ -197,10 +225,10 @@ fn drop_kafka(
 ) {
     *file_kafka = KafkaConfig::default();
     for (key, _) in std::mem::take(&mut pipeline_kafka.properties) {
-        notes.push(Note {
-            option: format!("{SOURCE}producer.override.{key}"),
-            reason: "a Kafka producer setting: this pipeline's sink is not Kafka".into(),
-        });
+        notes.push(Note::info(
+            format!("{SOURCE}producer.override.{key}"),
+            "a Kafka producer setting: this pipeline's sink is not Kafka",
+        ));
     }
     comments.retain(|c| !c.starts_with("[kafka] bootstrap_servers"));
 }
@@ -238,10 +266,15 @@ impl SinkOptions {
     }
 
     fn note(&mut self, option: &str, reason: impl Into<String>) {
-        self.notes.push(Note {
-            option: format!("{SINK}{}.{option}", self.kind),
-            reason: reason.into(),
-        });
+        self.notes
+            .push(Note::info(format!("{SINK}{}.{option}", self.kind), reason));
+    }
+
+    fn difference(&mut self, option: &str, reason: impl Into<String>) {
+        self.notes.push(Note::difference(
+            format!("{SINK}{}.{option}", self.kind),
+            reason,
+        ));
     }
 
     /// A password option as an environment reference: `${PREFIX_<WHAT>_PASSWORD}`, with a
@@ -309,9 +342,9 @@ impl SinkOptions {
         };
         let scheme = if tls { "rediss" } else { "redis" };
         if let Some(format) = self.take("message.format") {
-            self.note("message.format", format!("{format}: outbox-relay writes one entry per event with the fields id, event headers, key and payload (docs/how-to/sinks/redis.md), not Debezium's key -> value field"));
+            self.difference("message.format", format!("{format}: outbox-relay writes one entry per event with the fields id, event headers, key and payload (docs/how-to/sinks/redis.md), not Debezium's key -> value field"));
         } else {
-            self.note("message.format", "not set, so Debezium wrote each entry as one field named after the key holding the value; outbox-relay writes the fields id, event headers, key and payload (docs/how-to/sinks/redis.md): check your consumers");
+            self.difference("message.format", "not set, so Debezium wrote each entry as one field named after the key holding the value; outbox-relay writes the fields id, event headers, key and payload (docs/how-to/sinks/redis.md): check your consumers");
         }
         RedisConfig {
             url: SinkUrl(format!("{scheme}://{credentials}{address}")),
@@ -378,7 +411,7 @@ impl SinkOptions {
         let exchange = self.take("exchange").unwrap_or_default();
         if exchange.is_empty() {
             // Debezium Server publishes to an exchange named after each topic then.
-            self.note("exchange", "not set: Debezium published each message to an exchange named after its topic (routing key \"\" unless set); outbox-relay publishes to one exchange, here the default one (routing key = the destination, which names the queue): declare a topic exchange, set sink.exchange and bind your queues to it by routing key");
+            self.difference("exchange", "not set: Debezium published each message to an exchange named after its topic (routing key \"\" unless set); outbox-relay publishes to one exchange, here the default one (routing key = the destination, which names the queue): declare a topic exchange, set sink.exchange and bind your queues to it by routing key");
         }
         let from_topic = self
             .take("routingKeyFromTopicName")
@@ -420,10 +453,10 @@ impl SinkOptions {
             .and_then(|ms| ms.parse().ok())
             .unwrap_or(DEBEZIUM_HTTP_TIMEOUT_MS);
         if self.take("headers.encode.base64").as_deref() != Some("false") {
-            self.note("headers.encode.base64", "true or not set (Debezium's default): Debezium sent header values base64-encoded; outbox-relay sends them as text, so receivers that decode them must stop");
+            self.difference("headers.encode.base64", "true or not set (Debezium's default): Debezium sent header values base64-encoded; outbox-relay sends them as text, so receivers that decode them must stop");
         }
         if self.take("authentication.type").is_some() {
-            self.note("authentication.type", "outbox-relay signs each request (Standard Webhooks, sink.secret_file) instead of sending a JWT");
+            self.difference("authentication.type", "outbox-relay signs each request (Standard Webhooks, sink.secret_file) instead of sending a JWT");
         }
         http
     }
@@ -438,10 +471,7 @@ impl SinkOptions {
                 Some(_) => format!("not carried over to the {} sink", self.kind),
                 None => format!("an option of another sink type (this one is {})", self.kind),
             };
-            self.notes.push(Note {
-                option: format!("{SINK}{key}"),
-                reason,
-            });
+            self.notes.push(Note::info(format!("{SINK}{key}"), reason));
         }
     }
 }

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use crate::config::ByteaFormat;
 use crate::source::outbox::ValueKind;
 
+pub(crate) mod expand;
 mod float;
 pub(crate) mod time;
 

@@ -850,3 +850,58 @@ fn row_headers_cannot_pass_for_the_relays_own() {
     let names: Vec<&str> = record.headers.iter().map(|(k, _)| k.as_ref()).collect();
     assert_eq!(names, vec!["id", "event_type", "trace"]);
 }
+
+#[test]
+fn debezium_expanded_payloads_are_expanded_in_both_formats_and_failures_are_bad_input() {
+    let payload = r#"{"amount": 1500000.10, "gone": null, "tags": []}"#;
+    let plain = with(
+        RouteConfig::default(),
+        None,
+        PipelineConfig {
+            json_payload: JsonPayload::DebeziumExpanded,
+            ..pipeline()
+        },
+    );
+    let mut e = event("Order");
+    e.payload = Some(Bytes::from_static(payload.as_bytes()));
+    let value = plain.route(&e, 0).unwrap().value.unwrap();
+    assert_eq!(&value[..], br#"{"amount":1500000.1}"#);
+    // A text payload is expanded too; a number payload is not (Debezium expands strings only).
+    e.payload_kind = ValueKind::Text;
+    assert_eq!(
+        &plain.route(&e, 0).unwrap().value.unwrap()[..],
+        br#"{"amount":1500000.1}"#
+    );
+    e.payload_kind = ValueKind::Number;
+    e.payload = Some(Bytes::from_static(b"12"));
+    assert_eq!(&plain.route(&e, 0).unwrap().value.unwrap()[..], b"12");
+
+    let mut envelope = envelope_router(NullPayload::Tombstone);
+    envelope.json_payload = JsonPayload::DebeziumExpanded;
+    let value = envelope
+        .route(
+            &envelope_event(&envelope, Some(payload), ValueKind::Json),
+            0,
+        )
+        .unwrap()
+        .value
+        .unwrap();
+    assert!(
+        value.starts_with(br#"{"payload":{"amount":1500000.1},"tenant":"ac\"me""#),
+        "{value:?}"
+    );
+
+    let err = plain
+        .route(&envelope_event(&plain, Some("[1, 2]"), ValueKind::Json), 0)
+        .unwrap_err();
+    assert!(
+        matches!(&err, RouteError::JsonExpansion { reason, .. } if reason.contains("not a JSON object")),
+        "{err}"
+    );
+    assert_eq!(err.reason_label(), "json_expansion");
+    assert!(
+        err.to_string()
+            .starts_with("event 00000000-0000-0000-0000-000000000001: json_payload"),
+        "{err}"
+    );
+}

@@ -22,6 +22,7 @@
 //!   the standby promoted; `target_session_attrs` on a multi-host URL;
 //! - `slot_loss`: a dropped slot is never re-created silently across restarts (the slot
 //!   record), `setup --accept-slot-loss`;
+//! - `json_expansion`: Debezium's JSON payload expansion, imported and run;
 //! - `operations`: config files, `setup`, `check`, `status`, `probe`, the inbox example,
 //!   `import-debezium`;
 //! - `exactly_once`: the transactional mode on librdkafka's mock cluster;
@@ -51,6 +52,7 @@ mod failover;
 mod failover_slots;
 mod failures;
 mod generated_columns;
+mod json_expansion;
 mod kafka_tls;
 mod operations;
 mod polling;

@@ -316,3 +316,36 @@ fn an_http_sink_keeps_debeziums_default_prefix_and_timeout() {
         imported.notes
     );
 }
+
+#[test]
+fn the_value_format_is_a_difference_unless_it_writes_what_the_relay_writes() {
+    let severity = |extra: &str| {
+        let text = format!("{SOURCE_AND_TRANSFORM}debezium.sink.type=kafka\n{extra}");
+        let imported = import(&text).unwrap();
+        imported
+            .notes
+            .iter()
+            .find(|n| n.option == "debezium.format.value")
+            .map(|n| (n.severity, n.reason.clone()))
+            .expect("a note for debezium.format.value")
+    };
+    assert_eq!(severity("").0, Severity::Difference);
+    assert_eq!(
+        severity("debezium.format.value=json\n").0,
+        Severity::Difference
+    );
+    let (avro, reason) = severity("debezium.format.value=avro\n");
+    assert_eq!(avro, Severity::Difference);
+    assert!(reason.contains("schema registry"), "{reason}");
+    assert_eq!(
+        severity("debezium.format.value=simplestring\n").0,
+        Severity::Info
+    );
+    assert_eq!(
+        severity(
+            "debezium.format.value=json\ndebezium.format.value.schemas.enable=false\ndebezium.transforms.outbox.table.expand.json.payload=true\n"
+        )
+        .0,
+        Severity::Info
+    );
+}

@@ -17,6 +17,11 @@ pub(super) fn java_float(text: &str, double: bool) -> Option<String> {
     })
 }
 
+/// `x` as Java's `Double.toString` prints it.
+pub(super) fn java_double(x: f64) -> String {
+    java_string(x)
+}
+
 /// The float types, for [`java_string`].
 trait Float: Copy + PartialEq + std::fmt::LowerExp + std::str::FromStr {
     fn is_nan(self) -> bool;
