@@ -42,6 +42,17 @@ pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_MAX_IN_FLIGHT_EVENTS: usize = 10_000;
 /// In-flight bytes (keys, values and headers): bounds memory whatever the event size.
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 * 1024 * 1024;
+/// `max_event_bytes` with a Kafka sink whose properties do not set `message.max.bytes`:
+/// librdkafka's default for it, the largest record the producer sends.
+pub const DEFAULT_KAFKA_MAX_EVENT_BYTES: usize = 1_000_000;
+/// `max_event_bytes` with a NATS sink: nats-server's default `max_payload` (1 MiB), the
+/// largest message a server takes unless configured otherwise.
+pub const DEFAULT_NATS_MAX_EVENT_BYTES: usize = 1024 * 1024;
+/// `max_event_bytes` with a Redis or HTTP sink, which have no maximum the relay can read
+/// (Redis's `proto-max-bulk-len` is 512 MB; receivers of webhooks differ): 16 MiB keeps what
+/// one row costs the relay (a few times its size, docs/operations/capacity.md) well inside
+/// a 256 MiB container.
+pub const DEFAULT_UNBOUNDED_SINK_MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// Time to wait for outstanding acknowledgements on shutdown before giving up (then the
 /// events after the last confirmed LSN are published again on restart).
 pub const DEFAULT_SHUTDOWN_TIMEOUT_SECS: u64 = 30;
@@ -251,6 +262,14 @@ pub struct PipelineConfig {
         skip_serializing_if = "is_default_max_in_flight_bytes"
     )]
     pub max_in_flight_bytes: usize,
+    /// The largest event the pipeline takes, bytes: the sum of the mapped columns' values as
+    /// PostgreSQL printed them (id, aggregate type and id, event type, payload, headers and
+    /// the columns routing and placements use). A larger row is refused before it is copied
+    /// (its values are not rendered, routed or buffered for the sink): dead-lettered as a
+    /// reference with `on_bad_event = "dead_letter"`, else the pipeline halts naming it.
+    /// `None`: the sink's own maximum ([`PipelineConfig::max_event_bytes`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_event_bytes: Option<usize>,
     /// [`DEFAULT_SHUTDOWN_TIMEOUT_SECS`].
     #[serde(
         default = "default_shutdown_timeout_secs",
@@ -336,6 +355,23 @@ defaults! {
     default_exactly_once_batch_linger_ms, is_default_exactly_once_batch_linger_ms: u64 = DEFAULT_EXACTLY_ONCE_BATCH_LINGER_MS;
 }
 
+/// The largest event a pipeline takes ([`PipelineConfig::max_event_bytes`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventLimit {
+    /// Bytes.
+    pub bytes: usize,
+    /// Where the value comes from, for errors (`max_event_bytes`, or which default).
+    pub from: &'static str,
+}
+
+impl EventLimit {
+    /// No limit (tests of other things).
+    pub const NONE: EventLimit = EventLimit {
+        bytes: usize::MAX,
+        from: "no limit",
+    };
+}
+
 /// The id a logical decoding message event gets when its JSON has no `id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -386,6 +422,7 @@ impl PipelineConfig {
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            max_event_bytes: None,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
             max_event_wait_secs: DEFAULT_MAX_EVENT_WAIT_SECS,
             terminate_stale_walsender_after_secs: None,
@@ -548,6 +585,12 @@ impl PipelineConfig {
                 problems.push(ConfigError::new(field, "must be greater than 0"));
             }
         }
+        if self.max_event_bytes == Some(0) {
+            problems.push(ConfigError::new(
+                "max_event_bytes",
+                "must be greater than 0",
+            ));
+        }
         if let Some(secs) = self.terminate_stale_walsender_after_secs {
             // A live relay replies every status interval: twice that is never stale.
             let min_secs = (2 * self.status_interval_ms).div_ceil(1_000).max(2);
@@ -651,6 +694,46 @@ impl PipelineConfig {
         Duration::from_secs(self.shutdown_timeout_secs)
     }
 
+    /// The largest event the pipeline takes, bytes, and the setting it comes from (for
+    /// errors): `max_event_bytes` when set, else the sink's own maximum: Kafka's producer
+    /// `message.max.bytes` (a `kafka.properties` entry, else [`DEFAULT_KAFKA_MAX_EVENT_BYTES`]),
+    /// NATS [`DEFAULT_NATS_MAX_EVENT_BYTES`], RabbitMQ `sink.max_message_bytes`, Redis and
+    /// HTTP [`DEFAULT_UNBOUNDED_SINK_MAX_EVENT_BYTES`].
+    pub fn max_event_bytes(&self) -> EventLimit {
+        let (bytes, from) = match (self.max_event_bytes, &self.sink) {
+            (Some(bytes), _) => (bytes, "max_event_bytes"),
+            (None, SinkConfig::Kafka) => {
+                let property = self
+                    .kafka
+                    .properties
+                    .iter()
+                    .rev()
+                    .find(|(key, _)| key == "message.max.bytes")
+                    .and_then(|(_, value)| value.trim().parse().ok());
+                match property {
+                    Some(bytes) => (bytes, "the default: kafka.properties message.max.bytes"),
+                    None => (
+                        DEFAULT_KAFKA_MAX_EVENT_BYTES,
+                        "the default: the Kafka producer's message.max.bytes",
+                    ),
+                }
+            }
+            (None, SinkConfig::Nats(_)) => (
+                DEFAULT_NATS_MAX_EVENT_BYTES,
+                "the default: nats-server's max_payload",
+            ),
+            (None, SinkConfig::RabbitMq(rabbitmq)) => (
+                rabbitmq.max_message_bytes,
+                "the default: sink.max_message_bytes",
+            ),
+            (None, SinkConfig::Redis(_) | SinkConfig::Http(_)) => (
+                DEFAULT_UNBOUNDED_SINK_MAX_EVENT_BYTES,
+                "the default for this sink",
+            ),
+        };
+        EventLimit { bytes, from }
+    }
+
     /// `max_event_wait_secs` as a duration.
     pub fn max_event_wait(&self) -> Duration {
         Duration::from_secs(self.max_event_wait_secs)
@@ -727,6 +810,60 @@ mod tests {
             "postgres://u@h/db?sslmode=require&password=***"
         );
         assert!(!format!("{:?}", config()).contains(":pw@"));
+    }
+
+    /// Without `max_event_bytes`, the limit is the sink's own maximum; with it, that value;
+    /// 0 is refused.
+    #[test]
+    fn max_event_bytes_defaults_to_the_sink_s_maximum() {
+        let limit = |config: &PipelineConfig| config.max_event_bytes().bytes;
+        let mut kafka = config();
+        assert_eq!(limit(&kafka), DEFAULT_KAFKA_MAX_EVENT_BYTES);
+        kafka.kafka.properties = vec![("message.max.bytes".into(), "2000".into())];
+        assert_eq!(
+            kafka.max_event_bytes(),
+            EventLimit {
+                bytes: 2000,
+                from: "the default: kafka.properties message.max.bytes"
+            }
+        );
+        let sink = |sink: SinkConfig| PipelineConfig { sink, ..config() };
+        assert_eq!(
+            limit(&sink(SinkConfig::Nats(NatsConfig::default()))),
+            DEFAULT_NATS_MAX_EVENT_BYTES
+        );
+        let rabbitmq = RabbitMqConfig {
+            max_message_bytes: 5_000,
+            ..RabbitMqConfig::default()
+        };
+        assert_eq!(limit(&sink(SinkConfig::RabbitMq(rabbitmq))), 5_000);
+        assert_eq!(
+            limit(&sink(SinkConfig::Redis(RedisConfig::default()))),
+            DEFAULT_UNBOUNDED_SINK_MAX_EVENT_BYTES
+        );
+        let set = PipelineConfig {
+            max_event_bytes: Some(10),
+            ..kafka
+        };
+        assert_eq!(
+            set.max_event_bytes(),
+            EventLimit {
+                bytes: 10,
+                from: "max_event_bytes"
+            }
+        );
+        assert!(set.problems().is_empty());
+        let zero = PipelineConfig {
+            max_event_bytes: Some(0),
+            ..set
+        };
+        assert_eq!(
+            zero.problems(),
+            vec![ConfigError::new(
+                "max_event_bytes",
+                "must be greater than 0"
+            )]
+        );
     }
 
     #[test]

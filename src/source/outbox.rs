@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::pgoutput::{InsertBody, MessageBody, RelationBody, TupleValue, TypeBody};
-use crate::config::{OutboxColumns, TableName};
+use crate::config::{EventLimit, OutboxColumns, TableName};
 use crate::lsn::Lsn;
 
 /// One outbox row, as text bytes PostgreSQL printed.
@@ -42,6 +42,41 @@ pub struct OutboxEvent {
     pub columns: Vec<ColumnValue>,
     /// Where the Insert is in the WAL.
     pub lsn: Lsn,
+    /// Why the relay refuses the event before routing it, if it does: the router turns it
+    /// into an error, so that the event is dead-lettered or halts the pipeline
+    /// (`on_bad_event`) like any bad row.
+    pub refused: Option<Refusal>,
+}
+
+/// Why an event is refused before it is routed ([`OutboxEvent::refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The row's mapped values are `bytes` long, over `limit`. The event is a reference to
+    /// the row: its id, aggregate type and aggregate id (copied, each cut to
+    /// [`REFERENCE_FIELD_BYTES`]) and nothing else, so that it holds no part of the
+    /// received message.
+    TooLarge { bytes: usize, limit: EventLimit },
+    /// The value of `column` of `relation` (`schema.table`) is not UTF-8: a `SQL_ASCII`
+    /// database stores text as any bytes.
+    NotUtf8 { relation: String, column: String },
+}
+
+/// Longest id, aggregate type and aggregate id a too large event's reference keeps, bytes.
+pub const REFERENCE_FIELD_BYTES: usize = 1024;
+
+/// `bytes` cut to [`REFERENCE_FIELD_BYTES`] (at a UTF-8 character's start when it is text),
+/// copied: a reference must not keep the received message alive.
+pub fn reference_field(bytes: &[u8]) -> Bytes {
+    let mut end = bytes.len().min(REFERENCE_FIELD_BYTES);
+    // Back to the start of a character the cut would split (a UTF-8 continuation byte).
+    while end > 0
+        && bytes
+            .get(end)
+            .is_some_and(|b| b & 0b1100_0000 == 0b1000_0000)
+    {
+        end -= 1;
+    }
+    Bytes::copy_from_slice(&bytes[..end])
 }
 
 /// One extra column's value.
@@ -208,6 +243,35 @@ struct ColumnIndexes {
     extra: Vec<(Option<usize>, ValueKind)>,
 }
 
+impl ColumnIndexes {
+    /// The bytes of the values of `values` that the event is made of (each mapped column
+    /// once), as their length prefixes give them: nothing is copied.
+    fn value_bytes(&self, values: &[TupleValue]) -> usize {
+        let mut indexes: Vec<usize> = [
+            Some(self.id),
+            Some(self.aggregate_type),
+            Some(self.aggregate_id),
+            Some(self.event_type),
+            Some(self.payload),
+            self.headers,
+            self.routed_by,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(self.extra.iter().filter_map(|(index, _)| *index))
+        .collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        indexes
+            .iter()
+            .filter_map(|&i| match values.get(i) {
+                Some(TupleValue::Text(bytes) | TupleValue::Binary(bytes)) => Some(bytes.len()),
+                _ => None,
+            })
+            .sum()
+    }
+}
+
 #[derive(Debug)]
 enum RelationKind {
     Other,
@@ -254,6 +318,11 @@ pub struct OutboxDecoder {
     oid: Option<u32>,
     /// Where a message event without an id gets its id; `None`: `lsn-<LSN>`.
     message_origin: Option<MessageOrigin>,
+    /// Events over this are refused ([`Refusal::TooLarge`]).
+    max_event_bytes: EventLimit,
+    /// Whether text values must be checked for UTF-8 ([`Refusal::NotUtf8`]): the database is
+    /// `SQL_ASCII`, and its walsender sends text as stored.
+    check_utf8: bool,
 }
 
 /// The cluster a message event came from, for its default id `pg-<system identifier>-
@@ -318,7 +387,24 @@ impl OutboxDecoder {
             types: HashMap::new(),
             oid: None,
             message_origin: None,
+            max_event_bytes: EventLimit::NONE,
+            check_utf8: false,
         }
+    }
+
+    /// Refuses events whose mapped values are over `limit` bytes ([`Refusal::TooLarge`]):
+    /// such an event is a reference to its row, with no value copied.
+    pub fn with_max_event_bytes(mut self, limit: EventLimit) -> Self {
+        self.max_event_bytes = limit;
+        self
+    }
+
+    /// Refuses events with a text value that is not UTF-8 ([`Refusal::NotUtf8`]): for a
+    /// `SQL_ASCII` database, whose text the walsender sends as stored. (From any other
+    /// database, PostgreSQL sends text in the relay's `client_encoding`, UTF-8.)
+    pub fn with_utf8_check(mut self, check: bool) -> Self {
+        self.check_utf8 = check;
+        self
     }
 
     /// Gives message events without an id the id `origin` makes ([`MessageOrigin::id`])
@@ -392,11 +478,33 @@ impl OutboxDecoder {
         let event: MessageEvent<'_> =
             serde_json::from_slice(&message.content).map_err(|e| invalid(e.to_string()))?;
         let text = |raw: &RawValue| Bytes::copy_from_slice(raw.get().as_bytes());
+        let id = Bytes::from(event.id.unwrap_or_else(|| match &self.message_origin {
+            Some(origin) => origin.id(message.lsn),
+            None => format!("lsn-{}", message.lsn),
+        }));
+        // The whole content is what the event is made of; nothing of it is copied yet.
+        let bytes = message.content.len();
+        if bytes > self.max_event_bytes.bytes {
+            return Ok(OutboxEvent {
+                id: reference_field(&id),
+                aggregate_type: reference_field(event.aggregate_type.as_bytes()),
+                aggregate_id: event.aggregate_id.map(|id| reference_field(id.as_bytes())),
+                aggregate_id_kind: ValueKind::Text,
+                event_type: None,
+                payload: None,
+                headers: None,
+                routed_by: None,
+                payload_kind: ValueKind::Json,
+                columns: Vec::new(),
+                lsn,
+                refused: Some(Refusal::TooLarge {
+                    bytes,
+                    limit: self.max_event_bytes,
+                }),
+            });
+        }
         Ok(OutboxEvent {
-            id: Bytes::from(event.id.unwrap_or_else(|| match &self.message_origin {
-                Some(origin) => origin.id(message.lsn),
-                None => format!("lsn-{}", message.lsn),
-            })),
+            id,
             aggregate_type: Bytes::from(event.aggregate_type),
             aggregate_id: event.aggregate_id.map(Bytes::from),
             aggregate_id_kind: ValueKind::Text,
@@ -407,6 +515,7 @@ impl OutboxDecoder {
             payload_kind: ValueKind::Json,
             columns: Vec::new(),
             lsn,
+            refused: None,
         })
     }
 
@@ -564,12 +673,35 @@ impl OutboxDecoder {
                 lsn,
             })
         };
-        Ok(Some(OutboxEvent {
-            id: required(id.clone(), &c.id)?,
-            aggregate_type: required(
-                text(indexes.aggregate_type, &c.aggregate_type)?,
-                &c.aggregate_type,
-            )?,
+        let event_id = required(id.clone(), &c.id)?;
+        let aggregate_type = required(
+            text(indexes.aggregate_type, &c.aggregate_type)?,
+            &c.aggregate_type,
+        )?;
+        let bytes = indexes.value_bytes(values);
+        if bytes > self.max_event_bytes.bytes {
+            return Ok(Some(OutboxEvent {
+                id: reference_field(&event_id),
+                aggregate_type: reference_field(&aggregate_type),
+                aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?
+                    .map(|id| reference_field(&id)),
+                aggregate_id_kind: indexes.aggregate_id_kind,
+                event_type: None,
+                payload: None,
+                headers: None,
+                routed_by: None,
+                payload_kind: indexes.payload_kind,
+                columns: Vec::new(),
+                lsn,
+                refused: Some(Refusal::TooLarge {
+                    bytes,
+                    limit: self.max_event_bytes,
+                }),
+            }));
+        }
+        let mut event = OutboxEvent {
+            id: event_id,
+            aggregate_type,
             aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?,
             aggregate_id_kind: indexes.aggregate_id_kind,
             event_type: text(indexes.event_type, &c.event_type)?,
@@ -599,7 +731,42 @@ impl OutboxDecoder {
                 })
                 .collect::<Result<_, OutboxError>>()?,
             lsn,
-        }))
+            refused: None,
+        };
+        if self.check_utf8 {
+            event.refused = self.not_utf8(&event);
+        }
+        Ok(Some(event))
+    }
+
+    /// The first of `event`'s text values that is not UTF-8, as a refusal naming its column.
+    fn not_utf8(&self, event: &OutboxEvent) -> Option<Refusal> {
+        let c = &self.columns;
+        let fixed = [
+            (Some(&event.id), c.id.as_str()),
+            (Some(&event.aggregate_type), c.aggregate_type.as_str()),
+            (event.aggregate_id.as_ref(), c.aggregate_id.as_str()),
+            (event.event_type.as_ref(), c.event_type.as_str()),
+            (event.payload.as_ref(), c.payload.as_str()),
+            (event.headers.as_ref(), c.headers.as_str()),
+            (
+                event.routed_by.as_ref(),
+                self.route_by.as_deref().unwrap_or_default(),
+            ),
+        ];
+        let extra = event
+            .columns
+            .iter()
+            .zip(&self.extra)
+            .map(|(value, name)| (value.text.as_ref(), name.as_str()));
+        fixed
+            .into_iter()
+            .chain(extra)
+            .find(|(value, _)| value.is_some_and(|v| std::str::from_utf8(v).is_err()))
+            .map(|(_, column)| Refusal::NotUtf8 {
+                relation: self.table.to_string(),
+                column: column.to_owned(),
+            })
     }
 }
 

@@ -438,6 +438,22 @@ impl ReplicationClient {
         self.server_params.get(name).map(String::as_str)
     }
 
+    /// Whether the database's encoding is `SQL_ASCII`, which stores text as any bytes. If it
+    /// is, the walsender is told to send text as stored (`client_encoding` `SQL_ASCII`):
+    /// with `UTF8` it would check each value and end the stream at the first that is not
+    /// UTF-8, naming neither the row nor the column, on every reconnect. The relay checks
+    /// the outbox's values itself then ([`super::outbox::OutboxDecoder::with_utf8_check`]).
+    ///
+    /// Returns an error if the server refuses the setting.
+    pub async fn text_as_stored(&mut self) -> Result<bool, SourceError> {
+        if self.server_param("server_encoding") != Some("SQL_ASCII") {
+            return Ok(false);
+        }
+        self.simple_query("SET client_encoding = 'SQL_ASCII'")
+            .await?;
+        Ok(true)
+    }
+
     /// Runs a replication command or query with the simple query protocol and returns the
     /// rows of its result as text.
     ///

@@ -346,6 +346,7 @@ fn every_field_set() -> PipelineConfig {
         status_interval_ms: 2,
         max_in_flight_events: 3,
         max_in_flight_bytes: 4,
+        max_event_bytes: Some(5),
         shutdown_timeout_secs: 5,
         terminate_stale_walsender_after_secs: Some(6),
         exactly_once: true,

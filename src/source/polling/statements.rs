@@ -366,6 +366,7 @@ impl Statements {
                 })
                 .collect(),
             lsn: Lsn::ZERO,
+            refused: None,
         };
         Ok((
             event,
