@@ -50,7 +50,7 @@ pub const DEFAULT_KAFKA_MAX_EVENT_BYTES: usize = 1_000_000;
 pub const DEFAULT_NATS_MAX_EVENT_BYTES: usize = 1024 * 1024;
 /// `max_event_bytes` with a Redis or HTTP sink, which have no maximum the relay can read
 /// (Redis's `proto-max-bulk-len` is 512 MB; receivers of webhooks differ): 16 MiB keeps what
-/// one row costs the relay (a few times its size, docs/operations/capacity.md) well inside
+/// one row costs the relay (a few times its size, docs/operations/runbook.md, Memory) well inside
 /// a 256 MiB container.
 pub const DEFAULT_UNBOUNDED_SINK_MAX_EVENT_BYTES: usize = 16 * 1024 * 1024;
 /// Time to wait for outstanding acknowledgements on shutdown before giving up (then the
