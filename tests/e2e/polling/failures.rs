@@ -634,3 +634,40 @@ async fn polling_a_row_over_max_event_bytes_is_dead_lettered_as_a_reference_and_
     }
     drop(relay);
 }
+
+/// From a `SQL_ASCII` database, a pending row with text that is not UTF-8 stops the poller
+/// (PostgreSQL refuses to send it as UTF-8): not retried forever, and nothing marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_text_that_is_not_utf8_stops_the_poller() {
+    let setup = Setup::new_with(
+        "poll_ascii",
+        &["Order"],
+        1,
+        "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+    )
+    .await;
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    let bad: String = client
+        .query_one(
+            r"INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+              VALUES ($1, 'k1', E'Caf\xe9', '{}') RETURNING id::text",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(status.code(), Some(4), "stopped, not retried:\n{log}");
+    assert!(
+        log.contains("invalid byte sequence for encoding"),
+        "PostgreSQL's error is in the log:\n{log}"
+    );
+    assert_eq!(
+        setup.status_of(&bad).await.0,
+        "PENDING",
+        "nothing is marked"
+    );
+}
