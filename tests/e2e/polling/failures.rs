@@ -623,7 +623,7 @@ async fn polling_a_row_over_max_event_bytes_is_dead_lettered_as_a_reference_and_
         .consume_all(1, Duration::from_secs(1), Duration::from_secs(30))
         .await;
     let ids: Vec<String> = consumed.iter().map(id_of).collect();
-    assert_eq!(ids, [after.id.clone()]);
+    assert_eq!(ids, std::slice::from_ref(&after.id));
     for row in [&big, &after] {
         wait_for(
             "both rows marked PUBLISHED",
