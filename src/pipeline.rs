@@ -327,6 +327,7 @@ async fn run_session(
         true => exactly_once::timeline_history(&mut replication, identity.timeline).await?,
         false => Vec::new(),
     };
+    let check_utf8 = replication.text_as_stored().await?;
     let mut stream = match replication
         .start_replication(&config.slot, Lsn::ZERO, &config.publication)
         .await
@@ -455,6 +456,8 @@ async fn run_session(
     .with_columns(router.columns().to_vec())
     .with_optional_columns(router.optional_columns())
     .with_oid(outbox_oid)
+    .with_max_event_bytes(config.max_event_bytes())
+    .with_utf8_check(check_utf8)
     .with_message_origin(origin_ids.then(|| MessageOrigin {
         system_id: identity.system_id.clone(),
         timeline: identity.timeline,

@@ -55,7 +55,7 @@ use crate::config::{
     TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
 };
 use crate::sink::{Header, Record};
-use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
+use crate::source::outbox::{ColumnValue, OutboxEvent, Refusal, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
@@ -134,6 +134,22 @@ pub enum RouteError {
     Bytea { event_id: String, column: String },
     #[error("event {event_id}: json_payload = \"debezium_expanded\", but Debezium's expansion fails on the payload: {reason}")]
     JsonExpansion { event_id: String, reason: String },
+    #[error("event {event_id} (aggregate {aggregate}): {bytes} bytes, more than max_event_bytes = {limit} ({from}); refused before its values were copied: raise max_event_bytes if the sink takes records this large and the relay's memory allows, or set on_bad_event = \"dead_letter\" to dead-letter a reference to such rows")]
+    TooLarge {
+        event_id: String,
+        /// The aggregate type and id, `type/id`.
+        aggregate: String,
+        bytes: usize,
+        limit: usize,
+        /// Where the limit comes from ([`crate::config::EventLimit::from`]).
+        from: &'static str,
+    },
+    #[error("event {event_id}: column {column:?} of {relation} is not valid UTF-8: the database's encoding (SQL_ASCII) stores text as any bytes; store text as UTF-8 (a database created with ENCODING 'UTF8'), and binary data in a bytea column")]
+    InvalidUtf8 {
+        event_id: String,
+        relation: String,
+        column: String,
+    },
 }
 
 impl RouteError {
@@ -151,6 +167,8 @@ impl RouteError {
             RouteError::NotUtf8 { .. } => "not_utf8",
             RouteError::Bytea { .. } => "bytea",
             RouteError::JsonExpansion { .. } => "json_expansion",
+            RouteError::TooLarge { .. } => "too_large",
+            RouteError::InvalidUtf8 { .. } => "invalid_utf8",
         }
     }
 }
@@ -309,6 +327,32 @@ pub struct Router {
     allowed: Option<Vec<String>>,
     /// Destinations no row routes to, with the field that names them.
     reserved: Vec<(String, &'static str)>,
+}
+
+/// The routing error of an event the source refused.
+fn refused(event: &OutboxEvent, refusal: &Refusal) -> RouteError {
+    let event_id = String::from_utf8_lossy(&event.id).into_owned();
+    match refusal {
+        Refusal::TooLarge { bytes, limit } => RouteError::TooLarge {
+            event_id,
+            aggregate: format!(
+                "{}/{}",
+                String::from_utf8_lossy(&event.aggregate_type),
+                event
+                    .aggregate_id
+                    .as_deref()
+                    .map_or(Cow::Borrowed("NULL"), String::from_utf8_lossy)
+            ),
+            bytes: *bytes,
+            limit: limit.bytes,
+            from: limit.from,
+        },
+        Refusal::NotUtf8 { relation, column } => RouteError::InvalidUtf8 {
+            event_id,
+            relation: relation.clone(),
+            column: column.clone(),
+        },
+    }
 }
 
 /// The destinations no row of `config`'s pipeline may route to, with the field that names
@@ -478,9 +522,13 @@ impl Router {
     /// is empty, does not match `route.topic_regex` or does not make a legal topic name; the
     /// topic is the dead-letter or a checkpoint topic, or not in `route.allowed_destinations`; a
     /// template column is NULL or missing; the headers column is not a JSON object; the
-    /// partition or timestamp column's value is not one; or an envelope value is not UTF-8.
+    /// partition or timestamp column's value is not one; an envelope value is not UTF-8; or
+    /// the source refused the event ([`OutboxEvent::refused`]: too large, not UTF-8).
     pub fn route(&self, event: &OutboxEvent, commit_time_ms: i64) -> Result<Record, RouteError> {
         let event_id = || String::from_utf8_lossy(&event.id).into_owned();
+        if let Some(refusal) = &event.refused {
+            return Err(refused(event, refusal));
+        }
         let topic = self.topic(event)?;
         let mut headers: Vec<(Cow<'static, str>, Option<Bytes>)> =
             Vec::with_capacity(2 + self.headers.len());

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod event_limit;
 pub mod file;
 mod kafka;
 pub mod polling;
@@ -21,6 +22,10 @@ mod summary;
 mod table;
 mod url;
 
+pub use event_limit::{
+    EventLimit, DEFAULT_KAFKA_MAX_EVENT_BYTES, DEFAULT_NATS_MAX_EVENT_BYTES,
+    DEFAULT_UNBOUNDED_SINK_MAX_EVENT_BYTES,
+};
 use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
@@ -291,6 +296,18 @@ pub struct PipelineConfig {
     )]
     #[schemars(!skip_serializing_if)]
     pub max_in_flight_bytes: usize,
+    /// The largest event the pipeline takes, bytes: the sum of the mapped columns' values as
+    /// PostgreSQL printed them (id, aggregate type and id, event type, payload, headers and
+    /// the columns routing and placements use). A larger row is refused before it is copied
+    /// (its values are not rendered, routed or buffered for the sink): dead-lettered as a
+    /// reference with `on_bad_event = "dead_letter"`, else the pipeline halts naming it.
+    /// Unset: the sink's own maximum (Kafka: the producer's `message.max.bytes`; NATS 1 MiB;
+    /// RabbitMQ: `sink.max_message_bytes`; Redis and HTTP 16 MiB).
+    ///
+    /// See [`PipelineConfig::max_event_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub max_event_bytes: Option<usize>,
     /// On SIGTERM, how long to wait for the sink's outstanding acknowledgements, seconds.
     #[serde(
         default = "default_shutdown_timeout_secs",
@@ -438,6 +455,7 @@ impl PipelineConfig {
             status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
             max_in_flight_events: DEFAULT_MAX_IN_FLIGHT_EVENTS,
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            max_event_bytes: None,
             shutdown_timeout_secs: DEFAULT_SHUTDOWN_TIMEOUT_SECS,
             max_event_wait_secs: DEFAULT_MAX_EVENT_WAIT_SECS,
             terminate_stale_walsender_after_secs: None,
@@ -599,6 +617,12 @@ impl PipelineConfig {
             if value == 0 {
                 problems.push(ConfigError::new(field, "must be greater than 0"));
             }
+        }
+        if self.max_event_bytes == Some(0) {
+            problems.push(ConfigError::new(
+                "max_event_bytes",
+                "must be greater than 0",
+            ));
         }
         if let Some(secs) = self.terminate_stale_walsender_after_secs {
             // A live relay replies every status interval: twice that is never stale.

@@ -751,6 +751,7 @@ mod tests {
             payload_kind: crate::source::outbox::ValueKind::Json,
             columns: Vec::new(),
             lsn: crate::lsn::Lsn(1),
+            refused: None,
         };
         assert_eq!(
             router.route(&event("Order Line"), 0).unwrap().topic,

@@ -20,7 +20,10 @@
 //! - `headers`: the original headers in order (a routing error's copy: `id` and `event_type`);
 //! - for a record refused as too large, `value` and `headers` are left out and `id` and `key`
 //!   are cut to [`TOO_LARGE_FIELD_BYTES`], with `"truncated":true`: the copy of a too large
-//!   record must not be too large itself.
+//!   record must not be too large itself;
+//! - a row over `max_event_bytes` is a reference, refused before its values were read: `id`
+//!   and `key` (cut), `aggregate_type`, its size in `bytes` and its `lsn` (log tailing), no
+//!   value or headers.
 //!
 //! The copy's own headers are the relay's: `outbox_relay_error` and (refused records)
 //! `outbox_relay_topic`, escaped to printable ASCII and cut to [`HEADER_TEXT_BYTES`], and `id`
@@ -35,7 +38,7 @@ use serde::Serialize;
 
 use super::{RouteError, Router};
 use crate::sink::{DeliveryError, Header, Record};
-use crate::source::outbox::OutboxEvent;
+use crate::source::outbox::{OutboxEvent, Refusal};
 
 /// The dead-letter copy's header with the reason.
 pub const ERROR_HEADER: &str = "outbox_relay_error";
@@ -88,6 +91,13 @@ struct Document<'a> {
     value: Option<Option<Text<'a>>>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     truncated: bool,
+    /// A reference to a row refused as too large: its aggregate type, size and LSN.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aggregate_type: Option<Text<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lsn: Option<String>,
 }
 
 /// What the copy is made of.
@@ -99,6 +109,8 @@ struct Original<'a> {
     headers: &'a [Header],
     value: Option<&'a Bytes>,
     too_large: bool,
+    /// A row refused as too large: (aggregate type, bytes, LSN if it has one).
+    reference: Option<(&'a [u8], usize, Option<String>)>,
 }
 
 impl Router {
@@ -115,6 +127,14 @@ impl Router {
             headers.push((Cow::Borrowed("event_type"), Some(event_type.clone())));
         }
         let reason = error.to_string();
+        let reference = match &event.refused {
+            Some(Refusal::TooLarge { bytes, .. }) => Some((
+                event.aggregate_type.as_ref(),
+                *bytes,
+                (event.lsn != crate::lsn::Lsn::ZERO).then(|| event.lsn.to_string()),
+            )),
+            _ => None,
+        };
         let original = Original {
             error: &reason,
             topic: None,
@@ -122,7 +142,8 @@ impl Router {
             key: event.aggregate_id.as_ref(),
             headers: &headers,
             value: event.payload.as_ref(),
-            too_large: false,
+            too_large: reference.is_some(),
+            reference,
         };
         copy(&original, topic, Some(commit_time_ms))
     }
@@ -145,6 +166,7 @@ impl Router {
             headers: &record.headers,
             value: record.value.as_ref(),
             too_large: error.too_large,
+            reference: None,
         };
         copy(&original, topic, None)
     }
@@ -192,6 +214,7 @@ impl Router {
             headers: &[],
             value: None,
             too_large: true,
+            reference: None,
         };
         Some(self::copy(&original, &copy.topic, copy.timestamp_ms))
     }
@@ -220,6 +243,9 @@ fn copy(original: &Original, topic: &str, timestamp_ms: Option<i64>) -> Record {
                 || original
                     .key
                     .is_some_and(|k| k.len() > TOO_LARGE_FIELD_BYTES)),
+        aggregate_type: original.reference.as_ref().map(|r| Text::of(r.0)),
+        bytes: original.reference.as_ref().map(|r| r.1),
+        lsn: original.reference.as_ref().and_then(|r| r.2.clone()),
     };
     let value = serde_json::to_vec(&document).expect("a document of strings serializes");
 

@@ -15,6 +15,7 @@ fn event(aggregate_type: &str) -> OutboxEvent {
         payload_kind: ValueKind::Json,
         columns: Vec::new(),
         lsn: Lsn(1),
+        refused: None,
     }
 }
 

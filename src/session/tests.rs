@@ -44,6 +44,7 @@ fn transaction(i: u64, events: u64) -> Vec<SourceItem> {
             payload_kind: ValueKind::Json,
             columns: vec![],
             lsn: Lsn(base + 0x10 * (n + 1)),
+            refused: None,
         };
         items.push(SourceItem::Event {
             event,

@@ -216,12 +216,14 @@ fn is_tls_error(error: &tokio_postgres::Error) -> bool {
     false
 }
 
-/// SQLSTATE classes that retrying cannot fix: authorization (28), invalid catalog or
-/// schema names (3D, 3F), syntax, undefined objects and privileges (42), feature not
-/// supported (0A). Everything else, connection loss (08), resources (53), operator
+/// SQLSTATE classes that retrying cannot fix: data exceptions (22: a value the server
+/// cannot send as asked, such as text that is not UTF-8 in a `SQL_ASCII` database, fails
+/// the same way on every try), authorization (28), invalid catalog or schema names (3D,
+/// 3F), syntax, undefined objects and privileges (42), feature not supported (0A).
+/// Everything else, connection loss (08), resources (53), operator
 /// intervention (57) and an active slot (55006) included, is worth a reconnect.
 fn sqlstate_is_transient(code: &str) -> bool {
-    !matches!(code.get(..2), Some("28" | "3D" | "3F" | "42" | "0A"))
+    !matches!(code.get(..2), Some("22" | "28" | "3D" | "3F" | "42" | "0A"))
 }
 
 #[cfg(test)]
@@ -233,7 +235,7 @@ mod tests {
         for transient in ["08006", "57P01", "55006", "53300", "XX000"] {
             assert!(sqlstate_is_transient(transient), "{transient}");
         }
-        for permanent in ["28P01", "28000", "42704", "3D000", "0A000"] {
+        for permanent in ["28P01", "28000", "42704", "3D000", "0A000", "22021"] {
             assert!(!sqlstate_is_transient(permanent), "{permanent}");
         }
     }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::pgoutput::{InsertBody, MessageBody, RelationBody, TupleValue, TypeBody};
-use crate::config::{OutboxColumns, TableName};
+use crate::config::{EventLimit, OutboxColumns, TableName};
 use crate::lsn::Lsn;
 
 /// One outbox row, as text bytes PostgreSQL printed.
@@ -42,6 +42,10 @@ pub struct OutboxEvent {
     pub columns: Vec<ColumnValue>,
     /// Where the Insert is in the WAL.
     pub lsn: Lsn,
+    /// Why the relay refuses the event before routing it, if it does: the router turns it
+    /// into an error, so that the event is dead-lettered or halts the pipeline
+    /// (`on_bad_event`) like any bad row.
+    pub refused: Option<Refusal>,
 }
 
 /// One extra column's value.
@@ -254,6 +258,11 @@ pub struct OutboxDecoder {
     oid: Option<u32>,
     /// Where a message event without an id gets its id; `None`: `lsn-<LSN>`.
     message_origin: Option<MessageOrigin>,
+    /// Events over this are refused ([`Refusal::TooLarge`]).
+    max_event_bytes: EventLimit,
+    /// Whether text values must be checked for UTF-8 ([`Refusal::NotUtf8`]): the database is
+    /// `SQL_ASCII`, and its walsender sends text as stored.
+    check_utf8: bool,
 }
 
 /// The cluster a message event came from, for its default id `pg-<system identifier>-
@@ -318,7 +327,24 @@ impl OutboxDecoder {
             types: HashMap::new(),
             oid: None,
             message_origin: None,
+            max_event_bytes: EventLimit::NONE,
+            check_utf8: false,
         }
+    }
+
+    /// Refuses events whose mapped values are over `limit` bytes ([`Refusal::TooLarge`]):
+    /// such an event is a reference to its row, with no value copied.
+    pub fn with_max_event_bytes(mut self, limit: EventLimit) -> Self {
+        self.max_event_bytes = limit;
+        self
+    }
+
+    /// Refuses events with a text value that is not UTF-8 ([`Refusal::NotUtf8`]): for a
+    /// `SQL_ASCII` database, whose text the walsender sends as stored. (From any other
+    /// database, PostgreSQL sends text in the relay's `client_encoding`, UTF-8.)
+    pub fn with_utf8_check(mut self, check: bool) -> Self {
+        self.check_utf8 = check;
+        self
     }
 
     /// Gives message events without an id the id `origin` makes ([`MessageOrigin::id`])
@@ -392,11 +418,33 @@ impl OutboxDecoder {
         let event: MessageEvent<'_> =
             serde_json::from_slice(&message.content).map_err(|e| invalid(e.to_string()))?;
         let text = |raw: &RawValue| Bytes::copy_from_slice(raw.get().as_bytes());
+        let id = Bytes::from(event.id.unwrap_or_else(|| match &self.message_origin {
+            Some(origin) => origin.id(message.lsn),
+            None => format!("lsn-{}", message.lsn),
+        }));
+        // The whole content is what the event is made of; nothing of it is copied yet.
+        let bytes = message.content.len();
+        if bytes > self.max_event_bytes.bytes {
+            return Ok(OutboxEvent {
+                id: reference_field(&id),
+                aggregate_type: reference_field(event.aggregate_type.as_bytes()),
+                aggregate_id: event.aggregate_id.map(|id| reference_field(id.as_bytes())),
+                aggregate_id_kind: ValueKind::Text,
+                event_type: None,
+                payload: None,
+                headers: None,
+                routed_by: None,
+                payload_kind: ValueKind::Json,
+                columns: Vec::new(),
+                lsn,
+                refused: Some(Refusal::TooLarge {
+                    bytes,
+                    limit: self.max_event_bytes,
+                }),
+            });
+        }
         Ok(OutboxEvent {
-            id: Bytes::from(event.id.unwrap_or_else(|| match &self.message_origin {
-                Some(origin) => origin.id(message.lsn),
-                None => format!("lsn-{}", message.lsn),
-            })),
+            id,
             aggregate_type: Bytes::from(event.aggregate_type),
             aggregate_id: event.aggregate_id.map(Bytes::from),
             aggregate_id_kind: ValueKind::Text,
@@ -407,6 +455,7 @@ impl OutboxDecoder {
             payload_kind: ValueKind::Json,
             columns: Vec::new(),
             lsn,
+            refused: None,
         })
     }
 
@@ -564,12 +613,35 @@ impl OutboxDecoder {
                 lsn,
             })
         };
-        Ok(Some(OutboxEvent {
-            id: required(id.clone(), &c.id)?,
-            aggregate_type: required(
-                text(indexes.aggregate_type, &c.aggregate_type)?,
-                &c.aggregate_type,
-            )?,
+        let event_id = required(id.clone(), &c.id)?;
+        let aggregate_type = required(
+            text(indexes.aggregate_type, &c.aggregate_type)?,
+            &c.aggregate_type,
+        )?;
+        let bytes = indexes.value_bytes(values);
+        if bytes > self.max_event_bytes.bytes {
+            return Ok(Some(OutboxEvent {
+                id: reference_field(&event_id),
+                aggregate_type: reference_field(&aggregate_type),
+                aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?
+                    .map(|id| reference_field(&id)),
+                aggregate_id_kind: indexes.aggregate_id_kind,
+                event_type: None,
+                payload: None,
+                headers: None,
+                routed_by: None,
+                payload_kind: indexes.payload_kind,
+                columns: Vec::new(),
+                lsn,
+                refused: Some(Refusal::TooLarge {
+                    bytes,
+                    limit: self.max_event_bytes,
+                }),
+            }));
+        }
+        let mut event = OutboxEvent {
+            id: event_id,
+            aggregate_type,
             aggregate_id: text(indexes.aggregate_id, &c.aggregate_id)?,
             aggregate_id_kind: indexes.aggregate_id_kind,
             event_type: text(indexes.event_type, &c.event_type)?,
@@ -599,9 +671,17 @@ impl OutboxDecoder {
                 })
                 .collect::<Result<_, OutboxError>>()?,
             lsn,
-        }))
+            refused: None,
+        };
+        if self.check_utf8 {
+            event.refused = self.not_utf8(&event);
+        }
+        Ok(Some(event))
     }
 }
+
+mod refusal;
+pub use refusal::{reference_field, Refusal, REFERENCE_FIELD_BYTES};
 
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,10 @@ const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
 /// PostgreSQL never sends a message over 1 GiB (plus headers); a larger length is corrupt
 /// input, refused before anything is allocated for it.
 const MAX_MESSAGE_LEN: usize = (1 << 30) + 64;
+/// The read buffer's allocation kept after a message at least this large was read: the
+/// buffer moves to a fresh allocation instead, so that a large row's WAL message is freed once
+/// its event is, rather than kept as the connection's buffer (its pages resident) for good.
+const READ_BUFFER_KEPT_BYTES: usize = 1 << 20;
 const XLOG_DATA_TAG: u8 = b'w';
 const PRIMARY_KEEPALIVE_TAG: u8 = b'k';
 const STANDBY_STATUS_UPDATE_TAG: u8 = b'r';
@@ -438,6 +442,22 @@ impl ReplicationClient {
         self.server_params.get(name).map(String::as_str)
     }
 
+    /// Whether the database's encoding is `SQL_ASCII`, which stores text as any bytes. If it
+    /// is, the walsender is told to send text as stored (`client_encoding` `SQL_ASCII`):
+    /// with `UTF8` it would check each value and end the stream at the first that is not
+    /// UTF-8, naming neither the row nor the column, on every reconnect. The relay checks
+    /// the outbox's values itself then ([`super::outbox::OutboxDecoder::with_utf8_check`]).
+    ///
+    /// Returns an error if the server refuses the setting.
+    pub async fn text_as_stored(&mut self) -> Result<bool, SourceError> {
+        if self.server_param("server_encoding") != Some("SQL_ASCII") {
+            return Ok(false);
+        }
+        self.simple_query("SET client_encoding = 'SQL_ASCII'")
+            .await?;
+        Ok(true)
+    }
+
     /// Runs a replication command or query with the simple query protocol and returns the
     /// rows of its result as text.
     ///
@@ -524,6 +544,16 @@ impl ReplicationClient {
             }
         }
         Ok(ReplicationStream { client: self })
+    }
+
+    /// Moves what is left to read to a fresh buffer: the one a large message was read into
+    /// shares its allocation, and would otherwise reuse all of it for the messages after.
+    fn release_read_buffer(&mut self) {
+        let buffer = self.reader.read_buffer_mut();
+        let rest = buffer.split();
+        let mut fresh = BytesMut::with_capacity(rest.len().max(8 * 1024));
+        fresh.extend_from_slice(&rest);
+        *buffer = fresh;
     }
 
     async fn read(&mut self) -> Result<Message, SourceError> {
@@ -627,7 +657,11 @@ impl ReplicationStream {
         loop {
             match self.client.reader.next().await.transpose()? {
                 Some(Backend::Message(Message::CopyData(body))) => {
-                    return parse_copy_data(body.into_bytes()).map(Some)
+                    let body = body.into_bytes();
+                    if body.len() >= READ_BUFFER_KEPT_BYTES {
+                        self.client.release_read_buffer();
+                    }
+                    return parse_copy_data(body).map(Some);
                 }
                 Some(Backend::Message(Message::CopyDone)) => return Ok(None),
                 Some(Backend::Message(Message::ErrorResponse(body))) => {
@@ -928,6 +962,61 @@ mod tests {
         );
     }
     use super::*;
+
+    /// A CopyData message of `data` as the walsender frames it.
+    fn copy_data(data: &[u8]) -> Vec<u8> {
+        let mut frame = vec![b'd'];
+        frame.extend_from_slice(&u32::try_from(data.len() + 4).unwrap().to_be_bytes());
+        frame.extend_from_slice(data);
+        frame
+    }
+
+    /// After a large message, the connection reads the next ones into a buffer of its own:
+    /// the large message's allocation goes with its event, not kept for the connection.
+    #[tokio::test]
+    async fn a_large_message_s_buffer_is_not_kept_for_the_messages_after_it() {
+        let (ours, mut server) = tokio::io::duplex(64 * 1024);
+        let (read, write) = tokio::io::split(Box::new(ours) as Box<dyn Socket>);
+        let mut stream = ReplicationStream {
+            client: ReplicationClient {
+                reader: FramedRead::new(read, BackendCodec),
+                writer: write,
+                server_params: HashMap::new(),
+                server: Endpoint {
+                    host: None,
+                    addr: None,
+                    port: 5432,
+                },
+            },
+        };
+        let message = |len: usize| {
+            let mut data = vec![b'w'];
+            data.extend_from_slice(&[0; 24]);
+            data.resize(1 + 24 + len, b'x');
+            copy_data(&data)
+        };
+        let large = 8 * READ_BUFFER_KEPT_BYTES;
+        let sender = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            server.write_all(&message(large)).await.unwrap();
+            for _ in 0..3 {
+                server.write_all(&message(10)).await.unwrap();
+            }
+            server
+        });
+        let first = stream.recv().await.unwrap().unwrap();
+        assert!(matches!(&first, ReplicationMessage::XLogData { data, .. } if data.len() == large));
+        drop(first);
+        for _ in 0..3 {
+            stream.recv().await.unwrap().unwrap();
+            let capacity = stream.client.reader.read_buffer().capacity();
+            assert!(
+                capacity < READ_BUFFER_KEPT_BYTES,
+                "the read buffer kept {capacity} bytes"
+            );
+        }
+        drop(sender.await.unwrap());
+    }
 
     #[test]
     fn parses_xlogdata_and_keepalive() {

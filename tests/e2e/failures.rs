@@ -273,7 +273,12 @@ async fn oversized_event_halts_before_its_key_moves_on_then_publishes_in_order_a
         "relay must halt on a record it cannot publish"
     );
     let log = relay.log();
-    for needle in [big.id.as_str(), "message.max.bytes = 2000", "bytes"] {
+    // max_event_bytes defaults to the producer's message.max.bytes.
+    for needle in [
+        big.id.as_str(),
+        "more than max_event_bytes = 2000 (the default: kafka.properties message.max.bytes)",
+        "bytes",
+    ] {
         assert!(log.contains(needle), "the error names {needle:?}:\n{log}");
     }
     let confirmed = setup.confirmed_flush().await;

@@ -12,6 +12,8 @@
 //! - `supervision`: the supervisor seen from outside: a stop during set-up, the backoff of a
 //!   session that fails after every start;
 //! - `routing`: topic templates, routing options, the dead-letter topic;
+//! - `bad_rows`: rows the relay refuses before routing them (over `max_event_bytes`, text
+//!   that is not UTF-8 from a `SQL_ASCII` database), dead-lettered or halting;
 //! - `records`: what a record carries for a column's type (bytea, placed columns) and for an
 //!   empty payload;
 //! - `tables`: outbox table shapes: mapped and quoted names, updates and deletes, ALTER TABLE;
@@ -45,6 +47,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bad_rows;
 mod connection;
 mod delivery;
 mod exactly_once;
@@ -301,6 +304,13 @@ impl Setup {
         Setup::new_on(pg(), prefix, types, partitions).await
     }
 
+    /// Like [`Setup::new`], the database created with `options` (`ENCODING ...`).
+    async fn new_with(prefix: &str, types: &[&str], partitions: i32, options: &str) -> Setup {
+        let name = unique_name(prefix);
+        let db = pg().create_database_with(&name, options).await;
+        Setup::with_db(db, name, types, partitions)
+    }
+
     /// Like [`Setup::new`], with the database on `cluster` (another major's, a private one).
     async fn new_on(
         cluster: &support::PgCluster,
@@ -310,6 +320,10 @@ impl Setup {
     ) -> Setup {
         let name = unique_name(prefix);
         let db = cluster.create_database(&name).await;
+        Setup::with_db(db, name, types, partitions)
+    }
+
+    fn with_db(db: TestDb, name: String, types: &[&str], partitions: i32) -> Setup {
         // Aggregate types unique to this test keep topics apart; case is preserved in topics.
         let types: Vec<String> = types.iter().map(|t| format!("{t}_{name}")).collect();
         for t in &types {

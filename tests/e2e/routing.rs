@@ -318,6 +318,8 @@ publication = "outbox_pub"
 table = "public.outbox"
 on_bad_event = "dead_letter"
 dead_letter_topic = "{dlq}"
+# Above the producer's limit: the record reaches Kafka's refusal.
+max_event_bytes = 100000
 [pipelines.kafka.properties]
 "message.max.bytes" = "2000"
 "#,

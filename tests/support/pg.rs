@@ -490,6 +490,12 @@ host replication all 127.0.0.1/32 trust
     /// Creates a fresh database `name` with the outbox schema by executing the SQL file
     /// `<repo>/sql/outbox.sql` in it, and returns it with a client connected as `postgres`.
     pub async fn create_database(&self, name: &str) -> TestDb {
+        self.create_database_with(name, "").await
+    }
+
+    /// Like [`PgCluster::create_database`], with `options` after `CREATE DATABASE <name>`
+    /// (e.g. `ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`).
+    pub async fn create_database_with(&self, name: &str, options: &str) -> TestDb {
         let sql_path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("sql")
             .join("outbox.sql");
@@ -500,7 +506,7 @@ host replication all 127.0.0.1/32 trust
             within(
                 &format!("CREATE DATABASE {name}"),
                 Duration::from_secs(60),
-                admin.batch_execute(&format!("CREATE DATABASE {}", quote_ident(name))),
+                admin.batch_execute(&format!("CREATE DATABASE {} {options}", quote_ident(name))),
             )
             .await
             .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));

@@ -21,6 +21,7 @@ fn event() -> OutboxEvent {
         payload_kind: ValueKind::Json,
         columns: Vec::new(),
         lsn: Lsn(1),
+        refused: None,
     }
 }
 
@@ -291,4 +292,82 @@ proptest! {
             }
         }
     }
+}
+
+/// A row refused as too large routes to an error naming its id, aggregate, size and the
+/// setting; its dead-letter copy is a reference: id, key, aggregate type, size, LSN, reason,
+/// and no value or headers.
+#[test]
+fn a_row_over_max_event_bytes_is_dead_lettered_as_a_reference() {
+    let limit = crate::config::EventLimit {
+        bytes: 1_000_000,
+        from: "the default: the Kafka producer's message.max.bytes",
+    };
+    let event = OutboxEvent {
+        event_type: None,
+        payload: None,
+        headers: None,
+        lsn: Lsn(0x1_0000_0042),
+        refused: Some(Refusal::TooLarge {
+            bytes: 251_658_240,
+            limit,
+        }),
+        ..event()
+    };
+    let error = Router::default().route(&event, 7).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "event e-1 (aggregate has space/42): 251658240 bytes, more than max_event_bytes = 1000000 (the default: the Kafka producer's message.max.bytes); refused before its values were copied: raise max_event_bytes if the sink takes records this large and the relay's memory allows, or set on_bad_event = \"dead_letter\" to dead-letter a reference to such rows"
+    );
+    assert_eq!(error.reason_label(), "too_large");
+    let copy = Router::dead_letter(&event, &error, "dlq", 7);
+    assert_eq!(
+        document(&copy),
+        json!({
+            "error": error.to_string(),
+            "topic": null,
+            "id": "e-1",
+            "key": "42",
+            "aggregate_type": "has space",
+            "bytes": 251_658_240,
+            "lsn": "1/42",
+        })
+    );
+    assert_eq!(header_names(&copy), ["id", ERROR_HEADER]);
+    // A polled row has no LSN.
+    let polled = OutboxEvent {
+        lsn: Lsn::ZERO,
+        ..event
+    };
+    assert_eq!(
+        document(&Router::dead_letter(&polled, &error, "dlq", 7)).get("lsn"),
+        None
+    );
+}
+
+/// A row with text that is not UTF-8 routes to an error naming the column and the fix; its
+/// copy carries the values, base64 where they are not UTF-8.
+#[test]
+fn a_row_that_is_not_utf8_is_dead_lettered_with_its_values() {
+    let event = OutboxEvent {
+        payload: Some(Bytes::from_static(b"{\"s\": \"\xff\"}")),
+        refused: Some(Refusal::NotUtf8 {
+            relation: "public.outbox".into(),
+            column: "payload".into(),
+        }),
+        ..event()
+    };
+    let error = Router::default().route(&event, 7).unwrap_err();
+    let text = error.to_string();
+    assert!(
+        text.starts_with("event e-1: column \"payload\" of public.outbox is not valid UTF-8")
+            && text.contains("ENCODING 'UTF8'")
+            && text.contains("bytea"),
+        "{text}"
+    );
+    let copy = Router::dead_letter(&event, &error, "dlq", 7);
+    assert_eq!(
+        document(&copy)["value"],
+        json!({"base64": "eyJzIjogIv8ifQ=="})
+    );
 }

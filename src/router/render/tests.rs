@@ -24,6 +24,7 @@ fn bytea_event(key: &str, payload: Option<&str>) -> OutboxEvent {
         payload_kind: ValueKind::Bytea,
         columns: Vec::new(),
         lsn: Lsn(1),
+        refused: None,
     }
 }
 

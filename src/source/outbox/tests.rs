@@ -480,3 +480,191 @@ fn an_optional_extra_column_the_table_lacks_is_absent_and_others_are_still_requi
         "{err}"
     );
 }
+
+/// The fixture's outbox Relation, and an insert into it of `values` by column name (the
+/// others NULL), every value a slice of one received message (`frame`).
+fn outbox_insert(values: &[(&str, &[u8])]) -> (RelationBody, InsertBody, Bytes) {
+    let relation = fixture()
+        .into_iter()
+        .find_map(|m| match m {
+            LogicalReplicationMessage::Relation(r) if r.name == "outbox" => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    let frame = Bytes::from(
+        values
+            .iter()
+            .flat_map(|(_, v)| v.to_vec())
+            .collect::<Vec<u8>>(),
+    );
+    let mut columns = vec![TupleValue::Null; relation.columns.len()];
+    let mut at = 0;
+    for (name, value) in values {
+        let i = relation
+            .columns
+            .iter()
+            .position(|c| c.name == *name)
+            .unwrap();
+        columns[i] = TupleValue::Text(frame.slice(at..at + value.len()));
+        at += value.len();
+    }
+    let insert = InsertBody {
+        rel_id: relation.rel_id,
+        new_tuple: crate::source::pgoutput::TupleData { columns },
+    };
+    (relation, insert, frame)
+}
+
+fn limit(bytes: usize) -> EventLimit {
+    EventLimit {
+        bytes,
+        from: "max_event_bytes",
+    }
+}
+
+/// A row over `max_event_bytes` is a reference: id, aggregate type and id copied (the
+/// received message is not kept alive by it), nothing else; a row at the limit is an event.
+#[test]
+fn a_row_over_max_event_bytes_is_a_reference_that_copies_no_value() {
+    let payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(2_000));
+    let values: &[(&str, &[u8])] = &[
+        ("id", b"e-big"),
+        ("aggregate_type", b"Order"),
+        ("aggregate_id", b"o-1"),
+        ("event_type", b"OrderCreated"),
+        ("payload", payload.as_bytes()),
+        ("headers", b"{\"trace\": \"t\"}"),
+    ];
+    let (relation, insert, frame) = outbox_insert(values);
+    let size: usize = values.iter().map(|(_, v)| v.len()).sum();
+    let decoder = |bytes: usize| {
+        let mut decoder = OutboxDecoder::new(
+            "public.outbox".parse().unwrap(),
+            OutboxColumns::default(),
+            None,
+        )
+        .with_max_event_bytes(limit(bytes));
+        decoder.on_relation(&relation);
+        decoder
+    };
+    let event = decoder(size - 1)
+        .on_insert(&insert, Lsn(0x42))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        event.refused,
+        Some(Refusal::TooLarge {
+            bytes: size,
+            limit: limit(size - 1)
+        })
+    );
+    assert_eq!(&event.id[..], b"e-big");
+    assert_eq!(&event.aggregate_type[..], b"Order");
+    assert_eq!(event.aggregate_id.as_deref(), Some(&b"o-1"[..]));
+    assert_eq!(
+        (&event.payload, &event.headers, &event.event_type),
+        (&None, &None, &None)
+    );
+    assert_eq!(event.lsn, Lsn(0x42));
+    let in_frame = |b: &Bytes| frame.as_ptr_range().contains(&b.as_ptr());
+    assert!(
+        !in_frame(&event.id)
+            && !in_frame(&event.aggregate_type)
+            && !event.aggregate_id.as_ref().is_some_and(in_frame),
+        "the reference holds copies, not slices of the received message"
+    );
+    // At the limit: an event like any other, its values slices of the message.
+    let event = decoder(size)
+        .on_insert(&insert, Lsn(0x42))
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.refused, None);
+    assert_eq!(event.payload.as_deref(), Some(payload.as_bytes()));
+}
+
+/// A reference keeps at most `REFERENCE_FIELD_BYTES` of each of its fields, cut before a
+/// character.
+#[test]
+fn a_reference_cuts_its_fields_at_a_character() {
+    let long = "é".repeat(REFERENCE_FIELD_BYTES);
+    let cut = reference_field(long.as_bytes());
+    assert_eq!(cut.len(), REFERENCE_FIELD_BYTES);
+    let odd = format!("x{long}");
+    let cut = reference_field(odd.as_bytes());
+    assert_eq!(cut.len(), REFERENCE_FIELD_BYTES - 1);
+    assert!(std::str::from_utf8(&cut).is_ok());
+    assert_eq!(&reference_field(b"short")[..], b"short");
+}
+
+/// A logical message over the limit is a reference too.
+#[test]
+fn a_message_over_max_event_bytes_is_a_reference() {
+    let content = format!(
+        r#"{{"id": "m-1", "aggregate_type": "Order", "aggregate_id": "o-1", "payload": {{"blob": "{}"}}}}"#,
+        "x".repeat(500)
+    );
+    let message = MessageBody {
+        transactional: true,
+        lsn: Lsn(7),
+        prefix: "outbox".into(),
+        content: Bytes::from(content.clone()),
+    };
+    let decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        Some("outbox".into()),
+    )
+    .with_max_event_bytes(limit(100));
+    let event = decoder.on_message(&message, Lsn(7)).unwrap();
+    assert_eq!(
+        event.refused,
+        Some(Refusal::TooLarge {
+            bytes: content.len(),
+            limit: limit(100)
+        })
+    );
+    assert_eq!((&event.id[..], event.payload), (&b"m-1"[..], None));
+}
+
+/// From a SQL_ASCII database, a text value that is not UTF-8 is refused, naming its column;
+/// from any other (no check) the bytes are the server's, UTF-8 already.
+#[test]
+fn a_value_that_is_not_utf8_is_refused_naming_its_column() {
+    let values: &[(&str, &[u8])] = &[
+        ("id", b"e-1"),
+        ("aggregate_type", b"Order"),
+        ("aggregate_id", b"o-1"),
+        ("event_type", b"Caf\xe9"),
+        ("payload", b"{\"s\": \"\xff\"}"),
+    ];
+    let (relation, insert, _) = outbox_insert(values);
+    let mut decoder = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    )
+    .with_utf8_check(true);
+    decoder.on_relation(&relation);
+    let event = decoder.on_insert(&insert, Lsn(1)).unwrap().unwrap();
+    assert_eq!(
+        event.refused,
+        Some(Refusal::NotUtf8 {
+            relation: "public.outbox".into(),
+            column: "event_type".into()
+        }),
+        "the first such column"
+    );
+    assert_eq!(
+        event.payload.as_deref(),
+        Some(&b"{\"s\": \"\xff\"}"[..]),
+        "kept: its dead-letter copy carries it"
+    );
+    let mut unchecked = OutboxDecoder::new(
+        "public.outbox".parse().unwrap(),
+        OutboxColumns::default(),
+        None,
+    );
+    unchecked.on_relation(&relation);
+    let event = unchecked.on_insert(&insert, Lsn(1)).unwrap().unwrap();
+    assert_eq!(event.refused, None);
+}

@@ -180,6 +180,8 @@ impl PollingSource {
             _ => None,
         };
         let batch_size = i64::try_from(p.batch_size).unwrap_or(i64::MAX);
+        let max_event_bytes =
+            i64::try_from(self.config.max_event_bytes().bytes).unwrap_or(i64::MAX);
         let (client, sql, metrics) = (self.client.clone(), self.sql.clone(), self.metrics.clone());
         let name = self.config.name.clone();
         async move {
@@ -210,7 +212,7 @@ impl PollingSource {
             // session, and with the connection the transaction.
             client.batch_execute("BEGIN").await.map_err(sql_error)?;
             let rows = client
-                .query(&sql.select, &[&batch_size])
+                .query(&sql.select, &[&batch_size, &max_event_bytes])
                 .await
                 .map_err(sql_error)?;
             metrics.polling.polls.inc();

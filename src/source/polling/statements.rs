@@ -11,14 +11,18 @@ use crate::config::{MarkMode, PipelineConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::router::Router;
-use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
+use crate::source::outbox::{
+    reference_field, ColumnValue, OutboxEvent, Refusal, ValueKind, REFERENCE_FIELD_BYTES,
+};
 use crate::source::replication::{quote_ident, quote_literal};
 use crate::source::SourceError;
 
 /// The SQL of one pipeline, built once from the configuration and the table's columns.
 #[derive(Debug)]
 pub(crate) struct Statements {
-    /// `$1`: the batch size (int8).
+    /// `$1`: the batch size (int8), `$2`: `max_event_bytes` (int8). A row over it comes with
+    /// its id, aggregate type and id (cut to 1024 characters) and NULL for its other values:
+    /// they are never sent ([`Statements::event`]).
     pub(super) select: String,
     /// `$1`: ctids (text[]).
     pub(super) mark_published: String,
@@ -37,6 +41,10 @@ pub(crate) struct Statements {
     /// one, selected as NULL).
     extra_kinds: Vec<(ValueKind, bool)>,
 }
+
+/// Characters of the id, aggregate type and id the select keeps of a row over
+/// `max_event_bytes` (the reference is cut to [`REFERENCE_FIELD_BYTES`] bytes from them).
+const REFERENCE_CHARS: usize = REFERENCE_FIELD_BYTES;
 
 /// Positions in the SELECT's row.
 pub(super) const COL_CTID: usize = 0;
@@ -220,7 +228,7 @@ impl Statements {
         };
         // The count stops at the batch size: a row with more blocking predecessors cannot
         // have them all in its batch anyway.
-        let select = format!(
+        let rows = format!(
             "SELECT o.ctid::text, o.{id}::text, o.{aggregate_type}::text, o.{aggregate_id}::text,
                     o.{event_type}::text, o.{payload}::text, {headers}, {routed_by},
                     (extract(epoch FROM o.{created_at}) * 1000)::int8,
@@ -236,6 +244,33 @@ impl Statements {
              LIMIT $1
              FOR UPDATE OF o SKIP LOCKED"
         );
+        // Around it, the size check: a row over `max_event_bytes` leaves the server as a
+        // reference (its id, aggregate type and id), its other values never sent. The rows
+        // keep the inner query's order (a subquery scan does not reorder).
+        let width = COL_EXTRA + extra_kinds.len();
+        let column = |i: usize| format!("b.c{i}");
+        let bytes = (COL_ID..=COL_ROUTED_BY)
+            .chain(COL_EXTRA..width)
+            .map(|i| format!("coalesce(octet_length({}), 0)", column(i)))
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let over = format!("({bytes})::int8 > $2::int8");
+        let outer: Vec<String> = (0..width)
+            .map(|i| match i {
+                COL_CTID | COL_CREATED_MS | COL_OLDER => column(i),
+                COL_ID | COL_AGGREGATE_TYPE | COL_AGGREGATE_ID => format!(
+                    "CASE WHEN {over} THEN left({c}, {REFERENCE_CHARS}) ELSE {c} END",
+                    c = column(i)
+                ),
+                _ => format!("CASE WHEN {over} THEN NULL ELSE {} END", column(i)),
+            })
+            .chain([format!("({bytes})::int8")])
+            .collect();
+        let aliases = (0..width)
+            .map(|i| format!("c{i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let select = format!("SELECT {} FROM ({rows}) b({aliases})", outer.join(", "));
         let ctids = "ctid = ANY($1::text[]::tid[])";
         let q = |column: &str| quote_ident(column);
         let mark_published = match p.mark {
@@ -326,6 +361,9 @@ impl Statements {
     /// The event of a selected row, its created_at (Unix ms) and how many blocking rows of
     /// its aggregate come before it.
     ///
+    /// A row over `max_event_bytes` is an event refused as too large, with no value but its
+    /// id, aggregate type and id ([`Refusal::TooLarge`]).
+    ///
     /// Returns an error naming the event if its id or aggregate type is NULL.
     pub(super) fn event(
         &self,
@@ -366,6 +404,25 @@ impl Statements {
                 })
                 .collect(),
             lsn: Lsn::ZERO,
+            refused: None,
+        };
+        let bytes = usize::try_from(row.get::<_, i64>(COL_EXTRA + self.extra_kinds.len()))
+            .unwrap_or(usize::MAX);
+        let limit = config.max_event_bytes();
+        let event = match bytes > limit.bytes {
+            false => event,
+            true => OutboxEvent {
+                id: reference_field(&event.id),
+                aggregate_type: reference_field(&event.aggregate_type),
+                aggregate_id: event.aggregate_id.as_deref().map(reference_field),
+                event_type: None,
+                payload: None,
+                headers: None,
+                routed_by: None,
+                columns: Vec::new(),
+                refused: Some(Refusal::TooLarge { bytes, limit }),
+                ..event
+            },
         };
         Ok((
             event,

@@ -144,7 +144,9 @@ async fn polling_broker_outage_keeps_rows_pending_with_backed_off_retries_then_d
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_poison_event_is_failed_at_once_its_aggregate_waits_and_others_flow() {
-    let setup = Setup::new("poll_poison", &["Order", "Invoice"], 2).await;
+    let mut setup = Setup::new("poll_poison", &["Order", "Invoice"], 2).await;
+    // Above the producer's limit: the record reaches Kafka's refusal.
+    setup.pipeline_keys = "max_event_bytes = 100000".into();
     let (order, invoice) = (setup.types[0].clone(), setup.types[1].clone());
     let listen = format!("127.0.0.1:{}", support::free_port());
     let mut relay = Relay::spawn(&setup.relay_args(
@@ -560,4 +562,112 @@ async fn rows_behind_a_failed_event_do_not_keep_other_aggregates_out_of_the_batc
         std::slice::from_ref(&y1.id)
     );
     drop(relay);
+}
+
+/// A row over `max_event_bytes` leaves the server as a reference: dead-lettered with its id,
+/// key, aggregate type and size and no payload, marked, and the rows after it flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_a_row_over_max_event_bytes_is_dead_lettered_as_a_reference_and_marked() {
+    let mut setup = Setup::new("poll_big", &["Order"], 1).await;
+    let dlq = format!("{}.dlq", setup.name);
+    kafka().create_topic(&dlq, 1);
+    setup.pipeline_keys = format!(
+        "max_event_bytes = 2000\non_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dlq}\""
+    );
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    let big = insert(
+        client,
+        &t,
+        "k1",
+        &format!(r#"{{"blob": "{}"}}"#, "x".repeat(5_000)),
+    )
+    .await;
+    let after = insert(client, &t, "k1", r#"{"n": 2}"#).await;
+    let bytes: i32 = client
+        .query_one(
+            "SELECT octet_length(id::text) + octet_length(aggregate_type) + octet_length(aggregate_id)
+                    + octet_length(event_type) + octet_length(payload::text) + octet_length(headers::text)
+             FROM outbox WHERE id = $1::text::uuid",
+            &[&big.id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+
+    let dead = consume(
+        &kafka().bootstrap(),
+        &[&dlq],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one reference in the dead-letter topic");
+    assert_eq!(id_of(&dead[0]), big.id);
+    let document: serde_json::Value =
+        serde_json::from_slice(dead[0].value.as_deref().expect("the reference")).unwrap();
+    assert_eq!(document["key"].as_str(), Some("k1"), "{document}");
+    assert_eq!(document["aggregate_type"].as_str(), Some(t.as_str()));
+    assert_eq!(
+        document["bytes"].as_i64(),
+        Some(i64::from(bytes)),
+        "{document}"
+    );
+    assert!(
+        document.get("value").is_none() && document.get("lsn").is_none(),
+        "no payload, and no LSN for a polled row: {document}"
+    );
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(30))
+        .await;
+    let ids: Vec<String> = consumed.iter().map(id_of).collect();
+    assert_eq!(ids, std::slice::from_ref(&after.id));
+    for row in [&big, &after] {
+        wait_for(
+            "both rows marked PUBLISHED",
+            Duration::from_secs(30),
+            || async { (setup.status_of(&row.id).await.0 == "PUBLISHED").then_some(()) },
+        )
+        .await;
+    }
+    drop(relay);
+}
+
+/// From a `SQL_ASCII` database, a pending row with text that is not UTF-8 stops the poller
+/// (PostgreSQL refuses to send it as UTF-8): not retried forever, and nothing marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_text_that_is_not_utf8_stops_the_poller() {
+    let setup = Setup::new_with(
+        "poll_ascii",
+        &["Order"],
+        1,
+        "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+    )
+    .await;
+    let t = setup.types[0].clone();
+    let client = &setup.db.client;
+    let bad: String = client
+        .query_one(
+            r"INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+              VALUES ($1, 'k1', E'Caf\xe9', '{}') RETURNING id::text",
+            &[&t],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(status.code(), Some(4), "stopped, not retried:\n{log}");
+    assert!(
+        log.contains("invalid byte sequence for encoding"),
+        "PostgreSQL's error is in the log:\n{log}"
+    );
+    assert_eq!(
+        setup.status_of(&bad).await.0,
+        "PENDING",
+        "nothing is marked"
+    );
 }

@@ -19,7 +19,12 @@ use crate::{insert, writer_statement, Written};
 /// A database `name` with the polling schema (`sql/outbox_polling.sql`) instead of the
 /// log-tailing one.
 pub(crate) async fn polling_database(name: &str) -> TestDb {
-    let db = pg().create_database(name).await;
+    polling_database_with(name, "").await
+}
+
+/// [`polling_database`] created with `options` (`ENCODING ...`).
+pub(crate) async fn polling_database_with(name: &str, options: &str) -> TestDb {
+    let db = pg().create_database_with(name, options).await;
     // create_database applies the log-tailing sql/outbox.sql; replace its table.
     let kit = std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql/outbox_polling.sql"),
@@ -45,8 +50,13 @@ struct Setup {
 
 impl Setup {
     async fn new(prefix: &str, types: &[&str], partitions: i32) -> Setup {
+        Setup::new_with(prefix, types, partitions, "").await
+    }
+
+    /// Like [`Setup::new`], the database created with `options` (`ENCODING ...`).
+    async fn new_with(prefix: &str, types: &[&str], partitions: i32, options: &str) -> Setup {
         let name = unique_name(prefix);
-        let db = polling_database(&name).await;
+        let db = polling_database_with(&name, options).await;
         let types: Vec<String> = types.iter().map(|t| format!("{t}_{name}")).collect();
         for t in &types {
             kafka().create_topic(&format!("{t}.events"), partitions);
