@@ -65,11 +65,15 @@ pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
 pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 /// The setting that lists where rows may route to, as named in errors.
 pub const ALLOWED_DESTINATIONS: &str = "route.allowed_destinations";
+mod cloudevents;
 mod dead_letter;
 mod problems;
 mod render;
+mod trace;
 
+pub use cloudevents::STRUCTURED_CONTENT_TYPE;
 pub use dead_letter::{ERROR_HEADER, TOPIC_HEADER};
+pub use trace::{is_valid_traceparent, java_properties};
 
 /// An event that cannot be routed: bad input. The pipeline stops before confirming its
 /// transaction, or dead-letters it (`on_bad_event`).
@@ -132,6 +136,8 @@ pub enum RouteError {
     NotUtf8 { event_id: String, column: String },
     #[error("event {event_id}: bytea column {column:?} is not in PostgreSQL's hex form (\\x followed by pairs of hex digits)")]
     Bytea { event_id: String, column: String },
+    #[error("event {event_id}: not a CloudEvent: {reason}")]
+    CloudEvents { event_id: String, reason: String },
 }
 
 impl RouteError {
@@ -148,6 +154,7 @@ impl RouteError {
             RouteError::Timestamp { .. } => "timestamp",
             RouteError::NotUtf8 { .. } => "not_utf8",
             RouteError::Bytea { .. } => "bytea",
+            RouteError::CloudEvents { .. } => "cloudevents",
         }
     }
 }
@@ -299,6 +306,9 @@ pub struct Router {
     null_payload: NullPayload,
     empty_payload: EmptyPayload,
     bytea: ByteaFormat,
+    /// With `value_format = "cloudevents"`.
+    cloudevents: Option<cloudevents::CloudEvents>,
+    trace: trace::TraceColumns,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
     /// `route.allowed_destinations`: names and `*` patterns; `None`: any destination.
@@ -385,10 +395,14 @@ impl Router {
         };
         let parsed = Template::parse(&route.topic_template)?;
         parsed.check_groups(regex.as_ref().map(|(_, r)| r), regex.is_some())?;
-        // Routing and the timestamp need their columns whatever the placements may lack.
+        // Routing, the timestamp and the trace context need their columns whatever the
+        // placements may lack.
         let needed: Vec<String> = parsed
             .columns()
             .chain(columns.timestamp.as_deref())
+            .chain(columns.traceparent.as_deref())
+            .chain(columns.tracestate.as_deref())
+            .chain(columns.tracing_span_context.as_deref())
             .map(str::to_owned)
             .collect();
         let mut extra: Vec<String> = Vec::new();
@@ -418,6 +432,13 @@ impl Router {
             })
             .collect();
         let timestamp = columns.timestamp.as_deref().map(&mut index);
+        let mut trace_column =
+            |name: &Option<String>| name.as_deref().map(|n| (index(n), n.to_owned()));
+        let trace = trace::TraceColumns {
+            traceparent: trace_column(&columns.traceparent),
+            tracestate: trace_column(&columns.tracestate),
+            span_context: trace_column(&columns.tracing_span_context),
+        };
         let (mut headers, mut envelope, mut partition) = (Vec::new(), Vec::new(), None);
         for p in &config.additional_placement {
             let i = index(&p.field);
@@ -450,6 +471,9 @@ impl Router {
             null_payload: config.null_payload,
             empty_payload: config.empty_payload,
             bytea: config.bytea_format,
+            cloudevents: (config.value_format == ValueFormat::CloudEvents)
+                .then(|| cloudevents::CloudEvents::new(config)),
+            trace,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
             reserved: reserved_destinations(config),
@@ -483,12 +507,15 @@ impl Router {
         if let Some(event_type) = &event.event_type {
             headers.push((Cow::Borrowed("event_type"), Some(event_type.clone())));
         }
+        // Where the CloudEvents attribute headers go: after the relay's own.
+        let attributes_at = headers.len();
         if let Some(row_headers) = event.headers.as_deref().filter(|h| *h != b"{}") {
-            let entries =
+            let mut entries =
                 row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
                     event_id: event_id(),
                     reason,
                 })?;
+            entries.retain(|(name, _)| !self.reserved_row_header(name));
             headers.extend(entries);
         }
         for (name, i) in &self.headers {
@@ -506,6 +533,7 @@ impl Router {
             };
             headers.push((name.clone(), value));
         }
+        headers.extend(self.trace.headers(event));
         let mut timestamp_ms = commit_time_ms;
         if let Some(i) = self.timestamp {
             if let Some(text) = column(event, i).and_then(|c| c.text.as_deref()) {
@@ -540,6 +568,19 @@ impl Router {
         // Debezium's route.tombstone.on.empty.payload: a tombstone in either value format.
         let empty = self.empty_payload == EmptyPayload::Tombstone
             && event.payload.as_deref().is_some_and(|p| is_blank(p, event));
+        if let Some(cloudevents) = &self.cloudevents {
+            let data = event.payload.as_ref().filter(|_| !empty);
+            let rendered = cloudevents.render(event, timestamp_ms, data, self.bytea)?;
+            headers.splice(attributes_at..attributes_at, rendered.headers);
+            return Ok(Record {
+                topic,
+                key: self.key(event)?,
+                value: rendered.value,
+                headers,
+                timestamp_ms: Some(timestamp_ms),
+                partition,
+            });
+        }
         let value = match (event.payload.as_ref(), self.null_payload, self.value_format) {
             _ if empty => None,
             (None, NullPayload::Tombstone, _) => None,
@@ -552,6 +593,7 @@ impl Router {
                     .map_err(|problem| unrenderable(event, "payload", problem))?,
             ),
             (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload)?),
+            (_, _, ValueFormat::CloudEvents) => unreachable!("rendered above"),
         };
         Ok(Record {
             topic,
@@ -561,6 +603,15 @@ impl Router {
             timestamp_ms: Some(timestamp_ms),
             partition,
         })
+    }
+
+    /// Whether a row header entry named `name` is left out: it would pass for a CloudEvents
+    /// attribute header, or for a trace header a trace column gives.
+    fn reserved_row_header(&self, name: &str) -> bool {
+        (self.cloudevents.is_some() && cloudevents::CloudEvents::reserved_header(name))
+            || (self.trace.any()
+                && (name.eq_ignore_ascii_case(trace::TRACEPARENT)
+                    || name.eq_ignore_ascii_case(trace::TRACESTATE)))
     }
 
     /// The record key: the aggregate id's bytes (see [`render::raw`]).

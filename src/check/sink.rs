@@ -16,7 +16,7 @@ pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
         SinkConfig::Kafka => vec![check_kafka(config).await],
         SinkConfig::Http(http) => {
             let dead_letter = config.dead_letter_topic.as_deref();
-            let publisher = match HttpPublisher::connect(http, dead_letter) {
+            let publisher = match HttpPublisher::connect(http, dead_letter, false) {
                 Ok(publisher) => publisher,
                 Err(e) => return vec![finding("http", Verdict::Fail, e.to_string())],
             };

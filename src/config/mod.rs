@@ -24,9 +24,10 @@ use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
-    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
-    InvalidOpBehavior, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns, Placement,
-    RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
+    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, CloudEventsConfig,
+    CloudEventsMode, EmptyPayload, InvalidOpBehavior, MissingPlacementColumn, NullPayload,
+    OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase, ValueFormat,
+    DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -182,6 +183,9 @@ pub struct PipelineConfig {
     pub missing_placement_column: MissingPlacementColumn,
     #[serde(default, skip_serializing_if = "is_default")]
     pub value_format: ValueFormat,
+    /// With `value_format = "cloudevents"`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub cloudevents: CloudEventsConfig,
     #[serde(default, skip_serializing_if = "is_default")]
     pub null_payload: NullPayload,
     #[serde(default, skip_serializing_if = "is_default")]
@@ -370,6 +374,7 @@ impl PipelineConfig {
             additional_placement: Vec::new(),
             missing_placement_column: MissingPlacementColumn::default(),
             value_format: ValueFormat::default(),
+            cloudevents: CloudEventsConfig::default(),
             null_payload: NullPayload::default(),
             empty_payload: EmptyPayload::default(),
             bytea_format: ByteaFormat::default(),

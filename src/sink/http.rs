@@ -16,6 +16,11 @@
 //!   in lower case. A header name or value HTTP cannot carry (a space in a name, a line break
 //!   in a value) makes the record a refusal naming the header.
 //!
+//! With `value_format = "cloudevents"` (the CloudEvents HTTP binding), the record's
+//! `content-type` header is the `Content-Type` (`application/cloudevents+json; charset=UTF-8`
+//! in structured mode, the `datacontenttype` in binary mode) and its `ce-*` headers go as
+//! they are, without `header_prefix`; the router leaves row headers of those names out.
+//!
 //! The answer: 2xx is the acknowledgement (the receiver took the record: how durably is its
 //! business, and a receiver should answer only once it stored it). 408, 429, 5xx, a timeout
 //! (`request_timeout_ms`) and connection errors are retried, after `Retry-After` seconds
@@ -81,17 +86,22 @@ pub struct HttpPublisher {
     /// `dead_letter_topic` when it is a URL of its own.
     dead_letter_url: Option<String>,
     key: Option<SigningKey>,
+    /// `value_format = "cloudevents"`: the router's `content-type` header is the request's
+    /// `Content-Type`, and its `ce-*` headers go without `header_prefix`.
+    cloudevents: bool,
 }
 
 impl HttpPublisher {
     /// Builds the client (no request is made: a receiver that is down shows in the first
-    /// records' retries). `dead_letter_topic` is the pipeline's.
+    /// records' retries). `dead_letter_topic` is the pipeline's; `cloudevents` whether its
+    /// `value_format` is `"cloudevents"` (the HTTP binding's headers, see the module docs).
     ///
     /// Returns a permanent [`ConnectError`] if the TLS files cannot be read or the secret is
     /// not a valid `whsec_` key.
     pub fn connect(
         config: &HttpConfig,
         dead_letter_topic: Option<&str>,
+        cloudevents: bool,
     ) -> Result<Self, ConnectError> {
         let error = |reason: String| ConnectError {
             kind: "http",
@@ -139,6 +149,7 @@ impl HttpPublisher {
             config: Arc::new(config.clone()),
             dead_letter_url,
             key,
+            cloudevents,
         })
     }
 
@@ -207,7 +218,14 @@ impl HttpPublisher {
             headers.append(header, value);
             Ok(())
         };
-        if let Some(value) = &record.value {
+        let declared = record
+            .headers
+            .iter()
+            .find(|(name, _)| self.cloudevents && name == "content-type")
+            .and_then(|(_, value)| value.as_ref());
+        if let Some(content_type) = declared {
+            add(CONTENT_TYPE.as_str(), content_type)?;
+        } else if let Some(value) = &record.value {
             let json = serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok();
             let kind: &[u8] = if json {
                 b"application/json"
@@ -227,6 +245,13 @@ impl HttpPublisher {
         }
         for (name, value) in &record.headers {
             let value = value.as_deref().unwrap_or_default();
+            if self.cloudevents && name.starts_with("ce-") {
+                add(name, value)?;
+                continue;
+            }
+            if self.cloudevents && name == "content-type" {
+                continue;
+            }
             let name = match name.as_ref() {
                 "key" => format!("{prefix}header.key"),
                 name => format!("{prefix}{name}"),
@@ -361,7 +386,7 @@ mod tests {
             secret: Secret("s3cret".into()),
             ..HttpConfig::default()
         };
-        HttpPublisher::connect(&config, dead_letter).unwrap()
+        HttpPublisher::connect(&config, dead_letter, false).unwrap()
     }
 
     fn record(topic: &str, value: Option<&'static [u8]>) -> Record {
@@ -517,7 +542,7 @@ mod tests {
             request_timeout_ms: 60_000,
             ..HttpConfig::default()
         };
-        let publisher = HttpPublisher::connect(&config, None).unwrap();
+        let publisher = HttpPublisher::connect(&config, None, false).unwrap();
         let e = tokio::time::timeout(
             Duration::from_secs(20),
             publisher.publish(&record("t", None)),
