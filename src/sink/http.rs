@@ -438,6 +438,46 @@ mod tests {
     }
 
     #[test]
+    fn with_cloudevents_the_ce_headers_go_unprefixed_and_content_type_is_the_record_s() {
+        let config = HttpConfig {
+            url: SinkUrl("http://127.0.0.1:1/hooks/{destination}".into()),
+            ..HttpConfig::default()
+        };
+        let p = HttpPublisher::connect(&config, None, true).unwrap();
+        let mut r = record("Order.events", Some(br#"{"a":1}"#));
+        r.headers.truncate(2);
+        r.headers.extend([
+            ("ce-id".into(), Some(Bytes::from_static(b"e-1"))),
+            ("ce-subject".into(), Some(Bytes::from_static(b"o%201"))),
+            (
+                "content-type".into(),
+                Some(Bytes::from_static(b"text/plain")),
+            ),
+        ]);
+        assert_eq!(
+            names_and_values(&p.headers(&r, 7).unwrap()),
+            [
+                ("content-type", "text/plain"),
+                ("webhook-id", "e-1"),
+                ("webhook-timestamp", "7"),
+                ("outbox-id", "e-1"),
+                ("outbox-event_type", "Created"),
+                ("ce-id", "e-1"),
+                ("ce-subject", "o%201"),
+                ("outbox-key", "o-1"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        // Without cloudevents the same names are record headers like any other.
+        let names = names_and_values(&publisher(None).headers(&r, 7).unwrap());
+        assert!(
+            names.contains(&("outbox-ce-id".into(), "e-1".into())),
+            "{names:?}"
+        );
+        assert!(names.contains(&("content-type".into(), "application/json".into())));
+    }
+
+    #[test]
     fn content_type_follows_the_value_and_a_tombstone_has_none() {
         let p = publisher(None);
         let content_type = |value| {

@@ -44,6 +44,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cloudevents;
 mod connection;
 mod delivery;
 mod exactly_once;
