@@ -26,6 +26,7 @@ use crate::config::{
 
 mod formats;
 mod server;
+mod tracing;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
@@ -603,7 +604,7 @@ impl Importer {
             }
         }
         pipeline.additional_placement = additional;
-        Ok(())
+        self.tracing(alias, pipeline)
     }
 
     /// `producer.override.*` properties librdkafka knows by the same name.
@@ -761,7 +762,9 @@ fn reason_for(option: &str, value: &str, router: &str, other_routers: &[String])
     let starts = |prefix: &str| option.starts_with(prefix);
     if let Some(rest) = option.strip_prefix(&format!("transforms.{router}.")) {
         return match rest {
-            r if r.starts_with("tracing.") => "outbox-relay creates no tracing spans".into(),
+            r if r.starts_with("tracing.") => {
+                "a tracing option outbox-relay does not know (it carries over span.context.field, operation.name and with.context.field.only)".into()
+            }
             "predicate" | "negate" => {
                 "outbox-relay applies its routing to the configured table only".into()
             }
