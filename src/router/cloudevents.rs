@@ -283,6 +283,12 @@ pub(super) fn problems(config: &PipelineConfig, problem: &mut impl FnMut(&str, S
         return;
     }
     match &config.sink {
+        SinkConfig::Http(http) if http.header_prefix.to_ascii_lowercase().starts_with("ce-") => {
+            problem(
+                "sink.header_prefix",
+                "must not start with \"ce-\" with value_format = \"cloudevents\": row headers would pass for attribute headers".into(),
+            )
+        }
         SinkConfig::Kafka | SinkConfig::Http(_) | SinkConfig::Nats(_) => {}
         SinkConfig::RabbitMq(_) | SinkConfig::Redis(_) => problem(
             "value_format",

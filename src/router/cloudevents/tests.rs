@@ -247,6 +247,12 @@ fn options_that_cannot_make_cloudevents_are_refused_naming_the_field() {
         ..RabbitMqConfig::default()
     });
     assert!(refused(config(CloudEventsMode::Binary, rabbit)).contains("value_format"));
+    let prefixed = SinkConfig::Http(HttpConfig {
+        url: SinkUrl("http://127.0.0.1:1/{destination}".into()),
+        header_prefix: "CE-".into(),
+        ..HttpConfig::default()
+    });
+    assert!(refused(config(CloudEventsMode::Binary, prefixed)).contains("sink.header_prefix"));
     let mut null = config(CloudEventsMode::Structured, SinkConfig::Kafka);
     null.null_payload = NullPayload::Empty;
     assert!(refused(null).contains("null_payload"));
