@@ -28,6 +28,9 @@
 //!   Header placements of `additional_placement` come last, in configuration order.
 //!   Placed columns are rendered as Debezium's default converters render their type
 //!   (`router/render.rs`).
+//!   With `value_format = "cloudevents"` the value is a CloudEvent and its attribute headers
+//!   follow `event_type` (`router/cloudevents.rs`); the `traceparent` and `tracestate` of the
+//!   trace columns come last (`router/trace.rs`).
 //! - Timestamp: the `columns.timestamp` column's value, else the transaction's commit time.
 //! - Partition: the partition placement column's value, else chosen from the key.
 //!
@@ -375,8 +378,9 @@ impl Router {
     /// `additional_placement[1].placement`, ...): a template or regex that does not parse, a
     /// placeholder without its group, a template that gives no legal topic name, columns
     /// combined with `message_prefix`, a second partition placement, envelope placements
-    /// without `value_format = "envelope"` or with a name used twice, and a missing or illegal
-    /// dead-letter topic.
+    /// without `value_format = "envelope"` or with a name used twice, a missing or illegal
+    /// dead-letter topic, CloudEvents options a sink cannot carry (`router/cloudevents.rs`)
+    /// and empty trace columns (`router/trace.rs`).
     pub fn new(config: &PipelineConfig) -> Result<Self, ConfigErrors> {
         let problems = problems::problems(config);
         if !problems.is_empty() {

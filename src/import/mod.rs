@@ -26,7 +26,7 @@ use crate::config::{
 
 mod formats;
 mod server;
-mod tracing;
+mod tracing_options;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";

@@ -337,13 +337,7 @@ pub(super) fn problems(config: &PipelineConfig, problem: &mut impl FnMut(&str, S
 /// validation reports).
 pub fn default_source(config: &PipelineConfig) -> String {
     let database = config
-        .source_config()
-        .ok()
-        .and_then(|c| {
-            c.pg.get_dbname()
-                .or_else(|| c.pg.get_user())
-                .map(str::to_owned)
-        })
+        .source_database()
         .unwrap_or_else(|| config.name.clone());
     format!(
         "/outbox-relay/{}/{}.{}",
