@@ -17,7 +17,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
-use crate::config::PipelineConfig;
+use crate::config::{PipelineConfig, Placement};
 use crate::sink::Header;
 use crate::source::outbox::OutboxEvent;
 
@@ -118,6 +118,24 @@ pub(super) fn problems(config: &PipelineConfig, problem: &mut impl FnMut(&str, S
                     .into(),
             ),
             _ => {}
+        }
+    }
+    let any = [
+        &columns.traceparent,
+        &columns.tracestate,
+        &columns.tracing_span_context,
+    ]
+    .iter()
+    .any(|c| c.is_some());
+    for (i, placement) in config.additional_placement.iter().enumerate() {
+        let name = placement.name();
+        let trace_name =
+            name.eq_ignore_ascii_case(TRACEPARENT) || name.eq_ignore_ascii_case(TRACESTATE);
+        if any && placement.placement == Placement::Header && trace_name {
+            problem(
+                &format!("additional_placement[{i}].alias"),
+                format!("header {name:?} is the trace columns' (columns.traceparent, columns.tracestate, columns.tracing_span_context): use one or the other"),
+            );
         }
     }
 }

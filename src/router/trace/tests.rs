@@ -151,6 +151,14 @@ fn trace_columns_are_refused_empty_or_with_message_prefix() {
     let e = Router::new(&config).err().unwrap().to_string();
     assert!(e.contains("columns.traceparent: must not be empty"), "{e}");
     config.columns.traceparent = Some("tp".into());
+    config.additional_placement = vec![crate::config::AdditionalPlacement {
+        field: "tp".into(),
+        placement: crate::config::Placement::Header,
+        alias: Some("TraceParent".into()),
+    }];
+    let e = Router::new(&config).err().unwrap().to_string();
+    assert!(e.contains("additional_placement[0].alias"), "{e}");
+    config.additional_placement.clear();
     config.message_prefix = Some("outbox".into());
     let e = Router::new(&config).err().unwrap().to_string();
     assert!(e.contains("columns.traceparent: cannot be combined"), "{e}");
