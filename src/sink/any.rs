@@ -50,7 +50,7 @@ impl AnySink {
                     http::HttpPublisher::connect(
                         http,
                         config.dead_letter_topic.as_deref(),
-                        config.value_format == crate::config::ValueFormat::CloudEvents,
+                        http::StandardHeaders::of(config),
                     )?,
                     OrderedSettings {
                         max_concurrency: http.max_concurrency,

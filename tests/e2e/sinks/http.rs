@@ -587,16 +587,22 @@ async fn check_finds_the_receiver_without_posting() {
 
 /// CloudEvents in binary mode over HTTP (the HTTP binding): the `ce-` headers without the
 /// `outbox-` prefix, values percent-encoded, `Content-Type` the `datacontenttype`, the body
-/// the payload byte for byte.
+/// the payload byte for byte; the trace column's `traceparent` without the prefix too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_cloudevents_post_ce_headers_and_the_payload() {
     let server = shared();
     let setup = setup("http_ce", &["Order"]).await;
+    setup
+        .db
+        .client
+        .batch_execute("ALTER TABLE outbox ADD COLUMN traceparent text")
+        .await
+        .unwrap();
     let destinations = setup.topics();
     let (_dir, args) = relay_args(
         &setup,
         server,
-        "value_format = \"cloudevents\"\ncolumns = { timestamp = \"created_at\" }\ncloudevents = { mode = \"binary\" }",
+        "value_format = \"cloudevents\"\ncolumns = { timestamp = \"created_at\", traceparent = \"traceparent\" }\ncloudevents = { mode = \"binary\" }",
     );
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
@@ -604,8 +610,9 @@ async fn binary_cloudevents_post_ce_headers_and_the_payload() {
         .db
         .client
         .query_one(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
-             VALUES ($1, 'o 1 €', 'OrderCreated', '{\"total\": 12.50}', '2026-12-06 11:26:51.123+00')
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, traceparent)
+             VALUES ($1, 'o 1 €', 'OrderCreated', '{\"total\": 12.50}', '2026-12-06 11:26:51.123+00',
+                     '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01')
              RETURNING id::text",
             &[&setup.types[0]],
         )
@@ -643,6 +650,10 @@ async fn binary_cloudevents_post_ce_headers_and_the_payload() {
         ("ce-subject", "o%201%20%E2%82%AC"),
         ("ce-time", "2026-12-06T11:26:51.123Z"),
         ("outbox-id", id.as_str()),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
     ] {
         assert_eq!(text(name).as_deref(), Some(value), "header {name}");
     }
