@@ -309,8 +309,8 @@ pub struct Router {
     null_payload: NullPayload,
     empty_payload: EmptyPayload,
     bytea: ByteaFormat,
-    /// With `value_format = "cloudevents"`.
-    cloudevents: Option<cloudevents::CloudEvents>,
+    /// What `value_format = "cloudevents"` renders.
+    cloudevents: cloudevents::CloudEvents,
     trace: trace::TraceColumns,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
@@ -475,8 +475,7 @@ impl Router {
             null_payload: config.null_payload,
             empty_payload: config.empty_payload,
             bytea: config.bytea_format,
-            cloudevents: (config.value_format == ValueFormat::CloudEvents)
-                .then(|| cloudevents::CloudEvents::new(config)),
+            cloudevents: cloudevents::CloudEvents::new(config),
             trace,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
@@ -572,20 +571,15 @@ impl Router {
         // Debezium's route.tombstone.on.empty.payload: a tombstone in either value format.
         let empty = self.empty_payload == EmptyPayload::Tombstone
             && event.payload.as_deref().is_some_and(|p| is_blank(p, event));
-        if let Some(cloudevents) = &self.cloudevents {
-            let data = event.payload.as_ref().filter(|_| !empty);
-            let rendered = cloudevents.render(event, timestamp_ms, data, self.bytea)?;
-            headers.splice(attributes_at..attributes_at, rendered.headers);
-            return Ok(Record {
-                topic,
-                key: self.key(event)?,
-                value: rendered.value,
-                headers,
-                timestamp_ms: Some(timestamp_ms),
-                partition,
-            });
-        }
         let value = match (event.payload.as_ref(), self.null_payload, self.value_format) {
+            (payload, _, ValueFormat::CloudEvents) => {
+                let data = payload.filter(|_| !empty);
+                let rendered = self
+                    .cloudevents
+                    .render(event, timestamp_ms, data, self.bytea)?;
+                headers.splice(attributes_at..attributes_at, rendered.headers);
+                rendered.value
+            }
             _ if empty => None,
             (None, NullPayload::Tombstone, _) => None,
             (None, NullPayload::Empty, _) => Some(Bytes::new()),
@@ -597,7 +591,6 @@ impl Router {
                     .map_err(|problem| unrenderable(event, "payload", problem))?,
             ),
             (payload, _, ValueFormat::Envelope) => Some(self.envelope(event, payload)?),
-            (_, _, ValueFormat::CloudEvents) => unreachable!("rendered above"),
         };
         Ok(Record {
             topic,
@@ -612,7 +605,8 @@ impl Router {
     /// Whether a row header entry named `name` is left out: it would pass for a CloudEvents
     /// attribute header, or for a trace header a trace column gives.
     fn reserved_row_header(&self, name: &str) -> bool {
-        (self.cloudevents.is_some() && cloudevents::CloudEvents::reserved_header(name))
+        (self.value_format == ValueFormat::CloudEvents
+            && cloudevents::CloudEvents::reserved_header(name))
             || (self.trace.any()
                 && (name.eq_ignore_ascii_case(trace::TRACEPARENT)
                     || name.eq_ignore_ascii_case(trace::TRACESTATE)))
