@@ -304,17 +304,20 @@ pub(super) fn problems(config: &PipelineConfig, problem: &mut impl FnMut(&str, S
             "with value_format = \"cloudevents\" a NULL payload is an event without data (structured mode) or a record without value (binary mode), as the bindings say; leave null_payload out".into(),
         );
     }
-    for (field, value) in [
-        ("cloudevents.source", &options.source),
-        ("cloudevents.data_content_type", &options.data_content_type),
-    ] {
-        match value.as_deref() {
-            Some("") => problem(field, "must not be empty".into()),
-            Some(v) if v.chars().any(char::is_control) => {
-                problem(field, "must not hold control characters".into())
-            }
-            _ => {}
-        }
+    match options.source.as_deref() {
+        Some("") => problem("cloudevents.source", "must not be empty".into()),
+        Some(source) if !is_uri_reference(source) => problem(
+            "cloudevents.source",
+            format!("{source:?} is not a URI-reference (RFC 3986): percent-encode spaces and other characters outside it"),
+        ),
+        _ => {}
+    }
+    match options.data_content_type.as_deref() {
+        Some(media_type) if !is_media_type(media_type) => problem(
+            "cloudevents.data_content_type",
+            format!("{media_type:?} is not a media type (type/subtype, parameters after ';')"),
+        ),
+        _ => {}
     }
     for (i, placement) in config.additional_placement.iter().enumerate() {
         if placement.placement == Placement::Header
@@ -372,6 +375,22 @@ pub fn percent_encode(value: &str) -> String {
         }
     }
     out
+}
+
+/// Whether `text` has only the characters RFC 3986 allows in a URI-reference (unreserved,
+/// reserved and `%`).
+fn is_uri_reference(text: &str) -> bool {
+    text.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&'()*+,;=%".contains(&b))
+}
+
+/// Whether `text` looks like an RFC 2046 media type: `type/subtype` of printable ASCII without
+/// spaces, optionally followed by `;` and parameters without control characters.
+fn is_media_type(text: &str) -> bool {
+    let essence = text.split(';').next().unwrap_or("").trim();
+    let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/');
+    matches!(essence.split_once('/'), Some((t, sub)) if token(t) && token(sub))
+        && !text.chars().any(char::is_control)
 }
 
 /// Whether `media_type` (parameters ignored) is JSON: `application/json`, `text/json` or a

@@ -262,6 +262,18 @@ fn options_that_cannot_make_cloudevents_are_refused_naming_the_field() {
     let mut empty = config(CloudEventsMode::Structured, SinkConfig::Kafka);
     empty.cloudevents.source = Some(String::new());
     assert!(refused(empty).contains("cloudevents.source: must not be empty"));
+    let mut spaced = config(CloudEventsMode::Structured, SinkConfig::Kafka);
+    spaced.cloudevents.source = Some("/my source".into());
+    spaced.cloudevents.data_content_type = Some("json".into());
+    let e = refused(spaced);
+    assert!(
+        e.contains("cloudevents.source: \"/my source\" is not a URI-reference"),
+        "{e}"
+    );
+    assert!(
+        e.contains("cloudevents.data_content_type: \"json\" is not a media type"),
+        "{e}"
+    );
 }
 
 #[test]
