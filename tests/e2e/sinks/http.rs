@@ -660,3 +660,59 @@ async fn binary_cloudevents_post_ce_headers_and_the_payload() {
     assert_eq!(text("outbox-ce-id"), None);
     assert_eq!(request.body, br#"{"total": 12.50}"#);
 }
+
+/// CloudEvents in structured mode over HTTP: `Content-Type: application/cloudevents+json`
+/// and the JSON event format as the body, the jsonb payload as `data` byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_cloudevents_post_the_json_event_format() {
+    let server = shared();
+    let setup = setup("http_ce_structured", &["Order"]).await;
+    let destinations = setup.topics();
+    let (_dir, args) = relay_args(
+        &setup,
+        server,
+        "value_format = \"cloudevents\"\ncolumns = { timestamp = \"created_at\" }",
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id: String = setup
+        .db
+        .client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+             VALUES ($1, 'o-1', 'OrderCreated', '{\"total\": 12.50}', '2026-12-06 11:26:51.123+00')
+             RETURNING id::text",
+            &[&setup.types[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(relay);
+    let path = format!("{HOOKS}{}", destinations[0]);
+    let request = server
+        .server
+        .received()
+        .into_iter()
+        .find(|r| r.path == path)
+        .unwrap();
+    assert_eq!(
+        request.header("content-type"),
+        Some(&b"application/cloudevents+json; charset=UTF-8"[..])
+    );
+    let source = format!("/outbox-relay/{}/public.outbox", setup.db.name);
+    assert_eq!(
+        String::from_utf8(request.body.clone()).unwrap(),
+        format!(
+            r#"{{"specversion":"1.0","id":"{id}","source":"{source}","type":"OrderCreated","subject":"o-1","time":"2026-12-06T11:26:51.123Z","datacontenttype":"application/json","data":{{"total": 12.50}}}}"#
+        )
+    );
+    assert_eq!(request.header("outbox-content-type"), None);
+}
