@@ -96,6 +96,7 @@
 
 pub mod ack;
 pub mod check;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod exactly_once;

@@ -13,7 +13,18 @@ use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written (`--log-format`, `OUTBOX_RELAY_LOG_FORMAT`, `[log] format`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// One line per event, control characters from rows and servers escaped.

@@ -2,8 +2,11 @@
 //! labels are low-cardinality (pipeline, message kind), never event ids; the `topic` label is
 //! bounded per pipeline (`metrics/topics.rs`).
 
+mod catalog;
 mod state;
 mod topics;
+
+pub use catalog::{reference_markdown, MetricInfo};
 
 pub use state::{Behind, PipelineHealth, PipelineState, CATCHING_UP_AFTER};
 pub use topics::{MAX_TOPIC_LABELS, OTHER_TOPIC};
@@ -12,9 +15,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use catalog::Registrar;
 use prometheus::{
-    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    Gauge, GaugeVec, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Registry,
 };
 use state::Reported;
 
@@ -51,6 +55,8 @@ pub struct Metrics {
     health: Arc<Mutex<BTreeMap<String, HealthEntry>>>,
     /// Per pipeline, the destinations its delivery metrics label by name.
     topic_labels: Arc<Mutex<HashMap<String, Arc<topics::TopicLabels>>>>,
+    /// What each metric is, in the order registered.
+    catalog: Arc<[MetricInfo]>,
 }
 
 /// Metrics of the polling source only.
@@ -64,43 +70,6 @@ struct PollingMetricVecs {
     rows_purged: IntCounterVec,
 }
 
-/// Seconds: 1 ms to 60 s.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-];
-
-fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
-    let metric = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-        labels,
-    )
-    .expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric registered once");
-    metric
-}
-
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric registered once");
-    metric
-}
-
-fn gauge(registry: &Registry, name: &str, help: &str) -> IntGaugeVec {
-    labelled_gauge(registry, name, help, &["pipeline"])
-}
-
-fn labelled_gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric registered once");
-    metric
-}
-
 /// The values of `pg_replication_slots.wal_status` (PostgreSQL 13+), one series each.
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
@@ -112,66 +81,65 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let r = Registry::new();
-        let metrics = Metrics {
-            events_decoded: counter(&r, "outbox_relay_events_decoded_total", "Outbox events decoded from the WAL (table inserts and logical messages).", &["pipeline"]),
-            events_published: counter(&r, "outbox_relay_events_published_total", "Records acknowledged by the sink (Kafka or another kind), by topic or destination (dead-letter copies under theirs).", &["pipeline", "sink", "topic"]),
-            events_null_key: counter(&r, "outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
-            events_dead_lettered: counter(&r, "outbox_relay_events_dead_lettered_total", "Events that could not be routed, sent to the dead-letter topic, by reason.", &["pipeline", "reason"]),
-            messages_skipped: counter(&r, "outbox_relay_messages_skipped_total", "pgoutput messages passed over: not an insert into the outbox table.", &["pipeline", "kind"]),
-            transactions: counter(&r, "outbox_relay_transactions_total", "Committed transactions received.", &["pipeline"]),
-            delivery_failures: counter(&r, "outbox_relay_delivery_failures_total", "Records the sink did not acknowledge, by topic or destination and whether publishing again may succeed.", &["pipeline", "sink", "topic", "retryable"]),
-            status_updates: counter(&r, "outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
-            reconnects: counter(&r, "outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error.", &["pipeline"]),
-            consecutive_failed_sessions: gauge(&r, "outbox_relay_consecutive_failed_sessions", "Sessions in a row that ended in a retryable error without progress (no flush LSN confirmed, no polling batch marked); 0 once a session makes progress."),
-            kafka_transactions: counter(&r, "outbox_relay_kafka_transactions_total", "Exactly-once mode: Kafka transactions ended, by outcome (committed, aborted).", &["pipeline", "outcome"]),
-            confirmed_flush_lsn: gauge(&r, "outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
-            in_flight_events: labelled_gauge(&r, "outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged (with those an ended session left in a shared Kafka producer).", &["pipeline", "sink"]),
-            in_flight_bytes: labelled_gauge(&r, "outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records.", &["pipeline", "sink"]),
-            streaming: gauge(&r, "outbox_relay_pipeline_streaming", "1 while the pipeline's session streams (states streaming, catching_up and degraded by waiting records), else 0."),
-            pipeline_state: labelled_gauge(&r, "outbox_relay_pipeline_state", "1 for the pipeline's current state (starting, streaming, catching_up, degraded, standing_by, draining, failed, stopped), 0 for the others.", &["pipeline", "state"]),
-            lag_bytes: gauge(&r, "outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL (the replayed end on a standby) and the slot's confirmed flush LSN, read every 10 s."),
-            oldest_unacked_age: {
-                let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting the sink's acknowledgement was handed to it; 0 when none."), &["pipeline", "sink"]).expect("valid metric");
-                r.register(Box::new(metric.clone())).expect("metric registered once");
-                metric
+        let mut r = Registrar::new();
+        r.section("Log tailing and delivery");
+        let mut metrics = Metrics {
+            events_decoded: r.counter("outbox_relay_events_decoded_total", "Outbox events decoded from the WAL (table inserts and logical messages).", &["pipeline"]),
+            events_published: r.counter("outbox_relay_events_published_total", "Records acknowledged by the sink (Kafka or another kind), by topic or destination (dead-letter copies under theirs).", &["pipeline", "sink", "topic"]),
+            events_null_key: r.counter("outbox_relay_events_null_key_total", "Events published with a null key because the aggregate id was NULL.", &["pipeline"]),
+            events_dead_lettered: r.counter("outbox_relay_events_dead_lettered_total", "Events published to the dead-letter destination instead of their own (not routable, or refused by the sink), by reason.", &["pipeline", "reason"]),
+            messages_skipped: r.counter("outbox_relay_messages_skipped_total", "Changes passed over, by kind: other tables, updates and deletes, non-transactional messages (message_non_transactional), transactions already checkpointed in exactly-once mode (checkpointed).", &["pipeline", "kind"]),
+            transactions: r.counter("outbox_relay_transactions_total", "Committed transactions received.", &["pipeline"]),
+            delivery_failures: r.counter("outbox_relay_delivery_failures_total", "Records the sink did not acknowledge, by topic or destination and whether publishing again may succeed.", &["pipeline", "sink", "topic", "retryable"]),
+            status_updates: r.counter("outbox_relay_status_updates_sent_total", "Standby status updates sent to the walsender.", &["pipeline"]),
+            reconnects: r.counter("outbox_relay_reconnects_total", "Pipeline sessions restarted after a transient error; a standby's retries while another relay holds the slot are not counted.", &["pipeline"]),
+            consecutive_failed_sessions: r.gauge("outbox_relay_consecutive_failed_sessions", "Sessions in a row that ended in a retryable error without progress (no flush LSN confirmed, no polling batch marked); 0 once a session makes progress."),
+            kafka_transactions: r.counter("outbox_relay_kafka_transactions_total", "Exactly-once mode: Kafka transactions ended, by outcome (committed, aborted).", &["pipeline", "outcome"]),
+            confirmed_flush_lsn: r.gauge("outbox_relay_confirmed_flush_lsn_bytes", "Flush LSN last sent to PostgreSQL, as a WAL byte position."),
+            in_flight_events: r.labelled_gauge("outbox_relay_in_flight_events", "Records handed to the sink and not yet acknowledged (with those an ended session left in a shared Kafka producer).", &["pipeline", "sink"]),
+            in_flight_bytes: r.labelled_gauge("outbox_relay_in_flight_bytes", "Bytes of key, value and headers of in-flight records.", &["pipeline", "sink"]),
+            streaming: r.gauge("outbox_relay_pipeline_streaming", "1 while the pipeline's session streams (states streaming, catching_up and degraded by waiting records), else 0."),
+            pipeline_state: r.labelled_gauge("outbox_relay_pipeline_state", "1 for the pipeline's current state (starting, streaming, catching_up, degraded, standing_by, draining, failed, stopped), 0 for the others.", &["pipeline", "state"]),
+            lag_bytes: r.gauge("outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL (the replayed end on a standby) and the slot's confirmed flush LSN, read every 10 s; 0 when the slot is missing."),
+            oldest_unacked_age: r.float_gauge("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting the sink's acknowledgement was handed to it; 0 when none.", &["pipeline", "sink"]),
+            delivery_latency: r.histogram("outbox_relay_delivery_latency_seconds", "From handing a record to the sink to its acknowledgement.", &["pipeline", "sink"]),
+            commit_to_ack: r.histogram("outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to the sink's acknowledgement (wall clocks of both hosts).", &["pipeline", "sink"]),
+            slot_wal_status: {
+                r.section("The slot");
+                r.labelled_gauge("outbox_relay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; refreshed every 10 s.", &["pipeline", "status"])
             },
-            slot_wal_status: labelled_gauge(&r, "outbox_relay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; refreshed every 10 s.", &["pipeline", "status"]),
-            slot_safe_wal_size: gauge(&r, "outbox_relay_slot_safe_wal_size_bytes", "Bytes of WAL that can still be written before the slot is at risk of being lost (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited; refreshed every 10 s."),
-            slot_invalidated: labelled_gauge(&r, "outbox_relay_slot_invalidated", "1 while the slot is invalidated (wal_status lost), labelled with why: invalidation_reason (wal_removed, rows_removed, wal_level_insufficient, idle_timeout) or conflict (PostgreSQL 16); absent otherwise; refreshed every 10 s.", &["pipeline", "reason"]),
-            slot_failover: gauge(&r, "outbox_relay_slot_failover", "1 if the slot is a failover slot (PostgreSQL 17+), which a standby with sync_replication_slots keeps in sync, else 0; refreshed every 10 s."),
-            standby_slots_stalled: gauge(&r, "outbox_relay_standby_slots_stalled", "1 while the slot is a failover slot and synchronized_standby_slots on the server names a physical slot that is missing, inactive, invalidated or not physical, so the walsender sends no change; else 0; refreshed every 10 s."),
-            delivery_latency: histogram(&r, "outbox_relay_delivery_latency_seconds", "From handing a record to the sink to its acknowledgement.", &["pipeline", "sink"]),
-            commit_to_ack: histogram(&r, "outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to the sink's acknowledgement (wall clocks of both hosts).", &["pipeline", "sink"]),
-            polling: PollingMetricVecs {
-                pending_rows: gauge(&r, "outbox_relay_pending_rows", "Polling: outbox rows waiting to be published (including those waiting for a retry)."),
-                oldest_pending_age: {
-                    let metric = GaugeVec::new(Opts::new("outbox_relay_oldest_pending_age_seconds", "Polling: age of the oldest pending outbox row (0 when none)."), &["pipeline"]).expect("valid metric");
-                    r.register(Box::new(metric.clone())).expect("metric registered once");
-                    metric
-                },
-                failed_rows: gauge(&r, "outbox_relay_failed_rows", "Polling: outbox rows marked FAILED (not retried; need an operator)."),
-                events_failed: counter(&r, "outbox_relay_events_failed_total", "Polling: events this relay marked FAILED, by whether the last error was retryable.", &["pipeline", "retryable"]),
-                polls: counter(&r, "outbox_relay_polls_total", "Polling: poll cycles run.", &["pipeline"]),
-                rows_purged: counter(&r, "outbox_relay_rows_purged_total", "Polling: published rows deleted by the retention purge.", &["pipeline"]),
-            },
+            slot_safe_wal_size: r.gauge("outbox_relay_slot_safe_wal_size_bytes", "Bytes of WAL that can still be written before the slot is at risk of being lost (pg_replication_slots.safe_wal_size); absent when max_slot_wal_keep_size is unlimited; refreshed every 10 s."),
+            slot_invalidated: r.labelled_gauge("outbox_relay_slot_invalidated", "1 while the slot is invalidated (wal_status lost), labelled with why: invalidation_reason (wal_removed, rows_removed, wal_level_insufficient, idle_timeout) or conflict (PostgreSQL 16); absent otherwise; refreshed every 10 s.", &["pipeline", "reason"]),
+            slot_failover: r.gauge("outbox_relay_slot_failover", "1 if the slot is a failover slot (PostgreSQL 17+), which a standby with sync_replication_slots keeps in sync, else 0; refreshed every 10 s."),
+            standby_slots_stalled: r.gauge("outbox_relay_standby_slots_stalled", "1 while the slot is a failover slot and synchronized_standby_slots on the server names a physical slot that is missing, inactive, invalidated or not physical, so the walsender sends no change; else 0; refreshed every 10 s."),
+            polling: {
+                r.section("Polling source");
+                PollingMetricVecs {
+                pending_rows: r.gauge("outbox_relay_pending_rows", "Polling: outbox rows waiting to be published (including those waiting for a retry); refreshed every stats_interval_ms (5 s)."),
+                oldest_pending_age: r.float_gauge("outbox_relay_oldest_pending_age_seconds", "Polling: age of the oldest pending outbox row in seconds (0 when none); refreshed every stats_interval_ms.", &["pipeline"]),
+                failed_rows: r.gauge("outbox_relay_failed_rows", "Polling: outbox rows marked FAILED (not retried; need an operator); refreshed every stats_interval_ms."),
+                events_failed: r.counter("outbox_relay_events_failed_total", "Polling: events this relay marked FAILED, by whether the last error was retryable.", &["pipeline", "retryable"]),
+                polls: r.counter("outbox_relay_polls_total", "Polling: poll cycles run.", &["pipeline"]),
+                rows_purged: r.counter("outbox_relay_rows_purged_total", "Polling: published rows deleted by the retention purge.", &["pipeline"]),
+            }},
             health: Arc::default(),
             topic_labels: Arc::default(),
-            registry: r,
+            registry: r.registry.clone(),
+            catalog: Arc::default(),
         };
-        let build_info = IntGaugeVec::new(
-            Opts::new("outbox_relay_build_info", "1, labelled with the relay's version and the commit it was built from (unknown when built outside a git checkout)."),
-            &["version", "commit"],
-        )
-        .expect("valid metric");
-        metrics
-            .registry
-            .register(Box::new(build_info.clone()))
-            .expect("metric registered once");
+        r.section("Process");
+        let build_info = r.labelled_gauge("outbox_relay_build_info", "1, labelled with the relay's version and the commit it was built from (unknown when built outside a git checkout).", &["version", "commit"]);
+        metrics.catalog = r.catalog.into();
         build_info
             .with_label_values(&[crate::VERSION, crate::COMMIT])
             .set(1);
         metrics
+    }
+
+    /// What each metric is (name, type, labels, HELP text), in the order registered: the
+    /// metrics reference page is generated from it.
+    pub fn catalog(&self) -> &[MetricInfo] {
+        &self.catalog
     }
 
     /// Handles labelled for one pipeline publishing to Kafka.
@@ -376,11 +344,14 @@ impl PipelineMetrics {
             state,
             PipelineState::Degraded | PipelineState::Failed | PipelineState::Draining
         );
+        let took_over = previous.is_some_and(|r| r.state == PipelineState::StandingBy);
         let last_error = match (&reason, previous) {
             (Some(reason), _) if is_error => Some(reason.clone()),
-            // Streaming with no failed session behind it (after progress, or a takeover
-            // from standing by): the last error is over.
-            _ if state == PipelineState::Streaming && failed_sessions == 0 => None,
+            // A takeover from standing by with no failed session behind it: the last error is
+            // over. Otherwise it stays until the session makes progress
+            // ([`Self::set_failed_sessions`] with 0): a pipeline that streams again after a
+            // failure has not shown yet that the failure is gone.
+            _ if state == PipelineState::Streaming && took_over && failed_sessions == 0 => None,
             (_, previous) => previous.and_then(|r| r.last_error.clone()),
         };
         let entry = HealthEntry {
@@ -543,6 +514,34 @@ impl PipelineMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_error_stays_after_a_restart_until_the_session_makes_progress() {
+        let metrics = Metrics::new();
+        let p = metrics.pipeline("orders");
+        let last_error = || metrics.health()["orders"].last_error.clone();
+        p.set_state(
+            PipelineState::Failed,
+            Some("password authentication failed".into()),
+        );
+        p.set_state(PipelineState::Starting, None);
+        p.set_state(PipelineState::Streaming, None);
+        assert_eq!(
+            last_error().as_deref(),
+            Some("password authentication failed")
+        );
+        p.set_failed_sessions(0);
+        assert_eq!(last_error(), None, "progress ends it");
+        // A takeover from standing by ends it too.
+        p.set_state(PipelineState::Degraded, Some("broker down".into()));
+        p.set_failed_sessions(0);
+        p.set_state(
+            PipelineState::StandingBy,
+            Some("another relay holds the slot".into()),
+        );
+        p.set_state(PipelineState::Streaming, None);
+        assert_eq!(last_error(), None);
+    }
 
     #[test]
     fn renders_labelled_metrics() {

@@ -1,7 +1,12 @@
-//! The reference pages against the code, so that neither drifts: every metric the relay
-//! registers is in docs/reference/metrics.md (and nothing else is), every flag of every
-//! command is in docs/reference/cli.md, every key of a pipeline is in
-//! docs/reference/configuration.md. A failure names what to add or remove.
+//! The reference pages against the code, so that neither drifts. The tables of metrics,
+//! commands and flags, and configuration keys are generated from the code (the metrics'
+//! registration, clap's definitions, the configuration's schema) between two marker lines of
+//! their page; a page whose tables differ from what the code generates fails, naming the command
+//! that rewrites them:
+//!
+//!     REGENERATE_REFERENCE=1 cargo test --test reference
+//!
+//! Text outside the markers is written by hand; the other tests check it names what it must.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -12,6 +17,86 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 fn read(path: &str) -> String {
     fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+const BEGIN: &str = "<!-- generated from the code by `REGENERATE_REFERENCE=1 cargo test --test reference`: edit the code, not this table -->\n";
+const END: &str = "<!-- end of the generated reference -->\n";
+
+/// Checks that the part of `path` between its markers is `generated`; with
+/// `REGENERATE_REFERENCE=1`, writes it there instead.
+fn check_generated(path: &str, generated: &str) {
+    let page = read(path);
+    let start = page
+        .find(BEGIN)
+        .unwrap_or_else(|| panic!("{path}: no line {BEGIN:?}"))
+        + BEGIN.len();
+    let end = start
+        + page[start..]
+            .find(END)
+            .unwrap_or_else(|| panic!("{path}: no line {END:?} after the first marker"));
+    let current = &page[start..end];
+    let wanted = format!("\n{generated}\n");
+    if current == wanted {
+        return;
+    }
+    if std::env::var_os("REGENERATE_REFERENCE").is_some_and(|v| v == "1") {
+        let page = format!("{}{wanted}{}", &page[..start], &page[end..]);
+        fs::write(Path::new(ROOT).join(path), page).unwrap_or_else(|e| panic!("{path}: {e}"));
+        return;
+    }
+    let differs = current
+        .lines()
+        .zip(wanted.lines())
+        .position(|(a, b)| a != b)
+        .unwrap_or(current.lines().count().min(wanted.lines().count()));
+    panic!(
+        "{path} is stale: its generated tables differ from the code's from line {} of the \
+         table (code: {:?}, page: {:?}). Regenerate it with \
+         `REGENERATE_REFERENCE=1 cargo test --test reference` and commit the page.",
+        differs + 1,
+        wanted.lines().nth(differs),
+        current.lines().nth(differs),
+    );
+}
+
+#[test]
+fn the_metrics_reference_tables_are_generated_from_the_registered_metrics() {
+    let metrics = outbox_relay::Metrics::new();
+    check_generated(
+        "docs/reference/metrics.md",
+        &outbox_relay::metrics::reference_markdown(metrics.catalog()),
+    );
+}
+
+#[test]
+fn the_cli_reference_tables_are_generated_from_the_flags() {
+    check_generated(
+        "docs/reference/cli.md",
+        &outbox_relay::cli::reference::reference_markdown(),
+    );
+}
+
+#[test]
+fn the_configuration_reference_tables_are_generated_from_the_schema() {
+    check_generated(
+        "docs/reference/configuration.md",
+        &outbox_relay::cli::reference::configuration_markdown(),
+    );
+}
+
+#[test]
+fn every_metric_the_registry_serves_is_in_the_catalog() {
+    let metrics = outbox_relay::Metrics::new();
+    let catalog: BTreeSet<&str> = metrics.catalog().iter().map(|m| m.name).collect();
+    let code: BTreeSet<String> = metric_names(&read("src/metrics.rs"))
+        .into_iter()
+        .filter(|n| n != "outbox_relay_")
+        .collect();
+    let code: BTreeSet<&str> = code.iter().map(String::as_str).collect();
+    assert_eq!(
+        catalog, code,
+        "every metric is registered through the catalog's Registrar"
+    );
 }
 
 /// Every `outbox_relay_<name>` in `text`.

@@ -47,7 +47,18 @@ pub struct RelayConfig {
 
 /// What a pipeline stopped by an error that retrying cannot fix does to the process
 /// (`on_pipeline_failure`; docs/operations/runbook.md, "Exit codes").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum OnPipelineFailure {
     /// The other pipelines drain and the process exits with the failed pipeline's exit code,
@@ -61,20 +72,26 @@ pub enum OnPipelineFailure {
 
 /// The file as written: `[kafka]` defaults, `[metrics]`, and the `[[pipelines]]` entries
 /// (what `import-debezium` prints).
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// Brokers and properties of every pipeline that does not set its own.
     #[serde(default)]
     pub kafka: KafkaConfig,
     #[serde(default, skip_serializing_if = "MetricsSection::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub metrics: MetricsSection,
-    /// [`OnPipelineFailure`].
+    /// What a pipeline stopped by an error that retrying cannot fix does.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub on_pipeline_failure: OnPipelineFailure,
-    /// `[log]`: read before the rest of the file, to set up logging ([`log_section`]).
+    /// The log's level and format.
+    ///
+    /// Read before the rest of the file, to set up logging ([`log_section`]).
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub log: LogSection,
+    /// One entry per source database.
     #[serde(default)]
     pub pipelines: Vec<PipelineConfig>,
 }
@@ -85,35 +102,42 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 
 /// `[log]`: the level and format of the log, under `--log-level` and `--log-format` (and
 /// their variables), which win.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
+    /// `error`, `warn`, `info`, `debug`, `trace`, or a filter such as
+    /// `outbox_relay=debug,info` (`RUST_LOG`, when set, wins); unset: `info`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub level: Option<String>,
+    /// Unset: `text`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub format: Option<crate::logging::LogFormat>,
 }
 
-/// The `[log]` section of the file at `path`, read on its own before logging is set up; a
-/// file that cannot be read or parsed gives none (loading it later reports why).
+/// The `[log]` section of the file at `path`, with its `OUTBOX_RELAY__LOG__*` overrides, read
+/// on its own before logging is set up; a file that cannot be read or parsed gives none
+/// (loading it later reports why).
 pub fn log_section(path: &Path) -> LogSection {
-    #[derive(Deserialize)]
-    struct OnlyLog {
-        #[serde(default)]
-        log: LogSection,
-    }
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|text| toml::from_str::<OnlyLog>(&text).ok())
-        .map(|only| only.log)
+    Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(
+            Env::prefixed(ENV_PREFIX)
+                .split("__")
+                .filter(|key| key.starts_with("log.")),
+        )
+        .extract_inner::<LogSection>("log")
         .unwrap_or_default()
 }
 
-/// `[metrics]`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+/// `[metrics]`: the HTTP endpoint of `/metrics`, `/healthz` and `/readyz`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
+    /// The address to listen on, e.g. `127.0.0.1:9187`; unset: no endpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub listen: Option<SocketAddr>,
 }
 

@@ -6,24 +6,28 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Kafka producer settings: a pipeline's `kafka` table, and the file's `[kafka]` defaults.
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct KafkaConfig {
     /// `host:port[,host:port...]`; empty in a pipeline of the file: the `[kafka]` default.
     #[serde(skip_serializing_if = "String::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub bootstrap_servers: String,
     /// Extra librdkafka properties (`security.protocol`, `sasl.*`, `linger.ms`, ...), a TOML
     /// table of strings in the file.
     #[serde(with = "properties_table", skip_serializing_if = "Vec::is_empty")]
+    #[schemars(!skip_serializing_if)]
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
     pub properties: Vec<(String, String)>,
     /// Create a missing topic through the admin API before its first record; `None`: a
     /// missing topic holds its records (and reading) until someone creates it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub create_topics: Option<CreateTopics>,
 }
 
 /// `kafka.create_topics`: how a topic the relay creates is made.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTopics {
     /// Partitions; -1: the broker's `num.partitions`.
@@ -39,6 +43,8 @@ pub struct CreateTopics {
         with = "properties_table",
         skip_serializing_if = "Vec::is_empty"
     )]
+    #[schemars(!skip_serializing_if)]
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
     pub config: Vec<(String, String)>,
 }
 

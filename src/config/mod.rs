@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 pub mod file;
 mod kafka;
 pub mod polling;
+pub mod reference;
 mod route;
 pub mod secret_file;
 pub mod sink;
@@ -131,84 +132,112 @@ impl From<ConfigErrors> for ConfigError {
 /// holds the URL (`${NAME}` references and `source_url_file` resolved) and `kafka` the
 /// pipeline's settings over the file's `[kafka]` defaults. [`crate::validation::pipelines`]
 /// checks the values once at start.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineConfig {
     /// Label in logs and metrics.
     pub name: String,
     /// libpq connection URL or `key=value` string of the source database.
     #[serde(default, skip_serializing_if = "str::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub source_url: SourceUrl,
     /// A file holding `source_url` (a mounted secret), instead of `source_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub source_url_file: Option<String>,
     /// The source role's password, beside a URL without one: taken as written, so `@`, `#`
-    /// or `/` need no percent-encoding (`${NAME}` takes it from the environment). After
-    /// [`file::load`] it also holds what `source_password_file` read.
+    /// or `/` need no percent-encoding (`${NAME}` takes it from the environment).
+    ///
+    /// After [`file::load`] it also holds what `source_password_file` read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub source_password: Option<Secret>,
     /// A file holding `source_password` (a mounted secret), instead of `source_password`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub source_password_file: Option<String>,
     /// Logical replication slot (pgoutput); required with log tailing.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub slot: String,
     /// Publication that includes the outbox table: its name exactly as stored, case and
     /// punctuation included, without quotes; required with log tailing.
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub publication: String,
-    /// The outbox table (see [`TableName`] for quoting).
+    /// The outbox table: `schema.table`, or `table` for `public.table`; a part may be
+    /// double-quoted as in SQL (`"Billing-Prod"."Outbox"`), an unquoted part is taken as
+    /// written (no case folding).
     pub table: TableName,
     /// Log tailing (default; `slot`, `publication` and `create_slot` apply) or polling
     /// (`polling` applies).
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub source_kind: SourceKind,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub polling: PollingConfig,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub columns: OutboxColumns,
     /// Transactional logical decoding messages with this prefix are outbox events too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub message_prefix: Option<String>,
-    /// The id of a message event that gives none ([`MessageDefaultId`]).
+    /// The id of a message event that gives none.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub message_default_id: MessageDefaultId,
+    /// How events map to topics.
+    ///
     /// Always written out: the topic names are what consumers see.
     #[serde(default)]
     pub route: RouteConfig,
     /// Extra columns put in the record, in this order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub additional_placement: Vec<AdditionalPlacement>,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub missing_placement_column: MissingPlacementColumn,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub value_format: ValueFormat,
-    /// With `value_format = "cloudevents"`.
+    /// The CloudEvents attributes and mode, with `value_format = "cloudevents"`.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub cloudevents: CloudEventsConfig,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub null_payload: NullPayload,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub empty_payload: EmptyPayload,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub bytea_format: ByteaFormat,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub on_bad_event: OnBadEvent,
     /// Required with `on_bad_event = "dead_letter"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub dead_letter_topic: Option<String>,
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub op_invalid_behavior: InvalidOpBehavior,
     /// Create the slot when it does not exist ([`DEFAULT_CREATE_SLOT`]).
     #[serde(
         default = "default_create_slot",
         skip_serializing_if = "is_default_create_slot"
     )]
+    #[schemars(!skip_serializing_if)]
     pub create_slot: bool,
     /// Create the slot as a failover slot (PostgreSQL 17+: `FAILOVER`), which a standby with
     /// `sync_replication_slots = on` keeps in sync so that it survives a promotion; `setup`
     /// also turns it on for an existing slot. Default false. An error on older servers.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub failover: bool,
     /// libpq URL of the physical standby that should keep the failover slot in sync, for
     /// `check` and `status` only (the relay never streams from it): they read its
@@ -216,6 +245,7 @@ pub struct PipelineConfig {
     /// `primary_conninfo` and its copy of the slot. `${NAME}` references are resolved as in
     /// `source_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub standby_url: Option<SourceUrl>,
     /// Record in the source database (table `<slot_record_schema>.streamed_slots`) that this
     /// pipeline streamed from its slot, so that a start that finds the slot gone refuses to
@@ -224,66 +254,80 @@ pub struct PipelineConfig {
         default = "default_slot_record",
         skip_serializing_if = "is_default_slot_record"
     )]
+    #[schemars(!skip_serializing_if)]
     pub slot_record: bool,
     /// The schema of the slot record table, created if missing ([`DEFAULT_SLOT_RECORD_SCHEMA`]).
     #[serde(
         default = "default_slot_record_schema",
         skip_serializing_if = "is_default_slot_record_schema"
     )]
+    #[schemars(!skip_serializing_if)]
     pub slot_record_schema: String,
     /// Where the events go (`kind` and its settings); default Kafka, with `kafka`.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub sink: SinkConfig,
     /// The Kafka producer (with `sink` kind `kafka`, the default).
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub kafka: KafkaConfig,
-    /// [`DEFAULT_STATUS_INTERVAL_MS`].
+    /// How often the confirmed position is sent to the walsender, ms (at most half its
+    /// `wal_sender_timeout`).
     #[serde(
         default = "default_status_interval_ms",
         skip_serializing_if = "is_default_status_interval_ms"
     )]
+    #[schemars(!skip_serializing_if)]
     pub status_interval_ms: u64,
-    /// [`DEFAULT_MAX_IN_FLIGHT_EVENTS`].
+    /// Records handed to the sink and not yet acknowledged before reading pauses.
     #[serde(
         default = "default_max_in_flight_events",
         skip_serializing_if = "is_default_max_in_flight_events"
     )]
+    #[schemars(!skip_serializing_if)]
     pub max_in_flight_events: usize,
-    /// [`DEFAULT_MAX_IN_FLIGHT_BYTES`].
+    /// Bytes (key, value and headers) of those records before reading pauses.
     #[serde(
         default = "default_max_in_flight_bytes",
         skip_serializing_if = "is_default_max_in_flight_bytes"
     )]
+    #[schemars(!skip_serializing_if)]
     pub max_in_flight_bytes: usize,
-    /// [`DEFAULT_SHUTDOWN_TIMEOUT_SECS`].
+    /// On SIGTERM, how long to wait for the sink's outstanding acknowledgements, seconds.
     #[serde(
         default = "default_shutdown_timeout_secs",
         skip_serializing_if = "is_default_shutdown_timeout_secs"
     )]
+    #[schemars(!skip_serializing_if)]
     pub shutdown_timeout_secs: u64,
-    /// [`DEFAULT_MAX_EVENT_WAIT_SECS`]: seconds a record may wait for the sink's
+    /// Seconds a record may wait for the sink's
     /// acknowledgement before the pipeline reads as `degraded` and `/readyz` fails.
     #[serde(
         default = "default_max_event_wait_secs",
         skip_serializing_if = "is_default_max_event_wait_secs"
     )]
+    #[schemars(!skip_serializing_if)]
     pub max_event_wait_secs: u64,
     /// When the slot is held by a walsender whose client has sent no status update for this
     /// long (seconds), terminate that walsender and take the slot over; `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub terminate_stale_walsender_after_secs: Option<u64>,
     /// Exactly-once mode: each PostgreSQL transaction's records and a checkpoint record go to
-    /// Kafka in one Kafka transaction (see [`crate::exactly_once::Transactions`]).
+    /// Kafka in one Kafka transaction.
     #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
     pub exactly_once: bool,
     /// Kafka `transactional.id` in exactly-once mode; `None`: `outbox-relay-<name>`. Stable
     /// across restarts and unique per pipeline: a relay started with the same id fences the
     /// one before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub transactional_id: Option<String>,
-    /// Compacted topic for the checkpoints in exactly-once mode; `None`:
-    /// [`DEFAULT_CHECKPOINT_TOPIC`].
+    /// Compacted topic for the checkpoints in exactly-once mode; unset:
+    /// `outbox-relay.checkpoints`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub checkpoint_topic: Option<String>,
     /// Exactly-once mode: most PostgreSQL transactions in one Kafka transaction
     /// ([`DEFAULT_EXACTLY_ONCE_MAX_BATCH_TRANSACTIONS`]).
@@ -291,6 +335,7 @@ pub struct PipelineConfig {
         default = "default_exactly_once_max_batch_transactions",
         skip_serializing_if = "is_default_exactly_once_max_batch_transactions"
     )]
+    #[schemars(!skip_serializing_if)]
     pub exactly_once_max_batch_transactions: usize,
     /// Exactly-once mode: most record bytes in one Kafka transaction; a transaction that
     /// passes it closes the batch after it ([`DEFAULT_EXACTLY_ONCE_MAX_BATCH_BYTES`]).
@@ -298,6 +343,7 @@ pub struct PipelineConfig {
         default = "default_exactly_once_max_batch_bytes",
         skip_serializing_if = "is_default_exactly_once_max_batch_bytes"
     )]
+    #[schemars(!skip_serializing_if)]
     pub exactly_once_max_batch_bytes: usize,
     /// Exactly-once mode: milliseconds a Kafka transaction waits for more PostgreSQL
     /// transactions after its first one committed; 0: one per Kafka transaction unless more
@@ -306,6 +352,7 @@ pub struct PipelineConfig {
         default = "default_exactly_once_batch_linger_ms",
         skip_serializing_if = "is_default_exactly_once_batch_linger_ms"
     )]
+    #[schemars(!skip_serializing_if)]
     pub exactly_once_batch_linger_ms: u64,
 }
 
@@ -341,7 +388,9 @@ defaults! {
 }
 
 /// The id a logical decoding message event gets when its JSON has no `id`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageDefaultId {
     /// `pg-<system identifier>-<timeline>-<LSN>`: unique across clusters and across a

@@ -29,7 +29,9 @@ pub const DEFAULT_PURGE_INTERVAL_SECS: u64 = 60;
 pub const DEFAULT_STATS_INTERVAL_MS: u64 = 5_000;
 
 /// Where a pipeline reads outbox events from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum SourceKind {
     /// A logical replication slot (pgoutput): commit order, milliseconds, no table reads.
@@ -40,7 +42,9 @@ pub enum SourceKind {
 }
 
 /// How a published row is marked, and so which rows are pending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum MarkMode {
     /// `status = 'PUBLISHED', published_at = now()`; pending is `status = 'PENDING'`.
@@ -55,30 +59,38 @@ pub enum MarkMode {
 }
 
 /// Options of the polling source. Column names are those of `sql/outbox_polling.sql`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PollingConfig {
     /// Rows locked and published per cycle.
     pub batch_size: usize,
     /// First wait after a cycle that published nothing; doubles up to `max_interval_ms`.
     pub min_interval_ms: u64,
+    /// Longest wait between polls that find nothing, ms.
     pub max_interval_ms: u64,
     /// LISTEN on this channel and poll at once on a notification (the trigger of
     /// `sql/outbox_polling.sql` notifies `outbox_relay`); `None`: timer only.
     pub notify_channel: Option<String>,
+    /// How a published row is marked, and so which rows are pending.
     pub mark: MarkMode,
     /// Orders the rows (with the id as tie-breaker); `DEFAULT clock_timestamp()` gives
     /// insert order.
     pub created_at_column: String,
+    /// The text column of `mark = "status"`: `PENDING`, `PUBLISHED` or `FAILED`.
     pub status_column: String,
+    /// Set to the time of publishing with `mark = "status"`.
     pub published_at_column: String,
+    /// Failed attempts of the row so far (`mark = "status"`).
     pub retry_count_column: String,
+    /// When a failed row is tried again (`mark = "status"`).
     pub next_retry_at_column: String,
     /// The boolean column of `mark = "flag"`.
     pub published_column: String,
     /// Attempts before a retryable failure marks the row FAILED (`mark = "status"`).
     pub max_attempts: u32,
+    /// A failed row waits `retry_min_ms * 2^retry_count` before its next attempt, ms...
     pub retry_min_ms: u64,
+    /// ...at most this long, ms.
     pub retry_max_ms: u64,
     /// Later events of an aggregate wait behind its FAILED event (per-key order); `false`
     /// lets them pass it.
@@ -86,8 +98,11 @@ pub struct PollingConfig {
     /// Delete published rows older than this (by `published_at`, or the created_at column
     /// with `mark = "flag"`); `None`: keep them.
     pub purge_published_after_secs: Option<u64>,
+    /// Rows deleted per statement of the purge.
     pub purge_batch_size: usize,
+    /// Seconds between purges.
     pub purge_interval_secs: u64,
+    /// How often the pending, oldest pending and FAILED row metrics are read, ms.
     pub stats_interval_ms: u64,
 }
 

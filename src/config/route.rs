@@ -50,7 +50,7 @@ pub fn matches_destination(pattern: &str, name: &str) -> bool {
 }
 
 /// Names of the outbox table's columns (the defaults of `sql/outbox.sql`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OutboxColumns {
     /// Event id: the Kafka header `id`.
@@ -70,19 +70,23 @@ pub struct OutboxColumns {
     /// Optional `timestamptz` or `timestamp` column (a `timestamp` is taken as UTC) whose
     /// value is the Kafka record timestamp; `None` or a NULL value: the commit time.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub timestamp: Option<String>,
     /// Optional column holding a W3C `traceparent`, published as the `traceparent` header;
     /// `None`, a NULL value or an invalid one (left out with a warning): no such header.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub traceparent: Option<String>,
     /// Optional column holding a W3C `tracestate`, published as the `tracestate` header
     /// beside a valid `traceparent` only.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub tracestate: Option<String>,
     /// Optional column holding a span context as a `java.util.Properties` text with
     /// `traceparent=...` (and `tracestate=...`) lines: Debezium's `tracingspancontext`. Used
     /// where the `traceparent` column is not configured or NULL.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub tracing_span_context: Option<String>,
 }
 
@@ -115,11 +119,12 @@ impl Default for OutboxColumns {
 }
 
 /// How events map to topics (Debezium's `route.by.field`, `route.topic.replacement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouteConfig {
     /// Column whose value routes the event; `None`: the aggregate type column.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub by_field: Option<String>,
     /// Topic name with placeholders: `${routedByValue}` (the routing value), `${name}` or
     /// `${1}` (a capture group of `topic_regex`), `${column:<name>}` (a column's text).
@@ -128,6 +133,7 @@ pub struct RouteConfig {
     /// Regex the whole routing value (after `topic_case`) must match; its capture groups
     /// may be used in `topic_template` (Debezium's `route.topic.regex`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub topic_regex: Option<String>,
     /// The destinations rows may route to: exact names, or patterns where `*` stands for any
     /// run of characters (none included). A routed destination outside the list is a bad
@@ -135,6 +141,7 @@ pub struct RouteConfig {
     /// pick any `<X>.events` topic. The dead-letter and checkpoint topics are never
     /// destinations, whatever the template; a list that admits one is refused at start.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub allowed_destinations: Option<Vec<String>>,
 }
 
@@ -151,7 +158,7 @@ impl Default for RouteConfig {
 }
 
 /// An extra column put in the record (Debezium's `table.fields.additional.placement`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdditionalPlacement {
     /// The column.
@@ -159,6 +166,7 @@ pub struct AdditionalPlacement {
     pub placement: Placement,
     /// Header or envelope field name; defaults to `field`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub alias: Option<String>,
 }
 
@@ -171,7 +179,9 @@ impl AdditionalPlacement {
 
 /// What a placement whose column the table does not have does (Debezium's
 /// `table.field.additional.missing`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingPlacementColumn {
     /// The pipeline stops at the table's first insert without it.
@@ -183,7 +193,7 @@ pub enum MissingPlacementColumn {
 }
 
 /// Where an [`AdditionalPlacement`] column goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// A header with the column's text (NULL: a null header value), after the others.
@@ -195,7 +205,9 @@ pub enum Placement {
 }
 
 /// What the record value is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ValueFormat {
     /// The payload bytes exactly as PostgreSQL printed them.
@@ -204,32 +216,36 @@ pub enum ValueFormat {
     /// A JSON object `{"payload": ..., "<alias>": ...}` with the envelope placements.
     Envelope,
     /// A CloudEvent (spec 1.0.2) in the sink's protocol binding, structured or binary as
-    /// `cloudevents.mode` says ([`CloudEventsConfig`]). A value of `value_format` rather than a
-    /// key of its own: like the envelope, it decides what the record value is, and it excludes
-    /// the other two.
+    /// `cloudevents.mode` says. A value of `value_format` rather than a key of its own: like
+    /// the envelope, it decides what the record value is, and it excludes the other two.
     #[serde(rename = "cloudevents")]
     CloudEvents,
 }
 
 /// How events are CloudEvents, with `value_format = "cloudevents"`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CloudEventsConfig {
+    /// Where the attributes go.
     pub mode: CloudEventsMode,
     /// The `source` attribute, a URI-reference; `None`:
     /// `/outbox-relay/<database>/<schema>.<table>` (each part percent-encoded).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub source: Option<String>,
     /// The `datacontenttype` attribute; `None`: `application/json` for a json or jsonb payload,
     /// `application/octet-stream` for a bytea one (with `bytea_format = "raw"`),
     /// `text/plain; charset=utf-8` for any other. A JSON media type (`application/json`,
     /// `*/*+json`) for a text payload makes it JSON data, each payload checked.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub data_content_type: Option<String>,
 }
 
 /// Where a CloudEvent's attributes go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CloudEventsMode {
     /// The whole event as the JSON event format (`application/cloudevents+json`) in the value.
@@ -240,7 +256,9 @@ pub enum CloudEventsMode {
 }
 
 /// What a SQL NULL payload becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum NullPayload {
     /// A null value: a delete on compacted topics.
@@ -254,7 +272,9 @@ pub enum NullPayload {
 }
 
 /// What an empty or blank payload becomes (Debezium's `route.tombstone.on.empty.payload`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum EmptyPayload {
     /// Published as it is: a zero-byte (or blank) value.
@@ -267,7 +287,9 @@ pub enum EmptyPayload {
 }
 
 /// How a bytea key or payload is published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ByteaFormat {
     /// The bytes themselves (what Debezium publishes with `BinaryDataConverter` or
@@ -281,7 +303,9 @@ pub enum ByteaFormat {
 /// What an event that cannot be routed does (illegal topic, regex mismatch, NULL template
 /// column, a destination outside `route.allowed_destinations` or reserved for the relay, bad
 /// headers JSON, bad partition or timestamp value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum OnBadEvent {
     /// The pipeline stops before confirming the event's transaction.
@@ -292,19 +316,43 @@ pub enum OnBadEvent {
 }
 
 /// What happens to the routing value's case in the topic name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum TopicCase {
-    /// Kafka topic names are case-sensitive: `Order` and `order` stay two topics.
+    /// As written: Kafka topic names are case-sensitive, so `Order` and `order` stay two topics.
     #[default]
     Preserve,
+    /// Lower-cased.
     Lower,
+    /// Upper-cased.
     Upper,
 }
 
 /// What an UPDATE or DELETE of an outbox row does (Debezium's `table.op.invalid.behavior`).
 /// Rows may be deleted right after the insert, so the default passes over them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Deserialize,
+    schemars::JsonSchema,
+    Serialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum InvalidOpBehavior {
     /// Passed over, counted in `outbox_relay_messages_skipped_total{kind}`.

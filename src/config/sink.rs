@@ -46,7 +46,7 @@ pub const DEFAULT_RABBITMQ_CONTENT_TYPE: &str = "application/json";
 pub const MAX_ROUTING_KEY_BYTES: usize = 255;
 
 /// A pipeline's `sink` table (the `kind` key chooses the variant).
-#[derive(Clone, Debug, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SinkConfig {
     /// Kafka, with the pipeline's `kafka` table (the default).
@@ -357,7 +357,7 @@ fn optional_secret(
 
 /// A secret setting (a token, a key seed, a signing key); `Debug` shows `***`, or `""` when it
 /// is empty (not set).
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(transparent)]
 pub struct Secret(pub String);
 
@@ -375,7 +375,7 @@ impl fmt::Debug for Secret {
 }
 
 /// A sink server's URL; `Debug` hides its password.
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(transparent)]
 pub struct SinkUrl(pub String);
 
@@ -398,7 +398,7 @@ impl fmt::Debug for SinkUrl {
 /// fields] payload <value>`, the stream being the routed destination (`<aggregate_type>.events`
 /// by default). An `XADD` reply is an acknowledgement: how durable it is depends on the
 /// server's persistence settings (docs/how-to/sinks/redis.md, "What acknowledged means").
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://[user:password@]host[:port][/db]` (`rediss://` for TLS); `${NAME}` references
@@ -406,21 +406,26 @@ pub struct RedisConfig {
     pub url: SinkUrl,
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub url_file: Option<String>,
     /// The password, beside a URL without one: taken as written (no percent-encoding);
     /// `${NAME}` takes it from the environment.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub password: Option<Secret>,
     /// A file holding `password` (a mounted secret), instead of `password`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub password_file: Option<String>,
     /// `MAXLEN ~ <n>` on each `XADD`: trims the stream to about that many entries; `None`:
     /// never trimmed by the relay.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub max_len: Option<u64>,
-    /// [`DEFAULT_REDIS_MAX_CONCURRENCY`].
+    /// Records in flight at once, each of a different key (a key's records go one at a time).
     pub max_concurrency: usize,
-    /// [`DEFAULT_DELIVERY_TIMEOUT_MS`].
+    /// Milliseconds a record is retried for, from its first attempt (time queued behind its
+    /// key's earlier records does not count); past it the record fails and the session restarts.
     pub delivery_timeout_ms: u64,
 }
 
@@ -450,7 +455,7 @@ impl RedisConfig {
 /// key the routed destination (`<aggregate_type>.events` by default): with a topic exchange,
 /// consumers bind `Order.#`, `*.events` and so on. The server's publisher confirm is the
 /// acknowledgement; a message no queue takes (returned) is refused. docs/how-to/sinks/rabbitmq.md, "What acknowledged means".
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RabbitMqConfig {
     /// `amqp://[user:password@]host[:port][/vhost]` (`amqps://` for TLS); `${NAME}` references
@@ -458,26 +463,30 @@ pub struct RabbitMqConfig {
     pub url: SinkUrl,
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub url_file: Option<String>,
     /// The password, beside a URL without one: taken as written (no percent-encoding);
     /// `${NAME}` takes it from the environment.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub password: Option<Secret>,
     /// A file holding `password` (a mounted secret), instead of `password`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub password_file: Option<String>,
     /// The exchange every record is published to, declared by the operator (`check` verifies
     /// it exists); `""` (the default): the default exchange, which routes to the queue named
     /// like the routing key.
     pub exchange: String,
-    /// The `content_type` property of each message ([`DEFAULT_RABBITMQ_CONTENT_TYPE`]); `""`:
-    /// none. A tombstone never has one.
+    /// The `content_type` property of each message; `""`: none. A tombstone never has one.
     pub content_type: String,
-    /// [`DEFAULT_RABBITMQ_MAX_MESSAGE_BYTES`]: match the server's `max_message_size`.
+    /// The largest message published, in bytes: match the server's `max_message_size`. A
+    /// larger record is refused (a bad event).
     pub max_message_bytes: usize,
-    /// [`DEFAULT_RABBITMQ_MAX_CONCURRENCY`].
+    /// Records in flight at once, each of a different key (a key's records go one at a time).
     pub max_concurrency: usize,
-    /// [`DEFAULT_DELIVERY_TIMEOUT_MS`].
+    /// Milliseconds a record is retried for, from its first attempt (time queued behind its
+    /// key's earlier records does not count); past it the record fails and the session restarts.
     pub delivery_timeout_ms: u64,
 }
 

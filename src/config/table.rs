@@ -19,7 +19,7 @@ pub fn quote_ident(ident: &str) -> String {
 /// for a quote inside, dots allowed) or unquoted, which is taken as written: no case folding
 /// (`Billing.Outbox` names the schema `Billing`, unlike in SQL), and no `.`, `"` or
 /// whitespace. [`TableName::quoted`] gives the SQL form; `Display` the config form.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct TableName {
     /// The schema as PostgreSQL stores it (`pg_namespace.nspname`), without quotes.

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 /// A libpq connection URL or `key=value` string (`source_url`); it derefs to the text, and its
 /// `Debug` hides the password ([`redact_url`]), so configs can be logged.
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(transparent)]
 pub struct SourceUrl(pub String);
 

@@ -20,12 +20,16 @@ const SLOT_WATCH_INTERVAL: Duration = Duration::from_secs(10);
 /// How often the publication is checked ([`Checker`]): idle progress is confirmed up to what
 /// the check before last verified, so it lags the end of WAL by about twice this.
 const PUBLICATION_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// Longest wait between two connection attempts while the server refuses them (doubling from
+/// [`PUBLICATION_CHECK_INTERVAL`]): a wrong password is not tried every 2 s.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(60);
 /// Least time between two warnings about publication checks that keep failing.
 const CHECK_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
 /// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an
-/// SQL connection of its own (kept open, made again after an error), whether or not this
+/// SQL connection of its own (kept open, made again after an error, less and less often while
+/// connecting fails, up to once a minute), whether or not this
 /// relay holds the slot. For a failover slot it also reads `synchronized_standby_slots`:
 /// while a physical slot named there cannot confirm changes, the walsender sends none and
 /// the relay would look idle, so it logs a warning naming the setting and the slots (again
@@ -54,6 +58,9 @@ pub(super) async fn watch_slot(
     // When a failed publication check was last warned of, while they fail.
     let mut check_warned: Option<tokio::time::Instant> = None;
     let mut connection = None;
+    // While connecting fails: when to try again, and the wait after the next failure.
+    let mut next_connect = tokio::time::Instant::now();
+    let mut reconnect_delay = PUBLICATION_CHECK_INTERVAL;
     // The stall last logged, so that a lasting one is logged once.
     let mut stall: Option<String> = None;
     loop {
@@ -67,23 +74,33 @@ pub(super) async fn watch_slot(
         // Each step within one interval: a half-open connection must not freeze the metrics
         // until TCP gives up.
         if connection.is_none() {
+            if tokio::time::Instant::now() < next_connect {
+                continue;
+            }
             let connect = async {
                 match &target {
                     Some(endpoint) => slot::connect_to(&config, endpoint).await,
                     None => slot::connect(&config).await,
                 }
             };
-            match tokio::time::timeout(SLOT_WATCH_INTERVAL, connect).await {
-                Ok(Ok(c)) => connection = Some(c),
+            let connected = tokio::time::timeout(SLOT_WATCH_INTERVAL, connect).await;
+            match connected {
+                Ok(Ok(c)) => {
+                    connection = Some(c);
+                    reconnect_delay = PUBLICATION_CHECK_INTERVAL;
+                }
                 Ok(Err(e)) => {
                     // The session logs the same failure; this is only for the metrics.
                     debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
-                    continue;
                 }
                 Err(_) => {
                     debug!(pipeline = %config.name, "connecting to read the slot's wal_status timed out");
-                    continue;
                 }
+            }
+            if connection.is_none() {
+                next_connect = tokio::time::Instant::now() + reconnect_delay;
+                reconnect_delay = (reconnect_delay * 2).min(RECONNECT_MAX_DELAY);
+                continue;
             }
         }
         let Some((client, _)) = &connection else {
@@ -205,5 +222,61 @@ mod tests {
             }),
         );
         assert_eq!(metrics.lag_bytes.get(), 0);
+    }
+
+    /// Log lines written while the guard lives (this thread only), DEBUG included.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A source that refuses every connection (a wrong password, a database that is down)
+    /// was tried every 2 s for as long as it refused: an authentication failure in the
+    /// server's log every 2 s, on top of the sessions' own attempts.
+    #[tokio::test(start_paused = true)]
+    async fn a_source_that_refuses_connections_is_tried_again_less_and_less_often() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let mut config = PipelineConfig::new("p", "public.outbox".parse().unwrap());
+        config.source_url = format!("postgres://relay@127.0.0.1:{port}/app").into();
+        config.slot = "outbox_relay".into();
+        config.publication = "outbox_pub".into();
+        let (checker, _coverage) = Checker::new(&config.publication, &config.table);
+        let (_server, receiver) = watch::channel(None);
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let _guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_max_level(tracing::Level::DEBUG)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        let metrics = crate::metrics::Metrics::new().pipeline("p");
+        let watching = watch_slot(config, metrics, receiver, checker);
+        let ran = tokio::time::timeout(Duration::from_secs(600), watching).await;
+        assert!(ran.is_err(), "watch_slot runs until aborted");
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let attempts = log
+            .lines()
+            .filter(|l| {
+                l.contains("cannot read the slot's wal_status")
+                    || l.contains("connecting to read the slot's wal_status timed out")
+            })
+            .count();
+        assert!(
+            (3..=25).contains(&attempts),
+            "{attempts} connection attempts in 10 minutes:\n{log}"
+        );
     }
 }

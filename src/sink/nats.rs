@@ -99,8 +99,12 @@ impl NatsPublisher {
                 }
             });
         if let Some(user) = &servers[0].user {
-            options = match &servers[0].password {
-                Some(password) => options.user_and_password(user.clone(), password.clone()),
+            let password = servers[0]
+                .password
+                .clone()
+                .or_else(|| config.password.as_ref().map(|p| p.0.clone()));
+            options = match password {
+                Some(password) => options.user_and_password(user.clone(), password),
                 None => options.token(user.clone()),
             };
         }

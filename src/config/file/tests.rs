@@ -498,3 +498,19 @@ fn every_unknown_key_is_reported_at_once_with_the_key_it_resembles() {
     }
     assert_eq!(errors.0.len(), 4, "{text}");
 }
+
+#[test]
+fn the_log_section_takes_its_environment_overrides() -> Result<(), String> {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("relay.toml", "[log]\nlevel = \"warn\"\n")?;
+        let path = jail.directory().join("relay.toml");
+        assert_eq!(super::log_section(&path).level.as_deref(), Some("warn"));
+        jail.set_env("OUTBOX_RELAY__LOG__LEVEL", "debug");
+        jail.set_env("OUTBOX_RELAY__LOG__FORMAT", "json");
+        let log = super::log_section(&path);
+        assert_eq!(log.level.as_deref(), Some("debug"));
+        assert_eq!(log.format, Some(crate::logging::LogFormat::Json));
+        Ok(())
+    });
+    Ok(())
+}

@@ -46,42 +46,48 @@ const DESTINATION_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
 /// A 2xx answer is an acknowledgement; 408, 429, 5xx, timeouts and connection errors are
 /// retried with backoff (for up to `delivery_timeout_ms`); 413 is a refusal as too large and
 /// any other status a refusal (`on_bad_event` halts or dead-letters).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpConfig {
-    /// `http(s)://host[:port]/path`, with [`DESTINATION_PLACEHOLDER`] where the destination
-    /// goes (in the path or the query); `${NAME}` references are resolved from the
+    /// `http(s)://host[:port]/path`, with `{destination}` where the destination goes (in the path or the query); `${NAME}` references are resolved from the
     /// environment.
     pub url: SinkUrl,
     /// A file holding `url`, instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub url_file: Option<String>,
     /// The HMAC-SHA256 signing key of the `webhook-signature` header (Standard Webhooks);
     /// `whsec_<base64>` is the key's bytes in base64, anything else is the key as is. Empty:
     /// requests are not signed. `${NAME}` references are resolved from the environment.
     #[serde(skip_serializing_if = "is_empty")]
+    #[schemars(!skip_serializing_if)]
     pub secret: Secret,
     /// A file holding `secret` (a mounted secret), instead of `secret`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub secret_file: Option<String>,
-    /// Prefix of the headers that carry the record's headers and key
-    /// ([`DEFAULT_HEADER_PREFIX`]; Debezium Server's HTTP sink uses `X-DEBEZIUM-`).
+    /// Prefix of the headers that carry the record's headers and key (Debezium Server's HTTP
+    /// sink uses `X-DEBEZIUM-`).
     pub header_prefix: String,
     /// CA certificates for `https` (a PEM file), or `system` (the OS trust store, the
     /// default). The host name is always verified.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub tls_root_cert: Option<String>,
     /// A client certificate (PEM), with `tls_client_key`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub tls_client_cert: Option<String>,
     /// The client certificate's key (PEM), with `tls_client_cert`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub tls_client_key: Option<String>,
-    /// [`DEFAULT_REQUEST_TIMEOUT_MS`].
+    /// Milliseconds one attempt may take, connecting included.
     pub request_timeout_ms: u64,
-    /// [`DEFAULT_HTTP_MAX_CONCURRENCY`].
+    /// Records in flight at once, each of a different key (a key's records go one at a time).
     pub max_concurrency: usize,
-    /// [`DEFAULT_DELIVERY_TIMEOUT_MS`].
+    /// Milliseconds a record is retried for, from its first attempt (time queued behind its
+    /// key's earlier records does not count); past it the record fails and the session restarts.
     pub delivery_timeout_ms: u64,
 }
 

@@ -24,7 +24,7 @@ pub const MAX_SUBJECT_LEN: usize = 3968;
 /// `Nats-Msg-Id` = the event id; the stream's PubAck is the acknowledgement (stored by the
 /// stream, and replicated if it has replicas). A stream covering the subjects must exist:
 /// creating it is the operator's.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NatsConfig {
     /// `nats://[user:password@]host[:port]`, `tls://...` for TLS (the system's trusted roots),
@@ -33,25 +33,41 @@ pub struct NatsConfig {
     pub url: NatsUrl,
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub url_file: Option<String>,
+    /// The password of the user the URL names (`nats://user@host`), taken as written (no
+    /// percent-encoding); `${NAME}` references are resolved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub password: Option<Secret>,
+    /// A file holding `password` (a mounted secret), instead of `password`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub password_file: Option<String>,
     /// An authentication token; `${NAME}` references are resolved.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub token: Option<Secret>,
     /// A file holding `token`, instead of `token`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub token_file: Option<String>,
     /// A user nkey seed (`SU...`); `${NAME}` references are resolved.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub nkey: Option<Secret>,
     /// A file holding `nkey`, instead of `nkey`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub nkey_file: Option<String>,
     /// A `.creds` file (user JWT and nkey seed, as `nsc` writes it).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
     pub credentials_file: Option<String>,
-    /// [`DEFAULT_NATS_MAX_CONCURRENCY`].
+    /// Records in flight at once, each of a different key (a key's records go one at a time).
     pub max_concurrency: usize,
-    /// [`DEFAULT_DELIVERY_TIMEOUT_MS`](super::DEFAULT_DELIVERY_TIMEOUT_MS).
+    /// Milliseconds a record is retried for, from its first attempt (time queued behind its
+    /// key's earlier records does not count); past it the record fails and the session restarts.
     pub delivery_timeout_ms: u64,
 }
 
@@ -60,6 +76,8 @@ impl Default for NatsConfig {
         NatsConfig {
             url: NatsUrl::default(),
             url_file: None,
+            password: None,
+            password_file: None,
             token: None,
             token_file: None,
             nkey: None,
@@ -73,7 +91,7 @@ impl Default for NatsConfig {
 
 /// A NATS server list; `Debug` hides passwords and tokens (a user without a password is a
 /// token).
-#[derive(Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(transparent)]
 pub struct NatsUrl(pub String);
 
@@ -186,6 +204,27 @@ impl NatsConfig {
                     }
                 }
                 Err(e) => problems.push(("sink.url".into(), e)),
+            }
+        }
+        let (password, password_file) = (self.password.take(), self.password_file.take());
+        self.password = optional_secret(
+            "password",
+            password.as_deref(),
+            password_file,
+            expand,
+            problems,
+        );
+        if self.password.is_some() {
+            match self.servers() {
+                Ok(servers) if servers.iter().any(|s| s.password.is_some()) => problems.push((
+                    "sink.password".into(),
+                    "the URL has a password too: give it in one place".into(),
+                )),
+                Ok(servers) if servers.iter().all(|s| s.user.is_none()) => problems.push((
+                    "sink.password".into(),
+                    "name the user in the URL (nats://user@host:4222)".into(),
+                )),
+                _ => {}
             }
         }
         let (token, token_file) = (self.token.take(), self.token_file.take());
@@ -327,6 +366,35 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("user"), "{e}");
+    }
+
+    #[test]
+    fn a_password_beside_the_url_is_the_url_users_and_taken_as_written() {
+        let (nats, problems) = resolve(NatsConfig {
+            url: NatsUrl("nats://relay@n1:4222".into()),
+            password: Some(Secret("p@ss#w/rd".into())),
+            ..NatsConfig::default()
+        });
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(nats.password.as_deref(), Some("p@ss#w/rd"));
+        let (_, problems) = resolve(NatsConfig {
+            url: NatsUrl("nats://n1:4222".into()),
+            password: Some(Secret("pw".into())),
+            ..NatsConfig::default()
+        });
+        assert!(
+            format!("{problems:?}").contains("name the user in the URL"),
+            "{problems:?}"
+        );
+        let (_, problems) = resolve(NatsConfig {
+            url: NatsUrl("nats://relay:other@n1:4222".into()),
+            password: Some(Secret("pw".into())),
+            ..NatsConfig::default()
+        });
+        assert!(
+            format!("{problems:?}").contains("give it in one place"),
+            "{problems:?}"
+        );
     }
 
     /// A lone user in a NATS URL is a token: a URL refused for its scheme is shown without it.

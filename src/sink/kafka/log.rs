@@ -31,8 +31,8 @@ pub enum Verdict {
     Summary(u64),
 }
 
-/// The lines seen, by their shape (the text with its digits dropped: "after 3ms" and "after
-/// 7ms" are one line), with when each was last logged and how often it came since.
+/// The lines seen, by their [`shape`] ("after 3ms" and "after 7ms" are one line, two brokers'
+/// failures two), with when each was last logged and how often it came since.
 #[derive(Debug, Default)]
 pub struct Repeats {
     lines: Mutex<HashMap<String, (Instant, u64)>>,
@@ -41,7 +41,7 @@ pub struct Repeats {
 impl Repeats {
     /// The verdict on `line` at `now`.
     pub fn see(&self, line: &str, now: Instant) -> Verdict {
-        let key: String = line.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let key = shape(line);
         let mut lines = self
             .lines
             .lock()
@@ -117,6 +117,18 @@ impl Repeats {
     }
 }
 
+/// `line` without the numbers that change between repeats of one failure (durations, counts):
+/// digits are dropped from every word but those that name something (a word with `:`, `.` or
+/// `/`: an address, `host:port`, a thread such as `[thrd:kafka-1:9092/1]`).
+fn shape(line: &str) -> String {
+    line.split_inclusive(char::is_whitespace)
+        .flat_map(|word| {
+            let names = word.contains([':', '.', '/']);
+            word.chars().filter(move |c| names || !c.is_ascii_digit())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +160,24 @@ mod tests {
         assert_eq!(
             repeats.see("Disconnected", t0 + Duration::from_secs(62)),
             Verdict::Log
+        );
+    }
+
+    #[test]
+    fn two_brokers_failures_are_two_lines() {
+        let repeats = Repeats::default();
+        let t0 = Instant::now();
+        let one = FAIL.replace("127.0.0.1:9", "kafka-1:9092");
+        let two = FAIL.replace("127.0.0.1:9", "kafka-2:9092");
+        assert_eq!(repeats.see(&one, t0), Verdict::Log);
+        assert_eq!(
+            repeats.see(&two, t0),
+            Verdict::Log,
+            "the second broker's failure"
+        );
+        assert_eq!(
+            repeats.see(&two.replace("after 0ms", "after 12ms"), t0),
+            Verdict::Repeat
         );
     }
 

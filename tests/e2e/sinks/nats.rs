@@ -286,8 +286,8 @@ async fn oversized_records_are_refused_by_the_stream_or_before_sending() {
     drop(relay);
 }
 
-/// Credentials from the environment (a password in the URL) and from a file (a token) reach
-/// the server and never the log; refused credentials stop the relay with an error naming the
+/// Credentials from the environment (a password in the URL, or beside it as `password`) and
+/// from a file (a token) reach the server and never the log; refused credentials stop the relay with an error naming the
 /// server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_come_from_the_environment_or_files_and_stay_out_of_the_log() {
@@ -332,6 +332,37 @@ async fn credentials_come_from_the_environment_or_files_and_stay_out_of_the_log(
     // The first event went to the other server (and the slot past it): this one alone arrives.
     let log = deliver_one(&setup, &js_token, &sink, &[], 2, "token").await;
     assert!(!log.contains(TOKEN), "the token is in the log:\n{log}");
+
+    // A password with URL punctuation, beside the URL: taken as written.
+    const PUNCTUATED: &str = "p@ss#w/rd:9?";
+    let with_punctuated: &'static ServerProcess = Box::leak(Box::new(start(
+        free_port(),
+        &["--user", "relay", "--pass", PUNCTUATED],
+    )));
+    let js_punctuated = crate::support::nats::jetstream_with(
+        with_punctuated,
+        async_nats::ConnectOptions::with_user_and_password("relay".into(), PUNCTUATED.into()),
+    )
+    .await;
+    create_stream(&js_punctuated, &destinations[0], TWO_MINUTES, -1).await;
+    let sink = format!(
+        "url = \"nats://relay@127.0.0.1:{}\"\npassword = \"${{NATS_PASSWORD}}\"",
+        with_punctuated.port
+    );
+    let env = [("NATS_PASSWORD", PUNCTUATED)];
+    let log = deliver_one(
+        &setup,
+        &js_punctuated,
+        &sink,
+        &env,
+        3,
+        "punctuated password",
+    )
+    .await;
+    assert!(
+        !log.contains(PUNCTUATED),
+        "the password is in the log:\n{log}"
+    );
 
     let url = format!(
         "url = \"nats://relay:wrong-{PASSWORD}@127.0.0.1:{}\"",

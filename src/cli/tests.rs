@@ -1,0 +1,226 @@
+//! The command line's parsing: which flags apply together, and what they become.
+
+use super::args::{Cli, Command, RunArgs};
+use super::commands::pipelines;
+use clap::error::ErrorKind;
+use clap::CommandFactory;
+use clap::Parser;
+
+/// Flags of `run` that apply with `--config` too; every other one is a single-database
+/// flag, which `--config` must refuse rather than ignore.
+const WITH_CONFIG: &[&str] = &[
+    "config",
+    "pipelines",
+    "metrics_listen",
+    "no_create_slot",
+    "no_slot_record",
+    "on_pipeline_failure",
+    "log_format",
+    "log_level",
+    "help",
+];
+
+/// Held by every test that parses: one of them sets an `OUTBOX_RELAY_*` variable, which a
+/// parse on another test thread would otherwise see.
+static ENVIRONMENT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn environment() -> std::sync::MutexGuard<'static, ()> {
+    ENVIRONMENT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("outbox-relay").chain(argv.iter().copied()))
+}
+
+fn run_args(argv: &[&str]) -> RunArgs {
+    match parse(argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+        .command
+    {
+        Command::Run(args) => args,
+        _ => unreachable!("not run"),
+    }
+}
+
+#[test]
+fn config_refuses_every_single_database_flag_and_its_variable() {
+    let _environment = environment();
+    let cli = Cli::command();
+    let run = cli.find_subcommand("run").expect("a run command");
+    let mut refused = 0;
+    for arg in run.get_arguments() {
+        if WITH_CONFIG.contains(&arg.get_id().as_str()) {
+            continue;
+        }
+        let flag = format!("--{}", arg.get_long().expect("every flag is long"));
+        let mut argv = vec!["run", "--config", "relay.toml", flag.as_str()];
+        let possible = arg.get_possible_values();
+        if arg.get_action().takes_values() {
+            argv.push(match flag.as_str() {
+                _ if !possible.is_empty() => possible[0].get_name(),
+                "--kafka-property" => "linger.ms=1",
+                "--table" => "public.outbox",
+                _ => "1",
+            });
+        }
+        match parse(&argv) {
+            Err(e) if e.kind() == ErrorKind::ArgumentConflict => refused += 1,
+            Err(e) => panic!("{argv:?}: not refused as a conflict: {e}"),
+            Ok(_) => panic!("{argv:?}: --config accepted {flag}, which it would ignore"),
+        }
+    }
+    assert!(refused >= 20, "only {refused} single-database flags");
+    // From the environment too: a variable left over from a single-database deployment
+    // must not be ignored.
+    std::env::set_var("OUTBOX_RELAY_EXACTLY_ONCE", "true");
+    let from_env = parse(&["run", "--config", "relay.toml"]);
+    std::env::remove_var("OUTBOX_RELAY_EXACTLY_ONCE");
+    assert_eq!(
+        from_env.err().map(|e| e.kind()),
+        Some(ErrorKind::ArgumentConflict),
+        "--config with OUTBOX_RELAY_EXACTLY_ONCE=true"
+    );
+}
+
+#[test]
+fn pipeline_no_create_slot_and_no_slot_record_apply_to_the_config_file() {
+    let _environment = environment();
+    let dir = std::env::temp_dir().join(format!("outbox-relay-main-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("relay.toml");
+    std::fs::write(
+        &path,
+        r#"
+        [kafka]
+        bootstrap_servers = "k:9092"
+        [[pipelines]]
+        name = "orders"
+        source_url = "postgres://u@h/orders"
+        slot = "orders_slot"
+        publication = "pub"
+        table = "outbox"
+        [[pipelines]]
+        name = "billing"
+        source_url = "postgres://u@h/billing"
+        slot = "billing_slot"
+        publication = "pub"
+        table = "outbox"
+        "#,
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+
+    let (all, _) = pipelines(run_args(&["run", "--config", file]), true).unwrap();
+    assert_eq!(all.len(), 2);
+    assert!(all.iter().all(|p| p.create_slot && p.slot_record));
+
+    let (chosen, _) = pipelines(
+        run_args(&[
+            "run",
+            "--config",
+            file,
+            "--pipeline",
+            "billing",
+            "--no-create-slot",
+            "--no-slot-record",
+        ]),
+        true,
+    )
+    .unwrap();
+    assert_eq!(
+        chosen
+            .iter()
+            .map(|p| (p.name.as_str(), p.create_slot, p.slot_record))
+            .collect::<Vec<_>>(),
+        [("billing", false, false)]
+    );
+
+    let unknown = pipelines(
+        run_args(&["run", "--config", file, "--pipeline", "payments"]),
+        true,
+    )
+    .unwrap_err();
+    assert!(
+        unknown
+            .to_string()
+            .contains("--pipeline payments: no such pipeline in"),
+        "{unknown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The long help of `command`, as `outbox-relay <command> --help` prints it.
+fn help(command: &str) -> String {
+    let mut cli = Cli::command();
+    cli.build();
+    cli.find_subcommand_mut(command)
+        .expect("a command")
+        .render_long_help()
+        .to_string()
+}
+
+#[test]
+fn setup_status_and_teardown_show_only_the_database_flags() {
+    for command in ["setup", "status", "teardown"] {
+        let help = help(command);
+        for own in [
+            "--config",
+            "--source-url",
+            "--slot",
+            "--table",
+            "--log-level",
+        ] {
+            assert!(help.contains(own), "{command} --help lacks {own}:\n{help}");
+        }
+        for other in [
+            "--bootstrap-servers",
+            "--metrics-listen",
+            "--max-in-flight-events",
+            "--topic-template",
+            "--exactly-once",
+            "--status-interval-ms",
+        ] {
+            assert!(
+                !help.contains(other),
+                "{command} --help shows {other}:\n{help}"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_shows_what_it_checks_but_not_the_process_or_delivery_flags() {
+    let help = help("check");
+    for shown in ["--bootstrap-servers", "--topic-template", "--exactly-once"] {
+        assert!(help.contains(shown), "check --help lacks {shown}:\n{help}");
+    }
+    for hidden in [
+        "--metrics-listen",
+        "--max-in-flight-events",
+        "--shutdown-timeout-secs",
+    ] {
+        assert!(
+            !help.contains(hidden),
+            "check --help shows {hidden}:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn a_run_command_line_still_serves_every_command() {
+    let _environment = environment();
+    let run_flags = [
+        "--source-url",
+        "postgres://relay@db/app",
+        "--bootstrap-servers",
+        "kafka:9092",
+        "--max-in-flight-events",
+        "5",
+        "--metrics-listen",
+        "127.0.0.1:9187",
+    ];
+    for command in ["setup", "check", "status", "teardown"] {
+        let argv: Vec<&str> = std::iter::once(command).chain(run_flags).collect();
+        parse(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    }
+}
