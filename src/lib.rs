@@ -61,7 +61,8 @@
 //!   from a pipeline's config, refusing bad routing options with their field paths
 //!   (`router::problems`); `router::render` renders column values as Debezium's converters
 //!   do; `router::dead_letter` makes the dead-letter copy, always deliverable whatever the row
-//!   held.
+//!   held; `router::cloudevents` renders CloudEvents in the sink's protocol binding;
+//!   `router::trace` the W3C trace context headers from outbox columns.
 //! - [`sink`]: the [`sink::Sink`] trait, the Kafka producer ([`sink::kafka::SharedProducers`]:
 //!   one producer for the pipelines with the same settings; [`sink::kafka::topics`]: a record
 //!   for a missing topic waits, or the topic is created; [`sink::kafka::log`]: librdkafka's
@@ -84,7 +85,8 @@
 //!   `check::record` the slot record's table and grants, `check::sink` the sink (reachable,
 //!   authenticated, what its kind can tell about the destinations).
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
-//!   Server's `application.properties`) as a pipeline entry.
+//!   Server's `application.properties`) as a pipeline entry (`import::tracing_options`: Debezium's
+//!   tracing options).
 //! - [`metrics`] and [`health`]: Prometheus metrics (the `topic` label bounded:
 //!   `metrics::topics`; the pipeline states, derived when read: `metrics::state`), `/metrics`,
 //!   `/healthz`, `/readyz`, with limits on connections.

@@ -28,6 +28,9 @@
 //!   Header placements of `additional_placement` come last, in configuration order.
 //!   Placed columns are rendered as Debezium's default converters render their type
 //!   (`router/render.rs`).
+//!   With `value_format = "cloudevents"` the value is a CloudEvent and its attribute headers
+//!   follow `event_type` (`router/cloudevents.rs`); the `traceparent` and `tracestate` of the
+//!   trace columns come last (`router/trace.rs`).
 //! - Timestamp: the `columns.timestamp` column's value, else the transaction's commit time.
 //! - Partition: the partition placement column's value, else chosen from the key.
 //!
@@ -65,11 +68,15 @@ pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
 pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 /// The setting that lists where rows may route to, as named in errors.
 pub const ALLOWED_DESTINATIONS: &str = "route.allowed_destinations";
+mod cloudevents;
 mod dead_letter;
 mod problems;
 mod render;
+mod trace;
 
+pub use cloudevents::STRUCTURED_CONTENT_TYPE;
 pub use dead_letter::{ERROR_HEADER, TOPIC_HEADER};
+pub use trace::{is_valid_traceparent, java_properties};
 
 /// An event that cannot be routed: bad input. The pipeline stops before confirming its
 /// transaction, or dead-letters it (`on_bad_event`).
@@ -150,6 +157,8 @@ pub enum RouteError {
         relation: String,
         column: String,
     },
+    #[error("event {event_id}: not a CloudEvent: {reason}")]
+    CloudEvents { event_id: String, reason: String },
 }
 
 impl RouteError {
@@ -169,6 +178,7 @@ impl RouteError {
             RouteError::JsonExpansion { .. } => "json_expansion",
             RouteError::TooLarge { .. } => "too_large",
             RouteError::InvalidUtf8 { .. } => "invalid_utf8",
+            RouteError::CloudEvents { .. } => "cloudevents",
         }
     }
 }
@@ -321,6 +331,9 @@ pub struct Router {
     empty_payload: EmptyPayload,
     bytea: ByteaFormat,
     json_payload: JsonPayload,
+    /// What `value_format = "cloudevents"` renders.
+    cloudevents: cloudevents::CloudEvents,
+    trace: trace::TraceColumns,
     /// Whose rules a destination must follow.
     sink: SinkConfig,
     /// `route.allowed_destinations`: names and `*` patterns; `None`: any destination.
@@ -413,8 +426,9 @@ impl Router {
     /// `additional_placement[1].placement`, ...): a template or regex that does not parse, a
     /// placeholder without its group, a template that gives no legal topic name, columns
     /// combined with `message_prefix`, a second partition placement, envelope placements
-    /// without `value_format = "envelope"` or with a name used twice, and a missing or illegal
-    /// dead-letter topic.
+    /// without `value_format = "envelope"` or with a name used twice, a missing or illegal
+    /// dead-letter topic, CloudEvents options a sink cannot carry (`router/cloudevents.rs`)
+    /// and empty trace columns (`router/trace.rs`).
     pub fn new(config: &PipelineConfig) -> Result<Self, ConfigErrors> {
         let problems = problems::problems(config);
         if !problems.is_empty() {
@@ -433,10 +447,14 @@ impl Router {
         };
         let parsed = Template::parse(&route.topic_template)?;
         parsed.check_groups(regex.as_ref().map(|(_, r)| r), regex.is_some())?;
-        // Routing and the timestamp need their columns whatever the placements may lack.
+        // Routing, the timestamp and the trace context need their columns whatever the
+        // placements may lack.
         let needed: Vec<String> = parsed
             .columns()
             .chain(columns.timestamp.as_deref())
+            .chain(columns.traceparent.as_deref())
+            .chain(columns.tracestate.as_deref())
+            .chain(columns.tracing_span_context.as_deref())
             .map(str::to_owned)
             .collect();
         let mut extra: Vec<String> = Vec::new();
@@ -466,6 +484,13 @@ impl Router {
             })
             .collect();
         let timestamp = columns.timestamp.as_deref().map(&mut index);
+        let mut trace_column =
+            |name: &Option<String>| name.as_deref().map(|n| (index(n), n.to_owned()));
+        let trace = trace::TraceColumns {
+            traceparent: trace_column(&columns.traceparent),
+            tracestate: trace_column(&columns.tracestate),
+            span_context: trace_column(&columns.tracing_span_context),
+        };
         let (mut headers, mut envelope, mut partition) = (Vec::new(), Vec::new(), None);
         for p in &config.additional_placement {
             let i = index(&p.field);
@@ -499,6 +524,8 @@ impl Router {
             empty_payload: config.empty_payload,
             bytea: config.bytea_format,
             json_payload: config.json_payload,
+            cloudevents: cloudevents::CloudEvents::new(config),
+            trace,
             sink: config.sink.clone(),
             allowed: route.allowed_destinations.clone(),
             reserved: reserved_destinations(config),
@@ -536,12 +563,15 @@ impl Router {
         if let Some(event_type) = &event.event_type {
             headers.push((Cow::Borrowed("event_type"), Some(event_type.clone())));
         }
+        // Where the CloudEvents attribute headers go: after the relay's own.
+        let attributes_at = headers.len();
         if let Some(row_headers) = event.headers.as_deref().filter(|h| *h != b"{}") {
-            let entries =
+            let mut entries =
                 row_headers_to_kafka(row_headers).map_err(|reason| RouteError::Headers {
                     event_id: event_id(),
                     reason,
                 })?;
+            entries.retain(|(name, _)| !self.reserved_row_header(name));
             headers.extend(entries);
         }
         for (name, i) in &self.headers {
@@ -559,6 +589,7 @@ impl Router {
             };
             headers.push((name.clone(), value));
         }
+        headers.extend(self.trace.headers(event));
         let mut timestamp_ms = commit_time_ms;
         if let Some(i) = self.timestamp {
             if let Some(text) = column(event, i).and_then(|c| c.text.as_deref()) {
@@ -594,6 +625,14 @@ impl Router {
         let empty = self.empty_payload == EmptyPayload::Tombstone
             && event.payload.as_deref().is_some_and(|p| is_blank(p, event));
         let value = match (event.payload.as_ref(), self.null_payload, self.value_format) {
+            (payload, _, ValueFormat::CloudEvents) => {
+                let data = payload.filter(|_| !empty);
+                let rendered = self
+                    .cloudevents
+                    .render(event, timestamp_ms, data, self.bytea)?;
+                headers.splice(attributes_at..attributes_at, rendered.headers);
+                rendered.value
+            }
             _ if empty => None,
             (None, NullPayload::Tombstone, _) => None,
             (None, NullPayload::Empty, _) => Some(Bytes::new()),
@@ -617,6 +656,16 @@ impl Router {
             timestamp_ms: Some(timestamp_ms),
             partition,
         })
+    }
+
+    /// Whether a row header entry named `name` is left out: it would pass for a CloudEvents
+    /// attribute header, or for a trace header a trace column gives.
+    fn reserved_row_header(&self, name: &str) -> bool {
+        (self.value_format == ValueFormat::CloudEvents
+            && cloudevents::CloudEvents::reserved_header(name))
+            || (self.trace.any()
+                && (name.eq_ignore_ascii_case(trace::TRACEPARENT)
+                    || name.eq_ignore_ascii_case(trace::TRACESTATE)))
     }
 
     /// The record key: the aggregate id's bytes (see [`render::raw`]).

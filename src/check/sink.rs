@@ -4,7 +4,7 @@
 use super::{check_kafka, finding, Finding, Verdict};
 use crate::config::{HttpConfig, NatsConfig, PipelineConfig, SinkConfig};
 use crate::router::Template;
-use crate::sink::http::HttpPublisher;
+use crate::sink::http::{HttpPublisher, StandardHeaders};
 use crate::sink::nats::coverage::{self, Coverage};
 use crate::sink::nats::NatsPublisher;
 use crate::sink::rabbitmq::RabbitMqPublisher;
@@ -16,7 +16,7 @@ pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
         SinkConfig::Kafka => vec![check_kafka(config).await],
         SinkConfig::Http(http) => {
             let dead_letter = config.dead_letter_topic.as_deref();
-            let publisher = match HttpPublisher::connect(http, dead_letter) {
+            let publisher = match HttpPublisher::connect(http, dead_letter, StandardHeaders::of(config)) {
                 Ok(publisher) => publisher,
                 Err(e) => return vec![finding("http", Verdict::Fail, e.to_string())],
             };

@@ -30,9 +30,10 @@ use kafka::REQUIRED_KAFKA_PROPERTIES;
 pub use kafka::{CreateTopics, KafkaConfig};
 pub use polling::{MarkMode, PollingConfig, SourceKind};
 pub use route::{
-    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, EmptyPayload,
-    InvalidOpBehavior, JsonPayload, MissingPlacementColumn, NullPayload, OnBadEvent, OutboxColumns,
-    Placement, RouteConfig, TopicCase, ValueFormat, DEFAULT_HEADERS_COLUMN,
+    matches_destination, validate_topic, AdditionalPlacement, ByteaFormat, CloudEventsConfig,
+    CloudEventsMode, EmptyPayload, InvalidOpBehavior, JsonPayload, MissingPlacementColumn,
+    NullPayload, OnBadEvent, OutboxColumns, Placement, RouteConfig, TopicCase, ValueFormat,
+    DEFAULT_HEADERS_COLUMN,
 };
 pub use sink::{
     HttpConfig, NatsConfig, RabbitMqConfig, RedisConfig, Secret, SinkConfig, SinkUrl,
@@ -207,6 +208,10 @@ pub struct PipelineConfig {
     #[serde(default, skip_serializing_if = "is_default")]
     #[schemars(!skip_serializing_if)]
     pub value_format: ValueFormat,
+    /// The CloudEvents attributes and mode, with `value_format = "cloudevents"`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    #[schemars(!skip_serializing_if)]
+    pub cloudevents: CloudEventsConfig,
     #[serde(default, skip_serializing_if = "is_default")]
     #[schemars(!skip_serializing_if)]
     pub null_payload: NullPayload,
@@ -438,6 +443,7 @@ impl PipelineConfig {
             additional_placement: Vec::new(),
             missing_placement_column: MissingPlacementColumn::default(),
             value_format: ValueFormat::default(),
+            cloudevents: CloudEventsConfig::default(),
             null_payload: NullPayload::default(),
             empty_payload: EmptyPayload::default(),
             bytea_format: ByteaFormat::default(),

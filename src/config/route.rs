@@ -72,6 +72,22 @@ pub struct OutboxColumns {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(!skip_serializing_if)]
     pub timestamp: Option<String>,
+    /// Optional column holding a W3C `traceparent`, published as the `traceparent` header;
+    /// `None`, a NULL value or an invalid one (left out with a warning): no such header.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub traceparent: Option<String>,
+    /// Optional column holding a W3C `tracestate`, published as the `tracestate` header
+    /// beside a valid `traceparent` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub tracestate: Option<String>,
+    /// Optional column holding a span context as a `java.util.Properties` text with
+    /// `traceparent=...` (and `tracestate=...`) lines: Debezium's `tracingspancontext`. Used
+    /// where the `traceparent` column is not configured or NULL.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub tracing_span_context: Option<String>,
 }
 
 /// The default `columns.headers`, the one mapped column a table may lack.
@@ -95,6 +111,9 @@ impl Default for OutboxColumns {
             payload: "payload".into(),
             headers: DEFAULT_HEADERS_COLUMN.into(),
             timestamp: None,
+            traceparent: None,
+            tracestate: None,
+            tracing_span_context: None,
         }
     }
 }
@@ -196,6 +215,44 @@ pub enum ValueFormat {
     Payload,
     /// A JSON object `{"payload": ..., "<alias>": ...}` with the envelope placements.
     Envelope,
+    /// A CloudEvent (spec 1.0.2) in the sink's protocol binding, structured or binary as
+    /// `cloudevents.mode` says. A value of `value_format` rather than a key of its own: like
+    /// the envelope, it decides what the record value is, and it excludes the other two.
+    #[serde(rename = "cloudevents")]
+    CloudEvents,
+}
+
+/// How events are CloudEvents, with `value_format = "cloudevents"`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CloudEventsConfig {
+    /// Where the attributes go.
+    pub mode: CloudEventsMode,
+    /// The `source` attribute, a URI-reference; `None`:
+    /// `/outbox-relay/<database>/<schema>.<table>` (each part percent-encoded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub source: Option<String>,
+    /// The `datacontenttype` attribute; `None`: `application/json` for a json or jsonb payload,
+    /// `application/octet-stream` for a bytea one (with `bytea_format = "raw"`),
+    /// `text/plain; charset=utf-8` for any other. A JSON media type (`application/json`,
+    /// `*/*+json`) for a text payload makes it JSON data, each payload checked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub data_content_type: Option<String>,
+}
+
+/// Where a CloudEvent's attributes go.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, schemars::JsonSchema, Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum CloudEventsMode {
+    /// The whole event as the JSON event format (`application/cloudevents+json`) in the value.
+    #[default]
+    Structured,
+    /// The payload as the value, the attributes as headers in the binding's form.
+    Binary,
 }
 
 /// What a SQL NULL payload becomes.

@@ -114,11 +114,12 @@ impl Importer {
             }
         }
         pipeline.additional_placement = additional;
+        self.tracing(alias, pipeline);
     }
 
     /// A boolean option's value (`false` when not set); a value Debezium refuses is an error
     /// note.
-    fn boolean_option(&mut self, option: &str) -> bool {
+    pub(super) fn boolean_option(&mut self, option: &str) -> bool {
         let value = self.take(option);
         match value.as_deref().map(boolean) {
             None => false,

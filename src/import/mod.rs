@@ -24,6 +24,7 @@ mod event_router;
 mod formats;
 mod reasons;
 mod server;
+mod tracing_options;
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";

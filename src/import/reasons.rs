@@ -17,7 +17,7 @@ pub(super) fn reason_for(
     let starts = |prefix: &str| option.starts_with(prefix);
     if let Some(rest) = option.strip_prefix(&format!("transforms.{router}.")) {
         return match rest {
-            r if r.starts_with("tracing.") => (Difference, "outbox-relay creates no tracing spans and adds no trace headers".into()),
+            r if r.starts_with("tracing.") => (Difference, "a tracing option outbox-relay does not know (it carries over span.context.field, operation.name and with.context.field.only)".into()),
             "predicate" | "negate" => (
                 Info,
                 "outbox-relay applies its routing to the configured table only".into(),

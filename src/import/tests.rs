@@ -508,3 +508,44 @@ fn a_missing_additional_field_may_be_ignored_under_debeziums_option_name() {
 }
 
 mod severities;
+#[test]
+fn debeziums_tracing_options_are_carried_over_or_noted() {
+    let mut connector = parse_json(EXAMPLE).unwrap();
+    for (k, v) in [
+        ("tracing.span.context.field", "span_ctx"),
+        ("tracing.operation.name", "debezium-read"),
+        ("tracing.with.context.field.only", "false"),
+    ] {
+        connector
+            .options
+            .insert(format!("transforms.outbox.{k}"), v.into());
+    }
+    let imported = translate(&connector).unwrap();
+    let config = load(
+        &imported.toml,
+        &[
+            ("OUTBOX_CONNECTOR_DB_PASSWORD", "pw"),
+            ("KAFKA_BOOTSTRAP_SERVERS", "kafka:9092"),
+        ],
+    );
+    assert_eq!(
+        config.pipelines[0].columns.tracing_span_context.as_deref(),
+        Some("span_ctx")
+    );
+    let notes = &imported.notes;
+    assert!(reason(notes, "transforms.outbox.tracing.operation.name").contains("starts no spans"));
+    assert!(
+        reason(notes, "transforms.outbox.tracing.with.context.field.only")
+            .contains("without trace headers")
+    );
+    assert!(reason(notes, "columns.tracing_span_context").contains("as they are"));
+    connector.options.insert(
+        "transforms.outbox.tracing.with.context.field.only".into(),
+        "yes".into(),
+    );
+    let err = translate(&connector).unwrap_err();
+    assert!(
+        matches!(&err, ImportError::Refused { notes } if notes.iter().any(|n| n.severity == Severity::Error && n.option == "transforms.outbox.tracing.with.context.field.only")),
+        "{err}"
+    );
+}

@@ -142,6 +142,8 @@ pub(super) fn problems(config: &PipelineConfig) -> Vec<ConfigError> {
             }
         }
     }
+    super::cloudevents::problems(config, &mut problem);
+    super::trace::problems(config, &mut problem);
     match (config.on_bad_event, config.dead_letter_topic.as_deref()) {
         (OnBadEvent::DeadLetter, None) => problem(
             "dead_letter_topic",

@@ -131,7 +131,7 @@ fn push_string(out: &mut Vec<u8>, text: &str) {
     serde_json::to_writer(&mut *out, text).expect("writing to a Vec cannot fail");
 }
 
-fn base64(bytes: &[u8]) -> String {
+pub(super) fn base64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -47,7 +47,11 @@ impl AnySink {
             match &config.sink {
                 SinkConfig::Kafka => unreachable!("Kafka is not connected here"),
                 SinkConfig::Http(http) => Ok(OrderedSink::new(
-                    http::HttpPublisher::connect(http, config.dead_letter_topic.as_deref())?,
+                    http::HttpPublisher::connect(
+                        http,
+                        config.dead_letter_topic.as_deref(),
+                        http::StandardHeaders::of(config),
+                    )?,
                     OrderedSettings {
                         max_concurrency: http.max_concurrency,
                         delivery_timeout: http.delivery_timeout(),

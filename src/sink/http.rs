@@ -16,6 +16,13 @@
 //!   in lower case. A header name or value HTTP cannot carry (a space in a name, a line break
 //!   in a value) makes the record a refusal naming the header.
 //!
+//! With `value_format = "cloudevents"` (the CloudEvents HTTP binding), the record's
+//! `content-type` header is the `Content-Type` (`application/cloudevents+json; charset=UTF-8`
+//! in structured mode, the `datacontenttype` in binary mode) and its `ce-*` headers go as
+//! they are, without `header_prefix`; with a trace column, so do `traceparent` and
+//! `tracestate` (W3C Trace Context's HTTP headers). The router leaves row headers of those
+//! names out.
+//!
 //! The answer: 2xx is the acknowledgement (the receiver took the record: how durably is its
 //! business, and a receiver should answer only once it stored it). 408, 429, 5xx, a timeout
 //! (`request_timeout_ms`) and connection errors are retried, after `Retry-After` seconds
@@ -81,17 +88,45 @@ pub struct HttpPublisher {
     /// `dead_letter_topic` when it is a URL of its own.
     dead_letter_url: Option<String>,
     key: Option<SigningKey>,
+    standard: StandardHeaders,
+}
+
+/// Which record headers are headers of a standard the receiver reads by their own names, sent
+/// without `header_prefix` (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StandardHeaders {
+    /// `value_format = "cloudevents"`: the router's `content-type` header is the request's
+    /// `Content-Type` and its `ce-*` headers go as they are (the CloudEvents HTTP binding).
+    pub cloudevents: bool,
+    /// A trace column is configured: `traceparent` and `tracestate` go as they are (W3C Trace
+    /// Context's HTTP headers).
+    pub trace_context: bool,
+}
+
+impl StandardHeaders {
+    /// The standard headers of `config`'s records.
+    pub fn of(config: &crate::config::PipelineConfig) -> Self {
+        let columns = &config.columns;
+        StandardHeaders {
+            cloudevents: config.value_format == crate::config::ValueFormat::CloudEvents,
+            trace_context: columns.traceparent.is_some()
+                || columns.tracestate.is_some()
+                || columns.tracing_span_context.is_some(),
+        }
+    }
 }
 
 impl HttpPublisher {
     /// Builds the client (no request is made: a receiver that is down shows in the first
-    /// records' retries). `dead_letter_topic` is the pipeline's.
+    /// records' retries). `dead_letter_topic` and `standard` ([`StandardHeaders::of`]) are the
+    /// pipeline's.
     ///
     /// Returns a permanent [`ConnectError`] if the TLS files cannot be read or the secret is
     /// not a valid `whsec_` key.
     pub fn connect(
         config: &HttpConfig,
         dead_letter_topic: Option<&str>,
+        standard: StandardHeaders,
     ) -> Result<Self, ConnectError> {
         let error = |reason: String| ConnectError {
             kind: "http",
@@ -139,6 +174,7 @@ impl HttpPublisher {
             config: Arc::new(config.clone()),
             dead_letter_url,
             key,
+            standard,
         })
     }
 
@@ -207,7 +243,14 @@ impl HttpPublisher {
             headers.append(header, value);
             Ok(())
         };
-        if let Some(value) = &record.value {
+        let declared = record
+            .headers
+            .iter()
+            .find(|(name, _)| self.standard.cloudevents && name == "content-type")
+            .and_then(|(_, value)| value.as_ref());
+        if let Some(content_type) = declared {
+            add(CONTENT_TYPE.as_str(), content_type)?;
+        } else if let Some(value) = &record.value {
             let json = serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok();
             let kind: &[u8] = if json {
                 b"application/json"
@@ -227,6 +270,16 @@ impl HttpPublisher {
         }
         for (name, value) in &record.headers {
             let value = value.as_deref().unwrap_or_default();
+            let trace = name == "traceparent" || name == "tracestate";
+            if (self.standard.cloudevents && name.starts_with("ce-"))
+                || (self.standard.trace_context && trace)
+            {
+                add(name, value)?;
+                continue;
+            }
+            if self.standard.cloudevents && name == "content-type" {
+                continue;
+            }
             let name = match name.as_ref() {
                 "key" => format!("{prefix}header.key"),
                 name => format!("{prefix}{name}"),
@@ -361,7 +414,7 @@ mod tests {
             secret: Secret("s3cret".into()),
             ..HttpConfig::default()
         };
-        HttpPublisher::connect(&config, dead_letter).unwrap()
+        HttpPublisher::connect(&config, dead_letter, StandardHeaders::default()).unwrap()
     }
 
     fn record(topic: &str, value: Option<&'static [u8]>) -> Record {
@@ -410,6 +463,53 @@ mod tests {
             ]
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
         );
+    }
+
+    #[test]
+    fn standard_headers_go_unprefixed_and_content_type_is_the_record_s_with_cloudevents() {
+        let config = HttpConfig {
+            url: SinkUrl("http://127.0.0.1:1/hooks/{destination}".into()),
+            ..HttpConfig::default()
+        };
+        let standard = StandardHeaders {
+            cloudevents: true,
+            trace_context: true,
+        };
+        let p = HttpPublisher::connect(&config, None, standard).unwrap();
+        let mut r = record("Order.events", Some(br#"{"a":1}"#));
+        r.headers.truncate(2);
+        r.headers.extend([
+            ("ce-id".into(), Some(Bytes::from_static(b"e-1"))),
+            ("ce-subject".into(), Some(Bytes::from_static(b"o%201"))),
+            (
+                "content-type".into(),
+                Some(Bytes::from_static(b"text/plain")),
+            ),
+            ("traceparent".into(), Some(Bytes::from_static(b"00-ab"))),
+        ]);
+        assert_eq!(
+            names_and_values(&p.headers(&r, 7).unwrap()),
+            [
+                ("content-type", "text/plain"),
+                ("webhook-id", "e-1"),
+                ("webhook-timestamp", "7"),
+                ("outbox-id", "e-1"),
+                ("outbox-event_type", "Created"),
+                ("ce-id", "e-1"),
+                ("ce-subject", "o%201"),
+                ("traceparent", "00-ab"),
+                ("outbox-key", "o-1"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        // Without cloudevents the same names are record headers like any other.
+        let names = names_and_values(&publisher(None).headers(&r, 7).unwrap());
+        assert!(
+            names.contains(&("outbox-ce-id".into(), "e-1".into())),
+            "{names:?}"
+        );
+        assert!(names.contains(&("content-type".into(), "application/json".into())));
+        assert!(names.contains(&("outbox-traceparent".into(), "00-ab".into())));
     }
 
     #[test]
@@ -517,7 +617,7 @@ mod tests {
             request_timeout_ms: 60_000,
             ..HttpConfig::default()
         };
-        let publisher = HttpPublisher::connect(&config, None).unwrap();
+        let publisher = HttpPublisher::connect(&config, None, StandardHeaders::default()).unwrap();
         let e = tokio::time::timeout(
             Duration::from_secs(20),
             publisher.publish(&record("t", None)),

@@ -83,6 +83,24 @@ pub const SESSION_OPTIONS: &str = "-c search_path=pg_catalog,pg_temp -c statemen
 -c extra_float_digits=1";
 
 impl PipelineConfig {
+    /// The source database's name as libpq chooses it: the URL's `dbname`, else `PGDATABASE`,
+    /// else the user (the URL's, `PGUSER`, `USER`). Reads no file (unlike
+    /// [`PipelineConfig::source_config`], which may read the password file).
+    ///
+    /// Returns `None` if the URL does not parse or no user can be determined.
+    pub fn source_database(&self) -> Option<String> {
+        let (rest, _, _) = split(&self.source_url).ok()?;
+        let config: tokio_postgres::Config = rest.parse().ok()?;
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        config
+            .get_dbname()
+            .map(str::to_owned)
+            .or_else(|| env("PGDATABASE"))
+            .or_else(|| config.get_user().map(str::to_owned))
+            .or_else(|| env("PGUSER"))
+            .or_else(|| env("USER"))
+    }
+
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
     /// would (`PG*` environment variables, the password file, the local socket directory;
     /// see [`apply`]), its TLS settings and `target_session_attrs`. Its `options` end with

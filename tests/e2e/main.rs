@@ -48,6 +48,7 @@
 mod support;
 
 mod bad_rows;
+mod cloudevents;
 mod connection;
 mod delivery;
 mod exactly_once;

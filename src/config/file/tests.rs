@@ -317,6 +317,9 @@ fn every_field_set() -> PipelineConfig {
         columns: OutboxColumns {
             id: "event_id".into(),
             timestamp: Some("created_at".into()),
+            traceparent: Some("tp".into()),
+            tracestate: Some("ts".into()),
+            tracing_span_context: Some("ctx".into()),
             ..OutboxColumns::default()
         },
         message_prefix: Some("outbox".into()),

@@ -584,3 +584,135 @@ async fn check_finds_the_receiver_without_posting() {
         "check sent one OPTIONS and posted nothing"
     );
 }
+
+/// CloudEvents in binary mode over HTTP (the HTTP binding): the `ce-` headers without the
+/// `outbox-` prefix, values percent-encoded, `Content-Type` the `datacontenttype`, the body
+/// the payload byte for byte; the trace column's `traceparent` without the prefix too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_cloudevents_post_ce_headers_and_the_payload() {
+    let server = shared();
+    let setup = setup("http_ce", &["Order"]).await;
+    setup
+        .db
+        .client
+        .batch_execute("ALTER TABLE outbox ADD COLUMN traceparent text")
+        .await
+        .unwrap();
+    let destinations = setup.topics();
+    let (_dir, args) = relay_args(
+        &setup,
+        server,
+        "value_format = \"cloudevents\"\ncolumns = { timestamp = \"created_at\", traceparent = \"traceparent\" }\ncloudevents = { mode = \"binary\" }",
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id: String = setup
+        .db
+        .client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, traceparent)
+             VALUES ($1, 'o 1 €', 'OrderCreated', '{\"total\": 12.50}', '2026-12-06 11:26:51.123+00',
+                     '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01')
+             RETURNING id::text",
+            &[&setup.types[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(relay);
+    let path = format!("{HOOKS}{}", destinations[0]);
+    let request = server
+        .server
+        .received()
+        .into_iter()
+        .find(|r| r.path == path)
+        .unwrap();
+    let text = |name: &str| {
+        request
+            .header(name)
+            .map(|v| String::from_utf8(v.to_vec()).unwrap())
+    };
+    let source = format!("/outbox-relay/{}/public.outbox", setup.db.name);
+    for (name, value) in [
+        ("content-type", "application/json"),
+        ("ce-specversion", "1.0"),
+        ("ce-id", id.as_str()),
+        ("ce-source", source.as_str()),
+        ("ce-type", "OrderCreated"),
+        ("ce-subject", "o%201%20%E2%82%AC"),
+        ("ce-time", "2026-12-06T11:26:51.123Z"),
+        ("outbox-id", id.as_str()),
+        (
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ),
+    ] {
+        assert_eq!(text(name).as_deref(), Some(value), "header {name}");
+    }
+    assert_eq!(text("outbox-ce-id"), None);
+    assert_eq!(request.body, br#"{"total": 12.50}"#);
+}
+
+/// CloudEvents in structured mode over HTTP: `Content-Type: application/cloudevents+json`
+/// and the JSON event format as the body, the jsonb payload as `data` byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_cloudevents_post_the_json_event_format() {
+    let server = shared();
+    let setup = setup("http_ce_structured", &["Order"]).await;
+    let destinations = setup.topics();
+    let (_dir, args) = relay_args(
+        &setup,
+        server,
+        "value_format = \"cloudevents\"\ncolumns = { timestamp = \"created_at\" }",
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id: String = setup
+        .db
+        .client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+             VALUES ($1, 'o-1', 'OrderCreated', '{\"total\": 12.50}', '2026-12-06 11:26:51.123+00')
+             RETURNING id::text",
+            &[&setup.types[0]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(relay);
+    let path = format!("{HOOKS}{}", destinations[0]);
+    let request = server
+        .server
+        .received()
+        .into_iter()
+        .find(|r| r.path == path)
+        .unwrap();
+    assert_eq!(
+        request.header("content-type"),
+        Some(&b"application/cloudevents+json; charset=UTF-8"[..])
+    );
+    let source = format!("/outbox-relay/{}/public.outbox", setup.db.name);
+    assert_eq!(
+        String::from_utf8(request.body.clone()).unwrap(),
+        format!(
+            r#"{{"specversion":"1.0","id":"{id}","source":"{source}","type":"OrderCreated","subject":"o-1","time":"2026-12-06T11:26:51.123Z","datacontenttype":"application/json","data":{{"total": 12.50}}}}"#
+        )
+    );
+    assert_eq!(request.header("outbox-content-type"), None);
+}

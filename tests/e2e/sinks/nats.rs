@@ -802,3 +802,63 @@ async fn a_server_without_jetstream_stops_the_pipeline_naming_it() {
         crate::support::tail_lines(&log, 30)
     );
 }
+
+/// CloudEvents in binary mode over NATS (the NATS binding): `ce-` headers with
+/// percent-encoded values, `ce-datacontenttype`, the payload byte for byte as the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_cloudevents_carry_ce_headers_and_the_payload() {
+    let server = shared();
+    let setup = super::setup("nats_ce", &["Order"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let (_dir, args) = super::relay_args(
+        &setup,
+        server,
+        "value_format = \"cloudevents\"\ncolumns = { timestamp = \"created_at\" }\ncloudevents = { mode = \"binary\", source = \"urn:shop:orders\" }",
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id: String = within(
+        "INSERT of an outbox row",
+        Duration::from_secs(30),
+        setup.db.client.query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+             VALUES ($1, 'o 1 €', 'OrderCreated', '{\"total\": 12.50}', '2026-12-06 11:26:51.123+00')
+             RETURNING id::text",
+            &[&setup.types[0]],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    let got = super::read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(relay);
+    assert_eq!(got[0].value.as_deref(), Some(&br#"{"total": 12.50}"#[..]));
+    let header = |name: &str| {
+        got[0]
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_deref())
+            .map(|v| String::from_utf8(v.to_vec()).unwrap())
+    };
+    for (name, value) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", id.as_str()),
+        ("ce-source", "urn:shop:orders"),
+        ("ce-type", "OrderCreated"),
+        ("ce-subject", "o%201%20%E2%82%AC"),
+        ("ce-time", "2026-12-06T11:26:51.123Z"),
+        ("ce-datacontenttype", "application/json"),
+        ("id", id.as_str()),
+    ] {
+        assert_eq!(header(name).as_deref(), Some(value), "header {name}");
+    }
+}
