@@ -103,7 +103,7 @@ impl Metrics {
             lag_bytes: r.gauge("outbox_relay_replication_lag_bytes", "Bytes of WAL between the server's end of WAL (the replayed end on a standby) and the slot's confirmed flush LSN, read every 10 s; 0 when the slot is missing."),
             oldest_unacked_age: r.float_gauge("outbox_relay_oldest_unacked_event_age_seconds", "Seconds since the oldest record still awaiting the sink's acknowledgement was handed to it; 0 when none.", &["pipeline", "sink"]),
             delivery_latency: r.histogram("outbox_relay_delivery_latency_seconds", "From handing a record to the sink to its acknowledgement.", &["pipeline", "sink"]),
-            commit_to_ack: r.histogram("outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit to the sink's acknowledgement (wall clocks of both hosts).", &["pipeline", "sink"]),
+            commit_to_ack: r.histogram("outbox_relay_commit_to_ack_latency_seconds", "From the PostgreSQL commit (polling: the row's created_at) to the sink's acknowledgement (wall clocks of both hosts).", &["pipeline", "sink"]),
             slot_wal_status: {
                 r.section("The slot");
                 r.labelled_gauge("outbox_relay_slot_wal_status", "1 for the slot's current wal_status (reserved, extended, unreserved, lost), 0 for the others; refreshed every 10 s.", &["pipeline", "status"])

@@ -215,6 +215,9 @@ pub async fn supervise(
                 // Not a failure (another relay streams): neither a reconnect nor a failed
                 // session.
                 failed_sessions = 0;
+                // Standing by first: a count of 0 while streaming would read as progress
+                // and end last_error.
+                metrics.set_state(PipelineState::StandingBy, Some(text.clone()));
                 metrics.set_failed_sessions(0);
                 let delay = next(&mut stand_by).min(STAND_BY_RETRY);
                 if ended_in == Some(PipelineState::StandingBy) {
@@ -222,7 +225,6 @@ pub async fn supervise(
                 } else {
                     info!(pipeline, reason = %text, "standing by: another relay holds the slot or the transactional id, or no host fits target_session_attrs yet; taking over within seconds once it can");
                 }
-                metrics.set_state(PipelineState::StandingBy, Some(text));
                 ended_in = Some(PipelineState::StandingBy);
                 delay
             }

@@ -66,7 +66,7 @@ pub enum Command {
     ///   outbox-relay setup --config relay.toml
     ///   outbox-relay setup --source-url ... --print-sql
     ///   outbox-relay setup --config relay.toml --pipeline orders --accept-slot-loss
-    #[command(verbatim_doc_comment, mut_args = only_the_database_flags)]
+    #[command(verbatim_doc_comment, mut_args = setup_flags)]
     Setup {
         #[command(flatten)]
         args: RunArgs,
@@ -99,7 +99,7 @@ pub enum Command {
     ///
     ///   outbox-relay teardown --config relay.toml --pipeline orders
     ///   outbox-relay teardown --source-url ... --slot old_slot --publication outbox_pub --yes
-    #[command(verbatim_doc_comment, mut_args = only_the_database_flags)]
+    #[command(verbatim_doc_comment, mut_args = teardown_flags)]
     Teardown {
         #[command(flatten)]
         args: RunArgs,
@@ -116,7 +116,7 @@ pub enum Command {
     /// and why it was invalidated.
     ///
     ///   outbox-relay status --config relay.toml
-    #[command(verbatim_doc_comment, mut_args = only_the_database_flags)]
+    #[command(verbatim_doc_comment, mut_args = status_flags)]
     Status(RunArgs),
     /// Sends an HTTP GET to the relay's health endpoint and exits 0 on a 2xx answer, 1
     /// otherwise (another status, no answer within the timeout, connection refused). For
@@ -164,16 +164,15 @@ pub enum Command {
 /// delivers.
 const RUN_ONLY: &[&str] = &["Process", "Delivery"];
 
-/// Headings of the flags that `setup`, `status` and `teardown` read: they reach the database
-/// only.
-const DATABASE: &[&str] = &["Config file", "Source database", "Logging"];
+/// Headings of the flags that `setup`, `status` and `teardown` may read: they reach the
+/// database only.
+const DATABASE: &[&str] = &["Config file", "Source database"];
 
-/// Source database flags about streaming, which `setup`, `status` and `teardown` do not do.
+/// Source database flags about streaming, which none of `setup`, `status` and `teardown` reads.
 const STREAMING: &[&str] = &[
     "no_create_slot",
     "status_interval_ms",
     "terminate_stale_walsender_after_secs",
-    "message_prefix",
 ];
 
 /// `check`'s flags: all of `run`'s but the process's and delivery's. The others stay accepted,
@@ -186,16 +185,33 @@ fn without_the_process_flags(arg: clap::Arg) -> clap::Arg {
     arg.hide(hide)
 }
 
-/// `setup`'s, `status`'s and `teardown`'s flags: the config file's, the database's and the
-/// command's own. `run`'s other flags stay accepted (one command line serves every command) and
-/// hidden from `--help`.
-fn only_the_database_flags(arg: clap::Arg) -> clap::Arg {
+/// Hides `arg` unless it is a database flag (a heading of [`DATABASE`]) that is not
+/// [`STREAMING`] nor in `unread`, or the command's own (no heading). `run`'s other flags stay
+/// accepted (one command line serves every command) and hidden from `--help`.
+fn database_flags_but(arg: clap::Arg, unread: &[&str]) -> clap::Arg {
+    let id = arg.get_id().as_str().to_owned();
     let hide = arg.is_hide_set()
         || arg
             .get_help_heading()
             .is_some_and(|h| !DATABASE.contains(&h))
-        || STREAMING.contains(&arg.get_id().as_str());
+        || STREAMING.contains(&id.as_str())
+        || unread.contains(&id.as_str());
     arg.hide(hide)
+}
+
+/// `setup`'s flags: it also reads `--message-prefix` (for `--print-sql`) and `--failover`.
+fn setup_flags(arg: clap::Arg) -> clap::Arg {
+    database_flags_but(arg, &["standby_url"])
+}
+
+/// `status`'s flags: it reads `--standby-url` for the slot's copy there.
+fn status_flags(arg: clap::Arg) -> clap::Arg {
+    database_flags_but(arg, &["message_prefix", "failover"])
+}
+
+/// `teardown`'s flags: the slot, the publication and the slot record only.
+fn teardown_flags(arg: clap::Arg) -> clap::Arg {
+    database_flags_but(arg, &["message_prefix", "failover", "standby_url"])
 }
 
 impl Command {
@@ -223,7 +239,7 @@ pub struct RunArgs {
         "failover", "standby_url", "slot_record_schema",
     ])]
     pub(crate) config: Option<std::path::PathBuf>,
-    /// With --config: run only this pipeline (repeatable).
+    /// With --config: this pipeline only (give the flag again for more).
     #[arg(
         value_name = "NAME",
         help_heading = "Config file",

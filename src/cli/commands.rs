@@ -32,7 +32,7 @@ pub(super) fn pipelines(
 
 /// The pipelines, metrics address and failure policy from --config or from the
 /// single-database flags, checked once ([`crate::validation`]) before any command
-/// starts. Commands that never contact Kafka (`setup`, `status`) pass `need_kafka = false`.
+/// starts. Commands that never contact Kafka (`setup`, `status`, `teardown`) pass `need_kafka = false`.
 fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::RelayConfig> {
     if !need_kafka && args.config.is_none() && args.bootstrap_servers.is_none() {
         args.bootstrap_servers = Some("unused:9092".into());

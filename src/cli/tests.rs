@@ -160,7 +160,7 @@ fn help(command: &str) -> String {
 }
 
 #[test]
-fn setup_status_and_teardown_show_only_the_database_flags() {
+fn setup_status_and_teardown_show_only_the_database_flags_they_read() {
     for command in ["setup", "status", "teardown"] {
         let help = help(command);
         for own in [
@@ -185,6 +185,16 @@ fn setup_status_and_teardown_show_only_the_database_flags() {
                 "{command} --help shows {other}:\n{help}"
             );
         }
+    }
+    // setup --print-sql reads --message-prefix; status reads --standby-url; teardown neither.
+    assert!(help("setup").contains("--message-prefix"));
+    assert!(help("status").contains("--standby-url"));
+    let teardown = help("teardown");
+    for unread in ["--message-prefix", "--failover", "--standby-url"] {
+        assert!(
+            !teardown.contains(unread),
+            "teardown --help shows {unread}:\n{teardown}"
+        );
     }
 }
 

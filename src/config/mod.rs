@@ -294,7 +294,8 @@ pub struct PipelineConfig {
     )]
     #[schemars(!skip_serializing_if)]
     pub max_in_flight_events: usize,
-    /// Bytes (key, value and headers) of those records before reading pauses.
+    /// Bytes (key, value and headers) of the records handed to the sink and not yet
+    /// acknowledged before reading pauses.
     #[serde(
         default = "default_max_in_flight_bytes",
         skip_serializing_if = "is_default_max_in_flight_bytes"

@@ -88,9 +88,10 @@ pub struct PollingConfig {
     pub published_column: String,
     /// Attempts before a retryable failure marks the row FAILED (`mark = "status"`).
     pub max_attempts: u32,
-    /// A failed row waits `retry_min_ms * 2^retry_count` before its next attempt, ms...
+    /// A failed row waits `retry_min_ms * 2^retry_count` ms before its next attempt, at most
+    /// `retry_max_ms`.
     pub retry_min_ms: u64,
-    /// ...at most this long, ms.
+    /// The longest wait before a failed row's next attempt, ms.
     pub retry_max_ms: u64,
     /// Later events of an aggregate wait behind its FAILED event (per-key order); `false`
     /// lets them pass it.

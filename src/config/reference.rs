@@ -234,6 +234,7 @@ fn description(schema: &Value) -> Option<String> {
             Some(end) => {
                 let name = &after[1..end];
                 let name = name.rsplit("::").next().unwrap_or(name);
+                let name = name.trim_end_matches("()");
                 if !name.starts_with("DEFAULT_") {
                     out.push_str(&format!("`{name}`"));
                 }
@@ -246,17 +247,22 @@ fn description(schema: &Value) -> Option<String> {
         }
     }
     out.push_str(rest);
+    // A link to a `DEFAULT_*` constant in parentheses leaves them empty.
     let out = out
         .replace(" ()", "")
-        .replace("()", "")
         .replace("`None`", "unset")
-        .replace(": .", ".")
+        .replace(". unset", ". Unset")
+        .replace(": .", ".");
+    let out = out
         .trim()
         .trim_start_matches(": ")
         .trim_start_matches(". ")
-        .to_owned();
-    let out = out.trim_matches(|c: char| c == '.' || c == ' ').to_owned();
-    (!out.is_empty()).then(|| format!("{out}."))
+        .trim_end();
+    match out {
+        "" | "." => None,
+        text if text.ends_with(['.', '!', '?']) => Some(text.to_owned()),
+        text => Some(format!("{text}.")),
+    }
 }
 
 /// GitHub's anchor of a heading: lower case, spaces to `-`, punctuation dropped.
@@ -323,6 +329,29 @@ mod tests {
         row(&page, "`[kafka]`", "bootstrap_servers");
         let kafka = row(&page, "`[[pipelines]]`", "kafka");
         assert!(kafka.contains("the keys of `[kafka]`"), "{kafka}");
+    }
+
+    #[test]
+    fn the_page_names_no_rust_item_or_source_file() {
+        let page = page();
+        for developer_only in ["::", ".rs`", "`None`", "`Some"] {
+            assert!(
+                !page.contains(developer_only),
+                "{developer_only:?} in\n{page}"
+            );
+        }
+        // A rustdoc link: `]` after code, not followed by a Markdown link's target.
+        for (at, _) in page.match_indices("`]") {
+            assert!(
+                page[at + 2..].starts_with('('),
+                "a rustdoc link: {}",
+                &page[at.saturating_sub(60)..at + 2]
+            );
+        }
+        assert!(
+            page.contains("clock_timestamp()"),
+            "SQL keeps its parentheses:\n{page}"
+        );
     }
 
     #[test]

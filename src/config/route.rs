@@ -192,7 +192,7 @@ pub enum MissingPlacementColumn {
     Ignore,
 }
 
-/// Where an [`AdditionalPlacement`] column goes.
+/// Where a placed column goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
@@ -312,7 +312,7 @@ pub enum JsonPayload {
     AsStored,
     /// What Debezium publishes with `table.expand.json.payload = true` and `JsonConverter`
     /// (`schemas.enable = false`): the object re-written compactly, null fields and empty
-    /// arrays left out (`router/render/expand.rs`). A payload Debezium would not expand is a
+    /// arrays left out. A payload Debezium would not expand is a
     /// bad event.
     DebeziumExpanded,
 }

@@ -34,7 +34,7 @@ impl Registrar {
     pub fn new() -> Self {
         Registrar {
             registry: Registry::new(),
-            section: "",
+            section: "Other",
             catalog: Vec::new(),
         }
     }

@@ -67,6 +67,9 @@ pub(super) async fn watch_slot(
         timer.tick().await;
         if server.has_changed().unwrap_or(false) {
             connection = None;
+            // A new server is tried at once, whatever the old one refused.
+            next_connect = tokio::time::Instant::now();
+            reconnect_delay = PUBLICATION_CHECK_INTERVAL;
             // Transaction ids are the server's own.
             checker.new_server();
         }

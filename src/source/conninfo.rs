@@ -101,6 +101,14 @@ impl PipelineConfig {
             .or_else(|| env("USER"))
     }
 
+    /// The user the source URL names itself (not one the environment would fill in); `None`
+    /// when it names none or does not parse.
+    pub fn url_user(&self) -> Option<String> {
+        let (rest, _, _) = split(&self.source_url).ok()?;
+        let config: tokio_postgres::Config = rest.parse().ok()?;
+        config.get_user().map(str::to_owned)
+    }
+
     /// The source URL parsed by tokio-postgres, with what it leaves out filled in as libpq
     /// would (`PG*` environment variables, the password file, the local socket directory;
     /// see [`apply`]), its TLS settings and `target_session_attrs`. Its `options` end with

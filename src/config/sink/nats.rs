@@ -29,7 +29,8 @@ pub const MAX_SUBJECT_LEN: usize = 3968;
 pub struct NatsConfig {
     /// `nats://[user:password@]host[:port]`, `tls://...` for TLS (the system's trusted roots),
     /// several separated by commas (a cluster's seed servers); `${NAME}` references are
-    /// resolved from the environment. A user without a password is a token.
+    /// resolved from the environment. A user without a password is a token, unless
+    /// `password` is set.
     pub url: NatsUrl,
     /// A file holding `url` (a mounted secret), instead of `url`.
     #[serde(skip_serializing_if = "Option::is_none")]

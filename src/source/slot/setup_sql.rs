@@ -1,5 +1,6 @@
-//! `outbox-relay setup --print-sql`: what `setup` does, as SQL a DBA can run, each part with
-//! the role it needs, and the grants of the relay's own role (`sql/roles.sql`).
+//! `outbox-relay setup --print-sql`: what `setup` does, as a script a DBA runs with `psql -f`
+//! (each statement in its own transaction), each part headed by the role that may run it, with
+//! the grants of the relay's own role (`sql/roles.sql`). Every part may run again.
 
 use super::failover;
 use crate::config::{quote_ident, PipelineConfig};
@@ -7,64 +8,51 @@ use crate::source::replication::quote_literal;
 
 /// `sql/logical_messages.sql`: who may emit logical decoding messages.
 const LOGICAL_MESSAGES_SQL: &str = include_str!("../../../sql/logical_messages.sql");
+/// The example writer role of `sql/logical_messages.sql`, which the printed script must not
+/// grant to: the DBA names the real ones.
+const EXAMPLE_WRITERS: &str = "ARRAY['orders_service'];";
 
-/// The SQL of `outbox-relay setup` for `config`, in the order to run it, each part headed by
-/// who runs it: the publication (when missing; the table's owner), the slot record table
-/// (unless `slot_record` is off; the database owner), the relay's role and its grants (the
-/// user of `source_url`, else `outbox_relay`), the slot (with `failover`, a failover slot,
-/// PostgreSQL 17+; a role with REPLICATION) and, with `message_prefix`, the revocation of
-/// `pg_logical_emit_message` from PUBLIC (a superuser).
+/// The role the script creates and grants to when the source URL names no user.
+const DEFAULT_ROLE: &str = "outbox_relay";
+
+/// The script of `outbox-relay setup` for `config`, in the order to run it: the publication
+/// (when missing; the table's owner), the slot record table (unless `slot_record` is off; the
+/// database owner), the relay's role and its grants (the user the source URL names, else
+/// `outbox_relay`), the slot (when missing; with `failover`, a failover slot, PostgreSQL 17+;
+/// a role with REPLICATION) and, with `message_prefix`, the revocation of
+/// `pg_logical_emit_message` from PUBLIC (a superuser, after naming the writer roles).
+///
+/// Names go into the SQL quoted, never into comments; a role name that could end the `DO`
+/// block's dollar quoting (a `$`) or holds a control character is left to the DBA.
 pub fn setup_sql(config: &PipelineConfig) -> String {
-    let role = config
-        .source_config()
-        .ok()
-        .and_then(|c| c.pg.get_user().map(str::to_owned))
-        .unwrap_or_else(|| "outbox_relay".to_owned());
-    let role_ident = quote_ident(&role);
+    let table = config.table.quoted();
     let mut parts = vec![format!(
-        "-- As the owner of {table} (a publication FOR TABLE needs ownership), unless the\n\
+        "-- As the outbox table's owner (a publication FOR TABLE needs ownership), unless the\n\
          -- publication exists already (sql/outbox.sql creates outbox_pub):\n\
-         CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert');",
+         DO $$ BEGIN\n\
+         \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = {publication_literal}) THEN\n\
+         \x20   CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert');\n\
+         \x20 END IF;\n\
+         END $$;",
+        publication_literal = quote_literal(&config.publication),
         publication = quote_ident(&config.publication),
-        table = config.table.quoted(),
     )];
-    let record_schema = quote_ident(&config.slot_record_schema);
     if config.slot_record {
-        let [schema, table] = crate::source::slot_record::ddl(&config.slot_record_schema);
+        let [schema, record] = crate::source::slot_record::ddl(&config.slot_record_schema);
         parts.push(format!(
             "-- As the database owner: the slot record (sql/slot_record.sql), where the relay\n\
              -- notes the slot it streams from, so that a lost slot is never re-created silently:\n\
-             {schema};\n{table};"
+             {schema};\n{record};"
         ));
     }
-    let mut grants = format!(
-        "-- The relay's role {role_ident} (sql/roles.sql): REPLICATION to stream, SELECT on the\n\
-         -- outbox and nothing else. Set its password afterwards: ALTER ROLE {role_ident} PASSWORD '...';\n\
-         DO $$ BEGIN\n\
-         \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = {role_literal}) THEN\n\
-         \x20   CREATE ROLE {role_ident} LOGIN REPLICATION;\n\
-         \x20 END IF;\n\
-         END $$;\n\
-         GRANT USAGE ON SCHEMA {schema} TO {role_ident};\n\
-         GRANT SELECT ON {table} TO {role_ident};",
-        role_literal = quote_literal(&role),
-        schema = quote_ident(&config.table.schema),
-        table = config.table.quoted(),
-    );
-    if config.slot_record {
-        grants.push_str(&format!(
-            "\n-- The slot record, read and written while the relay streams (DELETE only for the\n\
-             -- administrator who runs setup --accept-slot-loss or teardown):\n\
-             GRANT USAGE ON SCHEMA {record_schema} TO {role_ident};\n\
-             GRANT SELECT, INSERT, UPDATE ON {record_schema}.streamed_slots TO {role_ident};"
-        ));
-    }
-    parts.push(grants);
+    parts.push(role_sql(config, &table));
     let (failover_args, alter) = if config.failover {
         (
             ", false, false, true",
             format!(
-                "\n-- or, for an existing slot no walsender holds, on a replication connection (psql \"dbname=... replication=database\"):\n{};",
+                "\n-- Or, for an existing slot no walsender holds, on a replication connection\n\
+                 -- (psql \"dbname=... replication=database\"), not in this script:\n\
+                 -- {};",
                 failover::alter_failover_command(&config.slot)
             ),
         )
@@ -73,19 +61,85 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
     };
     parts.push(format!(
         "-- As a role with REPLICATION (the relay's will do), in a transaction of its own (psql -f\n\
-         -- runs each statement on its own): the slot, which keeps the WAL from now on until the\n\
-         -- relay confirms it; events committed after it are published.\n\
-         SELECT pg_create_logical_replication_slot({}, 'pgoutput'{failover_args});{alter}",
-        quote_literal(&config.slot),
+         -- runs each statement on its own), unless it exists: the slot, which keeps the WAL from\n\
+         -- now on until the relay confirms it; events committed after it are published.\n\
+         SELECT pg_create_logical_replication_slot({slot}, 'pgoutput'{failover_args})\n\
+         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots WHERE slot_name = {slot});{alter}",
+        slot = quote_literal(&config.slot),
     ));
     if config.message_prefix.is_some() {
-        parts.push(format!(
-            "-- With message_prefix: only the roles that write events may emit logical messages.\n\
-             {}",
-            LOGICAL_MESSAGES_SQL.trim_end()
-        ));
+        parts.push(logical_messages_sql());
     }
     parts.join("\n\n")
+}
+
+/// The relay's role, created when missing, and its grants.
+fn role_sql(config: &PipelineConfig, table: &str) -> String {
+    let named = config.url_user();
+    let role = named.clone().unwrap_or_else(|| DEFAULT_ROLE.to_owned());
+    let whose = match named {
+        Some(_) => "the user the source URL names",
+        None => "the source URL names no user: outbox_relay",
+    };
+    let role_ident = quote_ident(&role);
+    let create = if role.contains('$') || role.chars().any(char::is_control) {
+        "-- The role's name holds characters this script does not print in a DO block: create\n\
+         -- it by hand (LOGIN REPLICATION) before the grants below."
+            .to_owned()
+    } else {
+        format!(
+            "DO $$ BEGIN\n\
+             \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = {role_literal}) THEN\n\
+             \x20   CREATE ROLE {role_ident} LOGIN REPLICATION;\n\
+             \x20 END IF;\n\
+             END $$;",
+            role_literal = quote_literal(&role),
+        )
+    };
+    let mut sql = format!(
+        "-- The relay's role ({whose}; sql/roles.sql): REPLICATION to stream, SELECT on the\n\
+         -- outbox and nothing else. Creating it takes a superuser (PostgreSQL 16 and later: a\n\
+         -- role with CREATEROLE and REPLICATION); the grants, the owner of each object. Set its\n\
+         -- password afterwards with ALTER ROLE ... PASSWORD (or psql's \\password).\n\
+         {create}\n\
+         GRANT USAGE ON SCHEMA {schema} TO {role_ident};\n\
+         GRANT SELECT ON {table} TO {role_ident};",
+        schema = quote_ident(&config.table.schema),
+    );
+    if config.slot_record {
+        let record_schema = quote_ident(&config.slot_record_schema);
+        sql.push_str(&format!(
+            "\n-- The slot record, read and written while the relay streams (DELETE only for the\n\
+             -- administrator who runs setup --accept-slot-loss or teardown):\n\
+             GRANT USAGE ON SCHEMA {record_schema} TO {role_ident};\n\
+             GRANT SELECT, INSERT, UPDATE ON {record_schema}.streamed_slots TO {role_ident};"
+        ));
+    }
+    sql
+}
+
+/// `sql/logical_messages.sql` with no writer role: it stops, naming what to edit, until the
+/// DBA lists the roles that write events (revoking from PUBLIC alone would stop them).
+fn logical_messages_sql() -> String {
+    assert!(
+        LOGICAL_MESSAGES_SQL.contains(EXAMPLE_WRITERS),
+        "sql/logical_messages.sql names its example writer roles as {EXAMPLE_WRITERS}"
+    );
+    let script = LOGICAL_MESSAGES_SQL
+        .trim_end()
+        .replace(
+            EXAMPLE_WRITERS,
+            "ARRAY[]::text[];  -- EDIT: name them, e.g. ARRAY['orders_service']",
+        )
+        .replace(
+            "BEGIN\n  FOR fn IN",
+            "BEGIN\n  IF cardinality(writer_roles) = 0 THEN\n    RAISE EXCEPTION 'edit writer_roles first: the roles that write events keep EXECUTE on pg_logical_emit_message, PUBLIC loses it';\n  END IF;\n  FOR fn IN",
+        );
+    format!(
+        "-- With message_prefix: only the roles that write events may emit logical messages. Edit\n\
+         -- writer_roles below first; as printed, this part stops without changing anything.\n\
+         {script}"
+    )
 }
 
 #[cfg(test)]
@@ -103,7 +157,7 @@ mod tests {
             "CREATE ROLE \"orders_relay\" LOGIN REPLICATION;",
             "GRANT SELECT ON \"public\".\"outbox\" TO \"orders_relay\";",
             "GRANT SELECT, INSERT, UPDATE ON \"outbox_relay\".streamed_slots TO \"orders_relay\";",
-            "SELECT pg_create_logical_replication_slot('outbox_relay', 'pgoutput');",
+            "SELECT pg_create_logical_replication_slot('outbox_relay', 'pgoutput')",
         ];
         let mut at = 0;
         for part in order {
@@ -113,8 +167,10 @@ mod tests {
             at += found + part.len();
         }
         for who in [
-            "-- As the owner of",
+            "-- As the outbox table's owner",
             "-- As the database owner",
+            "-- The relay's role (the user the source URL names",
+            "takes a superuser",
             "-- As a role with REPLICATION",
         ] {
             assert!(sql.contains(who), "{who:?} missing in\n{sql}");
@@ -127,12 +183,53 @@ mod tests {
     }
 
     #[test]
-    fn with_message_prefix_it_revokes_emitting_messages_from_public() {
+    fn the_role_is_the_urls_user_never_one_from_the_environment() {
+        let mut config = PipelineConfig::test_pipeline();
+        config.source_url = "postgres://db/app".to_owned().into();
+        let sql = setup_sql(&config);
+        assert!(sql.contains("CREATE ROLE \"outbox_relay\""), "{sql}");
+        assert!(sql.contains("the source URL names no user"), "{sql}");
+    }
+
+    #[test]
+    fn names_never_reach_comments_and_a_dollar_in_the_role_is_not_put_in_a_do_block() {
+        let mut config = PipelineConfig::test_pipeline();
+        config.table = "\"evil\nDROP TABLE x; --\".\"outbox\"".parse().unwrap();
+        config.source_url = "postgres://a%24%24b@db/app".to_owned().into();
+        let sql = setup_sql(&config);
+        for line in sql.lines().filter(|l| l.starts_with("--")) {
+            assert!(!line.contains("evil") && !line.contains("a$$b"), "{line}");
+        }
+        assert!(!sql.contains("rolname = 'a$$b'"), "{sql}");
+        assert!(sql.contains("create\n-- it by hand"), "{sql}");
+    }
+
+    #[test]
+    fn with_message_prefix_it_stops_until_the_writer_roles_are_named() {
         let mut config = PipelineConfig::test_pipeline();
         config.message_prefix = Some("outbox".into());
         let sql = setup_sql(&config);
         assert!(
             sql.contains("REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC"),
+            "{sql}"
+        );
+        assert!(
+            !sql.contains("ARRAY['orders_service'];"),
+            "grants to the example role:\n{sql}"
+        );
+        assert!(
+            sql.contains("RAISE EXCEPTION 'edit writer_roles first"),
+            "{sql}"
+        );
+    }
+
+    #[test]
+    fn the_failover_command_of_the_replication_protocol_is_a_comment() {
+        let mut config = PipelineConfig::test_pipeline();
+        config.failover = true;
+        let sql = setup_sql(&config);
+        assert!(
+            sql.contains("-- ALTER_REPLICATION_SLOT \"outbox_relay\" (FAILOVER true);"),
             "{sql}"
         );
     }
