@@ -54,6 +54,7 @@
 
 mod source;
 mod statements;
+mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,8 +64,11 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-pub use source::PollingSource;
+pub(crate) use source::PollingSource;
 pub(crate) use statements::Statements;
+use table::PgTable;
+#[cfg(test)]
+pub(crate) use table::{OutboxTable, RetryMark, RetryPolicy, SelectedRow, TableStats};
 
 use crate::config::{ConfigError, KafkaConfig, PipelineConfig, PollingConfig};
 use crate::error::Error;
@@ -162,15 +166,8 @@ async fn session(
     }
     let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, &router).await?;
-    let source = PollingSource::new(
-        config,
-        metrics.clone(),
-        client,
-        driver,
-        notified,
-        sql,
-        shutdown,
-    );
+    let table = PgTable::new(client, driver, sql, config.columns.clone());
+    let source = PollingSource::new(config, metrics.clone(), table, notified, shutdown);
     let sink = new_sink(config, producers).await?;
     info!(pipeline = %config.name, table = %config.table, mark = ?polling.mark, batch_size = polling.batch_size, notify = ?polling.notify_channel, "polling");
     progress.streaming();

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use super::{PollingError, FAILED, PENDING, PUBLISHED};
-use crate::config::{MarkMode, PipelineConfig};
+use crate::config::{MarkMode, OutboxColumns, PipelineConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::router::Router;
@@ -329,14 +329,14 @@ impl Statements {
     /// Returns an error naming the event if its id or aggregate type is NULL.
     pub(super) fn event(
         &self,
-        config: &PipelineConfig,
+        columns: &OutboxColumns,
         row: &Row,
     ) -> Result<(OutboxEvent, Option<i64>, i64), Error> {
         let text = |i: usize| {
             row.get::<_, Option<&str>>(i)
                 .map(|s| Bytes::copy_from_slice(s.as_bytes()))
         };
-        let c = &config.columns;
+        let c = columns;
         let id = text(COL_ID).ok_or_else(|| PollingError::Null {
             event_id: format!("at ctid {}", row.get::<_, &str>(COL_CTID)),
             column: c.id.clone(),
