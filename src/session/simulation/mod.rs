@@ -103,6 +103,7 @@
 //! (`SIMULATION_SEED=...`).
 
 mod broker;
+mod polling;
 mod publisher;
 mod server;
 mod wal;

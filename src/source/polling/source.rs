@@ -23,6 +23,7 @@ use crate::config::{MarkMode, PipelineConfig, PollingConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
+use crate::session::mutation::{active as mutated, Mutation};
 use crate::session::now_ms;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxEvent;
@@ -140,6 +141,9 @@ impl<T: OutboxTable> PollingSource<T> {
         let (shutdown, timeout) = (self.shutdown.clone(), self.config.shutdown_timeout());
         let give_up = async move {
             shutdown.cancelled().await;
+            if mutated(Mutation::PollingFinishForever) {
+                std::future::pending::<()>().await;
+            }
             tokio::time::sleep(timeout).await;
         };
         tokio::select! {
@@ -171,7 +175,10 @@ impl<T: OutboxTable> PollingSource<T> {
             }
             _ => None,
         };
-        let batch_size = i64::try_from(p.batch_size).unwrap_or(i64::MAX);
+        let batch_size = match mutated(Mutation::PollingUnboundedBatch) {
+            true => i64::MAX,
+            false => i64::try_from(p.batch_size).unwrap_or(i64::MAX),
+        };
         let (table, metrics) = (self.table.clone(), self.metrics.clone());
         let name = self.config.name.clone();
         async move {
@@ -264,6 +271,12 @@ impl<T: OutboxTable> PollingSource<T> {
         let mut halt: Option<DeliveryError> = None;
         let mut retry_later = false;
         for polled in &batch.rows {
+            if mutated(Mutation::PollingMarkUnacknowledged)
+                && matches!(polled.outcome, Outcome::Sent | Outcome::Failed(_))
+            {
+                published.push(polled.ctid.clone());
+                continue;
+            }
             match &polled.outcome {
                 Outcome::Acked => match &polled.key {
                     Some(key) if failed_keys.contains(&key) => {
@@ -273,7 +286,9 @@ impl<T: OutboxTable> PollingSource<T> {
                 },
                 // Failed only because an earlier record of its key did, never sent: it stays
                 // pending, charged nothing, behind that record.
-                Outcome::Failed(e) if !e.attempted => {
+                Outcome::Failed(e)
+                    if !e.attempted && !mutated(Mutation::PollingChargeUntried) =>
+                {
                     if let Some(key) = &polled.key {
                         failed_keys.push(key);
                     }
@@ -284,7 +299,8 @@ impl<T: OutboxTable> PollingSource<T> {
                             failed_keys.push(key);
                         }
                     }
-                    match (p.mark, e.retryable) {
+                    let retryable = e.retryable && !mutated(Mutation::PollingFailAtOnce);
+                    match (p.mark, retryable) {
                         (MarkMode::Status, true) => retry.push(polled.ctid.clone()),
                         (MarkMode::Status, false) => {
                             error!(pipeline = %name, event_id = %polled.event_id, error = %e, "event marked FAILED: publishing it again cannot succeed");
@@ -383,8 +399,10 @@ impl<T: OutboxTable> Source for PollingSource<T> {
                         None => true,
                         Some(key) => {
                             let before = batch.in_batch.entry(key.clone()).or_insert(0);
+                            let older_in_batch = polled.older == *before
+                                || mutated(Mutation::PollingIgnoreOlder);
                             let eligible =
-                                polled.older == *before && !batch.failed_keys.contains(key);
+                                older_in_batch && !batch.failed_keys.contains(key);
                             *before += 1;
                             eligible
                         }
