@@ -286,9 +286,7 @@ impl<T: OutboxTable> PollingSource<T> {
                 },
                 // Failed only because an earlier record of its key did, never sent: it stays
                 // pending, charged nothing, behind that record.
-                Outcome::Failed(e)
-                    if !e.attempted && !mutated(Mutation::PollingChargeUntried) =>
-                {
+                Outcome::Failed(e) if !e.attempted && !mutated(Mutation::PollingChargeUntried) => {
                     if let Some(key) = &polled.key {
                         failed_keys.push(key);
                     }
@@ -399,10 +397,9 @@ impl<T: OutboxTable> Source for PollingSource<T> {
                         None => true,
                         Some(key) => {
                             let before = batch.in_batch.entry(key.clone()).or_insert(0);
-                            let older_in_batch = polled.older == *before
-                                || mutated(Mutation::PollingIgnoreOlder);
-                            let eligible =
-                                older_in_batch && !batch.failed_keys.contains(key);
+                            let older_in_batch =
+                                polled.older == *before || mutated(Mutation::PollingIgnoreOlder);
+                            let eligible = older_in_batch && !batch.failed_keys.contains(key);
                             *before += 1;
                             eligible
                         }

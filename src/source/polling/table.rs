@@ -223,11 +223,7 @@ impl OutboxTable for PgTable {
         let Some(sql) = &self.sql.mark_failed else {
             return Ok(0);
         };
-        let rows = self
-            .client
-            .query(sql, &[&ctids])
-            .await
-            .map_err(sql_error)?;
+        let rows = self.client.query(sql, &[&ctids]).await.map_err(sql_error)?;
         Ok(rows.len() as u64)
     }
 

@@ -44,13 +44,13 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use tokio::sync::Notify;
-use tokio::time::{sleep, sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::super::{Mode, Session};
 use super::ROUTER;
-use crate::config::{MarkMode, OnBadEvent, PipelineConfig, PollingConfig, SourceKind};
-use crate::error::{Error, Recovery};
+use crate::config::{OnBadEvent, PipelineConfig, PollingConfig, SourceKind};
+use crate::error::Recovery;
 use crate::lsn::Lsn;
 use crate::metrics::{Metrics, PipelineMetrics};
 use crate::router::Router;
@@ -61,7 +61,7 @@ use table::FakeTable;
 use world::{Setup, Shared, World};
 
 /// Schedules in the test command.
-pub(crate) const DEFAULT_POLLING_SCHEDULES: u64 = 3_000;
+pub(crate) const DEFAULT_POLLING_SCHEDULES: u64 = 1_000;
 /// Most sessions with faults per poller before its last one.
 const MAX_FAULTY_SESSIONS: usize = 2;
 /// How long after the last insert every row must be settled.
@@ -149,7 +149,7 @@ async fn poller(world: &Shared, metrics: &PipelineMetrics, poller: usize) -> usi
     let mut n = 0;
     loop {
         let last = n >= faulty;
-        let end = session(world, metrics, poller, n, last).await;
+        let end = session(world, metrics, poller, last).await;
         let mut w = world.lock();
         let note = format!(
             "poller {poller} session {n} (last: {last}) {:?} ended: {end:?}",
@@ -162,7 +162,7 @@ async fn poller(world: &Shared, metrics: &PipelineMetrics, poller: usize) -> usi
         }
         match end {
             End::Stopped if last => return n,
-            End::Failed(_, e) if last => {
+            End::Failed(e) | End::Halted(e) if last => {
                 w.violate(format!(
                     "poller {poller}'s session without faults failed: {e}"
                 ));
@@ -171,7 +171,7 @@ async fn poller(world: &Shared, metrics: &PipelineMetrics, poller: usize) -> usi
             End::Abandoned => return n,
             // A refusal for good halts a pipeline without retry bookkeeping until the
             // operator restarts it; the refusal was the session's fault.
-            End::Stopped | End::Failed(_, _) => {}
+            End::Stopped | End::Failed(_) | End::Halted(_) => {}
         }
     }
 }
@@ -180,7 +180,10 @@ async fn poller(world: &Shared, metrics: &PipelineMetrics, poller: usize) -> usi
 enum End {
     /// Ended after a shutdown.
     Stopped,
-    Failed(Recovery, String),
+    Failed(String),
+    /// Stopped the pipeline (a refusal for good without retry bookkeeping): the operator
+    /// starts it again.
+    Halted(String),
     /// Did not end in time (a violation says so).
     Abandoned,
 }
@@ -216,17 +219,11 @@ fn pipeline_config(setup: &Setup) -> PipelineConfig {
 
 /// Session `n` of `poller`, set up as `polling::session` does; `last`: without faults, until
 /// every row is settled.
-async fn session(
-    world: &Shared,
-    metrics: &PipelineMetrics,
-    poller: usize,
-    n: usize,
-    last: bool,
-) -> End {
+async fn session(world: &Shared, metrics: &PipelineMetrics, poller: usize, last: bool) -> End {
     let notify = Arc::new(Notify::new());
     let (config, shutdown_after, done, liveness_deadline) = {
         let mut w = world.lock();
-        w.begin_session(poller, n, last);
+        w.begin_session(poller, last);
         w.notifies[poller] = Some(notify.clone());
         let last_insert = w.inserts.last().map_or(Duration::ZERO, |(at, _)| *at);
         (
@@ -250,7 +247,7 @@ async fn session(
         &config,
         metrics,
         source,
-        PollSink::new(world.clone(), poller),
+        PollSink::new(world.clone(), poller, &config),
         router,
         Mode::AtLeastOnce,
         Lsn::ZERO,
@@ -299,7 +296,8 @@ async fn session(
     world.lock().notifies[poller] = None;
     match result {
         Ok(()) => End::Stopped,
-        Err(e) => End::Failed(e.recovery(), crate::error::chain(&e)),
+        Err(e) if e.recovery() == Recovery::Stop => End::Halted(crate::error::chain(&e)),
+        Err(e) => End::Failed(crate::error::chain(&e)),
     }
 }
 
@@ -322,16 +320,6 @@ fn find_violation(seeds: std::ops::Range<u64>) -> (u64, Option<(u64, String)>, S
         }
     }
     (ran, None, total)
-}
-
-/// `mark` as the schedules draw it, for the tests' messages.
-#[allow(dead_code)]
-fn mark_name(mark: MarkMode) -> &'static str {
-    match mark {
-        MarkMode::Status => "status",
-        MarkMode::Flag => "flag",
-        MarkMode::Delete => "delete",
-    }
 }
 
 #[cfg(test)]
@@ -357,6 +345,17 @@ mod tests {
             total.commits,
             started.elapsed().as_secs_f64()
         );
+    }
+
+    /// Found by the simulation (schedule 6509): with `on_bad_event = "dead_letter"`, the
+    /// ordered sink under a polling source did not hold a key after a refusal, although the
+    /// polling source never dead-letters a refused row; the key's next row reached the server
+    /// first, and the refused one came after it once the pipeline ran again. (A seed names a
+    /// schedule only as long as the generator draws the same; `sink::any`'s tests have the
+    /// setting itself.)
+    #[test]
+    fn a_refused_row_holds_its_aggregate_whatever_on_bad_event_says() {
+        run_schedule(6509).unwrap();
     }
 
     /// Runs the default schedules with `mutation` on until one violates an invariant whose
@@ -393,7 +392,10 @@ mod tests {
 
     #[test]
     fn the_simulation_catches_a_row_failed_before_its_last_attempt() {
-        caught(Mutation::PollingFailAtOnce, "its last attempt was not refused");
+        caught(
+            Mutation::PollingFailAtOnce,
+            "its last attempt was not refused",
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::time::{sleep, Instant};
 
 use super::world::{Faults, RowState, Shared, Written};
 use crate::ack::EventToken;
+use crate::config::PipelineConfig;
 use crate::sink::ordered::{OrderedSettings, OrderedSink, PublishError, Publisher};
 use crate::sink::{Delivery, InFlight, Record, SendError, Sink};
 
@@ -97,8 +98,9 @@ impl Publisher for FakePublisher {
         let world = self.world.clone();
         Box::pin(async move {
             sleep(latency / 2).await;
-            if let Fate::Acknowledged | Fate::Retry { written: true } | Fate::Silent { written: true } =
-                fate
+            if let Fate::Acknowledged
+            | Fate::Retry { written: true }
+            | Fate::Silent { written: true } = fate
             {
                 world.lock().log.push(written);
             }
@@ -130,7 +132,8 @@ pub(super) struct PollSink {
 }
 
 impl PollSink {
-    pub fn new(world: Shared, poller: usize) -> Self {
+    /// The sink of a session with `config`: its hold after a refusal as the pipeline's.
+    pub fn new(world: Shared, poller: usize, config: &PipelineConfig) -> Self {
         let setup = world.lock().setup;
         let sink = OrderedSink::new(
             FakePublisher {
@@ -140,7 +143,7 @@ impl PollSink {
             OrderedSettings {
                 max_concurrency: setup.max_concurrency,
                 delivery_timeout: setup.delivery_timeout,
-                hold_on_refusal: setup.hold_on_refusal,
+                hold_on_refusal: crate::sink::hold_on_refusal(config),
             },
         );
         PollSink {

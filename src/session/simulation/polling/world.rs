@@ -47,7 +47,7 @@ pub(super) struct Setup {
     pub stats_interval_ms: u64,
     pub status_interval_ms: u64,
     pub shutdown_timeout_secs: u64,
-    /// `on_bad_event = "halt"`: the ordered sink holds a key after a refusal.
+    /// `on_bad_event = "halt"`, else `"dead_letter"`.
     pub hold_on_refusal: bool,
     pub max_concurrency: usize,
     pub delivery_timeout: Duration,
@@ -123,7 +123,6 @@ pub(super) struct Written {
 /// One poller's current session.
 #[derive(Clone, Debug)]
 pub(super) struct PollerSession {
-    pub n: usize,
     pub start: Instant,
     pub faults: Faults,
 }
@@ -197,7 +196,6 @@ impl World {
             log: Vec::new(),
             sessions: (0..setup.pollers)
                 .map(|_| PollerSession {
-                    n: 0,
                     start: Instant::now(),
                     faults: Faults::default(),
                 })
@@ -213,7 +211,7 @@ impl World {
     }
 
     /// Starts session `n` of `poller`: draws its faults (none if `last`).
-    pub fn begin_session(&mut self, poller: usize, n: usize, last: bool) {
+    pub fn begin_session(&mut self, poller: usize, last: bool) {
         let rng = &mut self.rng;
         let mut per_mille = |max: u16| if rng.bool() { rng.u16(0..=max) } else { 0 };
         let mut faults = match last {
@@ -246,7 +244,6 @@ impl World {
             }
         }
         self.sessions[poller] = PollerSession {
-            n,
             start: Instant::now(),
             faults,
         };
