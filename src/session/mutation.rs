@@ -63,6 +63,9 @@ pub(crate) enum Mutation {
     /// The polling cycle publishes a row without waiting for the earlier rows of its
     /// aggregate (ignores their count).
     PollingIgnoreOlder,
+    /// After a retryable failure without retry bookkeeping (`mark = "flag"` or `"delete"`)
+    /// the poller never polls again: its rows stay pending.
+    PollingNoRetry,
     /// The polling cycle asks for more rows than `batch_size`.
     PollingUnboundedBatch,
     /// The fake table's SELECT also returns rows already marked published (a pending

@@ -280,6 +280,10 @@ impl Pace {
             Duration::from_millis(base.saturating_mul(1 << times.min(30)).min(max))
         };
         if cycle.retry_later {
+            if crate::session::mutation::active(crate::session::mutation::Mutation::PollingNoRetry)
+            {
+                return Duration::from_secs(365 * 24 * 3600);
+            }
             self.retry_streak = self.retry_streak.saturating_add(1);
             return doubled(p.retry_min_ms, self.retry_streak - 1, p.retry_max_ms);
         }

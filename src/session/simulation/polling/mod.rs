@@ -79,6 +79,8 @@ pub(crate) struct Summary {
     pub rows: usize,
     pub records_written: usize,
     pub commits: usize,
+    /// Rows FAILED at the end.
+    pub failed: usize,
 }
 
 /// Runs the schedule of `seed`.
@@ -123,6 +125,11 @@ async fn schedule(seed: u64) -> Result<Summary, String> {
             rows: w.rows.len(),
             records_written: w.log.len(),
             commits: w.commits,
+            failed: w
+                .rows
+                .iter()
+                .filter(|r| r.state == world::RowState::Failed)
+                .count(),
         }),
     }
 }
@@ -269,8 +276,9 @@ async fn session(world: &Shared, metrics: &PipelineMetrics, poller: usize, last:
                 .filter(|r| r.state == world::RowState::Pending)
                 .map(|r| format!("{} (retry_count {})", r.id, r.retry_count))
                 .collect();
+            let kind = if last { "without" } else { "with" };
             w.violate(format!(
-                "rows still pending {LIVENESS_DEADLINE:?} after the last insert: {pending:?}"
+                "poller {poller}'s session {kind} faults did not end within {LIVENESS_DEADLINE:?} of the last insert; rows still pending: {pending:?}"
             ));
             return End::Abandoned;
         }
@@ -315,6 +323,7 @@ fn find_violation(seeds: std::ops::Range<u64>) -> (u64, Option<(u64, String)>, S
                 total.rows += s.rows;
                 total.records_written += s.records_written;
                 total.commits += s.commits;
+                total.failed += s.failed;
             }
             Err(violation) => return (ran, Some((seed, violation)), total),
         }
@@ -337,10 +346,11 @@ mod tests {
             );
         }
         println!(
-            "{ran} polling schedules ({} pollers, {} sessions, {} rows, {} records written, {} cycles committed) in {:.1} s",
+            "{ran} polling schedules ({} pollers, {} sessions, {} rows ({} FAILED at the end), {} records written, {} cycles committed) in {:.1} s",
             total.pollers,
             total.sessions,
             total.rows,
+            total.failed,
             total.records_written,
             total.commits,
             started.elapsed().as_secs_f64()
@@ -406,6 +416,11 @@ mod tests {
     #[test]
     fn the_simulation_catches_a_polled_aggregate_out_of_order() {
         caught(Mutation::PollingIgnoreOlder, "arrived first after");
+    }
+
+    #[test]
+    fn the_simulation_catches_a_poller_that_stops_polling() {
+        caught(Mutation::PollingNoRetry, "did not end within");
     }
 
     #[test]

@@ -219,7 +219,7 @@ impl World {
             false => Faults {
                 commit_fail_before_per_mille: per_mille(150),
                 commit_fail_after_per_mille: per_mille(150),
-                commit_hang_per_mille: per_mille(150),
+                commit_hang_per_mille: per_mille(300),
                 retryable_per_mille: per_mille(150),
                 permanent_per_mille: per_mille(60),
                 silent_per_mille: per_mille(60),
