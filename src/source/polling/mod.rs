@@ -75,6 +75,7 @@ use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
+use crate::session::mutation::{active as mutated, Mutation};
 use crate::session::{Mode, Session};
 use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
@@ -280,8 +281,7 @@ impl Pace {
             Duration::from_millis(base.saturating_mul(1 << times.min(30)).min(max))
         };
         if cycle.retry_later {
-            if crate::session::mutation::active(crate::session::mutation::Mutation::PollingNoRetry)
-            {
+            if mutated(Mutation::PollingNoRetry) {
                 return Duration::from_secs(365 * 24 * 3600);
             }
             self.retry_streak = self.retry_streak.saturating_add(1);

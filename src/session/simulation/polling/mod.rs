@@ -203,11 +203,11 @@ fn pipeline_config(setup: &Setup) -> PipelineConfig {
         max_in_flight_bytes: setup.max_in_flight_bytes,
         status_interval_ms: setup.status_interval_ms,
         shutdown_timeout_secs: setup.shutdown_timeout_secs,
-        on_bad_event: match setup.hold_on_refusal {
+        on_bad_event: match setup.halt {
             true => OnBadEvent::Halt,
             false => OnBadEvent::DeadLetter,
         },
-        dead_letter_topic: (!setup.hold_on_refusal).then(|| super::wal::DEAD_LETTER_TOPIC.into()),
+        dead_letter_topic: (!setup.halt).then(|| super::wal::DEAD_LETTER_TOPIC.into()),
         polling: PollingConfig {
             batch_size: setup.batch_size,
             min_interval_ms: setup.min_interval_ms,

@@ -240,7 +240,7 @@ impl OutboxTable for FakeTable {
                 setup.batch_size
             ));
         }
-        let origin = w.origin;
+        let inserted: Vec<Duration> = w.inserts.iter().map(|(at, _)| *at).collect();
         let rows = selected
             .into_iter()
             .map(|(i, older)| {
@@ -253,7 +253,7 @@ impl OutboxTable for FakeTable {
                 SelectedRow {
                     ctid: format!("(0,{i})"),
                     event: event(&row.id, row.key.as_deref()),
-                    created_ms: Some(i64::try_from((now - origin).as_millis()).unwrap_or(0)),
+                    created_ms: Some(i64::try_from(inserted[i].as_millis()).unwrap_or(0)),
                     older,
                 }
             })

@@ -48,7 +48,7 @@ pub(super) struct Setup {
     pub status_interval_ms: u64,
     pub shutdown_timeout_secs: u64,
     /// `on_bad_event = "halt"`, else `"dead_letter"`.
-    pub hold_on_refusal: bool,
+    pub halt: bool,
     pub max_concurrency: usize,
     pub delivery_timeout: Duration,
     /// Inserts wake the pollers (LISTEN / NOTIFY).
@@ -174,7 +174,7 @@ impl World {
             stats_interval_ms: rng.u64(100..=2_000),
             status_interval_ms: rng.u64(200..=1_000),
             shutdown_timeout_secs: rng.u64(1..=3),
-            hold_on_refusal: rng.bool(),
+            halt: rng.bool(),
             max_concurrency: rng.usize(1..=4),
             delivery_timeout: Duration::from_millis(rng.u64(300..=3_000)),
             notify: rng.bool(),
