@@ -51,6 +51,10 @@
 //! An event of the same aggregate acknowledged after an earlier one of the batch failed is
 //! not marked either: it is published again after the failed one (a duplicate, but the
 //! aggregate's last record is again its newest event).
+//!
+//! After any failure the aggregate's rows the cycle has not sent yet are held to the next
+//! cycle, also behind a row whose failure does not block it (`failed_blocks_aggregate =
+//! false`): they pass it only once its FAILED mark is committed.
 
 mod source;
 mod statements;

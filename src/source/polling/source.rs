@@ -459,7 +459,6 @@ impl<T: OutboxTable> Source for PollingSource<T> {
     /// Every outcome is the source's to record: a failed row is retried, marked FAILED or
     /// stops the pipeline after the cycle (`mark`), the session goes on.
     fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling {
-        let blocks = outcome.is_err_and(|e| failure_blocks(&self.config.polling, e));
         let Some(batch) = &mut self.batch else {
             return FailureHandling::Recorded;
         };
@@ -470,7 +469,12 @@ impl<T: OutboxTable> Source for PollingSource<T> {
         polled.outcome = match outcome {
             Ok(()) => Outcome::Acked,
             Err(e) => {
-                if let (Some(key), true) = (&polled.key, blocks) {
+                // Any failure holds the aggregate's rows this cycle has not sent yet, also one
+                // that does not block it (refused for good with `failed_blocks_aggregate =
+                // false`): they pass it only once its FAILED mark is committed, in a later
+                // cycle. Sent now, they would be ahead of it if this cycle's COMMIT did not go
+                // through and it were published again.
+                if let Some(key) = &polled.key {
                     batch.failed_keys.push(key.clone());
                 }
                 Outcome::Failed(e.without_record())

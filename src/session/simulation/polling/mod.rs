@@ -368,6 +368,15 @@ mod tests {
         run_schedule(6509).unwrap();
     }
 
+    /// Found by the simulation (schedule 57593): with `failed_blocks_aggregate = false`, a
+    /// row refused for good let the aggregate's next row of the batch go out at once; the
+    /// cycle's COMMIT did not go through, so the refused row stayed pending, was published
+    /// again, and arrived after the next one.
+    #[test]
+    fn a_refused_row_is_passed_only_once_its_failed_mark_is_committed() {
+        run_schedule(57593).unwrap();
+    }
+
     /// Runs the default schedules with `mutation` on until one violates an invariant whose
     /// message contains `expected`.
     fn caught(mutation: Mutation, expected: &str) {
