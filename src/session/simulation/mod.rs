@@ -97,7 +97,7 @@
 //! 0.7 ms of CPU each: 35 s for the first two on the 2-core development machine otherwise idle,
 //! run at once, and about 30 s for the third), [`DEFAULT_ORDERED_SCHEDULES`] over the
 //! ordered sink (about 0.8 ms each: 8 s), and [`polling::DEFAULT_POLLING_SCHEDULES`] of the
-//! polling source (about 4.5 ms each: 4.5 s). Each test `the_simulation_catches_...`
+//! polling source (2 to 5 ms each: 2 to 5 s). Each test `the_simulation_catches_...`
 //! switches one deliberate defect on ([`super::mutation`]) and asserts that the default
 //! schedules find it. A longer run: `SIMULATION_SCHEDULES=5000000 cargo test --release
 //! --locked --lib session::simulation::tests::every_schedule` (5 million per mode; for the
