@@ -1,7 +1,7 @@
 //! Deliberate defects the session simulation (`simulation/`) must catch: one per invariant,
 //! each switched on for the current thread only (`cargo test` runs tests on several threads at
-//! once). The session loop and the ordered sink (`crate::sink::ordered`) ask [`active`] at the
-//! place the defect would be; the simulation's fakes ask it for the defects of the world they
+//! once). The session loop, the ordered sink (`crate::sink::ordered`) and the polling cycle
+//! (`crate::source::polling`) ask [`active`] at the place the defect would be; the simulation's fakes ask it for the defects of the world they
 //! model. Outside test builds nothing can
 //! switch one on and [`active`] is a constant `false`.
 
@@ -51,6 +51,26 @@ pub(crate) enum Mutation {
     OrderedNoHold,
     /// The ordered sink publishes a record once more after the server acknowledged it.
     OrderedRepublishAcknowledged,
+    /// The polling cycle marks every row it published as published, whatever its outcome.
+    PollingMarkUnacknowledged,
+    /// The polling cycle charges an attempt to rows that failed without being tried (an
+    /// earlier record of their key failed).
+    PollingChargeUntried,
+    /// The polling cycle makes a row FAILED at its first retryable failure.
+    PollingFailAtOnce,
+    /// The polling cycle's marks and COMMIT have no deadline after a shutdown.
+    PollingFinishForever,
+    /// The polling cycle publishes a row without waiting for the earlier rows of its
+    /// aggregate (ignores their count).
+    PollingIgnoreOlder,
+    /// After a retryable failure without retry bookkeeping (`mark = "flag"` or `"delete"`)
+    /// the poller never polls again: its rows stay pending.
+    PollingNoRetry,
+    /// The polling cycle asks for more rows than `batch_size`.
+    PollingUnboundedBatch,
+    /// The fake table's SELECT also returns rows already marked published (a pending
+    /// condition lost from the SQL).
+    PollingSelectMarked,
 }
 
 #[cfg(test)]

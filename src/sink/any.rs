@@ -7,7 +7,7 @@ use super::kafka::{KafkaSink, ProducerError};
 use super::ordered::{OrderedSettings, OrderedSink};
 use super::{http, nats, rabbitmq, redis, Delivery, InFlight, Record, SendError, Sink};
 use crate::ack::EventToken;
-use crate::config::{OnBadEvent, PipelineConfig, SinkConfig};
+use crate::config::{OnBadEvent, PipelineConfig, SinkConfig, SourceKind};
 use crate::error::Error;
 
 /// How long connecting to a sink server may take before the session fails (and is retried).
@@ -26,6 +26,16 @@ pub struct ConnectError {
     pub retryable: bool,
 }
 
+/// Whether an ordered sink holds a key after a refusal, as after any failure: unless the
+/// session sends the refused record to the dead-letter destination instead
+/// (`on_bad_event = "dead_letter"` with log tailing), so that the key's next records go ahead.
+/// A polling source records a refusal itself (the row is FAILED or the pipeline halts) and
+/// never dead-letters it: without the hold, the key's next rows would reach the server
+/// before the refused one is published again.
+pub(crate) fn hold_on_refusal(config: &PipelineConfig) -> bool {
+    config.on_bad_event == OnBadEvent::Halt || config.source_kind == SourceKind::Polling
+}
+
 /// One of the sink kinds, as the session sees it.
 pub enum AnySink {
     Kafka(KafkaSink),
@@ -42,7 +52,7 @@ impl AnySink {
         config: &PipelineConfig,
         kafka: impl FnOnce() -> Result<KafkaSink, ProducerError>,
     ) -> Result<AnySink, Error> {
-        let hold_on_refusal = config.on_bad_event == OnBadEvent::Halt;
+        let hold_on_refusal = hold_on_refusal(config);
         let connecting = async {
             match &config.sink {
                 SinkConfig::Kafka => unreachable!("Kafka is not connected here"),
@@ -157,5 +167,36 @@ impl Sink for AnySink {
             AnySink::Kafka(sink) => sink.withdraw_in_flight(),
             AnySink::Ordered(sink) => sink.withdraw_in_flight(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ordered_sink_holds_a_refused_key_unless_the_session_dead_letters_the_record() {
+        let config = |source_kind, on_bad_event| PipelineConfig {
+            source_kind,
+            on_bad_event,
+            ..PipelineConfig::test_pipeline()
+        };
+        assert!(hold_on_refusal(&config(
+            SourceKind::LogTailing,
+            OnBadEvent::Halt
+        )));
+        assert!(!hold_on_refusal(&config(
+            SourceKind::LogTailing,
+            OnBadEvent::DeadLetter
+        )));
+        // Polling records a refusal itself and never dead-letters it.
+        assert!(hold_on_refusal(&config(
+            SourceKind::Polling,
+            OnBadEvent::Halt
+        )));
+        assert!(hold_on_refusal(&config(
+            SourceKind::Polling,
+            OnBadEvent::DeadLetter
+        )));
     }
 }

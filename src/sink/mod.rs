@@ -19,6 +19,8 @@ pub mod producer;
 pub mod rabbitmq;
 pub mod redis;
 
+#[cfg(test)]
+pub(crate) use any::hold_on_refusal;
 pub use any::{AnySink, ConnectError};
 
 use std::future::Future;

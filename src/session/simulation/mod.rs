@@ -70,8 +70,11 @@
 //! when the client saw a timeout. The producer's side: after a record of the transaction
 //! failed, librdkafka refuses every further record and the commit until the abort.
 //!
+//! The polling source has a simulation of its own ([`polling`]): the real cycle over a fake
+//! outbox table, several pollers at once, over the real ordered sink.
+//!
 //! # Not modelled
-//! The polling source (its `FailureHandling::Recorded` path is in `tests.rs`); the clients of
+//! The clients of
 //! the ordered sink's servers (reconnecting, what each calls an acknowledgement); UPDATE and
 //! DELETE of outbox rows; PostgreSQL losing a confirmed flush LSN in a crash; several relays
 //! at once (a standby is the supervisor's test); the supervisor's backoff (its jitter is not
@@ -92,8 +95,9 @@
 //! `cargo test --locked` runs [`DEFAULT_SCHEDULES`] schedules in each of the three modes
 //! (at-least-once, exactly-once, exactly-once with a dead-letter topic; in a debug build about
 //! 0.7 ms of CPU each: 35 s for the first two on the 2-core development machine otherwise idle,
-//! run at once, and about 30 s for the third), and [`DEFAULT_ORDERED_SCHEDULES`] over the
-//! ordered sink (about 0.8 ms each: 8 s). Each test `the_simulation_catches_...`
+//! run at once, and about 30 s for the third), [`DEFAULT_ORDERED_SCHEDULES`] over the
+//! ordered sink (about 0.8 ms each: 8 s), and [`polling::DEFAULT_POLLING_SCHEDULES`] of the
+//! polling source (2 to 5 ms each: 2 to 5 s). Each test `the_simulation_catches_...`
 //! switches one deliberate defect on ([`super::mutation`]) and asserts that the default
 //! schedules find it. A longer run: `SIMULATION_SCHEDULES=5000000 cargo test --release
 //! --locked --lib session::simulation::tests::every_schedule` (5 million per mode; for the
@@ -103,6 +107,7 @@
 //! (`SIMULATION_SEED=...`).
 
 mod broker;
+mod polling;
 mod publisher;
 mod server;
 mod wal;

@@ -51,9 +51,14 @@
 //! An event of the same aggregate acknowledged after an earlier one of the batch failed is
 //! not marked either: it is published again after the failed one (a duplicate, but the
 //! aggregate's last record is again its newest event).
+//!
+//! After any failure the aggregate's rows the cycle has not sent yet are held to the next
+//! cycle, also behind a row whose failure does not block it (`failed_blocks_aggregate =
+//! false`): they pass it only once its FAILED mark is committed.
 
 mod source;
 mod statements;
+mod table;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,14 +68,18 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-pub use source::PollingSource;
+pub(crate) use source::PollingSource;
 pub(crate) use statements::Statements;
+use table::PgTable;
+#[cfg(test)]
+pub(crate) use table::{OutboxTable, RetryMark, RetryPolicy, SelectedRow, TableStats};
 
 use crate::config::{ConfigError, KafkaConfig, PipelineConfig, PollingConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
+use crate::session::mutation::{active as mutated, Mutation};
 use crate::session::{Mode, Session};
 use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
@@ -162,15 +171,14 @@ async fn session(
     }
     let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, &router).await?;
-    let source = PollingSource::new(
-        config,
-        metrics.clone(),
+    let table = PgTable::new(
         client,
         driver,
-        notified,
         sql,
-        shutdown,
+        config.columns.clone(),
+        config.max_event_bytes(),
     );
+    let source = PollingSource::new(config, metrics.clone(), table, notified, shutdown);
     let sink = new_sink(config, producers).await?;
     info!(pipeline = %config.name, table = %config.table, mark = ?polling.mark, batch_size = polling.batch_size, notify = ?polling.notify_channel, "polling");
     progress.streaming();
@@ -283,6 +291,9 @@ impl Pace {
             Duration::from_millis(base.saturating_mul(1 << times.min(30)).min(max))
         };
         if cycle.retry_later {
+            if mutated(Mutation::PollingNoRetry) {
+                return Duration::from_secs(365 * 24 * 3600);
+            }
             self.retry_streak = self.retry_streak.saturating_add(1);
             return doubled(p.retry_min_ms, self.retry_streak - 1, p.retry_max_ms);
         }

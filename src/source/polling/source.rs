@@ -14,20 +14,19 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use tokio::sync::Notify;
-use tokio_postgres::{Client, Row};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::statements::{Statements, COL_CTID};
+use super::table::{OutboxTable, PgTable, RetryPolicy, SelectedRow};
 use super::{Cycle, Pace, FAILED};
 use crate::config::{MarkMode, PipelineConfig, PollingConfig};
 use crate::error::{chain, Error};
 use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
+use crate::session::mutation::{active as mutated, Mutation};
 use crate::session::now_ms;
 use crate::sink::DeliveryError;
 use crate::source::outbox::OutboxEvent;
-use crate::source::slot::SqlConnection;
 use crate::source::{Confirmation, FailureHandling, Source, SourceError, SourceItem};
 
 /// One selected row, and what became of it in this cycle.
@@ -72,15 +71,14 @@ struct Batch {
 }
 
 /// Rows fetched by a cycle's first statements.
-type Fetch = BoxFuture<'static, Result<Vec<Row>, Error>>;
+type Fetch = BoxFuture<'static, Result<Vec<SelectedRow>, Error>>;
 
-/// The outbox table of one pipeline as a [`Source`].
-pub struct PollingSource {
+/// The outbox table of one pipeline as a [`Source`], over PostgreSQL ([`PgTable`]) or, in
+/// the simulation, a fake table.
+pub(crate) struct PollingSource<T: OutboxTable = PgTable> {
     config: PipelineConfig,
     metrics: PipelineMetrics,
-    client: Arc<Client>,
-    _driver: SqlConnection,
-    sql: Arc<Statements>,
+    table: Arc<T>,
     /// Woken by LISTEN notifications.
     notified: Arc<Notify>,
     /// Whether a notification may start a poll now: after one that found no row, not before
@@ -105,24 +103,19 @@ pub struct PollingSource {
     shutdown: CancellationToken,
 }
 
-impl PollingSource {
-    /// A source over `client` (its connection driven by `driver`, notifications waking
-    /// `notified`) with the pipeline's statements.
-    pub(super) fn new(
+impl<T: OutboxTable> PollingSource<T> {
+    /// A source over `table`, notifications (LISTEN) waking `notified`.
+    pub(crate) fn new(
         config: &PipelineConfig,
         metrics: PipelineMetrics,
-        client: Client,
-        driver: SqlConnection,
+        table: T,
         notified: Arc<Notify>,
-        sql: Statements,
         shutdown: &CancellationToken,
     ) -> Self {
         PollingSource {
             config: config.clone(),
             metrics,
-            client: Arc::new(client),
-            _driver: driver,
-            sql: Arc::new(sql),
+            table: Arc::new(table),
             notified,
             notify_armed: true,
             fetch_notified: false,
@@ -148,6 +141,9 @@ impl PollingSource {
         let (shutdown, timeout) = (self.shutdown.clone(), self.config.shutdown_timeout());
         let give_up = async move {
             shutdown.cancelled().await;
+            if mutated(Mutation::PollingFinishForever) {
+                std::future::pending::<()>().await;
+            }
             tokio::time::sleep(timeout).await;
         };
         tokio::select! {
@@ -179,26 +175,23 @@ impl PollingSource {
             }
             _ => None,
         };
-        let batch_size = i64::try_from(p.batch_size).unwrap_or(i64::MAX);
-        let max_event_bytes =
-            i64::try_from(self.config.max_event_bytes().bytes).unwrap_or(i64::MAX);
-        let (client, sql, metrics) = (self.client.clone(), self.sql.clone(), self.metrics.clone());
+        let batch_size = match mutated(Mutation::PollingUnboundedBatch) {
+            true => i64::MAX,
+            false => i64::try_from(p.batch_size).unwrap_or(i64::MAX),
+        };
+        let (table, metrics) = (self.table.clone(), self.metrics.clone());
         let name = self.config.name.clone();
         async move {
-            let sql_error = |e| Error::from(SourceError::Sql(e));
             if stats {
-                let row = client.query_one(&sql.stats, &[]).await.map_err(sql_error)?;
+                let stats = table.stats().await?;
                 let m = &metrics.polling;
-                m.pending_rows.set(row.get(0));
-                m.oldest_pending_age.set(row.get(1));
-                m.failed_rows.set(row.get(2));
+                m.pending_rows.set(stats.pending);
+                m.oldest_pending_age.set(stats.oldest_pending_age_secs);
+                m.failed_rows.set(stats.failed);
             }
-            if let (Some(statement), Some((age, batch))) = (&sql.purge, purge) {
+            if let Some((age, batch)) = purge {
                 loop {
-                    let deleted = client
-                        .execute(statement, &[&age, &batch])
-                        .await
-                        .map_err(sql_error)?;
+                    let deleted = table.purge(age, batch).await?;
                     metrics.polling.rows_purged.inc_by(deleted);
                     if deleted > 0 {
                         debug!(pipeline = %name, rows = deleted, "purged published rows");
@@ -208,16 +201,13 @@ impl PollingSource {
                     }
                 }
             }
-            // BEGIN and COMMIT by hand (the client is shared); an error before COMMIT ends the
-            // session, and with the connection the transaction.
-            client.batch_execute("BEGIN").await.map_err(sql_error)?;
-            let rows = client
-                .query(&sql.select, &[&batch_size, &max_event_bytes])
-                .await
-                .map_err(sql_error)?;
+            // An error before COMMIT ends the session, and with the connection the
+            // transaction.
+            table.begin().await?;
+            let rows = table.select(batch_size).await?;
             metrics.polling.polls.inc();
             if rows.is_empty() {
-                client.batch_execute("COMMIT").await.map_err(sql_error)?;
+                table.commit().await?;
             }
             Ok(rows)
         }
@@ -225,15 +215,20 @@ impl PollingSource {
     }
 
     /// The batch of `rows`, or `None` when there are none.
-    fn batch(&mut self, rows: Vec<Row>) -> Result<Option<Batch>, Error> {
+    fn batch(&mut self, rows: Vec<SelectedRow>) -> Option<Batch> {
         if rows.is_empty() {
-            return Ok(None);
+            return None;
         }
         let mut polled = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (event, created_ms, older) = self.sql.event(&self.config, row)?;
+        for row in rows {
+            let SelectedRow {
+                ctid,
+                event,
+                created_ms,
+                older,
+            } = row;
             polled.push(Polled {
-                ctid: row.get::<_, String>(COL_CTID),
+                ctid,
                 event_id: String::from_utf8_lossy(&event.id).into_owned(),
                 key: event
                     .aggregate_id
@@ -246,7 +241,7 @@ impl PollingSource {
             });
         }
         self.cycles += 1;
-        Ok(Some(Batch {
+        Some(Batch {
             position: Lsn(self.cycles),
             rows: polled,
             next: 0,
@@ -255,7 +250,7 @@ impl PollingSource {
             in_batch: HashMap::new(),
             failed_keys: Vec::new(),
             numbers: Vec::new(),
-        }))
+        })
     }
 
     /// Ends the cycle: marks the acknowledged rows, records the failures, commits. A row
@@ -276,6 +271,12 @@ impl PollingSource {
         let mut halt: Option<DeliveryError> = None;
         let mut retry_later = false;
         for polled in &batch.rows {
+            if mutated(Mutation::PollingMarkUnacknowledged)
+                && matches!(polled.outcome, Outcome::Sent | Outcome::Failed(_))
+            {
+                published.push(polled.ctid.clone());
+                continue;
+            }
             match &polled.outcome {
                 Outcome::Acked => match &polled.key {
                     Some(key) if failed_keys.contains(&key) => {
@@ -285,7 +286,7 @@ impl PollingSource {
                 },
                 // Failed only because an earlier record of its key did, never sent: it stays
                 // pending, charged nothing, behind that record.
-                Outcome::Failed(e) if !e.attempted => {
+                Outcome::Failed(e) if !e.attempted && !mutated(Mutation::PollingChargeUntried) => {
                     if let Some(key) = &polled.key {
                         failed_keys.push(key);
                     }
@@ -296,7 +297,8 @@ impl PollingSource {
                             failed_keys.push(key);
                         }
                     }
-                    match (p.mark, e.retryable) {
+                    let retryable = e.retryable && !mutated(Mutation::PollingFailAtOnce);
+                    match (p.mark, retryable) {
                         (MarkMode::Status, true) => retry.push(polled.ctid.clone()),
                         (MarkMode::Status, false) => {
                             error!(pipeline = %name, event_id = %polled.event_id, error = %e, "event marked FAILED: publishing it again cannot succeed");
@@ -319,32 +321,23 @@ impl PollingSource {
                 Outcome::Held => {}
             }
         }
-        let sql_error = |e| Error::from(SourceError::Sql(e));
+        let table = self.table.clone();
         if !published.is_empty() {
-            let n = self
-                .client
-                .execute(&self.sql.mark_published, &[&published])
-                .await
-                .map_err(sql_error)?;
+            let n = table.mark_published(&published).await?;
             debug!(pipeline = %name, rows = n, "marked published");
         }
-        if let (Some(sql), false) = (&self.sql.mark_retry, retry.is_empty()) {
-            let rows = self
-                .client
-                .query(
-                    sql,
-                    &[
-                        &retry,
-                        &(p.retry_min_ms as f64),
-                        &(p.retry_max_ms as f64),
-                        &i32::try_from(p.max_attempts).unwrap_or(i32::MAX),
-                    ],
-                )
-                .await
-                .map_err(sql_error)?;
-            for row in rows {
-                let (event_id, status, attempts): (String, String, i64) =
-                    (row.get(0), row.get(1), row.get(2));
+        if !retry.is_empty() {
+            let policy = RetryPolicy {
+                retry_min_ms: p.retry_min_ms,
+                retry_max_ms: p.retry_max_ms,
+                max_attempts: p.max_attempts,
+            };
+            for mark in table.mark_retry(&retry, policy).await? {
+                let super::table::RetryMark {
+                    event_id,
+                    status,
+                    attempts,
+                } = mark;
                 let reason = batch
                     .rows
                     .iter()
@@ -362,20 +355,12 @@ impl PollingSource {
                 }
             }
         }
-        if let (Some(sql), false) = (&self.sql.mark_failed, failed.is_empty()) {
-            let rows = self
-                .client
-                .query(sql, &[&failed])
-                .await
-                .map_err(sql_error)?;
-            for _ in rows {
+        if !failed.is_empty() {
+            for _ in 0..table.mark_failed(&failed).await? {
                 self.metrics.polling.failed(self.metrics.name(), false);
             }
         }
-        self.client
-            .batch_execute("COMMIT")
-            .await
-            .map_err(sql_error)?;
+        table.commit().await?;
         let cycle = Cycle {
             fetched: batch.rows.len(),
             published: published.len(),
@@ -390,7 +375,7 @@ impl PollingSource {
     }
 }
 
-impl Source for PollingSource {
+impl<T: OutboxTable> Source for PollingSource<T> {
     /// Cancel-safe: the cycle's statements are kept in the source while they run, the wait
     /// before a cycle is a deadline, and the rest does not wait.
     async fn next(&mut self) -> Result<SourceItem, Error> {
@@ -412,8 +397,9 @@ impl Source for PollingSource {
                         None => true,
                         Some(key) => {
                             let before = batch.in_batch.entry(key.clone()).or_insert(0);
-                            let eligible =
-                                polled.older == *before && !batch.failed_keys.contains(key);
+                            let older_in_batch =
+                                polled.older == *before || mutated(Mutation::PollingIgnoreOlder);
+                            let eligible = older_in_batch && !batch.failed_keys.contains(key);
                             *before += 1;
                             eligible
                         }
@@ -452,7 +438,7 @@ impl Source for PollingSource {
             }
             let rows = self.fetching.as_mut().expect("fetching").await;
             self.fetching = None;
-            self.batch = self.batch(rows?)?;
+            self.batch = self.batch(rows?);
             if self.batch.is_none() {
                 self.notify_armed = !self.fetch_notified;
                 let delay = self.pace.next(&self.config.polling, &Cycle::default());
@@ -473,7 +459,6 @@ impl Source for PollingSource {
     /// Every outcome is the source's to record: a failed row is retried, marked FAILED or
     /// stops the pipeline after the cycle (`mark`), the session goes on.
     fn on_outcome(&mut self, event: u64, outcome: Result<(), &DeliveryError>) -> FailureHandling {
-        let blocks = outcome.is_err_and(|e| failure_blocks(&self.config.polling, e));
         let Some(batch) = &mut self.batch else {
             return FailureHandling::Recorded;
         };
@@ -484,7 +469,12 @@ impl Source for PollingSource {
         polled.outcome = match outcome {
             Ok(()) => Outcome::Acked,
             Err(e) => {
-                if let (Some(key), true) = (&polled.key, blocks) {
+                // Any failure holds the aggregate's rows this cycle has not sent yet, also one
+                // that does not block it (refused for good with `failed_blocks_aggregate =
+                // false`): they pass it only once its FAILED mark is committed, in a later
+                // cycle. Sent now, they would be ahead of it if this cycle's COMMIT did not go
+                // through and it were published again.
+                if let Some(key) = &polled.key {
                     batch.failed_keys.push(key.clone());
                 }
                 Outcome::Failed(e.without_record())

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio_postgres::{Client, Row};
 
 use super::{PollingError, FAILED, PENDING, PUBLISHED};
-use crate::config::{MarkMode, PipelineConfig};
+use crate::config::{EventLimit, MarkMode, OutboxColumns, PipelineConfig};
 use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::router::Router;
@@ -367,14 +367,15 @@ impl Statements {
     /// Returns an error naming the event if its id or aggregate type is NULL.
     pub(super) fn event(
         &self,
-        config: &PipelineConfig,
+        columns: &OutboxColumns,
+        limit: EventLimit,
         row: &Row,
     ) -> Result<(OutboxEvent, Option<i64>, i64), Error> {
         let text = |i: usize| {
             row.get::<_, Option<&str>>(i)
                 .map(|s| Bytes::copy_from_slice(s.as_bytes()))
         };
-        let c = &config.columns;
+        let c = columns;
         let id = text(COL_ID).ok_or_else(|| PollingError::Null {
             event_id: format!("at ctid {}", row.get::<_, &str>(COL_CTID)),
             column: c.id.clone(),
@@ -408,7 +409,6 @@ impl Statements {
         };
         let bytes = usize::try_from(row.get::<_, i64>(COL_EXTRA + self.extra_kinds.len()))
             .unwrap_or(usize::MAX);
-        let limit = config.max_event_bytes();
         let event = match bytes > limit.bytes {
             false => event,
             true => OutboxEvent {
