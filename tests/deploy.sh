@@ -235,12 +235,14 @@ if deployment:
         found.append("livenessProbe is not GET /healthz")
     if c.get("readinessProbe", {}).get("httpGet", {}).get("path") != "/readyz":
         found.append("readinessProbe is not GET /readyz")
-    # The drain: the largest shutdown_timeout_secs of the config file (30 s by default), and
-    # 10 s more for the final confirmation and exit.
-    drain = 30
+    # The drain: the largest shutdown_timeout_secs of the config file (30 s by default), twice
+    # for a polling pipeline (the drain, then its marks' COMMIT), and 10 s more for the final
+    # confirmation and exit. Without a config file the manifest may run either source.
+    drain = 60
     if configmap:
         config = tomllib.loads(configmap["data"]["relay.toml"])
-        drain = max([p.get("shutdown_timeout_secs", 30) for p in config.get("pipelines", [])] or [30])
+        drain = max([p.get("shutdown_timeout_secs", 30) * (2 if p.get("source_kind") == "polling" else 1)
+                     for p in config.get("pipelines", [])] or [30])
     grace = spec.get("terminationGracePeriodSeconds", 30)
     if grace < drain + 10:
         found.append(f"terminationGracePeriodSeconds {grace} leaves no room after the {drain} s drain")
