@@ -117,13 +117,17 @@ impl Repeats {
     }
 }
 
-/// `line` without the numbers that change between repeats of one failure (durations, counts):
-/// digits are dropped from every word but those that name something (a word with `:`, `.` or
-/// `/`: an address, `host:port`, a thread such as `[thrd:kafka-1:9092/1]`).
+/// `line` without the numbers that change between repeats of one failure (durations, counts
+/// such as `1/1 brokers are down`): digits are dropped from every word but those that name
+/// something, a word with `:` or an inner `.` (an address, `host:port`, a thread such as
+/// `[thrd:kafka-1:9092/1]`).
 fn shape(line: &str) -> String {
     line.split_inclusive(char::is_whitespace)
         .flat_map(|word| {
-            let names = word.contains([':', '.', '/']);
+            let inner = word.trim_end_matches(|c: char| {
+                c.is_whitespace() || matches!(c, '.' | ',' | ';' | ')' | ']')
+            });
+            let names = inner.contains([':', '.']);
             word.chars().filter(move |c| names || !c.is_ascii_digit())
         })
         .collect()
@@ -179,6 +183,12 @@ mod tests {
             repeats.see(&two.replace("after 0ms", "after 12ms"), t0),
             Verdict::Repeat
         );
+        // Counts are not names: librdkafka's "1/1 brokers are down" and "0/1 brokers are
+        // down" are one line, as are durations at the end of a sentence.
+        assert_eq!(repeats.see("1/1 brokers are down", t0), Verdict::Log);
+        assert_eq!(repeats.see("0/1 brokers are down", t0), Verdict::Repeat);
+        assert_eq!(repeats.see("timed out after 5ms.", t0), Verdict::Log);
+        assert_eq!(repeats.see("timed out after 17ms.", t0), Verdict::Repeat);
     }
 
     #[test]
