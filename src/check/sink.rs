@@ -56,7 +56,11 @@ pub(super) async fn check(config: &PipelineConfig) -> Vec<Finding> {
             },
         },
         SinkConfig::Nats(nats) => check_nats(config, nats).await,
-        SinkConfig::RabbitMq(rabbitmq) => match RabbitMqPublisher::connect(rabbitmq).await {
+        SinkConfig::RabbitMq(rabbitmq) => match RabbitMqPublisher::connect(
+            rabbitmq,
+            config.value_format == crate::config::ValueFormat::CloudEvents,
+        )
+        .await {
             Err(e) => vec![finding("rabbitmq", Verdict::Fail, e.to_string())],
             Ok(_publisher) => vec![finding(
                 "rabbitmq",

@@ -479,6 +479,8 @@ pub struct RabbitMqConfig {
     /// like the routing key.
     pub exchange: String,
     /// The `content_type` property of each message; `""`: none. A tombstone never has one.
+    /// With `value_format = "cloudevents"` each message's own media type is used instead
+    /// (`datacontenttype`, or the JSON event format's in structured mode).
     pub content_type: String,
     /// The largest message published, in bytes: match the server's `max_message_size`. A
     /// larger record is refused (a bad event).

@@ -12,16 +12,25 @@
 //! - Structured mode: the value is the JSON event format, members in that order, then `data`:
 //!   a JSON payload as its bytes (never parsed and written again), a bytea payload as
 //!   `data_base64`, any other as a JSON string. The `content-type` header (NATS:
-//!   `Content-Type`) is `application/cloudevents+json; charset=UTF-8`.
+//!   `Content-Type`) is `application/cloudevents+json; charset=UTF-8` (AMQP: the RabbitMQ sink
+//!   makes it the message's `content_type` property).
 //! - Binary mode: the value is the payload (as with `value_format = "payload"`; none for a
 //!   NULL one: the Kafka binding's tombstone) and every attribute is a header: Kafka `ce_<name>`
 //!   with the value as it is and `content-type` for `datacontenttype`; HTTP `ce-<name>` and
 //!   the request's `Content-Type`; NATS `ce-<name>` including `ce-datacontenttype`. HTTP and
 //!   NATS header values are percent-encoded as their bindings say (space, `"`, `%` and
-//!   anything outside printable ASCII, upper-case hex).
+//!   anything outside printable ASCII, upper-case hex); AMQP (RabbitMQ, whose headers table
+//!   stands for AMQP 1.0's application-properties) `cloudEvents_<name>` with the value as it
+//!   is (a string) and `content-type` for `datacontenttype`, which the sink makes the
+//!   message's `content_type` property.
 //!
-//! Row header entries whose names these headers use (`ce_`/`ce-` prefixes, `content-type`,
-//! any case) are left out in both modes: a row must not pass for an attribute.
+//! The AMQP binding allows the `cloudEvents_` and `cloudEvents:` prefixes and prefers `_`:
+//! JMS 2.0 property names and message selectors cannot hold `:`, so `cloudEvents_` is the
+//! one JMS clients (and the AMQP consumers that read both) can read.
+//!
+//! Row header entries whose names these headers use (`ce_`/`ce-`/`cloudEvents_`/`cloudEvents:`
+//! prefixes, `content-type`, any case) are left out in both modes: a row must not pass for an
+//! attribute.
 
 use bytes::Bytes;
 use std::borrow::Cow;
@@ -43,6 +52,7 @@ enum Binding {
     Kafka,
     Http,
     Nats,
+    Amqp,
 }
 
 /// How a pipeline's events become CloudEvents.
@@ -67,6 +77,7 @@ impl CloudEvents {
         let binding = match config.sink {
             SinkConfig::Http(_) => Binding::Http,
             SinkConfig::Nats(_) => Binding::Nats,
+            SinkConfig::RabbitMq(_) => Binding::Amqp,
             _ => Binding::Kafka,
         };
         CloudEvents {
@@ -84,7 +95,10 @@ impl CloudEvents {
     /// Whether a row header entry named `name` would pass for one of the attribute headers.
     pub fn reserved_header(name: &str) -> bool {
         let lower = name.to_ascii_lowercase();
-        lower.starts_with("ce_") || lower.starts_with("ce-") || lower == "content-type"
+        ["ce_", "ce-", "cloudevents_", "cloudevents:"]
+            .iter()
+            .any(|prefix| lower.starts_with(prefix))
+            || lower == "content-type"
     }
 
     /// Renders `event` at `time_ms` (Unix ms); `payload` is `None` for an event without data.
@@ -160,7 +174,7 @@ impl CloudEvents {
                 out.push(b'}');
                 let name = match self.binding {
                     Binding::Nats => "Content-Type",
-                    Binding::Kafka | Binding::Http => "content-type",
+                    Binding::Kafka | Binding::Http | Binding::Amqp => "content-type",
                 };
                 Ok(Rendered {
                     value: Some(Bytes::from(out)),
@@ -178,7 +192,7 @@ impl CloudEvents {
                 if let Some(content_type) = &content_type {
                     headers.push(match self.binding {
                         Binding::Nats => self.header("datacontenttype", content_type),
-                        Binding::Kafka | Binding::Http => (
+                        Binding::Kafka | Binding::Http | Binding::Amqp => (
                             Cow::Borrowed("content-type"),
                             Some(Bytes::from(self.value(content_type))),
                         ),
@@ -252,6 +266,8 @@ impl CloudEvents {
         let prefix = match self.binding {
             Binding::Kafka => "ce_",
             Binding::Http | Binding::Nats => "ce-",
+            // The binding's other prefix, `cloudEvents:`, is no JMS property name (module docs).
+            Binding::Amqp => "cloudEvents_",
         };
         (
             Cow::Owned(format!("{prefix}{name}")),
@@ -262,7 +278,7 @@ impl CloudEvents {
     /// A header value in the binding's form: percent-encoded for HTTP and NATS.
     fn value(&self, value: &str) -> Vec<u8> {
         match self.binding {
-            Binding::Kafka => value.as_bytes().to_vec(),
+            Binding::Kafka | Binding::Amqp => value.as_bytes().to_vec(),
             Binding::Http | Binding::Nats => percent_encode(value).into_bytes(),
         }
     }
@@ -289,11 +305,12 @@ pub(super) fn problems(config: &PipelineConfig, problem: &mut impl FnMut(&str, S
                 "must not start with \"ce-\" with value_format = \"cloudevents\": row headers would pass for attribute headers".into(),
             )
         }
-        SinkConfig::Kafka | SinkConfig::Http(_) | SinkConfig::Nats(_) => {}
-        SinkConfig::RabbitMq(_) | SinkConfig::Redis(_) => problem(
+        SinkConfig::Kafka | SinkConfig::Http(_) | SinkConfig::Nats(_) | SinkConfig::RabbitMq(_) => {
+        }
+        SinkConfig::Redis(_) => problem(
             "value_format",
             format!(
-                "\"cloudevents\" is not supported with sink kind {}: the relay implements the Kafka, HTTP and NATS bindings",
+                "\"cloudevents\" is not supported with sink kind {}: the relay implements the Kafka, HTTP, NATS and AMQP (RabbitMQ) bindings",
                 config.sink.kind()
             ),
         ),

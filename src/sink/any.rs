@@ -85,7 +85,11 @@ impl AnySink {
                     },
                 )),
                 SinkConfig::RabbitMq(rabbitmq) => Ok(OrderedSink::new(
-                    rabbitmq::RabbitMqPublisher::connect(rabbitmq).await?,
+                    rabbitmq::RabbitMqPublisher::connect(
+                        rabbitmq,
+                        config.value_format == crate::config::ValueFormat::CloudEvents,
+                    )
+                    .await?,
                     OrderedSettings {
                         max_concurrency: rabbitmq.max_concurrency,
                         delivery_timeout: rabbitmq.delivery_timeout(),

@@ -6,7 +6,10 @@
 //! (`<aggregate_type>.events` by default), and:
 //! - the body: the record value (empty for a tombstone, which also has no `content_type`);
 //! - properties: `delivery_mode` 2 (persistent), `message_id` = the event id, `content_type`
-//!   as configured (`application/json` by default), `timestamp` = the commit time (seconds);
+//!   as configured (`application/json` by default; with `value_format = "cloudevents"` the
+//!   record's `content-type` header instead, which is then not a header: `datacontenttype`
+//!   in binary mode, the JSON event format's media type in structured mode, as the CloudEvents
+//!   AMQP binding says), `timestamp` = the commit time (seconds);
 //! - headers (an AMQP field table, so unordered): each record header as a long string (a null
 //!   value as void, a name given twice as an array of its values), then `key` = the aggregate
 //!   id (absent for a null key). A record header whose name the relay or RabbitMQ reads as its
@@ -63,6 +66,8 @@ pub struct RabbitMqPublisher {
     exchange: String,
     /// `None`: no `content_type`.
     content_type: Option<ShortString>,
+    /// `value_format = "cloudevents"`: a record's `content-type` header is the `content_type`.
+    cloudevents: bool,
     max_message_bytes: usize,
     /// The server without credentials, for errors.
     server: String,
@@ -72,10 +77,13 @@ impl RabbitMqPublisher {
     /// Connects to `config.url`, authenticates, checks that `config.exchange` exists (a
     /// passive declare; the default exchange always does) and opens a channel in confirm mode.
     ///
+    /// With `cloudevents` (`value_format = "cloudevents"`), a record's `content-type` header is
+    /// its message's `content_type` property (see the module docs).
+    ///
     /// Returns a retryable [`ConnectError`] if the server cannot be reached, a permanent one if
     /// the URL is malformed, the credentials or the vhost are refused, or the exchange does not
     /// exist.
-    pub async fn connect(config: &RabbitMqConfig) -> Result<Self, ConnectError> {
+    pub async fn connect(config: &RabbitMqConfig, cloudevents: bool) -> Result<Self, ConnectError> {
         let server = redact_url(&config.url);
         let error = |retryable: bool, reason: String| ConnectError {
             kind: "rabbitmq",
@@ -135,6 +143,7 @@ impl RabbitMqPublisher {
             exchange: config.exchange.clone(),
             content_type: (!config.content_type.is_empty())
                 .then(|| config.content_type.as_str().into()),
+            cloudevents,
             max_message_bytes: config.max_message_bytes,
             server,
         })
@@ -213,13 +222,16 @@ impl Drop for RabbitMqPublisher {
 
 impl Publisher for RabbitMqPublisher {
     fn publish(&self, record: &Record) -> BoxFuture<'static, Result<(), PublishError>> {
-        let prepared =
-            message(record, self.content_type.as_ref(), self.max_message_bytes).map_err(|e| {
-                PublishError {
-                    reason: format!("{}: {}", self.server, e.reason),
-                    ..e
-                }
-            });
+        let prepared = message(
+            record,
+            self.content_type.as_ref(),
+            self.cloudevents,
+            self.max_message_bytes,
+        )
+        .map_err(|e| PublishError {
+            reason: format!("{}: {}", self.server, e.reason),
+            ..e
+        });
         let (connection, channels) = (Arc::clone(&self.connection), Arc::clone(&self.channels));
         let (exchange, server) = (self.exchange.clone(), self.server.clone());
         let routing_key = record.topic.clone();
@@ -349,11 +361,12 @@ fn outcome(confirmation: Confirmation, where_to: &str) -> Result<(), PublishErro
 }
 
 /// The properties of `record`'s message (see the module docs), or the refusal saying why it
-/// cannot be one: larger than `max_message_bytes` (too large), a routing key, event id or
-/// header name over AMQP's 255 bytes.
+/// cannot be one: larger than `max_message_bytes` (too large), a routing key, event id,
+/// header name or (with `cloudevents`) content type over AMQP's 255 bytes.
 fn message(
     record: &Record,
     content_type: Option<&ShortString>,
+    cloudevents: bool,
     max_message_bytes: usize,
 ) -> Result<BasicProperties, PublishError> {
     if record.size() > max_message_bytes {
@@ -373,7 +386,13 @@ fn message(
     };
     short("the routing key", &record.topic)?;
     let mut headers = FieldTable::default();
+    let mut declared = None;
     for (name, value) in &record.headers {
+        if cloudevents && name == "content-type" {
+            let text = String::from_utf8_lossy(value.as_deref().unwrap_or_default());
+            declared = Some(short("the content type", &text)?);
+            continue;
+        }
         let name = if reserved(name) {
             format!("header.{name}")
         } else {
@@ -396,7 +415,9 @@ fn message(
         .with_delivery_mode(2)
         .with_message_id(short("the event id", &record.event_id())?)
         .with_headers(headers);
-    if let (Some(content_type), Some(_)) = (content_type, &record.value) {
+    if let Some(content_type) = declared {
+        properties = properties.with_content_type(content_type);
+    } else if let (Some(content_type), Some(_)) = (content_type, &record.value) {
         properties = properties.with_content_type(content_type.clone());
     }
     if let Some(ms) = record.timestamp_ms.and_then(|ms| u64::try_from(ms).ok()) {

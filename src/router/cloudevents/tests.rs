@@ -4,7 +4,7 @@ use super::percent_encode;
 use crate::config::sink::NatsUrl;
 use crate::config::{
     CloudEventsConfig, CloudEventsMode, EmptyPayload, HttpConfig, NatsConfig, NullPayload,
-    PipelineConfig, RabbitMqConfig, SinkConfig, SinkUrl, ValueFormat,
+    PipelineConfig, RabbitMqConfig, RedisConfig, SinkConfig, SinkUrl, ValueFormat,
 };
 use crate::lsn::Lsn;
 use crate::router::{RouteError, Router};
@@ -224,6 +224,82 @@ fn binary_mode_on_http_and_nats_has_ce_dash_headers_percent_encoded() {
     assert!(!nats.iter().any(|(k, _)| k == "content-type"));
 }
 
+fn rabbitmq() -> SinkConfig {
+    SinkConfig::RabbitMq(RabbitMqConfig {
+        url: SinkUrl("amqp://127.0.0.1".into()),
+        ..RabbitMqConfig::default()
+    })
+}
+
+/// An event whose row headers try to pass for AMQP attribute headers, with both separators.
+fn forging_amqp(payload: Option<&str>, kind: ValueKind) -> OutboxEvent {
+    OutboxEvent {
+        headers: Some(Bytes::from_static(
+            br#"{"tenant":"acme","cloudEvents_id":"forged","CLOUDEVENTS:type":"forged","content-type":"text/html"}"#,
+        )),
+        ..event(payload, kind)
+    }
+}
+
+#[test]
+fn binary_mode_on_rabbitmq_has_cloud_events_underscore_headers_and_the_payload_as_the_body() {
+    let mut event = forging_amqp(Some(r#"{"total": 10}"#), ValueKind::Json);
+    event.aggregate_id = Some(Bytes::from("o 42 \"€\"".to_owned()));
+    let record = route(config(CloudEventsMode::Binary, rabbitmq()), &event);
+    assert_eq!(record.value.as_deref(), Some(&br#"{"total": 10}"#[..]));
+    // Values as they are (AMQP strings, no percent-encoding); `content-type` is the sink's
+    // `content_type` property.
+    assert_eq!(
+        headers(&record),
+        pairs(&[
+            ("id", ID),
+            ("event_type", "OrderCreated"),
+            ("cloudEvents_specversion", "1.0"),
+            ("cloudEvents_id", ID),
+            ("cloudEvents_source", "/outbox-relay/app/public.outbox"),
+            ("cloudEvents_type", "OrderCreated"),
+            ("cloudEvents_subject", "o 42 \"€\""),
+            ("cloudEvents_time", "2026-12-06T11:26:51.123Z"),
+            ("content-type", "application/json"),
+            ("tenant", "acme"),
+        ])
+    );
+    let without_data = route(
+        config(CloudEventsMode::Binary, rabbitmq()),
+        &forging_amqp(None, ValueKind::Json),
+    );
+    assert_eq!(without_data.value, None);
+    assert!(!headers(&without_data)
+        .iter()
+        .any(|(k, _)| k == "content-type"));
+}
+
+#[test]
+fn structured_mode_on_rabbitmq_has_the_event_format_and_its_media_type_only() {
+    let record = route(
+        config(CloudEventsMode::Structured, rabbitmq()),
+        &forging_amqp(Some(r#"{"total": 10}"#), ValueKind::Json),
+    );
+    assert_eq!(
+        std::str::from_utf8(record.value.as_deref().unwrap()).unwrap(),
+        format!(
+            r#"{{"specversion":"1.0","id":"{ID}","source":"/outbox-relay/app/public.outbox","type":"OrderCreated","subject":"o-42","time":"2026-12-06T11:26:51.123Z","datacontenttype":"application/json","data":{{"total": 10}}}}"#
+        )
+    );
+    assert_eq!(
+        headers(&record),
+        pairs(&[
+            ("id", ID),
+            ("event_type", "OrderCreated"),
+            (
+                "content-type",
+                "application/cloudevents+json; charset=UTF-8"
+            ),
+            ("tenant", "acme"),
+        ])
+    );
+}
+
 #[test]
 fn an_event_without_a_type_is_not_a_cloudevent() {
     let mut event = event(Some("{}"), ValueKind::Json);
@@ -243,11 +319,11 @@ fn options_that_cannot_make_cloudevents_are_refused_naming_the_field() {
         Ok(_) => panic!("accepted"),
         Err(e) => e.to_string(),
     };
-    let rabbit = SinkConfig::RabbitMq(RabbitMqConfig {
-        url: SinkUrl("amqp://127.0.0.1".into()),
-        ..RabbitMqConfig::default()
+    let redis = SinkConfig::Redis(RedisConfig {
+        url: SinkUrl("redis://127.0.0.1".into()),
+        ..RedisConfig::default()
     });
-    assert!(refused(config(CloudEventsMode::Binary, rabbit)).contains("value_format"));
+    assert!(refused(config(CloudEventsMode::Binary, redis)).contains("value_format"));
     let prefixed = SinkConfig::Http(HttpConfig {
         url: SinkUrl("http://127.0.0.1:1/{destination}".into()),
         header_prefix: "CE-".into(),

@@ -34,6 +34,7 @@ fn a_message_is_persistent_with_the_event_id_headers_and_key() {
             ("bin".into(), Some(Bytes::from_static(b"\xff\x00"))),
         ]),
         Some(&json),
+        false,
         1 << 20,
     )
     .unwrap();
@@ -61,7 +62,7 @@ fn a_tombstone_has_no_content_type_and_a_null_key_no_key_header() {
     let mut tombstone = record(vec![("id".into(), Some(Bytes::from_static(b"e-2")))]);
     tombstone.value = None;
     tombstone.key = None;
-    let properties = message(&tombstone, Some(&json), 1 << 20).unwrap();
+    let properties = message(&tombstone, Some(&json), false, 1 << 20).unwrap();
     assert_eq!(properties.content_type(), &None);
     assert_eq!(header(&properties, "key"), None);
 }
@@ -76,6 +77,7 @@ fn a_name_given_twice_keeps_both_values_in_order() {
             ("tenant".into(), None),
         ]),
         None,
+        false,
         1 << 20,
     )
     .unwrap();
@@ -102,6 +104,7 @@ fn a_row_s_cc_bcc_and_x_headers_are_no_routing_instructions() {
             ("x-delay".into(), Some(Bytes::from_static(b"600000"))),
         ]),
         None,
+        false,
         1 << 20,
     )
     .unwrap();
@@ -118,10 +121,56 @@ fn a_row_s_cc_bcc_and_x_headers_are_no_routing_instructions() {
     assert_eq!(header(&properties, "header.x-delay"), Some(long(b"600000")));
 }
 
+/// With CloudEvents the rendering's `content-type` header is the `content_type` property (the
+/// binding's place for `datacontenttype` and the event format's media type), not a header;
+/// without, it is a header like any other.
+#[test]
+fn with_cloudevents_the_content_type_header_is_the_content_type_property() {
+    let json: ShortString = "application/json".into();
+    let r = record(vec![
+        ("id".into(), Some(Bytes::from_static(b"e-5"))),
+        (
+            "cloudEvents_type".into(),
+            Some(Bytes::from_static(b"Created")),
+        ),
+        (
+            "content-type".into(),
+            Some(Bytes::from_static(
+                b"application/cloudevents+json; charset=UTF-8",
+            )),
+        ),
+    ]);
+    let properties = message(&r, Some(&json), true, 1 << 20).unwrap();
+    assert_eq!(
+        properties.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/cloudevents+json; charset=UTF-8")
+    );
+    assert_eq!(header(&properties, "content-type"), None);
+    assert_eq!(
+        header(&properties, "cloudEvents_type"),
+        Some(long(b"Created"))
+    );
+
+    let properties = message(&r, Some(&json), false, 1 << 20).unwrap();
+    assert_eq!(
+        properties.content_type().as_ref().map(|s| s.as_str()),
+        Some("application/json")
+    );
+    assert_eq!(
+        header(&properties, "content-type"),
+        Some(long(b"application/cloudevents+json; charset=UTF-8"))
+    );
+
+    let mut without_data = record(vec![("id".into(), Some(Bytes::from_static(b"e-6")))]);
+    without_data.value = None;
+    let properties = message(&without_data, Some(&json), true, 1 << 20).unwrap();
+    assert_eq!(properties.content_type(), &None);
+}
+
 #[test]
 fn too_large_records_and_long_names_are_refused_before_sending() {
     let r = record(vec![("id".into(), Some(Bytes::from_static(b"e-4")))]);
-    let e = message(&r, None, r.size() - 1).unwrap_err();
+    let e = message(&r, None, false, r.size() - 1).unwrap_err();
     assert_eq!(e.failure, Failure::Refused { too_large: true }, "{e:?}");
     assert!(e.reason.contains("sink.max_message_bytes"), "{e:?}");
 
@@ -132,6 +181,7 @@ fn too_large_records_and_long_names_are_refused_before_sending() {
             Some(Bytes::from_static(b"v")),
         )]),
         None,
+        false,
         1 << 20,
     )
     .unwrap_err();
@@ -140,7 +190,7 @@ fn too_large_records_and_long_names_are_refused_before_sending() {
 
     let mut long_key = record(vec![]);
     long_key.topic = "k".repeat(256);
-    let e = message(&long_key, None, 1 << 20).unwrap_err();
+    let e = message(&long_key, None, false, 1 << 20).unwrap_err();
     assert!(e.reason.contains("routing key"), "{e:?}");
 }
 

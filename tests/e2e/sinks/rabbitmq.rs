@@ -13,7 +13,7 @@ use crate::support::rabbitmq::{
     amqp_url, declare, start, unbind, Taken, EXCHANGE, MAX_MESSAGE_SIZE,
 };
 use crate::support::server::ServerProcess;
-use crate::support::{free_port, tail_lines, Consumed, Relay};
+use crate::support::{free_port, tail_lines, within, Consumed, Relay};
 use crate::{assert_delivered, insert, run_with_config};
 
 use super::{dead_letter_to, read_until, relay_args, setup, sink_scenarios, SinkServer};
@@ -460,4 +460,138 @@ async fn a_max_concurrency_above_channel_max_is_named() {
         tail_lines(&log, 20)
     );
     drop(relay);
+}
+
+/// Runs a pipeline with `value_format = "cloudevents"` and `cloudevents` = `options`, inserts
+/// one row whose headers try to pass for attributes (`cloudEvents_id`, `cloudEvents:type`,
+/// `content-type`) beside a `tenant`, and returns its id, the message's headers (sorted: a
+/// field table has no order), its `content_type` property and its body.
+async fn cloudevents_message(
+    prefix: &str,
+    options: &str,
+) -> (String, Vec<(String, String)>, Option<String>, Vec<u8>) {
+    let server = shared();
+    let setup = setup(prefix, &["Order"]).await;
+    let destinations = setup.topics();
+    server.prepare(&destinations).await;
+    let (_dir, args) = relay_args(
+        &setup,
+        server,
+        &format!(
+            "value_format = \"cloudevents\"\ncolumns = {{ timestamp = \"created_at\" }}\ncloudevents = {options}"
+        ),
+    );
+    let relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id: String = within(
+        "INSERT of an outbox row",
+        Duration::from_secs(30),
+        setup.db.client.query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, created_at)
+             VALUES ($1, 'o 1 €', 'OrderCreated', '{\"total\": 12.50}',
+                     '{\"tenant\": \"acme\", \"cloudEvents_id\": \"forged\", \"cloudEvents:type\": \"forged\", \"content-type\": \"text/html\"}',
+                     '2026-12-06 11:26:51.123+00')
+             RETURNING id::text",
+            &[&setup.types[0]],
+        ),
+    )
+    .await
+    .unwrap()
+    .get(0);
+    let got = read_until(
+        server,
+        &destinations,
+        1,
+        Duration::ZERO,
+        Duration::from_secs(60),
+    )
+    .await;
+    drop(relay);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let taken = server.taken.read(&server.server, &destinations).await;
+    let (record, properties) = &taken[0];
+    let mut headers: Vec<(String, String)> = record
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                String::from_utf8_lossy(v.as_deref().unwrap_or(b"<void>")).into_owned(),
+            )
+        })
+        .collect();
+    headers.sort();
+    let content_type = properties.content_type().as_ref().map(|s| s.to_string());
+    (
+        id,
+        headers,
+        content_type,
+        record.value.clone().unwrap_or_default(),
+    )
+}
+
+fn sorted(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut list: Vec<(String, String)> = list
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    list.sort();
+    list
+}
+
+/// CloudEvents in binary mode over AMQP: each attribute a `cloudEvents_` header (a string, as
+/// it is), `datacontenttype` the `content_type` property, the payload byte for byte the body;
+/// the row's look-alike headers are left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_cloudevents_carry_cloud_events_headers_and_the_content_type_property() {
+    let (id, headers, content_type, body) = cloudevents_message(
+        "rabbitmq_ce_binary",
+        "{ mode = \"binary\", source = \"urn:shop:orders\" }",
+    )
+    .await;
+    assert_eq!(body, br#"{"total": 12.50}"#);
+    assert_eq!(content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        headers,
+        sorted(&[
+            ("id", &id),
+            ("event_type", "OrderCreated"),
+            ("cloudEvents_specversion", "1.0"),
+            ("cloudEvents_id", &id),
+            ("cloudEvents_source", "urn:shop:orders"),
+            ("cloudEvents_type", "OrderCreated"),
+            ("cloudEvents_subject", "o 1 €"),
+            ("cloudEvents_time", "2026-12-06T11:26:51.123Z"),
+            ("tenant", "acme"),
+        ])
+    );
+}
+
+/// CloudEvents in structured mode over AMQP: the JSON event format as the body and its media
+/// type as the `content_type` property (not `sink.content_type`), no attribute headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_cloudevents_carry_the_event_format_and_its_content_type_property() {
+    let (id, headers, content_type, body) = cloudevents_message(
+        "rabbitmq_ce_structured",
+        "{ mode = \"structured\", source = \"urn:shop:orders\" }",
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8(body).unwrap(),
+        format!(
+            r#"{{"specversion":"1.0","id":"{id}","source":"urn:shop:orders","type":"OrderCreated","subject":"o 1 €","time":"2026-12-06T11:26:51.123Z","datacontenttype":"application/json","data":{{"total": 12.50}}}}"#
+        )
+    );
+    assert_eq!(
+        content_type.as_deref(),
+        Some("application/cloudevents+json; charset=UTF-8")
+    );
+    assert_eq!(
+        headers,
+        sorted(&[
+            ("id", &id),
+            ("event_type", "OrderCreated"),
+            ("tenant", "acme"),
+        ])
+    );
 }
