@@ -1,6 +1,6 @@
 //! The command line (`outbox-relay run | setup | check | status | teardown | probe |
 //! import-debezium`): its flags ([`Cli`]), what each command does ([`run`]), and the
-//! reference page generated from both ([`reference`]).
+//! reference page generated from both ([`reference`](mod@reference)).
 
 mod args;
 mod commands;

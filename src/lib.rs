@@ -34,7 +34,7 @@
 //!   graph (it imports no other module): one serde schema for the flags, the config file, its
 //!   environment overrides and `import-debezium`'s output; [`config::secret_file`] reads the
 //!   files that hold secrets, `config::summary` makes the start's one-line settings (secrets
-//!   hidden).
+//!   hidden), `config::reference` the configuration reference from the schema.
 //! - [`validation`]: every start-up check of a pipeline (its own fields, the router's options,
 //!   the source URL), run once before any command starts.
 //! - [`source`]: the [`source::Source`] trait and its two implementations:
@@ -80,6 +80,8 @@
 //!   sink of each session, and hands both source kinds to the supervisor; `pipeline::slot_watch`
 //!   reads the slot's metrics from the server the sessions reached, and runs the publication
 //!   checks there.
+//! - [`cli`]: the command line: its flags, what each command does, and the generated CLI
+//!   reference; `main.rs` only parses, sets up logging and runs it.
 //! - [`check`]: the `check` and `status` commands; [`check::failover`] judges failover slots
 //!   and the standby that keeps them, [`check::standby`] a pipeline that decodes on a standby,
 //!   `check::record` the slot record's table and grants, `check::sink` the sink (reachable,
@@ -87,7 +89,8 @@
 //! - [`import`]: `import-debezium`, a Debezium outbox connector's config (or a Debezium
 //!   Server's `application.properties`) as a pipeline entry (`import::tracing_options`: Debezium's
 //!   tracing options).
-//! - [`metrics`] and [`health`]: Prometheus metrics (the `topic` label bounded:
+//! - [`metrics`] and [`health`]: Prometheus metrics (registered with their descriptions:
+//!   `metrics::catalog`; the `topic` label bounded:
 //!   `metrics::topics`; the pipeline states, derived when read: `metrics::state`), `/metrics`,
 //!   `/healthz`, `/readyz`, with limits on connections.
 //! - [`logging`]: text logs with the control characters of rows and servers escaped.

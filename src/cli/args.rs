@@ -1,4 +1,8 @@
 //! The command line: the commands and their flags, as clap parses them.
+//!
+//! The doc comments of the flags are their `--help` text, written for a terminal: rustdoc's
+//! link and HTML checks do not apply to them.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
 use clap::{Parser, Subcommand};
 

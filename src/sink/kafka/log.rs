@@ -31,7 +31,7 @@ pub enum Verdict {
     Summary(u64),
 }
 
-/// The lines seen, by their [`shape`] ("after 3ms" and "after 7ms" are one line, two brokers'
+/// The lines seen, by their shape ("after 3ms" and "after 7ms" are one line, two brokers'
 /// failures two), with when each was last logged and how often it came since.
 #[derive(Debug, Default)]
 pub struct Repeats {

@@ -2,7 +2,7 @@
 //! databases without logical replication (no REPLICATION privilege, `wal_level` not
 //! `logical`, a read-only role on a managed service). Same [`Router`], sinks and metrics as
 //! log tailing; [`crate::pipeline::run`] hands a pipeline with `source_kind = "polling"` to
-//! `Polling`'s sessions under the supervisor. [`PollingSource`] is the cycle as a
+//! `Polling`'s sessions under the supervisor. `PollingSource` is the cycle as a
 //! [`crate::source::Source`]; routing with its dead-letter fallback, publishing and the
 //! delivery metrics are the session loop's ([`crate::session`]), as for log tailing.
 //! `statements.rs` builds the SQL.
