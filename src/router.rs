@@ -44,21 +44,18 @@
 //! start-up validation ([`crate::validation`]) reports them before anything connects.
 
 use std::borrow::Cow;
-use std::fmt;
 
 use bytes::Bytes;
 use regex::Regex;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde_json::value::RawValue;
 
 pub use crate::config::validate_topic;
 use crate::config::{
     matches_destination, ByteaFormat, ConfigError, ConfigErrors, EmptyPayload, JsonPayload,
     MissingPlacementColumn, NullPayload, PipelineConfig, Placement, SinkConfig, TableName,
-    TopicCase, ValueFormat, DEFAULT_CHECKPOINT_TOPIC,
+    TopicCase, ValueFormat,
 };
-use crate::sink::{Header, Record};
-use crate::source::outbox::{ColumnValue, OutboxEvent, Refusal, ValueKind};
+use crate::sink::Record;
+use crate::source::outbox::{ColumnValue, OutboxEvent, ValueKind};
 
 /// Where the routing value goes in a topic template.
 pub const ROUTED_BY_VALUE: &str = "${routedByValue}";
@@ -70,244 +67,24 @@ pub const RESERVED_HEADER_PREFIX: &str = "outbox_relay_";
 pub const ALLOWED_DESTINATIONS: &str = "route.allowed_destinations";
 mod cloudevents;
 mod dead_letter;
+mod destinations;
+mod error;
+mod headers;
 mod problems;
 mod render;
+mod template;
 mod trace;
 
 pub use cloudevents::STRUCTURED_CONTENT_TYPE;
+pub use destinations::reserved_destinations;
+pub use error::RouteError;
+pub use template::{compile_topic_regex, Template};
+
 pub use dead_letter::{ERROR_HEADER, TOPIC_HEADER};
+use error::{refused, unrenderable};
+use headers::row_headers_to_kafka;
+use template::{Part, ROUTED_BY_GROUP};
 pub use trace::{is_valid_traceparent, java_properties};
-
-/// An event that cannot be routed: bad input. The pipeline stops before confirming its
-/// transaction, or dead-letters it (`on_bad_event`).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum RouteError {
-    #[error("event {event_id}: routing value {value:?} gives topic {topic:?}, which is not a legal {noun}: {reason}")]
-    IllegalTopic {
-        event_id: String,
-        /// The aggregate type, or the `route.by_field` column's value.
-        value: String,
-        topic: String,
-        /// What the sink's destinations are ([`SinkConfig::destination_noun`]).
-        noun: &'static str,
-        reason: &'static str,
-    },
-    #[error("event {event_id}: destination {destination:?} is not in route.allowed_destinations")]
-    NotAllowed {
-        event_id: String,
-        destination: String,
-    },
-    #[error("event {event_id}: destination {destination:?} is the pipeline's {field}, where rows never route")]
-    Reserved {
-        event_id: String,
-        destination: String,
-        /// `dead_letter_topic` or `checkpoint_topic`.
-        field: &'static str,
-    },
-    #[error("event {event_id}: the headers column is not a JSON object: {reason}")]
-    Headers { event_id: String, reason: String },
-    #[error(
-        "event {event_id}: routing value {value:?} does not match route.topic_regex {regex:?}"
-    )]
-    RegexMismatch {
-        event_id: String,
-        value: String,
-        regex: String,
-    },
-    #[error("event {event_id}: column {column:?} used in route.topic_template is {problem}")]
-    TemplateColumn {
-        event_id: String,
-        column: String,
-        /// `NULL` or `missing`.
-        problem: &'static str,
-    },
-    #[error("event {event_id}: partition column {column:?} has value {value:?}, which is not a partition number (an integer 0 to 2147483647)")]
-    Partition {
-        event_id: String,
-        column: String,
-        value: String,
-    },
-    #[error("event {event_id}: timestamp column {column:?} has value {value:?}, which is not a timestamp Kafka takes (ISO, e.g. 2026-11-29 23:24:30.123456+00, not before 1970)")]
-    Timestamp {
-        event_id: String,
-        column: String,
-        value: String,
-    },
-    #[error(
-        "event {event_id}: column {column:?} is not UTF-8 text and cannot go in the JSON envelope"
-    )]
-    NotUtf8 { event_id: String, column: String },
-    #[error("event {event_id}: bytea column {column:?} is not in PostgreSQL's hex form (\\x followed by pairs of hex digits)")]
-    Bytea { event_id: String, column: String },
-    #[error("event {event_id}: json_payload = \"debezium_expanded\", but Debezium's expansion fails on the payload: {reason}")]
-    JsonExpansion { event_id: String, reason: String },
-    #[error("event {event_id} (aggregate {aggregate}): {bytes} bytes, more than max_event_bytes = {limit} ({from}); refused before its values were copied: raise max_event_bytes if the sink takes records this large and the relay's memory allows, or set on_bad_event = \"dead_letter\" to dead-letter a reference to such rows")]
-    TooLarge {
-        event_id: String,
-        /// The aggregate type and id, `type/id`.
-        aggregate: String,
-        bytes: usize,
-        limit: usize,
-        /// Where the limit comes from ([`crate::config::EventLimit::from`]).
-        from: &'static str,
-    },
-    #[error("event {event_id}: column {column:?} of {relation} is not valid UTF-8: the database's encoding (SQL_ASCII) stores text as any bytes; store text as UTF-8 (a database created with ENCODING 'UTF8'), and binary data in a bytea column")]
-    InvalidUtf8 {
-        event_id: String,
-        relation: String,
-        column: String,
-    },
-    #[error("event {event_id}: not a CloudEvent: {reason}")]
-    CloudEvents { event_id: String, reason: String },
-}
-
-impl RouteError {
-    /// A low-cardinality name of the kind of problem, for the `reason` metric label.
-    pub fn reason_label(&self) -> &'static str {
-        match self {
-            RouteError::IllegalTopic { .. } => "illegal_topic",
-            RouteError::NotAllowed { .. } => "not_allowed",
-            RouteError::Reserved { .. } => "reserved_destination",
-            RouteError::Headers { .. } => "headers",
-            RouteError::RegexMismatch { .. } => "topic_regex",
-            RouteError::TemplateColumn { .. } => "template_column",
-            RouteError::Partition { .. } => "partition",
-            RouteError::Timestamp { .. } => "timestamp",
-            RouteError::NotUtf8 { .. } => "not_utf8",
-            RouteError::Bytea { .. } => "bytea",
-            RouteError::JsonExpansion { .. } => "json_expansion",
-            RouteError::TooLarge { .. } => "too_large",
-            RouteError::InvalidUtf8 { .. } => "invalid_utf8",
-            RouteError::CloudEvents { .. } => "cloudevents",
-        }
-    }
-}
-
-/// A `${...}` placeholder or literal text of a topic template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part<C> {
-    Literal(String),
-    RoutedBy,
-    /// A numbered capture group of `route.topic_regex`.
-    Index(usize),
-    /// A named capture group of `route.topic_regex`.
-    Name(String),
-    /// A column: its name when parsed, its index in [`OutboxEvent::columns`] once resolved.
-    Column(C),
-}
-
-/// A parsed `route.topic_template`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
-    parts: Vec<Part<String>>,
-}
-
-impl Template {
-    /// Parses `${routedByValue}`, `${<digits>}`, `${<name>}` and `${column:<name>}`
-    /// placeholders; any other text is literal.
-    ///
-    /// Returns an error if a `${` is not closed or a placeholder is none of these.
-    pub fn parse(template: &str) -> Result<Template, String> {
-        let mut parts = Vec::new();
-        let mut rest = template;
-        while let Some(start) = rest.find("${") {
-            if start > 0 {
-                parts.push(Part::Literal(rest[..start].to_owned()));
-            }
-            let after = &rest[start + 2..];
-            let end = after.find('}').ok_or_else(|| {
-                format!(
-                    "unclosed ${{ at byte {}",
-                    template.len() - rest.len() + start
-                )
-            })?;
-            let name = &after[..end];
-            parts.push(if name == "routedByValue" {
-                Part::RoutedBy
-            } else if let Some(column) = name.strip_prefix("column:") {
-                if column.is_empty() {
-                    return Err("${column:} needs a column name".into());
-                }
-                Part::Column(column.to_owned())
-            } else if !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) {
-                Part::Index(name.parse().map_err(|_| format!("group number {name} is too large"))?)
-            } else if name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            {
-                Part::Name(name.to_owned())
-            } else {
-                return Err(format!(
-                    "unknown placeholder ${{{name}}}: use ${{routedByValue}}, ${{column:<name>}}, or a route.topic_regex group as ${{<name>}} or ${{<number>}}"
-                ));
-            });
-            rest = &after[end + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Literal(rest.to_owned()));
-        }
-        Ok(Template { parts })
-    }
-
-    /// Names of the columns the template uses, in order (repeats included).
-    pub fn columns(&self) -> impl Iterator<Item = &str> {
-        self.parts.iter().filter_map(|p| match p {
-            Part::Column(c) => Some(c.as_str()),
-            _ => None,
-        })
-    }
-
-    /// Checks that every group placeholder names a group of `regex`.
-    ///
-    /// Returns an error naming the first group that is not there (or that there is no regex).
-    pub fn check_groups(&self, regex: Option<&Regex>, regex_given: bool) -> Result<(), String> {
-        for part in &self.parts {
-            let (found, shown) = match (part, regex) {
-                (Part::Index(n), Some(r)) => (*n < r.captures_len(), n.to_string()),
-                (Part::Name(name), Some(r)) => {
-                    (r.capture_names().any(|c| c == Some(name)), name.clone())
-                }
-                (Part::Index(n), None) => (false, n.to_string()),
-                (Part::Name(name), None) => (false, name.clone()),
-                _ => continue,
-            };
-            if !found {
-                return Err(if regex_given || regex.is_some() {
-                    format!("${{{shown}}} is not a group of route.topic_regex")
-                } else {
-                    format!("${{{shown}}} needs route.topic_regex with that group")
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The topic with `x` for every placeholder, to check the literal parts.
-    pub fn sample(&self) -> String {
-        self.sample_with("x")
-    }
-
-    /// The topic with `placeholder` for every placeholder: what is known of every event's
-    /// topic before any event.
-    pub fn sample_with(&self, placeholder: &str) -> String {
-        self.parts
-            .iter()
-            .map(|p| match p {
-                Part::Literal(text) => text.as_str(),
-                _ => placeholder,
-            })
-            .collect()
-    }
-}
-
-/// The `route.topic_regex` group that `${routedByValue}` stands for when the regex has it.
-const ROUTED_BY_GROUP: &str = "routedByValue";
-
-/// Compiles `route.topic_regex` anchored at both ends: the whole value must match.
-///
-/// Returns an error with the regex crate's explanation if it does not compile.
-pub fn compile_topic_regex(regex: &str) -> Result<Regex, String> {
-    Regex::new(&format!("^(?:{regex})$")).map_err(|e| e.to_string())
-}
 
 /// Turns events into records.
 #[derive(Debug, Clone)]
@@ -340,69 +117,6 @@ pub struct Router {
     allowed: Option<Vec<String>>,
     /// Destinations no row routes to, with the field that names them.
     reserved: Vec<(String, &'static str)>,
-}
-
-/// The routing error of an event the source refused.
-fn refused(event: &OutboxEvent, refusal: &Refusal) -> RouteError {
-    let event_id = String::from_utf8_lossy(&event.id).into_owned();
-    match refusal {
-        Refusal::TooLarge { bytes, limit } => RouteError::TooLarge {
-            event_id,
-            aggregate: format!(
-                "{}/{}",
-                String::from_utf8_lossy(&event.aggregate_type),
-                event
-                    .aggregate_id
-                    .as_deref()
-                    .map_or(Cow::Borrowed("NULL"), String::from_utf8_lossy)
-            ),
-            bytes: *bytes,
-            limit: limit.bytes,
-            from: limit.from,
-        },
-        Refusal::NotUtf8 { relation, column } => RouteError::InvalidUtf8 {
-            event_id,
-            relation: relation.clone(),
-            column: column.clone(),
-        },
-    }
-}
-
-/// The destinations no row of `config`'s pipeline may route to, with the field that names
-/// each: the dead-letter topic, and with Kafka the pipeline's checkpoint topic and the default
-/// one (shared by the relays of a cluster, whether or not this pipeline is exactly-once).
-pub fn reserved_destinations(config: &PipelineConfig) -> Vec<(String, &'static str)> {
-    let mut reserved = Vec::new();
-    if let Some(topic) = &config.dead_letter_topic {
-        reserved.push((topic.clone(), "dead_letter_topic"));
-        // An HTTP dead-letter URL of its own: the destination whose request URL it would be.
-        if let (SinkConfig::Http(http), true) =
-            (&config.sink, crate::config::HttpConfig::is_absolute(topic))
-        {
-            if let Some(destination) = destination_of_url(http, topic) {
-                reserved.push((destination, "dead_letter_topic"));
-            }
-        }
-    }
-    if config.sink == SinkConfig::Kafka {
-        reserved.push((config.checkpoint_topic().to_owned(), "checkpoint_topic"));
-        if config.checkpoint_topic() != DEFAULT_CHECKPOINT_TOPIC {
-            reserved.push((DEFAULT_CHECKPOINT_TOPIC.to_owned(), "checkpoint_topic"));
-        }
-    }
-    reserved
-}
-
-/// The destination whose request URL (`http`'s template rendered) is `url`, if there is one.
-fn destination_of_url(http: &crate::config::HttpConfig, url: &str) -> Option<String> {
-    use crate::config::sink::http::DESTINATION_PLACEHOLDER;
-    let (prefix, suffix) = http.url.split_once(DESTINATION_PLACEHOLDER)?;
-    let encoded = url.strip_prefix(prefix)?.strip_suffix(suffix)?;
-    let destination = percent_encoding::percent_decode_str(encoded)
-        .decode_utf8()
-        .ok()?
-        .into_owned();
-    (http.render(&destination) == url).then_some(destination)
 }
 
 /// The router of a pipeline with the default routing and record options.
@@ -849,70 +563,12 @@ fn column(event: &OutboxEvent, index: usize) -> Option<&ColumnValue> {
     event.columns.get(index)
 }
 
-/// The error for `column` of `event` that could not be rendered.
-fn unrenderable(event: &OutboxEvent, column: &str, problem: render::Unrenderable) -> RouteError {
-    let event_id = String::from_utf8_lossy(&event.id).into_owned();
-    let column = column.to_owned();
-    match problem {
-        render::Unrenderable::NotUtf8 => RouteError::NotUtf8 { event_id, column },
-        render::Unrenderable::NotHex => RouteError::Bytea { event_id, column },
-    }
-}
-
 /// Parses a `timestamptz` or `timestamp` as PostgreSQL prints it with `DateStyle = ISO`
 /// (`2026-11-29 23:24:30.123456+00`, offsets like `+05:30` or `-03`, ` BC` after years before
 /// 1; a `T` separator is accepted too) into Unix epoch ms; a value without an offset is UTC.
 /// `None` for anything else (`infinity`, other date styles).
 pub fn parse_timestamp_ms(text: &[u8]) -> Option<i64> {
     render::time::parse_utc(text).map(|t| t.and_utc().timestamp_millis())
-}
-
-/// Turns a jsonb object's text into headers, in the object's order.
-fn row_headers_to_kafka(json: &[u8]) -> Result<Vec<Header>, String> {
-    let mut deserializer = serde_json::Deserializer::from_slice(json);
-    let entries = deserializer
-        .deserialize_map(EntriesVisitor)
-        .map_err(|e| e.to_string())?;
-    deserializer.end().map_err(|e| e.to_string())?;
-    let mut headers = Vec::with_capacity(entries.len());
-    for (key, raw) in entries {
-        // The relay's own names in any case: HTTP lower-cases header names on the way.
-        let reserved = key
-            .get(..RESERVED_HEADER_PREFIX.len())
-            .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_HEADER_PREFIX));
-        if key == "id" || key == "event_type" || reserved {
-            continue;
-        }
-        let text = raw.get();
-        let value = match text.as_bytes().first() {
-            Some(b'"') => Some(Bytes::from(
-                serde_json::from_str::<String>(text).map_err(|e| e.to_string())?,
-            )),
-            _ if text == "null" => None,
-            _ => Some(Bytes::copy_from_slice(text.as_bytes())),
-        };
-        headers.push((Cow::Owned(key), value));
-    }
-    Ok(headers)
-}
-
-/// A JSON object's entries in order, values as their raw JSON text.
-struct EntriesVisitor;
-
-impl<'de> Visitor<'de> for EntriesVisitor {
-    type Value = Vec<(String, Box<RawValue>)>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
-        while let Some(entry) = map.next_entry::<String, Box<RawValue>>()? {
-            entries.push(entry);
-        }
-        Ok(entries)
-    }
 }
 
 #[cfg(test)]
