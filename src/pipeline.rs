@@ -412,7 +412,7 @@ async fn run_session(
                 };
                 let eos =
                     exactly_once::start(&sink, config, origin, &history, redo.clone()).await?;
-                (AnySink::Kafka(sink), Mode::ExactlyOnce(eos))
+                (AnySink::Kafka(sink), Mode::ExactlyOnce(Box::new(eos)))
             }
             None => (
                 AnySink::connect(config, || {

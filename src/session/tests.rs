@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use super::*;
 use crate::metrics::{Metrics, PipelineState};
+use crate::sink::SendError;
 use crate::source::outbox::{OutboxError, ValueKind};
 use crate::source::FailureHandling;
 
@@ -577,7 +578,7 @@ async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_aft
         source,
         sink,
         router,
-        Mode::ExactlyOnce(ExactlyOnce::new(Box::new(fake), None)),
+        Mode::ExactlyOnce(Box::new(ExactlyOnce::new(Box::new(fake), None))),
         START,
         &progress,
     );
@@ -644,7 +645,9 @@ async fn exactly_once_commits_several_transactions_in_one_sink_transaction() {
         source,
         sink,
         router,
-        Mode::ExactlyOnce(ExactlyOnce::new(Box::new(fake), None).with_limits(limits)),
+        Mode::ExactlyOnce(Box::new(
+            ExactlyOnce::new(Box::new(fake), None).with_limits(limits),
+        )),
         START,
         &progress,
     );

@@ -1,6 +1,5 @@
 //! [`AnySink`]: the sink a pipeline's `sink` table chose, connected.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use super::kafka::{KafkaSink, ProducerError};
@@ -122,12 +121,10 @@ impl Sink for AnySink {
         }
     }
 
-    fn next_delivery(&mut self) -> impl Future<Output = Option<Delivery>> + Send {
-        async move {
-            match self {
-                AnySink::Kafka(sink) => sink.next_delivery().await,
-                AnySink::Ordered(sink) => sink.next_delivery().await,
-            }
+    async fn next_delivery(&mut self) -> Option<Delivery> {
+        match self {
+            AnySink::Kafka(sink) => sink.next_delivery().await,
+            AnySink::Ordered(sink) => sink.next_delivery().await,
         }
     }
 

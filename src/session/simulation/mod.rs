@@ -359,11 +359,11 @@ async fn session(
             };
             // As pipeline.rs: the slot is confirmed past the transactions redone already.
             redo.forget_confirmed(start);
-            Mode::ExactlyOnce(
+            Mode::ExactlyOnce(Box::new(
                 ExactlyOnce::new(Box::new(transactions), checkpoint.map(Checkpoint))
                     .with_redo(redo.clone())
                     .with_limits(world.lock().setup.batch),
-            )
+            ))
         }
     };
     let shutdown = CancellationToken::new();

@@ -13,6 +13,8 @@ use crate::lsn::Lsn;
 /// What the fake server does with each attempt of a record (by payload), in attempt order;
 /// after the script, `Ok`.
 type Script = HashMap<&'static str, Vec<Result<(), PublishError>>>;
+/// A record whose acknowledgement the test holds: its payload, and the release.
+type Held = (String, oneshot::Sender<()>);
 
 #[derive(Default)]
 struct Server {
@@ -20,7 +22,7 @@ struct Server {
     /// Every attempt, in the order the sink made them: (payload, key).
     attempts: Mutex<Vec<(String, Option<String>)>>,
     /// Held acknowledgements: released by the test, one record at a time.
-    hold: Mutex<Option<Vec<(String, oneshot::Sender<()>)>>>,
+    hold: Mutex<Option<Vec<Held>>>,
     /// Records being published now, and the most at once.
     running: Mutex<(usize, usize)>,
     /// How long the server takes to answer each attempt (on tokio's clock).

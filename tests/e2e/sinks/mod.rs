@@ -281,7 +281,7 @@ pub(crate) async fn refused_record(server: &impl SinkServer) {
         "confirmed_flush_lsn {confirmed:X} passed the refused event's commit ({refused_commit:X})"
     );
     let got = server.read(&destinations[..1]).await;
-    assert_delivered(&[before.clone()], &got, true);
+    assert_delivered(std::slice::from_ref(&before), &got, true);
 
     // Dead letter.
     let dead_letter = format!("{}.dead-letter", setup.slot);
