@@ -9,22 +9,23 @@
 //! The stream is read through a framed reader so [`ReplicationStream::recv`] is cancel-safe
 //! and can sit in a `select!` beside the status timer and the broker's delivery reports;
 //! writes (status updates) go to the other half of the socket and never wait for a read.
+//!
+//! `replication/messages.rs` encodes and parses the CopyData messages; `replication/transport.rs`
+//! opens the socket (TCP, Unix-domain, TLS) under the connection.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BytesMut};
 use fallible_iterator::FallibleIterator;
 use futures::StreamExt;
 use postgres_protocol::authentication::{self, sasl};
 use postgres_protocol::message::backend::{ErrorResponseBody, Message};
 use postgres_protocol::message::frontend;
-use tokio::io::AsyncReadExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::net::{TcpStream, UnixStream};
 use tokio_util::codec::{Decoder, FramedRead};
 
 use super::auth::AuthPolicy;
@@ -34,8 +35,15 @@ use super::tls::{SslMode, Verification};
 use super::SourceError;
 use crate::lsn::Lsn;
 
-/// Seconds from the Unix epoch to PostgreSQL's epoch, 2000-01-01 00:00:00 UTC.
-pub const PG_EPOCH_OFFSET_SECS: i64 = 946_684_800;
+mod messages;
+mod transport;
+
+pub use messages::{
+    parse_copy_data, pg_timestamp_us, quote_ident, quote_literal, standby_status_update,
+    start_replication_command, ReplicationMessage, PG_EPOCH_OFFSET_SECS,
+};
+use transport::{negotiate_tls, open_stream_pinned};
+pub(crate) use transport::{open_stream, within_connect_timeout};
 
 const COPY_BOTH_RESPONSE_TAG: u8 = b'W';
 /// PostgreSQL never sends a message over 1 GiB (plus headers); a larger length is corrupt
@@ -45,100 +53,6 @@ const MAX_MESSAGE_LEN: usize = (1 << 30) + 64;
 /// buffer moves to a fresh allocation instead, so that a large row's WAL message is freed once
 /// its event is, rather than kept as the connection's buffer (its pages resident) for good.
 const READ_BUFFER_KEPT_BYTES: usize = 1 << 20;
-const XLOG_DATA_TAG: u8 = b'w';
-const PRIMARY_KEEPALIVE_TAG: u8 = b'k';
-const STANDBY_STATUS_UPDATE_TAG: u8 = b'r';
-
-/// A message of the replication stream, carried in CopyData (docs 55.4).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplicationMessage {
-    /// WAL data: here one pgoutput message starting at `wal_start`.
-    XLogData {
-        wal_start: Lsn,
-        /// The current end of WAL on the server.
-        wal_end: Lsn,
-        /// Server clock, microseconds since 2000-01-01 UTC.
-        send_time_us: i64,
-        data: Bytes,
-    },
-    /// A keepalive; with `reply_requested` the walsender disconnects unless a status update
-    /// follows before `wal_sender_timeout`.
-    PrimaryKeepalive {
-        wal_end: Lsn,
-        send_time_us: i64,
-        reply_requested: bool,
-    },
-}
-
-/// Parses the payload of one CopyData message of the replication stream.
-///
-/// Returns an error if the tag is neither `w` nor `k` or the message is truncated.
-pub fn parse_copy_data(mut buf: Bytes) -> Result<ReplicationMessage, SourceError> {
-    let protocol = |what: &str| SourceError::Protocol(format!("{what} in replication CopyData"));
-    if buf.is_empty() {
-        return Err(protocol("empty message"));
-    }
-    match buf.get_u8() {
-        XLOG_DATA_TAG => {
-            if buf.len() < 24 {
-                return Err(protocol("truncated XLogData header"));
-            }
-            Ok(ReplicationMessage::XLogData {
-                wal_start: Lsn(buf.get_u64()),
-                wal_end: Lsn(buf.get_u64()),
-                send_time_us: buf.get_i64(),
-                data: buf,
-            })
-        }
-        PRIMARY_KEEPALIVE_TAG => {
-            if buf.len() != 17 {
-                return Err(protocol("malformed primary keepalive"));
-            }
-            Ok(ReplicationMessage::PrimaryKeepalive {
-                wal_end: Lsn(buf.get_u64()),
-                send_time_us: buf.get_i64(),
-                reply_requested: buf.get_u8() != 0,
-            })
-        }
-        tag => Err(protocol(&format!("unknown tag 0x{tag:02x}"))),
-    }
-}
-
-/// Encodes a standby status update (docs 55.4): `write` is the last LSN received, `flush`
-/// and `apply` the LSN the relay confirms (everything before it is in Kafka).
-pub fn standby_status_update(write: Lsn, flush: Lsn, apply: Lsn, now_us: i64) -> Bytes {
-    let mut buf = BytesMut::with_capacity(34);
-    buf.put_u8(STANDBY_STATUS_UPDATE_TAG);
-    buf.put_u64(write.0);
-    buf.put_u64(flush.0);
-    buf.put_u64(apply.0);
-    buf.put_i64(now_us);
-    buf.put_u8(0);
-    buf.freeze()
-}
-
-/// Microseconds from 2000-01-01 UTC to `time`, the clock unit of the replication protocol.
-pub fn pg_timestamp_us(time: SystemTime) -> i64 {
-    let since_unix = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since_unix.as_micros()).unwrap_or(i64::MAX) - PG_EPOCH_OFFSET_SECS * 1_000_000
-}
-
-pub use crate::config::quote_ident;
-
-/// Quotes an SQL string literal (`'it''s'`).
-pub fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
-
-/// The `START_REPLICATION` command for pgoutput protocol version 1 with logical messages.
-pub fn start_replication_command(slot: &str, start: Lsn, publication: &str) -> String {
-    format!(
-        "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, messages 'true')",
-        quote_ident(slot),
-        start,
-        quote_literal(&quote_ident(publication)),
-    )
-}
 
 /// A connection's byte stream: TCP, Unix-domain, or TLS over TCP.
 pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -716,197 +630,6 @@ impl ReplicationStream {
     }
 }
 
-/// Runs `attempt` (one host's connection, start-up included) within `config`'s
-/// `connect_timeout` (default 30 s).
-///
-/// Returns a transient `TimedOut` error when it takes longer.
-pub(crate) async fn within_connect_timeout<T>(
-    config: &tokio_postgres::Config,
-    attempt: impl std::future::Future<Output = Result<T, SourceError>>,
-) -> Result<T, SourceError> {
-    let connect_timeout = config
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(Duration::from_secs(30));
-    tokio::time::timeout(connect_timeout, attempt)
-        .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))?
-}
-
-/// Opens a TCP (with the keepalives of [`set_keepalive`]) or Unix-domain connection to
-/// `endpoint`, without TLS.
-///
-/// `hostaddr` (libpq) gives the IP address to connect to for the host at the same position,
-/// which still names the server for TLS verification.
-///
-/// Returns an error if the connection fails.
-pub(crate) async fn open_stream(
-    config: &tokio_postgres::Config,
-    endpoint: &Endpoint,
-) -> Result<Box<dyn Socket>, SourceError> {
-    Ok(open_stream_pinned(config, endpoint).await?.0)
-}
-
-/// Like [`open_stream`], and returns `endpoint` pinned to the address it reached (a host
-/// name resolves to that address again), so that another connection reaches the same server.
-async fn open_stream_pinned(
-    config: &tokio_postgres::Config,
-    endpoint: &Endpoint,
-) -> Result<(Box<dyn Socket>, Endpoint), SourceError> {
-    let failed = |source: io::Error| {
-        let host = endpoint.tls_name();
-        let shown = endpoint.to_string();
-        SourceError::Connect {
-            // `u:p@ss@db` parses as host `ss@db`: what precedes the last '@' may be password.
-            endpoint: match shown.rfind('@') {
-                Some(at) => format!("***{}", &shown[at..]),
-                None => shown,
-            },
-            // `postgres://u:p@ss@host/db` parses as user `u`, host `ss@host`.
-            hint: if host.contains(['@', '#', '/']) && endpoint.addr.is_none() {
-                " (a host name cannot hold '@', '#' or '/': is it part of a password? Percent-encode it in the URL, or give it in source_password)"
-            } else {
-                ""
-            },
-            source,
-        }
-    };
-    if let Some(path) = endpoint.socket_path() {
-        let stream = UnixStream::connect(path).await.map_err(failed)?;
-        return Ok((Box::new(stream), endpoint.clone()));
-    }
-    let stream = match endpoint.addr {
-        Some(addr) => TcpStream::connect((addr, endpoint.port)).await,
-        None => TcpStream::connect((endpoint.tls_name().as_str(), endpoint.port)).await,
-    }
-    .map_err(failed)?;
-    stream.set_nodelay(true)?;
-    set_keepalive(&stream, config)?;
-    let pinned = Endpoint {
-        addr: Some(stream.peer_addr()?.ip()),
-        ..endpoint.clone()
-    };
-    Ok((Box::new(stream), pinned))
-}
-
-/// Detects a dead server or network without relying on the walsender's own messages: a
-/// walsender can be silent for minutes while it decodes a large transaction or skips WAL of
-/// other tables, so silence is not death. TCP keepalives probe an idle connection, and
-/// `TCP_USER_TIMEOUT` fails a write (the status updates sent every second) that the peer does
-/// not acknowledge. libpq's `keepalives*` and `tcp_user_timeout` settings apply when given.
-fn set_keepalive(stream: &TcpStream, config: &tokio_postgres::Config) -> io::Result<()> {
-    let socket = socket2::SockRef::from(stream);
-    if !config.get_keepalives() {
-        return Ok(());
-    }
-    // tokio-postgres reports 2 h when keepalives_idle is not set: far too long to notice a
-    // lost server, so the relay's default is 30 s.
-    let idle = match config.get_keepalives_idle() {
-        d if d == Duration::from_secs(2 * 60 * 60) => Duration::from_secs(30),
-        d => d,
-    };
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(idle)
-        .with_interval(
-            config
-                .get_keepalives_interval()
-                .unwrap_or(Duration::from_secs(10)),
-        )
-        .with_retries(config.get_keepalives_retries().unwrap_or(3));
-    socket.set_tcp_keepalive(&keepalive)?;
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "fuchsia"))]
-    socket.set_tcp_user_timeout(Some(
-        config
-            .get_tcp_user_timeout()
-            .copied()
-            .unwrap_or(Duration::from_secs(60)),
-    ))?;
-    Ok(())
-}
-
-/// Sends SSLRequest and, if the server agrees, runs the TLS handshake for `host` (docs
-/// 55.2.10 "SSL Session Encryption").
-///
-/// Returns the socket and, for a TLS session (`None` without: `prefer` and a server that
-/// refuses it), the `tls-server-end-point` channel binding data (RFC 5929: the hash of the
-/// server certificate), `None` when the certificate's signature algorithm names no usable
-/// hash (e.g. Ed25519).
-async fn negotiate_tls(
-    mut stream: Box<dyn Socket>,
-    host: &str,
-    config: Arc<rustls::ClientConfig>,
-    mode: SslMode,
-) -> Result<(Box<dyn Socket>, Option<Option<Vec<u8>>>), SourceError> {
-    let mut buf = BytesMut::new();
-    frontend::ssl_request(&mut buf);
-    stream.write_all(&buf).await?;
-    match stream.read_u8().await? {
-        b'S' => {
-            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-                .map_err(|e| SourceError::Tls(format!("host {host:?}: {e}")))?;
-            match tokio_rustls::TlsConnector::from(config)
-                .connect(name, stream)
-                .await
-            {
-                Ok(tls) => {
-                    let end_point = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|chain| chain.first())
-                        .and_then(|cert| tls_server_end_point(cert));
-                    Ok((Box::new(tls), Some(end_point)))
-                }
-                Err(e) => match e
-                    .get_ref()
-                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-                {
-                    Some(rustls_error) => Err(SourceError::Tls(format!(
-                        "handshake with {host}: {rustls_error}"
-                    ))),
-                    None => Err(e.into()),
-                },
-            }
-        }
-        b'N' if mode >= SslMode::Require => Err(SourceError::Tls(format!(
-            "{host} does not accept TLS connections and sslmode requires TLS"
-        ))),
-        b'N' => Ok((stream, None)),
-        other => Err(SourceError::Protocol(format!(
-            "unexpected answer 0x{other:02x} to SSLRequest"
-        ))),
-    }
-}
-
-/// RFC 5929 `tls-server-end-point` data: the server certificate hashed with the hash of its
-/// signature algorithm, SHA-256 for MD5 and SHA-1 (RFC 5929 section 4.1). `None` for
-/// algorithms without one (Ed25519) or a certificate that does not parse.
-fn tls_server_end_point(cert_der: &[u8]) -> Option<Vec<u8>> {
-    use sha2::{Digest, Sha256, Sha384, Sha512};
-    use x509_cert::der::oid::db::rfc5912::{
-        ECDSA_WITH_SHA_256, ECDSA_WITH_SHA_384, ECDSA_WITH_SHA_512, ID_SHA_1, ID_SHA_256,
-        ID_SHA_384, ID_SHA_512, MD_5_WITH_RSA_ENCRYPTION, SHA_1_WITH_RSA_ENCRYPTION,
-        SHA_256_WITH_RSA_ENCRYPTION, SHA_384_WITH_RSA_ENCRYPTION, SHA_512_WITH_RSA_ENCRYPTION,
-    };
-    use x509_cert::der::Decode;
-    let cert = x509_cert::Certificate::from_der(cert_der).ok()?;
-    match cert.signature_algorithm.oid {
-        ID_SHA_1
-        | ID_SHA_256
-        | MD_5_WITH_RSA_ENCRYPTION
-        | SHA_1_WITH_RSA_ENCRYPTION
-        | SHA_256_WITH_RSA_ENCRYPTION
-        | ECDSA_WITH_SHA_256 => Some(Sha256::digest(cert_der).to_vec()),
-        ID_SHA_384 | SHA_384_WITH_RSA_ENCRYPTION | ECDSA_WITH_SHA_384 => {
-            Some(Sha384::digest(cert_der).to_vec())
-        }
-        ID_SHA_512 | SHA_512_WITH_RSA_ENCRYPTION | ECDSA_WITH_SHA_512 => {
-            Some(Sha512::digest(cert_der).to_vec())
-        }
-        _ => None,
-    }
-}
-
 /// Turns an ErrorResponse into an error keeping SQLSTATE and message.
 fn server_error(body: &ErrorResponseBody) -> SourceError {
     let mut code = String::new();
@@ -928,39 +651,6 @@ fn unexpected(during: &str) -> SourceError {
 
 #[cfg(test)]
 mod tests {
-
-    /// A connection error names the host and port tried, and a host that looks like the
-    /// rest of a password with an '@' says so.
-    #[tokio::test]
-    async fn a_connection_error_names_the_host_and_port_it_tried() {
-        let config = tokio_postgres::Config::new();
-        let endpoint = |host: &str| Endpoint {
-            host: Some(tokio_postgres::config::Host::Tcp(host.into())),
-            addr: None,
-            port: 1,
-        };
-        let error = open_stream(&config, &endpoint("127.0.0.1"))
-            .await
-            .err()
-            .unwrap();
-        let text = crate::error::chain(&error);
-        assert!(
-            text.starts_with("cannot connect to PostgreSQL at 127.0.0.1:1: "),
-            "{text}"
-        );
-        assert!(!text.contains("password"), "{text}");
-        let error = open_stream(&config, &endpoint("ss@127.0.0.1"))
-            .await
-            .err()
-            .unwrap();
-        let text = crate::error::chain(&error);
-        assert!(
-            text.contains("at ***@127.0.0.1:1 (")
-                && text.contains("source_password")
-                && !text.contains("ss@"),
-            "{text}"
-        );
-    }
     use super::*;
 
     /// A CopyData message of `data` as the walsender frames it.
@@ -1016,74 +706,5 @@ mod tests {
             );
         }
         drop(sender.await.unwrap());
-    }
-
-    #[test]
-    fn parses_xlogdata_and_keepalive() {
-        let mut buf = BytesMut::new();
-        buf.put_u8(b'w');
-        buf.put_u64(0x10);
-        buf.put_u64(0x20);
-        buf.put_i64(7);
-        buf.put_slice(b"Bdata");
-        assert_eq!(
-            parse_copy_data(buf.freeze()).unwrap(),
-            ReplicationMessage::XLogData {
-                wal_start: Lsn(0x10),
-                wal_end: Lsn(0x20),
-                send_time_us: 7,
-                data: Bytes::from_static(b"Bdata"),
-            }
-        );
-        let mut buf = BytesMut::new();
-        buf.put_u8(b'k');
-        buf.put_u64(0x30);
-        buf.put_i64(9);
-        buf.put_u8(1);
-        assert_eq!(
-            parse_copy_data(buf.freeze()).unwrap(),
-            ReplicationMessage::PrimaryKeepalive {
-                wal_end: Lsn(0x30),
-                send_time_us: 9,
-                reply_requested: true
-            }
-        );
-    }
-
-    #[test]
-    fn rejects_truncated_and_unknown_copy_data() {
-        for bad in [&b""[..], b"w\0\0", b"k\0\0\0\0\0\0\0\0", b"x123"] {
-            assert!(
-                parse_copy_data(Bytes::copy_from_slice(bad)).is_err(),
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn encodes_standby_status_update() {
-        let update = standby_status_update(Lsn(1), Lsn(2), Lsn(3), 4);
-        let mut expected = vec![b'r'];
-        for n in [1u64, 2, 3, 4] {
-            expected.extend_from_slice(&n.to_be_bytes());
-        }
-        expected.push(0);
-        assert_eq!(&update[..], &expected[..]);
-    }
-
-    #[test]
-    fn quotes_identifiers_in_start_replication() {
-        assert_eq!(
-            start_replication_command("s1", Lsn(0x1_0000_0010), "my \"pub\" 'x'"),
-            "START_REPLICATION SLOT \"s1\" LOGICAL 1/10 (proto_version '1', publication_names '\"my \"\"pub\"\" ''x''\"', messages 'true')"
-        );
-    }
-
-    #[test]
-    fn postgres_epoch_clock() {
-        let t = UNIX_EPOCH
-            + Duration::from_secs(PG_EPOCH_OFFSET_SECS as u64)
-            + Duration::from_micros(5);
-        assert_eq!(pg_timestamp_us(t), 5);
     }
 }
