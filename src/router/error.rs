@@ -15,7 +15,7 @@ pub enum RouteError {
         /// The aggregate type, or the `route.by_field` column's value.
         value: String,
         topic: String,
-        /// What the sink's destinations are ([`SinkConfig::destination_noun`]).
+        /// What the sink's destinations are ([`crate::config::SinkConfig::destination_noun`]).
         noun: &'static str,
         reason: &'static str,
     },
