@@ -14,4 +14,10 @@ CREATE TABLE IF NOT EXISTS outboxevent (
   type          varchar(255) NOT NULL,
   payload       jsonb
 );
-CREATE PUBLICATION outboxevent_pub FOR TABLE outboxevent WITH (publish = 'insert');
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = 'outboxevent_pub') THEN
+    CREATE PUBLICATION outboxevent_pub FOR TABLE outboxevent WITH (publish = 'insert');
+  END IF;
+END
+$$;

@@ -194,8 +194,7 @@ mod tests {
     }
 
     /// A producer whose threads could not start (the process short of threads or memory) is
-    /// retried; a configuration librdkafka rejects stops the pipeline. (Both stopped it for
-    /// good.)
+    /// retried; a configuration librdkafka rejects stops the pipeline.
     #[test]
     fn a_producer_thread_that_cannot_start_is_retried_and_a_bad_property_is_not() {
         use rdkafka::error::KafkaError;

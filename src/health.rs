@@ -155,9 +155,8 @@ mod tests {
     }
 
     /// Many clients that never finish their headers: each is closed after the header timeout,
-    /// no more are served at once than the limit, and a real request gets its answer.
-    /// (With axum::serve, 800 such connections stayed open for 70 s, and with a file limit of
-    /// 256 the relay could no longer reach PostgreSQL.)
+    /// no more are served at once than the limit, and a real request gets its answer. (Without
+    /// these bounds, such clients hold file descriptors the relay needs to reach PostgreSQL.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn slow_clients_are_cut_off_and_limited_and_a_scrape_still_gets_through() {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();

@@ -1,5 +1,6 @@
 //! The command line's own errors, as a user meets them: without a source, with a bad value in
-//! an environment variable, with misspelt keys in a config file. No server is needed.
+//! an environment variable, with misspelt keys in a config file, with no database listening.
+//! No server is needed.
 
 use std::process::{Command, Output};
 
@@ -28,6 +29,30 @@ fn run_without_a_source_says_how_to_give_one() {
         text.contains("--config FILE") && text.contains("--source-url URL"),
         "{text}"
     );
+}
+
+/// A one-shot command meeting a database that is not up yet (a Kubernetes Job started before
+/// PostgreSQL) exits 1, which a Job or a script retries, never one of the codes that say
+/// retrying cannot help (3 to 5).
+#[test]
+fn setup_status_and_teardown_exit_1_when_the_database_is_unreachable() {
+    // Port 1 on the loopback: nothing listens, the connection is refused at once.
+    let url = "postgres://relay@127.0.0.1:1/app?connect_timeout=5";
+    for command in [
+        &["setup", "--source-url", url][..],
+        &["status", "--source-url", url],
+        &["teardown", "--source-url", url, "--yes"],
+    ] {
+        let output = relay(command, &[]);
+        // `status` prints each pipeline's error in its table, on stdout.
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            stderr(&output)
+        );
+        assert_eq!(output.status.code(), Some(1), "{command:?}: {text}");
+        assert!(text.contains("127.0.0.1:1"), "{command:?}: {text}");
+    }
 }
 
 #[test]

@@ -8,12 +8,16 @@ use crate::config::{self, PipelineConfig};
 use crate::Metrics;
 
 /// The exit code for an error that ended a command (docs/operations/runbook.md, "Exit
-/// codes"): 3 for the configuration, 4 and 5 for a pipeline stopped by a permanent source or
-/// sink error, 1 for anything else. (2 is clap's, for command-line usage errors; 130 a second
-/// signal's.)
+/// codes"): 3 for the configuration, 4 and 5 for a permanent source or sink error, 1 for
+/// anything else, transient errors included (a database or broker not up yet ends a one-shot
+/// command such as `setup` with 1: running it again may succeed). (2 is clap's, for
+/// command-line usage errors; 130 a second signal's.)
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     if let Some(e) = e.downcast_ref::<crate::Error>() {
-        return e.exit_code();
+        return match e.recovery() {
+            crate::error::Recovery::Stop => e.exit_code(),
+            crate::error::Recovery::Retry | crate::error::Recovery::StandBy => 1,
+        };
     }
     if e.downcast_ref::<config::ConfigErrors>().is_some() {
         return crate::error::EXIT_CONFIG;

@@ -992,14 +992,19 @@ async fn metrics_and_health_are_served_until_a_shutdowns_drain_ends() {
 }
 
 /// The SQL kit runs in the order its page gives, twice (each file creates only what is
-/// missing), and the role `sql/roles.sql` makes streams with the slot record but may not
+/// missing; the Debezium-shaped table's file too), and the role `sql/roles.sql` makes streams with the slot record but may not
 /// delete from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_kit_runs_twice_and_its_role_streams_without_delete() {
     let setup = Setup::new("sql_kit", &["Order"], 1).await;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql");
     for _ in 0..2 {
-        for file in ["outbox.sql", "slot_record.sql", "roles.sql"] {
+        for file in [
+            "outbox.sql",
+            "slot_record.sql",
+            "roles.sql",
+            "outbox_debezium.sql",
+        ] {
             let sql = std::fs::read_to_string(root.join(file)).unwrap();
             pg().psql(&setup.db.name, &sql);
         }
