@@ -18,6 +18,7 @@ use crate::shutdown::AbortOnDrop;
 
 pub mod columns;
 pub mod failover;
+pub mod publication;
 mod setup_sql;
 pub mod standby;
 pub mod teardown;
@@ -94,58 +95,14 @@ pub fn wal_level_fix(wal_level: &str) -> Option<String> {
 
 /// Verifies that `publication` exists, publishes inserts and includes `table`.
 ///
-/// Returns [`SourceError::Config`] naming what is missing, with the fix, or the query's error.
+/// Returns [`SourceError::Config`] naming what is missing, with the fix
+/// ([`publication::problem`]), or the query's error.
 pub(crate) async fn check_publication(
     client: &Client,
     publication: &str,
     table: &TableName,
 ) -> Result<(), SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
-        .await?;
-    match row {
-        None => {
-            return Err(SourceError::Config(format!(
-                "publication {publication:?} does not exist in this database; create it, e.g. CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-                quote_ident(publication),
-                table.quoted()
-            )))
-        }
-        Some(row) if !row.get::<_, bool>(0) => {
-            return Err(SourceError::Config(format!(
-                "publication {publication:?} does not publish inserts"
-            )))
-        }
-        Some(_) => {}
-    }
-    let published = client
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-            &[&publication, &table.schema, &table.name],
-        )
-        .await?;
-    if published.is_none() {
-        let exists: bool = client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
-            .await?
-            .get(0);
-        if !exists {
-            return Err(SourceError::Config(format!(
-                "table {table} does not exist in this database: create it (sql/outbox.sql), then ALTER PUBLICATION {} ADD TABLE {}",
-                quote_ident(publication),
-                table.quoted()
-            )));
-        }
-        return Err(SourceError::Config(format!(
-            "table {table} is not in publication {publication:?}: ALTER PUBLICATION {} ADD TABLE {}",
-            quote_ident(publication),
-            table.quoted()
-        )));
-    }
-    Ok(())
+    publication::check(client, publication, table, false).await
 }
 
 /// Creates the logical slot `slot` with pgoutput (a failover slot when `failover`) and
