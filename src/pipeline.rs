@@ -317,9 +317,7 @@ async fn run_session(
         return Err(SourceError::SlotLost(loss.to_string()).into());
     }
     slot::check_failover(&client, &config.slot, config.failover).await?;
-    // What `check` reports of the publication and the table, with the same sentences.
-    let needs_updates = config.op_invalid_behavior != crate::config::InvalidOpBehavior::Ignore;
-    slot::publication::check(&client, &config.publication, &config.table, needs_updates).await?;
+    // What `check` reports of the table, with the same sentence.
     slot::columns::check_present(&client, config).await?;
     let state = slot::prepare(
         &client,
@@ -328,6 +326,7 @@ async fn run_session(
         &config.table,
         may_create_slot(create_slot, record.as_ref()),
         config.failover,
+        config.op_invalid_behavior != crate::config::InvalidOpBehavior::Ignore,
     )
     .await?;
     slot::columns::check_published(&client, config).await?;

@@ -36,12 +36,15 @@ pub struct SlotState {
     pub wal_sender_timeout: Duration,
 }
 
-/// Verifies that `publication` exists, publishes inserts and includes `table`, then makes sure
-/// the logical slot `slot` exists (creating it with pgoutput when `create` is set, as a
-/// failover slot when `failover` is) and belongs to this database.
+/// Verifies that `wal_level` is `logical` and that `publication` exists, publishes inserts
+/// (and updates and deletes with `needs_updates`) and includes `table`, then makes sure the
+/// logical slot `slot` exists (creating it with pgoutput when `create` is set, as a failover
+/// slot when `failover` is) and belongs to this database.
 ///
-/// Returns an error naming the publication, table or slot when one is missing or wrong, or
-/// the server's version when `failover` asks it for a failover slot it cannot make.
+/// Returns an error naming the setting, publication, table or slot when one is missing or
+/// wrong, with the sentence `check` prints, or the server's version when `failover` asks it
+/// for a failover slot it cannot make.
+#[allow(clippy::too_many_arguments)] // the names and switches of one pipeline's slot
 pub async fn prepare(
     client: &Client,
     slot: &str,
@@ -49,12 +52,13 @@ pub async fn prepare(
     table: &TableName,
     create: bool,
     failover: bool,
+    needs_updates: bool,
 ) -> Result<SlotState, SourceError> {
     let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
     if let Some(fix) = wal_level_fix(&wal_level) {
         return Err(SourceError::Config(format!("wal_level is {fix}")));
     }
-    check_publication(client, publication, table).await?;
+    publication::check(client, publication, table, needs_updates).await?;
 
     let confirmed_flush_lsn = match read_slot(client, slot).await? {
         Some(lsn) => lsn,
@@ -555,6 +559,7 @@ pub async fn setup(
         &config.table,
         false,
         config.failover,
+        false,
     )
     .await?;
     Ok(SetupOutcome {
