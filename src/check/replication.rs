@@ -74,7 +74,7 @@ pub(super) async fn check(
         _ => finding(
             "replication slots",
             Verdict::Fail,
-            "none free: raise max_replication_slots",
+            slot::no_free_slot(&config.slot),
         ),
     });
     out.push(if free_senders > 0 {

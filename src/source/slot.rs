@@ -149,6 +149,15 @@ pub async fn create_slot(
     match created {
         Ok(row) => Ok(Some(row.get(0))),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(None),
+        // Another actor may free one: retried (53xxx), with `check`'s sentence.
+        Err(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::CONFIGURATION_LIMIT_EXCEEDED) =>
+        {
+            Err(SourceError::Server {
+                code: e.code().map(|c| c.code().to_owned()).unwrap_or_default(),
+                message: no_free_slot(slot),
+            })
+        }
         Err(e)
             if in_recovery
                 && e.as_db_error()
@@ -341,6 +350,12 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, Sou
     read_slot(client, slot)
         .await?
         .ok_or_else(|| SourceError::Config(format!("replication slot {slot:?} disappeared")))
+}
+
+/// Why `slot` cannot be created when every replication slot of the server is taken; the
+/// start retries (a slot may be dropped) and `check` prints it.
+pub fn no_free_slot(slot: &str) -> String {
+    format!("no replication slot is free for slot {slot:?}: raise max_replication_slots (and restart PostgreSQL), or drop a slot nobody reads (pg_replication_slots); the relay retries meanwhile")
 }
 
 /// Why the relay refuses to stream from `slot` on a server in recovery that holds it as a

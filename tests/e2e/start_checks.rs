@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::support::{kafka, Auth, Relay};
+use crate::support::{self, kafka, unique_name, Auth, Relay};
 use crate::Setup;
 
 /// Runs `args` as `run` and as `check`; returns run's exit code and log, and check's log.
@@ -119,4 +119,39 @@ async fn an_outbox_table_without_a_mapped_column_stops_run_at_its_start() {
         3,
         "missing \"event_type\" (columns.event_type) in the outbox table public.outbox",
     );
+}
+
+/// Every replication slot of the server taken: not a stop, since dropping a slot resolves it.
+/// The start retries with the sentence `check` prints (instead of a bare "sql connection
+/// error"), and streams once a slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_free_replication_slot_is_retried_with_checks_sentence_until_one_is_freed() {
+    let cluster = support::PgCluster::start_private(&unique_name("full_slots"));
+    cluster.psql("postgres", "ALTER SYSTEM SET max_replication_slots = 1");
+    cluster.restart("fast");
+    let setup = Setup::new_on(&cluster, "full_slots", &["Order"], 1).await;
+    let c = &setup.db.client;
+    c.batch_execute("SELECT pg_create_logical_replication_slot('taken', 'pgoutput')")
+        .await
+        .unwrap();
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let sentence = format!(
+        "no replication slot is free for slot \"{}\": raise max_replication_slots",
+        setup.slot
+    );
+    let mut check_args = args.clone();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    assert!(!check.wait(Duration::from_secs(60)).success());
+    assert!(check.log().contains(&sentence), "{}", check.log());
+    let mut relay = Relay::spawn(&args);
+    // The log quotes the error as a field: its quotes are escaped.
+    relay
+        .wait_for_log(&sentence.replace('"', "\\\""), Duration::from_secs(30))
+        .await;
+    assert!(relay.is_running(), "stopped:\n{}", relay.log());
+    c.batch_execute("SELECT pg_drop_replication_slot('taken')")
+        .await
+        .unwrap();
+    setup.wait_streaming().await;
 }
