@@ -122,10 +122,17 @@ impl Error {
     /// The process's exit code when this error stopped a pipeline: [`EXIT_CONFIG`],
     /// [`EXIT_SOURCE`] or [`EXIT_SINK`].
     pub fn exit_code(&self) -> u8 {
+        use crate::source::polling::PollingError;
         match self {
             Error::Config(_)
             | Error::Listen { .. }
-            | Error::Source(crate::source::SourceError::Config(_)) => EXIT_CONFIG,
+            | Error::Source(crate::source::SourceError::Config(_))
+            // What the outbox table is, as a log-tailing pipeline's missing table or column.
+            | Error::Polling(
+                PollingError::MissingTable { .. }
+                | PollingError::MissingColumn { .. }
+                | PollingError::NotPlain { .. },
+            ) => EXIT_CONFIG,
             Error::Source(_) | Error::Outbox(_) | Error::Route { .. } | Error::Polling(_) => {
                 EXIT_SOURCE
             }

@@ -34,6 +34,7 @@ use crate::sink::AnySink;
 use crate::source::coverage::{Checker, CoverageWatch};
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::{MessageOrigin, OutboxDecoder};
+use crate::source::privileges;
 use crate::source::replication::{ReplicationClient, ReplicationStream};
 use crate::source::slot;
 use crate::source::slot_record::{self, Recorder};
@@ -285,7 +286,15 @@ async fn run_session(
     // The replication connection chooses the server (target_session_attrs); the SQL
     // connection goes to that one.
     let conninfo = config.source_config()?;
-    let mut replication = ReplicationClient::connect(&conninfo).await?;
+    let mut replication = match ReplicationClient::connect(&conninfo).await {
+        Ok(replication) => replication,
+        // A role without REPLICATION: the sentence `check` prints, with the fix.
+        Err(e) => {
+            return Err(privileges::explain_walsender_refusal(config, e)
+                .await
+                .into())
+        }
+    };
     let server = replication.server().clone();
     reached.send_if_modified(|known| {
         let changed = known.as_ref() != Some(&server);
@@ -308,6 +317,8 @@ async fn run_session(
         return Err(SourceError::SlotLost(loss.to_string()).into());
     }
     slot::check_failover(&client, &config.slot, config.failover).await?;
+    // What `check` reports of the table, with the same sentence.
+    slot::columns::check_present(&client, config).await?;
     let state = slot::prepare(
         &client,
         &config.slot,
@@ -315,6 +326,7 @@ async fn run_session(
         &config.table,
         may_create_slot(create_slot, record.as_ref()),
         config.failover,
+        config.op_invalid_behavior != crate::config::InvalidOpBehavior::Ignore,
     )
     .await?;
     slot::columns::check_published(&client, config).await?;

@@ -4,6 +4,7 @@
 //! - [`conninfo`]: `source_url` as libpq reads it (URL, `PG*` variables, password file).
 //! - [`logical`]: log tailing, the replication stream decoded into outbox events.
 //! - [`polling`]: the outbox table read with `FOR UPDATE SKIP LOCKED`.
+//! - [`privileges`]: what the relay's role may do, as `run` and `check` tell it.
 //! - [`replication`]: connection, authentication and the CopyBoth stream (IO).
 //! - [`pgoutput`]: bytes to typed pgoutput messages (pure).
 //! - [`outbox`]: Relation cache and outbox Insert to [`outbox::OutboxEvent`] (pure).
@@ -20,6 +21,7 @@ pub mod logical;
 pub mod outbox;
 pub mod pgoutput;
 pub mod polling;
+pub mod privileges;
 pub mod replication;
 pub mod slot;
 pub mod slot_record;
@@ -139,6 +141,9 @@ pub enum SourceError {
     Auth(String),
     #[error("{0}")]
     Config(String),
+    /// The relay's role lacks a privilege the pipeline needs (the sentence names the fix).
+    #[error("{0}")]
+    Privilege(String),
     /// The slot the relay streamed from is gone (the slot record says so): events after its
     /// last confirmed LSN may be missing.
     #[error("{0}")]
@@ -183,6 +188,7 @@ impl SourceError {
             SourceError::Auth(_)
             | SourceError::Tls(_)
             | SourceError::Config(_)
+            | SourceError::Privilege(_)
             | SourceError::SlotLost(_)
             | SourceError::Decode { .. }
             | SourceError::Tracker { .. } => false,

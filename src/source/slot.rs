@@ -18,6 +18,7 @@ use crate::shutdown::AbortOnDrop;
 
 pub mod columns;
 pub mod failover;
+pub mod publication;
 mod setup_sql;
 pub mod standby;
 pub mod teardown;
@@ -35,12 +36,15 @@ pub struct SlotState {
     pub wal_sender_timeout: Duration,
 }
 
-/// Verifies that `publication` exists, publishes inserts and includes `table`, then makes sure
-/// the logical slot `slot` exists (creating it with pgoutput when `create` is set, as a
-/// failover slot when `failover` is) and belongs to this database.
+/// Verifies that `wal_level` is `logical` and that `publication` exists, publishes inserts
+/// (and updates and deletes with `needs_updates`) and includes `table`, then makes sure the
+/// logical slot `slot` exists (creating it with pgoutput when `create` is set, as a failover
+/// slot when `failover` is) and belongs to this database.
 ///
-/// Returns an error naming the publication, table or slot when one is missing or wrong, or
-/// the server's version when `failover` asks it for a failover slot it cannot make.
+/// Returns an error naming the setting, publication, table or slot when one is missing or
+/// wrong, with the sentence `check` prints, or the server's version when `failover` asks it
+/// for a failover slot it cannot make.
+#[allow(clippy::too_many_arguments)] // the names and switches of one pipeline's slot
 pub async fn prepare(
     client: &Client,
     slot: &str,
@@ -48,12 +52,13 @@ pub async fn prepare(
     table: &TableName,
     create: bool,
     failover: bool,
+    needs_updates: bool,
 ) -> Result<SlotState, SourceError> {
     let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
     if let Some(fix) = wal_level_fix(&wal_level) {
         return Err(SourceError::Config(format!("wal_level is {fix}")));
     }
-    check_publication(client, publication, table).await?;
+    publication::check(client, publication, table, needs_updates).await?;
 
     let confirmed_flush_lsn = match read_slot(client, slot).await? {
         Some(lsn) => lsn,
@@ -94,58 +99,14 @@ pub fn wal_level_fix(wal_level: &str) -> Option<String> {
 
 /// Verifies that `publication` exists, publishes inserts and includes `table`.
 ///
-/// Returns [`SourceError::Config`] naming what is missing, with the fix, or the query's error.
+/// Returns [`SourceError::Config`] naming what is missing, with the fix
+/// ([`publication::problem`]), or the query's error.
 pub(crate) async fn check_publication(
     client: &Client,
     publication: &str,
     table: &TableName,
 ) -> Result<(), SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
-        .await?;
-    match row {
-        None => {
-            return Err(SourceError::Config(format!(
-                "publication {publication:?} does not exist in this database; create it, e.g. CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-                quote_ident(publication),
-                table.quoted()
-            )))
-        }
-        Some(row) if !row.get::<_, bool>(0) => {
-            return Err(SourceError::Config(format!(
-                "publication {publication:?} does not publish inserts"
-            )))
-        }
-        Some(_) => {}
-    }
-    let published = client
-        .query_opt(
-            "SELECT 1 FROM pg_catalog.pg_publication_tables WHERE pubname = $1 AND schemaname = $2 AND tablename = $3",
-            &[&publication, &table.schema, &table.name],
-        )
-        .await?;
-    if published.is_none() {
-        let exists: bool = client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
-            .await?
-            .get(0);
-        if !exists {
-            return Err(SourceError::Config(format!(
-                "table {table} does not exist in this database: create it (sql/outbox.sql), then ALTER PUBLICATION {} ADD TABLE {}",
-                quote_ident(publication),
-                table.quoted()
-            )));
-        }
-        return Err(SourceError::Config(format!(
-            "table {table} is not in publication {publication:?}: ALTER PUBLICATION {} ADD TABLE {}",
-            quote_ident(publication),
-            table.quoted()
-        )));
-    }
-    Ok(())
+    publication::check(client, publication, table, false).await
 }
 
 /// Creates the logical slot `slot` with pgoutput (a failover slot when `failover`) and
@@ -188,6 +149,15 @@ pub async fn create_slot(
     match created {
         Ok(row) => Ok(Some(row.get(0))),
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(None),
+        // Another actor may free one: retried (53xxx), with `check`'s sentence.
+        Err(e)
+            if e.code() == Some(&tokio_postgres::error::SqlState::CONFIGURATION_LIMIT_EXCEEDED) =>
+        {
+            Err(SourceError::Server {
+                code: e.code().map(|c| c.code().to_owned()).unwrap_or_default(),
+                message: no_free_slot(slot),
+            })
+        }
         Err(e)
             if in_recovery
                 && e.as_db_error()
@@ -380,6 +350,12 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, Sou
     read_slot(client, slot)
         .await?
         .ok_or_else(|| SourceError::Config(format!("replication slot {slot:?} disappeared")))
+}
+
+/// Why `slot` cannot be created when every replication slot of the server is taken; the
+/// start retries (a slot may be dropped) and `check` prints it.
+pub fn no_free_slot(slot: &str) -> String {
+    format!("no replication slot is free for slot {slot:?}: raise max_replication_slots (and restart PostgreSQL), or drop a slot nobody reads (pg_replication_slots); the relay retries meanwhile")
 }
 
 /// Why the relay refuses to stream from `slot` on a server in recovery that holds it as a
@@ -598,6 +574,7 @@ pub async fn setup(
         &config.table,
         false,
         config.failover,
+        false,
     )
     .await?;
     Ok(SetupOutcome {

@@ -66,6 +66,7 @@ mod server_failures;
 mod sinks;
 mod slot_loss;
 mod standby;
+mod start_checks;
 mod supervision;
 mod tables;
 mod takeover;

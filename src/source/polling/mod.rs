@@ -171,6 +171,13 @@ async fn session(
     }
     let router = Router::new(config).map_err(ConfigError::from)?;
     let sql = Statements::prepare(&client, config, &router).await?;
+    // The first cycle would fail on a missing privilege: stop with `check`'s sentence.
+    if let Some(missing) = crate::source::privileges::polling_missing(&client, config)
+        .await
+        .map_err(SourceError::Sql)?
+    {
+        return Err(SourceError::Privilege(missing).into());
+    }
     let table = PgTable::new(
         client,
         driver,

@@ -175,6 +175,59 @@ pub async fn column_rows(
         .collect())
 }
 
+/// The columns of the outbox table of `config`, in table order; empty when it does not exist.
+///
+/// Returns an error if the query fails.
+pub async fn table_columns(
+    client: &Client,
+    config: &PipelineConfig,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT attname::text FROM pg_catalog.pg_attribute
+             WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            &[&config.table.quoted()],
+        )
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect())
+}
+
+/// The required mapped columns `present` (the table's columns) lacks, with the fix; `None`
+/// when it has them all. `run` stops with it and `check` prints it.
+pub fn missing_message(config: &PipelineConfig, present: &[String]) -> Option<String> {
+    let missing: Vec<String> = mapped_columns(config)
+        .iter()
+        .filter(|m| m.required && !present.iter().any(|p| p == m.column))
+        .map(|m| format!("{:?} ({})", m.column, m.field))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "missing {} in the outbox table {}, which has {}: add the columns (sql/outbox.sql) or map the fields to columns it has ([pipelines.columns])",
+            missing.join(", "),
+            config.table,
+            present.join(", ")
+        )
+    })
+}
+
+/// Before streaming: fails if the outbox table lacks a required mapped column (an insert
+/// without it would stop the pipeline). A table that does not exist is left to the
+/// publication's check.
+///
+/// Returns [`SourceError::Config`] with [`missing_message`], or the query's error.
+pub async fn check_present(client: &Client, config: &PipelineConfig) -> Result<(), SourceError> {
+    let present = table_columns(client, config).await?;
+    if present.is_empty() {
+        return Ok(());
+    }
+    match missing_message(config, &present) {
+        Some(message) => Err(SourceError::Config(message)),
+        None => Ok(()),
+    }
+}
+
 /// Before streaming: fails if the publication of `config` leaves out a mapped column.
 ///
 /// Returns an error naming each such column, its config field, the publication and what to

@@ -206,7 +206,7 @@ async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missi
     let out = relay.log();
     assert!(
         out.contains(&format!(
-            "GRANT UPDATE ON \"public\".\"outbox\" TO reader_{}",
+            "GRANT UPDATE ON \"public\".\"outbox\" TO \"reader_{}\"",
             setup.name
         )),
         "{out}"

@@ -496,10 +496,11 @@ async fn polling_refuses_a_partitioned_outbox_naming_why() {
         .await
         .unwrap();
     let bootstrap = kafka().bootstrap();
-    for (table, command) in [
-        ("public.outbox_parts", "check"),
-        ("public.outbox_parts", "run"),
-        ("public.outbox_view", "check"),
+    for (table, command, says) in [
+        ("public.outbox_parts", "check", "is not a plain table"),
+        ("public.outbox_parts", "run", "is not a plain table"),
+        ("public.outbox_view", "check", "is not a plain table"),
+        ("public.outbox_gone", "run", "does not exist"),
     ] {
         let mut args = setup.relay_args_for(table, "parts", &bootstrap, "", "", None);
         args[0] = command.into();
@@ -507,8 +508,12 @@ async fn polling_refuses_a_partitioned_outbox_naming_why() {
         let status = relay.wait(Duration::from_secs(60));
         let log = relay.log();
         assert!(!status.success(), "{command} passed {table}:\n{log}");
+        if command == "run" {
+            // What the database is set up with: the configuration exit code, as for log tailing.
+            assert_eq!(status.code(), Some(3), "{command} {table}:\n{log}");
+        }
         assert!(
-            log.contains("is not a plain table"),
+            log.contains(says),
             "{command} names why:\n{}",
             support::tail_lines(&log, 20)
         );
@@ -670,4 +675,45 @@ async fn polling_text_that_is_not_utf8_stops_the_poller() {
         "PENDING",
         "nothing is marked"
     );
+}
+
+/// A role that may read the outbox rows but not mark them (no UPDATE): the start stops with
+/// exit code 4 and the GRANT `check` prints, instead of failing the first cycle with the
+/// server's bare "permission denied".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_without_update_privilege_stops_at_start_with_checks_grant() {
+    let setup = Setup::new("poll_grant", &["Order"], 1).await;
+    let role = format!("{}_reader", setup.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON public.outbox TO {role}"
+        ))
+        .await
+        .unwrap();
+    let args = setup.relay_args("poller", &kafka().bootstrap(), "", "", None);
+    let path = &args[2];
+    let toml = std::fs::read_to_string(path).unwrap().replace(
+        &setup.db.url(Auth::Trust),
+        &format!(
+            "postgres://{role}@127.0.0.1:{}/{}",
+            setup.db.port(),
+            setup.name
+        ),
+    );
+    std::fs::write(path, toml).unwrap();
+    let sentence = format!(
+        "role \"{role}\" may not read and mark the rows of public.outbox (mark = \"status\"): GRANT UPDATE ON \"public\".\"outbox\" TO \"{role}\""
+    );
+    let mut relay = Relay::spawn(&args);
+    let status = relay.wait(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(status.code(), Some(4), "stopped, not retried:\n{log}");
+    assert!(log.contains(&sentence), "{log}");
+    let mut check_args = args.clone();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    assert!(!check.wait(Duration::from_secs(60)).success());
+    assert!(check.log().contains(&sentence), "{}", check.log());
 }

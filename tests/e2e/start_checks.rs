@@ -1,0 +1,157 @@
+//! `run` diagnoses like `check`: what retrying cannot fix in the database (a role without
+//! REPLICATION, a publication that leaves the outbox out or does not publish inserts, a table
+//! without a mapped column) stops the pipeline at its start with the sentence `check` prints,
+//! fix included, and the documented exit code.
+
+use std::time::Duration;
+
+use crate::support::{self, kafka, unique_name, Auth, Relay};
+use crate::Setup;
+
+/// Runs `args` as `run` and as `check`; returns run's exit code and log, and check's log.
+fn run_and_check(args: &[String]) -> (Option<i32>, String, String) {
+    let mut relay = Relay::spawn(args);
+    let status = relay.wait(Duration::from_secs(60));
+    let mut check_args = args.to_vec();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    assert!(
+        !check.wait(Duration::from_secs(60)).success(),
+        "check passed:\n{}",
+        check.log()
+    );
+    (status.code(), relay.log(), check.log())
+}
+
+/// Asserts that run exited with `code` and that both run and check print `sentence`.
+fn both_say(args: &[String], code: i32, sentence: &str) {
+    let (status, run, check) = run_and_check(args);
+    assert_eq!(status, Some(code), "run exited with {status:?}:\n{run}");
+    assert!(
+        run.contains(sentence),
+        "run does not say {sentence:?}:\n{run}"
+    );
+    assert!(
+        check.contains(sentence),
+        "check does not say {sentence:?}:\n{check}"
+    );
+}
+
+/// A role without REPLICATION: the walsender refuses it; run stops with exit code 4 and
+/// check's `ALTER ROLE ... REPLICATION`, not the server's bare refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_replication_stops_run_with_checks_fix_and_exit_code_4() {
+    let setup = Setup::new("no_repl", &["Order"], 1).await;
+    let role = format!("{}_norepl", setup.db.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; GRANT SELECT ON public.outbox TO {role}"
+        ))
+        .await
+        .unwrap();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = format!(
+        "postgres://{role}@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    both_say(
+        &args,
+        4,
+        &format!("role \"{role}\" may not stream (it has neither REPLICATION nor SUPERUSER): ALTER ROLE \"{role}\" REPLICATION"),
+    );
+}
+
+/// A publication without the outbox table, then one that does not publish inserts: run stops
+/// with exit code 3 and the fix check prints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_that_leaves_the_outbox_out_stops_run_with_checks_fix() {
+    let setup = Setup::new("pub_parity", &["Order"], 1).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let c = &setup.db.client;
+    c.batch_execute("ALTER PUBLICATION outbox_pub DROP TABLE public.outbox")
+        .await
+        .unwrap();
+    both_say(
+        &args,
+        3,
+        "table public.outbox is not in publication \"outbox_pub\": ALTER PUBLICATION \"outbox_pub\" ADD TABLE \"public\".\"outbox\"",
+    );
+    c.batch_execute(
+        "ALTER PUBLICATION outbox_pub ADD TABLE public.outbox; ALTER PUBLICATION outbox_pub SET (publish = 'update')",
+    )
+    .await
+    .unwrap();
+    both_say(
+        &args,
+        3,
+        "publication \"outbox_pub\" does not publish inserts: ALTER PUBLICATION \"outbox_pub\" SET (publish = 'insert')",
+    );
+    // op_invalid_behavior = error wants updates and deletes, which an insert-only publication
+    // never sends: the start refuses instead of passing them over unseen.
+    c.batch_execute("ALTER PUBLICATION outbox_pub SET (publish = 'insert')")
+        .await
+        .unwrap();
+    let mut strict = args.clone();
+    strict.extend(["--op-invalid-behavior".to_owned(), "error".to_owned()]);
+    both_say(
+        &strict,
+        3,
+        "publication \"outbox_pub\" does not publish updates and deletes, which op_invalid_behavior = warn or error needs to see",
+    );
+}
+
+/// A table without a mapped column: run stops at its start with exit code 3 and check's
+/// sentence, instead of streaming until the first insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_table_without_a_mapped_column_stops_run_at_its_start() {
+    let setup = Setup::new("no_column", &["Order"], 1).await;
+    setup
+        .db
+        .client
+        .batch_execute("ALTER TABLE public.outbox RENAME COLUMN event_type TO kind")
+        .await
+        .unwrap();
+    both_say(
+        &setup.relay_args(&kafka().bootstrap(), Auth::Trust),
+        3,
+        "missing \"event_type\" (columns.event_type) in the outbox table public.outbox",
+    );
+}
+
+/// Every replication slot of the server taken: not a stop, since dropping a slot resolves it.
+/// The start retries with the sentence `check` prints (instead of a bare "sql connection
+/// error"), and streams once a slot is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_free_replication_slot_is_retried_with_checks_sentence_until_one_is_freed() {
+    let cluster = support::PgCluster::start_private(&unique_name("full_slots"));
+    cluster.psql("postgres", "ALTER SYSTEM SET max_replication_slots = 1");
+    cluster.restart("fast");
+    let setup = Setup::new_on(&cluster, "full_slots", &["Order"], 1).await;
+    let c = &setup.db.client;
+    c.batch_execute("SELECT pg_create_logical_replication_slot('taken', 'pgoutput')")
+        .await
+        .unwrap();
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let sentence = format!(
+        "no replication slot is free for slot \"{}\": raise max_replication_slots",
+        setup.slot
+    );
+    let mut check_args = args.clone();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    assert!(!check.wait(Duration::from_secs(60)).success());
+    assert!(check.log().contains(&sentence), "{}", check.log());
+    let mut relay = Relay::spawn(&args);
+    // The log quotes the error as a field: its quotes are escaped.
+    relay
+        .wait_for_log(&sentence.replace('"', "\\\""), Duration::from_secs(30))
+        .await;
+    assert!(relay.is_running(), "stopped:\n{}", relay.log());
+    c.batch_execute("SELECT pg_drop_replication_slot('taken')")
+        .await
+        .unwrap();
+    setup.wait_streaming().await;
+}
