@@ -250,3 +250,27 @@ fn max_event_bytes_comes_from_its_flag_or_variable_and_is_unset_without() {
     std::env::remove_var("OUTBOX_RELAY_MAX_EVENT_BYTES");
     assert_eq!(from_env, Some(3000));
 }
+
+/// Other users of the host can read a process's arguments: no example command line of
+/// `run --help` carries a password (`scheme://user:password@host`).
+#[test]
+fn run_help_puts_no_password_on_an_example_command_line() {
+    let help = help("run");
+    for line in help.lines().filter(|l| l.contains("outbox-relay ")) {
+        let userinfo = line
+            .split("://")
+            .skip(1)
+            .filter_map(|rest| rest.split(['/', ' ']).next())
+            .filter_map(|authority| authority.rsplit_once('@').map(|(user, _)| user));
+        for user in userinfo {
+            assert!(
+                !user.contains(':'),
+                "a password on an example command line: {line}"
+            );
+        }
+    }
+    assert!(
+        help.contains("OUTBOX_RELAY_SOURCE_URL"),
+        "the example sets the source URL from the environment:\n{help}"
+    );
+}
