@@ -239,7 +239,7 @@ pub struct RunArgs {
     #[arg(value_name = "FILE", help_heading = "Config file", long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
         "source_url", "source_password", "source_password_file", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
-        "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
+        "max_event_bytes", "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
         "failover", "standby_url", "slot_record_schema",
     ])]
     pub(crate) config: Option<std::path::PathBuf>,
@@ -421,6 +421,15 @@ pub struct RunArgs {
     /// Bytes (key + value + headers) in flight before WAL reading pauses.
     #[arg(value_name = "BYTES", help_heading = "Delivery", long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = config::DEFAULT_MAX_IN_FLIGHT_BYTES)]
     pub(crate) max_in_flight_bytes: usize,
+    /// The largest event taken, bytes (its mapped columns' values); a larger row is refused
+    /// before it is copied [default: the sink's own maximum].
+    #[arg(
+        value_name = "BYTES",
+        help_heading = "Delivery",
+        long,
+        env = "OUTBOX_RELAY_MAX_EVENT_BYTES"
+    )]
+    pub(crate) max_event_bytes: Option<usize>,
     /// On shutdown, how long to wait for outstanding acknowledgements, seconds.
     #[arg(value_name = "SECS", help_heading = "Delivery", long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT_SECS", default_value_t = config::DEFAULT_SHUTDOWN_TIMEOUT_SECS)]
     pub(crate) shutdown_timeout_secs: u64,
@@ -505,6 +514,7 @@ impl RunArgs {
             status_interval_ms: self.status_interval_ms,
             max_in_flight_events: self.max_in_flight_events,
             max_in_flight_bytes: self.max_in_flight_bytes,
+            max_event_bytes: self.max_event_bytes,
             shutdown_timeout_secs: self.shutdown_timeout_secs,
             max_event_wait_secs: self.max_event_wait_secs,
             terminate_stale_walsender_after_secs: self.terminate_stale_walsender_after_secs,

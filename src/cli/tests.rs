@@ -234,3 +234,43 @@ fn a_run_command_line_still_serves_every_command() {
         parse(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
     }
 }
+
+#[test]
+fn max_event_bytes_comes_from_its_flag_or_variable_and_is_unset_without() {
+    let _environment = environment();
+    let base = ["run", "--source-url", "postgres://relay@db/app"];
+    let with = |extra: &[&str]| {
+        let argv: Vec<&str> = base.iter().chain(extra).copied().collect();
+        run_args(&argv).into_config().max_event_bytes
+    };
+    assert_eq!(with(&["--max-event-bytes", "2000"]), Some(2000));
+    assert_eq!(with(&[]), None, "unset: the sink's own maximum");
+    std::env::set_var("OUTBOX_RELAY_MAX_EVENT_BYTES", "3000");
+    let from_env = with(&[]);
+    std::env::remove_var("OUTBOX_RELAY_MAX_EVENT_BYTES");
+    assert_eq!(from_env, Some(3000));
+}
+
+/// Other users of the host can read a process's arguments: no example command line of
+/// `run --help` carries a password (`scheme://user:password@host`).
+#[test]
+fn run_help_puts_no_password_on_an_example_command_line() {
+    let help = help("run");
+    for line in help.lines().filter(|l| l.contains("outbox-relay ")) {
+        let userinfo = line
+            .split("://")
+            .skip(1)
+            .filter_map(|rest| rest.split(['/', ' ']).next())
+            .filter_map(|authority| authority.rsplit_once('@').map(|(user, _)| user));
+        for user in userinfo {
+            assert!(
+                !user.contains(':'),
+                "a password on an example command line: {line}"
+            );
+        }
+    }
+    assert!(
+        help.contains("OUTBOX_RELAY_SOURCE_URL"),
+        "the example sets the source URL from the environment:\n{help}"
+    );
+}

@@ -681,7 +681,7 @@ impl OutboxDecoder {
 }
 
 mod refusal;
-pub use refusal::{reference_field, Refusal, REFERENCE_FIELD_BYTES};
+pub use refusal::{not_utf8, reference_field, Refusal, REFERENCE_FIELD_BYTES};
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use super::{ColumnIndexes, OutboxDecoder, OutboxEvent, TupleValue};
-use crate::config::EventLimit;
+use crate::config::{EventLimit, OutboxColumns};
 
 /// Why an event is refused before it is routed ([`OutboxEvent::refused`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,31 +70,47 @@ impl ColumnIndexes {
 impl OutboxDecoder {
     /// The first of `event`'s text values that is not UTF-8, as a refusal naming its column.
     pub(super) fn not_utf8(&self, event: &OutboxEvent) -> Option<Refusal> {
-        let c = &self.columns;
-        let fixed = [
-            (Some(&event.id), c.id.as_str()),
-            (Some(&event.aggregate_type), c.aggregate_type.as_str()),
-            (event.aggregate_id.as_ref(), c.aggregate_id.as_str()),
-            (event.event_type.as_ref(), c.event_type.as_str()),
-            (event.payload.as_ref(), c.payload.as_str()),
-            (event.headers.as_ref(), c.headers.as_str()),
-            (
-                event.routed_by.as_ref(),
-                self.route_by.as_deref().unwrap_or_default(),
-            ),
-        ];
-        let extra = event
-            .columns
-            .iter()
-            .zip(&self.extra)
-            .map(|(value, name)| (value.text.as_ref(), name.as_str()));
-        fixed
-            .into_iter()
-            .chain(extra)
-            .find(|(value, _)| value.is_some_and(|v| std::str::from_utf8(v).is_err()))
-            .map(|(_, column)| Refusal::NotUtf8 {
-                relation: self.table.to_string(),
-                column: column.to_owned(),
-            })
+        not_utf8(
+            event,
+            &self.table.to_string(),
+            &self.columns,
+            self.route_by.as_deref(),
+            &self.extra,
+        )
     }
+}
+
+/// The first of `event`'s text values that is not UTF-8, as a refusal naming its column of
+/// `relation` (`schema.table`): `columns` name the mapped ones, `route_by` the routing column
+/// (when not the aggregate type's), `extra` those of [`OutboxEvent::columns`], in order.
+pub fn not_utf8(
+    event: &OutboxEvent,
+    relation: &str,
+    columns: &OutboxColumns,
+    route_by: Option<&str>,
+    extra: &[String],
+) -> Option<Refusal> {
+    let c = columns;
+    let fixed = [
+        (Some(&event.id), c.id.as_str()),
+        (Some(&event.aggregate_type), c.aggregate_type.as_str()),
+        (event.aggregate_id.as_ref(), c.aggregate_id.as_str()),
+        (event.event_type.as_ref(), c.event_type.as_str()),
+        (event.payload.as_ref(), c.payload.as_str()),
+        (event.headers.as_ref(), c.headers.as_str()),
+        (event.routed_by.as_ref(), route_by.unwrap_or_default()),
+    ];
+    let extra = event
+        .columns
+        .iter()
+        .zip(extra)
+        .map(|(value, name)| (value.text.as_ref(), name.as_str()));
+    fixed
+        .into_iter()
+        .chain(extra)
+        .find(|(value, _)| value.is_some_and(|v| std::str::from_utf8(v).is_err()))
+        .map(|(_, column)| Refusal::NotUtf8 {
+            relation: relation.to_owned(),
+            column: column.to_owned(),
+        })
 }

@@ -216,6 +216,20 @@ async fn connect(config: &PipelineConfig) -> Result<(Client, SqlConnection, Arc<
         )
         .await
         .map_err(SourceError::Sql)?;
+    // A `SQL_ASCII` database stores text as any bytes: sent as UTF-8, a value that is not
+    // would end the SELECT of the whole batch, naming no row. Sent as stored, each row's
+    // values are checked and a bad one is refused naming its row and column.
+    let encoding: String = client
+        .query_one("SHOW server_encoding", &[])
+        .await
+        .map_err(SourceError::Sql)?
+        .get(0);
+    if encoding == "SQL_ASCII" {
+        client
+            .batch_execute("SET client_encoding = 'SQL_ASCII'")
+            .await
+            .map_err(SourceError::Sql)?;
+    }
     Ok((client, driver, notify))
 }
 

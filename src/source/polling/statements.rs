@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use tokio_postgres::types::{FromSql, Type};
 use tokio_postgres::{Client, Row};
 
 use super::{PollingError, FAILED, PENDING, PUBLISHED};
@@ -12,7 +13,7 @@ use crate::error::Error;
 use crate::lsn::Lsn;
 use crate::router::Router;
 use crate::source::outbox::{
-    reference_field, ColumnValue, OutboxEvent, Refusal, ValueKind, REFERENCE_FIELD_BYTES,
+    not_utf8, reference_field, ColumnValue, OutboxEvent, Refusal, ValueKind, REFERENCE_FIELD_BYTES,
 };
 use crate::source::replication::{quote_ident, quote_literal};
 use crate::source::SourceError;
@@ -40,6 +41,15 @@ pub(crate) struct Statements {
     /// Each of the router's columns: its kind, and whether the table lacks it (an optional
     /// one, selected as NULL).
     extra_kinds: Vec<(ValueKind, bool)>,
+    /// The router's columns, by name, in the order of `extra_kinds`.
+    extra_names: Vec<String>,
+    /// The column routing the event, when not the aggregate type's.
+    route_by: Option<String>,
+    /// The table, `schema.table`, for errors.
+    relation: String,
+    /// Whether the connection receives text as stored (`client_encoding` `SQL_ASCII`, from a
+    /// `SQL_ASCII` database): each value is checked for UTF-8 ([`Refusal::NotUtf8`]).
+    check_utf8: bool,
 }
 
 /// Characters of the id, aggregate type and id the select keeps of a row over
@@ -154,8 +164,10 @@ impl Statements {
         };
         let mut extra_select = String::new();
         let mut extra_kinds = Vec::new();
+        let mut extra_names = Vec::new();
         let optional = router.optional_columns();
         for column in router.columns() {
+            extra_names.push(column.to_string());
             if optional.contains(column) && !columns.contains_key(column) {
                 extra_select.push_str(", NULL::text");
                 extra_kinds.push((ValueKind::Text, true));
@@ -355,6 +367,14 @@ impl Statements {
             payload_kind,
             aggregate_id_kind,
             extra_kinds,
+            extra_names,
+            route_by: config
+                .route
+                .by_field
+                .clone()
+                .filter(|column| *column != c.aggregate_type),
+            relation: config.table.to_string(),
+            check_utf8: client_encoding(client).await? == "SQL_ASCII",
         })
     }
 
@@ -364,6 +384,9 @@ impl Statements {
     /// A row over `max_event_bytes` is an event refused as too large, with no value but its
     /// id, aggregate type and id ([`Refusal::TooLarge`]).
     ///
+    /// From a `SQL_ASCII` database, a row with a value that is not UTF-8 is an event refused
+    /// naming its column ([`Refusal::NotUtf8`]), its values as they are stored.
+    ///
     /// Returns an error naming the event if its id or aggregate type is NULL.
     pub(super) fn event(
         &self,
@@ -371,9 +394,10 @@ impl Statements {
         limit: EventLimit,
         row: &Row,
     ) -> Result<(OutboxEvent, Option<i64>, i64), Error> {
+        // As bytes: from a `SQL_ASCII` database, text as stored, maybe not UTF-8.
         let text = |i: usize| {
-            row.get::<_, Option<&str>>(i)
-                .map(|s| Bytes::copy_from_slice(s.as_bytes()))
+            row.get::<_, Option<RawText>>(i)
+                .map(|RawText(s)| Bytes::copy_from_slice(s))
         };
         let c = columns;
         let id = text(COL_ID).ok_or_else(|| PollingError::Null {
@@ -410,6 +434,16 @@ impl Statements {
         let bytes = usize::try_from(row.get::<_, i64>(COL_EXTRA + self.extra_kinds.len()))
             .unwrap_or(usize::MAX);
         let event = match bytes > limit.bytes {
+            false if self.check_utf8 => OutboxEvent {
+                refused: not_utf8(
+                    &event,
+                    &self.relation,
+                    columns,
+                    self.route_by.as_deref(),
+                    &self.extra_names,
+                ),
+                ..event
+            },
             false => event,
             true => OutboxEvent {
                 id: reference_field(&event.id),
@@ -429,6 +463,30 @@ impl Statements {
             row.get::<_, Option<i64>>(COL_CREATED_MS),
             row.get::<_, i64>(COL_OLDER),
         ))
+    }
+}
+
+/// The connection's `client_encoding`: `SQL_ASCII` when the polling connection of a
+/// `SQL_ASCII` database takes text as stored ([`super::connect`]).
+async fn client_encoding(client: &Client) -> Result<String, Error> {
+    let row = client
+        .query_one("SHOW client_encoding", &[])
+        .await
+        .map_err(SourceError::Sql)?;
+    Ok(row.get(0))
+}
+
+/// A text value's bytes as the server sent them: from a `SQL_ASCII` database (and
+/// `client_encoding` `SQL_ASCII`), not necessarily UTF-8, which `&str` would refuse.
+struct RawText<'a>(&'a [u8]);
+
+impl<'a> FromSql<'a> for RawText<'a> {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(RawText(raw))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TEXT
     }
 }
 

@@ -640,35 +640,48 @@ async fn polling_a_row_over_max_event_bytes_is_dead_lettered_as_a_reference_and_
     drop(relay);
 }
 
-/// From a `SQL_ASCII` database, a pending row with text that is not UTF-8 stops the poller
-/// (PostgreSQL refuses to send it as UTF-8): not retried forever, and nothing marked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn polling_text_that_is_not_utf8_stops_the_poller() {
-    let setup = Setup::new_with(
-        "poll_ascii",
-        &["Order"],
-        1,
-        "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
-    )
-    .await;
-    let t = setup.types[0].clone();
-    let client = &setup.db.client;
-    let bad: String = client
+/// A database whose encoding (`SQL_ASCII`) stores text as any bytes.
+const SQL_ASCII: &str = "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0";
+
+/// Inserts a pending row whose event type is `Caf` and the byte 0xe9 (Latin-1's é, not
+/// UTF-8); returns its id.
+async fn insert_latin1(setup: &Setup, aggregate_type: &str) -> String {
+    setup
+        .db
+        .client
         .query_one(
             r"INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
               VALUES ($1, 'k1', E'Caf\xe9', '{}') RETURNING id::text",
-            &[&t],
+            &[&aggregate_type],
         )
         .await
         .unwrap()
-        .get(0);
+        .get(0)
+}
+
+/// From a `SQL_ASCII` database, a pending row with text that is not UTF-8 stops the poller
+/// with an error naming the row's id, the table, the column and the fix: not retried
+/// forever, and nothing marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_text_that_is_not_utf8_halts_naming_the_row_the_column_and_the_fix() {
+    let setup = Setup::new_with("poll_ascii", &["Order"], 1, SQL_ASCII).await;
+    let t = setup.types[0].clone();
+    let bad = insert_latin1(&setup, &t).await;
     let mut relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
     let status = relay.wait(Duration::from_secs(60));
     let log = relay.log();
     assert_eq!(status.code(), Some(4), "stopped, not retried:\n{log}");
+    let error = log
+        .lines()
+        .find(|line| {
+            line.contains(&format!(
+                "event {bad}: column \"event_type\" of public.outbox is not valid UTF-8"
+            ))
+        })
+        .unwrap_or_else(|| panic!("no error naming the row, the table and the column:\n{log}"));
     assert!(
-        log.contains("invalid byte sequence for encoding"),
-        "PostgreSQL's error is in the log:\n{log}"
+        error.contains("ENCODING 'UTF8'") && error.contains("bytea"),
+        "the error names the fix: {error}"
     );
     assert_eq!(
         setup.status_of(&bad).await.0,
@@ -716,4 +729,54 @@ async fn polling_without_update_privilege_stops_at_start_with_checks_grant() {
     let mut check = Relay::spawn(&check_args);
     assert!(!check.wait(Duration::from_secs(60)).success());
     assert!(check.log().contains(&sentence), "{}", check.log());
+}
+
+/// With `on_bad_event = "dead_letter"`, such a row is dead-lettered (its values as they are
+/// stored, the error naming its column) and marked, and the rows after it flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_text_that_is_not_utf8_is_dead_lettered_and_the_next_row_flows() {
+    let mut setup = Setup::new_with("poll_ascii_dlq", &["Order"], 1, SQL_ASCII).await;
+    let dlq = format!("{}.dlq", setup.name);
+    kafka().create_topic(&dlq, 1);
+    setup.pipeline_keys = format!("on_bad_event = \"dead_letter\"\ndead_letter_topic = \"{dlq}\"");
+    let t = setup.types[0].clone();
+    let bad = insert_latin1(&setup, &t).await;
+    let after = insert(&setup.db.client, &t, "k1", r#"{"n": 2}"#).await;
+    let relay = Relay::spawn(&setup.relay_args("poller", &kafka().bootstrap(), "", "", None));
+
+    let dead = consume(
+        &kafka().bootstrap(),
+        &[&dlq],
+        1,
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "one copy in the dead-letter topic");
+    assert_eq!(id_of(&dead[0]), bad);
+    let document: serde_json::Value =
+        serde_json::from_slice(dead[0].value.as_deref().expect("the copy's document")).unwrap();
+    assert!(
+        document["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&format!(
+                "event {bad}: column \"event_type\" of public.outbox is not valid UTF-8"
+            )),
+        "{document}"
+    );
+    let consumed = setup
+        .consume_all(1, Duration::from_secs(1), Duration::from_secs(30))
+        .await;
+    let ids: Vec<String> = consumed.iter().map(id_of).collect();
+    assert_eq!(ids, std::slice::from_ref(&after.id));
+    for id in [&bad, &after.id] {
+        wait_for(
+            "both rows marked PUBLISHED",
+            Duration::from_secs(30),
+            || async { (setup.status_of(id).await.0 == "PUBLISHED").then_some(()) },
+        )
+        .await;
+    }
+    drop(relay);
 }
