@@ -16,17 +16,23 @@
 #      waits for the health check to pass and /readyz to answer 200, writes outbox rows and reads
 #      them back with a Kafka consumer, checks the slot is confirmed past them;
 #   6. stops the container (SIGTERM) and checks it drained and exited 0 within the grace period;
-#   7. checks that docker/compose.yaml parses (podman-compose config). The compose demo itself
-#      needs the postgres and apache/kafka images from a registry, so it is not run here.
+#   7. runs the compose demo: docker/compose.yaml with tests/compose/override.yaml, which swaps
+#      in stand-in images built here (PostgreSQL 15 from Debian's package for postgres:15, the
+#      tansu broker for apache/kafka, the image of step 4 for the from-source build); waits for
+#      the relay's health check (/readyz), reads the producer's first three events from
+#      Order.events, checks the slot is confirmed past them, then `down -v`. This tests the
+#      demo's wiring, ordering and health checks and the relay image, not the apache/kafka and
+#      postgres images themselves (no registry here).
 #
 #   tests/image.sh                # everything; prints each step's time, then "image test passed"
-#   tests/image.sh --keep-image   # leave the image outbox-relay:<version>-test behind
+#   tests/image.sh --keep-image   # leave the image outbox-relay:<version>-test and the
+#                                 # demo's stand-in images behind
 #
 # Debian 12, as root (apt-get, debootstrap and rootful podman). Podman runs with runc, cgroupfs
 # and no default ulimits, from a containers.conf of its own (CONTAINERS_CONF), so the machine's
-# podman settings are left alone. Port 9187 (the image's health check) must be free.
-# Not part of tests/run.sh (docs/contributing.md says why): it takes under a minute once the
-# dist build and the base image exist, about 11 minutes more on a fresh machine.
+# podman settings are left alone. Port 9187 (the image's health check, published by the demo)
+# must be free. Not part of tests/run.sh (docs/contributing.md says why): it takes about 2
+# minutes once the dist build and the base image exist, about 11 minutes more on a fresh machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
@@ -36,7 +42,7 @@ KEEP_IMAGE=0
 for arg in "$@"; do
   case "$arg" in
     --keep-image) KEEP_IMAGE=1 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "tests/image.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
