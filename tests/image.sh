@@ -31,7 +31,7 @@
 # Debian 12, as root (apt-get, debootstrap and rootful podman). Podman runs with runc, cgroupfs
 # and no default ulimits, from a containers.conf of its own (CONTAINERS_CONF), so the machine's
 # podman settings are left alone. Port 9187 (the image's health check, published by the demo)
-# must be free. Not part of tests/run.sh (docs/contributing.md says why): it takes about 2
+# must be free. Not part of tests/run.sh (docs/contributing.md says why): it takes about 1.5
 # minutes once the dist build and the base image exist, about 11 minutes more on a fresh machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -432,6 +432,9 @@ timeout 180 "${COMPOSE[@]}" down -v -t "$STOP_GRACE_SECS" >"$WORK/compose-down.l
 COMPOSE_UP=0
 left=$(podman ps -a -q --filter "label=com.docker.compose.project=$DEMO_PROJECT")
 [ -z "$left" ] || fail "podman-compose down left containers: $left"
+left=$(podman volume ls -q --filter "label=com.docker.compose.project=$DEMO_PROJECT")
+[ -z "$left" ] || fail "podman-compose down -v left volumes: $left"
+! podman network exists "$NETWORK" || fail "podman-compose down left the network $NETWORK"
 echo "down: no containers, volumes or network left"
 
 step "done"
