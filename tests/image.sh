@@ -31,8 +31,8 @@
 # Debian 12, as root (apt-get, debootstrap and rootful podman). Podman runs with runc, cgroupfs
 # and no default ulimits, from a containers.conf of its own (CONTAINERS_CONF), so the machine's
 # podman settings are left alone. Port 9187 (the image's health check, published by the demo)
-# must be free. Not part of tests/run.sh (docs/contributing.md says why): it takes about 1.5
-# minutes once the dist build and the base image exist, about 11 minutes more on a fresh machine.
+# must be free. tests/run.sh runs it last (without arguments): it takes about 1.5 minutes once
+# the dist build and the base image exist, about 11 minutes more on a fresh machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)

@@ -3,7 +3,9 @@
 # installed (tests/setup-deps.sh), then runs every test. The integration tests start their own
 # PostgreSQL cluster and tansu broker (tests/support), so nothing is started here. Without
 # arguments it checks the formatting too (cargo fmt --check), the docs (tests/docs.sh) and the
-# deployment files (tests/deploy.sh), after the tests.
+# deployment files (tests/deploy.sh), after the tests, then builds the release and the image
+# and runs the image and the compose demo with podman (tests/image.sh; root only;
+# OUTBOX_RELAY_SKIP_IMAGE_TEST=1 leaves it out).
 # Extra arguments go to `cargo test` (e.g. tests/run.sh --test e2e -- roundtrip).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,5 +25,10 @@ if [ "$#" -eq 0 ]; then
   fi
   tests/docs.sh || { [ "$status" -ne 0 ] || status=1; }  # links, table of contents, no history
   tests/deploy.sh || { [ "$status" -ne 0 ] || status=1; }  # systemd, Prometheus and Kubernetes files
+  if [ "${OUTBOX_RELAY_SKIP_IMAGE_TEST:-0}" = 1 ]; then
+    echo "tests/run.sh: the release, image and compose demo test skipped (OUTBOX_RELAY_SKIP_IMAGE_TEST=1)" >&2
+  else
+    tests/image.sh || { [ "$status" -ne 0 ] || status=1; }  # release, image, compose demo
+  fi
 fi
 exit "$status"
