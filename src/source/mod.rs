@@ -144,8 +144,8 @@ pub enum SourceError {
     /// The relay's role lacks a privilege the pipeline needs (the sentence names the fix).
     #[error("{0}")]
     Privilege(String),
-    /// The slot the relay streamed from is gone (the slot record says so): events after its
-    /// last confirmed LSN may be missing.
+    /// The slot the relay streamed from is gone (the slot record says so) or invalidated
+    /// (`wal_status = 'lost'`): events after its last confirmed LSN may be missing.
     #[error("{0}")]
     SlotLost(String),
     #[error("the server closed the replication connection")]

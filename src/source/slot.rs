@@ -401,7 +401,7 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
     let wal_status: Option<String> = row.get(4);
     if wal_status.as_deref() == Some("lost") {
         let invalidation = Invalidation::of_lost(row.get(5), row.get(6));
-        return Err(SourceError::Config(failover::invalidated_error(
+        return Err(SourceError::SlotLost(failover::invalidated_error(
             slot,
             &invalidation,
         )));
