@@ -40,7 +40,7 @@ pub use sink::{
     DESTINATION_PLACEHOLDER,
 };
 pub use table::{quote_ident, TableName};
-pub use url::{redact_url, SourceUrl};
+pub use url::{redact_url, redact_url_path, SourceUrl};
 
 /// Standby status update interval: PostgreSQL's default `wal_sender_timeout` is 60 s; 1 s
 /// keeps the slot's confirmed position fresh for monitoring and is cheap (34 bytes).

@@ -28,23 +28,6 @@ impl PipelineConfig {
     }
 }
 
-/// `url` without its password, and, unless it is a PostgreSQL URL, without its path and query
-/// (a webhook's path or query may hold a token): `https://hooks.example.com/***`.
-fn shown_url(url: &str) -> String {
-    let redacted = redact_url(url);
-    if redacted.starts_with("postgres://") || redacted.starts_with("postgresql://") {
-        return redacted;
-    }
-    let Some(scheme_end) = redacted.find("://") else {
-        return redacted;
-    };
-    let rest = &redacted[scheme_end + 3..];
-    match rest.find(['/', '?', '#']) {
-        Some(end) => format!("{}{}/***", &redacted[..scheme_end + 3], &rest[..end]),
-        None => redacted,
-    }
-}
-
 fn hide_secrets(value: &mut Value, key: &str) {
     let lower = key.to_ascii_lowercase();
     if SECRET_KEYS.iter().any(|part| lower.contains(part)) && !value.is_null() {
@@ -56,7 +39,9 @@ fn hide_secrets(value: &mut Value, key: &str) {
         Value::String(text) if key.ends_with("_url") && !text.contains("://") => {
             *text = redact_url(text)
         }
-        Value::String(text) if text.contains("://") => *text = shown_url(text),
+        Value::String(text) if text.contains("://") => {
+            *text = crate::config::url::redact_url_path(text)
+        }
         Value::Object(map) => {
             for (key, value) in map.iter_mut() {
                 hide_secrets(value, key);

@@ -57,6 +57,23 @@ fn is_secret_parameter(name: &str) -> bool {
     SECRET_PARAMETERS.contains(&name.as_str()) || SECRET_WORDS.iter().any(|w| name.contains(w))
 }
 
+/// `url` without its password, and, unless it is a PostgreSQL URL, without its path and query
+/// (a webhook's path or query may hold a token): `https://hooks.example.com/***`.
+pub fn redact_url_path(url: &str) -> String {
+    let redacted = redact_url(url);
+    if redacted.starts_with("postgres://") || redacted.starts_with("postgresql://") {
+        return redacted;
+    }
+    let Some(scheme_end) = redacted.find("://") else {
+        return redacted;
+    };
+    let rest = &redacted[scheme_end + 3..];
+    match rest.find(['/', '?', '#']) {
+        Some(end) => format!("{}{}/***", &redacted[..scheme_end + 3], &rest[..end]),
+        None => redacted,
+    }
+}
+
 /// Hides the password of a libpq URL (`postgres://user:secret@host` -> `postgres://user:***@host`)
 /// or key=value string (`password=secret` -> `password=***`) for logs and errors, and the
 /// values of query parameters such as `token`, `key`, `sig` or `sslpassword`.

@@ -42,7 +42,7 @@ use reqwest::{Client, StatusCode};
 use self::signature::SigningKey;
 use super::ordered::{PublishError, Publisher};
 use super::{ConnectError, Record};
-use crate::config::{redact_url, HttpConfig, DESTINATION_PLACEHOLDER};
+use crate::config::{redact_url_path, HttpConfig, DESTINATION_PLACEHOLDER};
 // Errors with their causes: reqwest's own message is only "error sending request", the cause
 // says "connection refused".
 use crate::error::chain;
@@ -311,13 +311,14 @@ impl Publisher for HttpPublisher {
             Ok(headers) => headers,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
+        let destination = record.topic.clone();
         let request = self
             .client
             .post(&url)
             .headers(headers)
             .body(record.value.clone().unwrap_or_default());
         Box::pin(async move {
-            let shown = shown(&url);
+            let shown = format!("{} (destination {:?})", shown(&url), destination);
             let response = request.send().await.map_err(|e| {
                 let e = e.without_url();
                 match e.is_builder() {
@@ -369,9 +370,10 @@ fn classify(status: StatusCode) -> Option<Failure> {
     }
 }
 
-/// `url` for messages: without its query (which may hold a token) and password.
+/// `url` for messages: as far as its host, without its password (its path and query may hold
+/// a token): `https://hooks.example.com/***`. Errors of a record name its destination beside.
 fn shown(url: &str) -> String {
-    redact_url(url.split('?').next().unwrap_or(url))
+    redact_url_path(url)
 }
 
 /// The first [`MAX_BODY_READ`] bytes of `response`'s body (fewer if it ends sooner or fails).
@@ -580,10 +582,10 @@ mod tests {
     }
 
     #[test]
-    fn messages_show_no_query_or_password() {
+    fn messages_show_no_path_query_or_password() {
         assert_eq!(
-            shown("https://u:pw@h/hooks/x?token=t"),
-            "https://u:***@h/hooks/x"
+            shown("https://u:pw@h/hooks/T0K3N/x?token=t"),
+            "https://u:***@h/***"
         );
     }
 
@@ -671,7 +673,8 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.failure, PublishFailure::Retry, "{e:?}");
         assert!(
-            e.reason.starts_with("POST http://127.0.0.1:1/hooks/t:"),
+            e.reason
+                .starts_with("POST http://127.0.0.1:1/*** (destination \"t\"):"),
             "{}",
             e.reason
         );
