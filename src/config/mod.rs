@@ -754,6 +754,21 @@ mod tests {
         PipelineConfig::test_pipeline()
     }
 
+    /// A sink's URL is shown as far as its host (a webhook's path may hold a token); a
+    /// PostgreSQL URL keeps its database name, without its password.
+    #[test]
+    fn sink_urls_are_shown_as_far_as_their_host() {
+        assert_eq!(
+            redact_url_path("https://u:pw@hooks.example.com/T0/B1/s3cret?x=1"),
+            "https://u:***@hooks.example.com/***"
+        );
+        assert_eq!(redact_url_path("http://h:8080"), "http://h:8080");
+        assert_eq!(
+            redact_url_path("postgres://relay:pw@db:5432/app"),
+            "postgres://relay:***@db:5432/app"
+        );
+    }
+
     #[test]
     fn redacts_passwords_with_unencoded_characters_and_as_pass() {
         assert_eq!(

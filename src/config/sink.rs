@@ -142,7 +142,7 @@ impl SinkConfig {
             SinkConfig::Redis(redis) => redact_url(&redis.url),
             SinkConfig::Nats(nats) => nats.shown(),
             SinkConfig::RabbitMq(rabbitmq) => redact_url(&rabbitmq.url),
-            SinkConfig::Http(http) => redact_url(&http.url),
+            SinkConfig::Http(http) => crate::config::url::redact_url_path(&http.url),
         }
     }
 

@@ -39,9 +39,7 @@ fn hide_secrets(value: &mut Value, key: &str) {
         Value::String(text) if key.ends_with("_url") && !text.contains("://") => {
             *text = redact_url(text)
         }
-        Value::String(text) if text.contains("://") => {
-            *text = crate::config::url::redact_url_path(text)
-        }
+        Value::String(text) if text.contains("://") => *text = crate::config::redact_url_path(text),
         Value::Object(map) => {
             for (key, value) in map.iter_mut() {
                 hide_secrets(value, key);

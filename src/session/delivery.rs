@@ -1,5 +1,6 @@
 //! Records to the sink and their outcomes: sending (or waiting for room in the sink's queue),
-//! refusals dead-lettered or ending the session, acknowledgements settled in the ack tracker.
+//! refusals dead-lettered or ending the session, acknowledgements settled in the ack tracker,
+//! and the warning for records without a key.
 
 use std::time::Instant;
 

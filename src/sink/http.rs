@@ -311,7 +311,11 @@ impl Publisher for HttpPublisher {
             Ok(headers) => headers,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let destination = record.topic.clone();
+        // A dead-letter URL of its own is the record's topic: shown as far as its host too.
+        let destination = match HttpConfig::is_absolute(&record.topic) {
+            true => redact_url_path(&record.topic),
+            false => record.topic.clone(),
+        };
         let request = self
             .client
             .post(&url)

@@ -504,6 +504,14 @@ pub async fn setup(
 ) -> Result<SetupOutcome, crate::Error> {
     let (client, _connection) = connect(config).await?;
     let mut done = Vec::new();
+    let wal_level: String = client
+        .query_one("SHOW wal_level", &[])
+        .await
+        .map_err(SourceError::Sql)?
+        .get(0);
+    if let Some(fix) = wal_level_fix(&wal_level) {
+        return Err(SourceError::Config(format!("wal_level is {fix}")).into());
+    }
     if config.failover {
         let server = failover::server(&client).await?;
         if !server.has_failover_slots() {

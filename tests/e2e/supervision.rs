@@ -4,6 +4,7 @@
 //! pipeline that fails for good beside a healthy one ends the process with its exit code, or
 //! with `on_pipeline_failure = "retry"` stays `failed` while the other delivers.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::support::{self, http_get, kafka, metric_value, pg, unique_name, wait_for, Auth, Relay};
@@ -272,7 +273,8 @@ async fn a_session_failing_after_every_start_backs_off_further_and_readyz_shows_
 
 /// `run` against a server with `wal_level = replica` stops at once with the sentence `check`
 /// prints and the configuration exit code, instead of retrying the slot creation forever
-/// under a connection error.
+/// under a connection error; so does `setup`, before it creates anything (the slot
+/// creation's own refusal, SQLSTATE 55000, would count as transient: exit 1, retried).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_stops_on_wal_level_replica_with_checks_advice_and_exit_code_3() {
     let cluster = support::PgCluster::start_private(&unique_name("replica_wal"));
@@ -296,6 +298,19 @@ async fn run_stops_on_wal_level_replica_with_checks_advice_and_exit_code_3() {
     assert!(
         log.contains("wal_level is replica: set wal_level = logical")
             && log.contains("restart PostgreSQL"),
+        "{log}"
+    );
+
+    let kit = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/outbox.sql");
+    cluster.psql("postgres", &std::fs::read_to_string(kit).unwrap());
+    let mut setup_args = args.clone();
+    setup_args[0] = "setup".into();
+    let mut setup = Relay::spawn(&setup_args);
+    let status = setup.wait(Duration::from_secs(60));
+    let log = setup.log();
+    assert_eq!(status.code(), Some(3), "setup exited with {status}:\n{log}");
+    assert!(
+        log.contains("wal_level is replica: set wal_level = logical"),
         "{log}"
     );
 }
