@@ -326,7 +326,7 @@ async fn run_session(
         &config.table,
         may_create_slot(create_slot, record.as_ref()),
         config.failover,
-        config.op_invalid_behavior != crate::config::InvalidOpBehavior::Ignore,
+        config.op_invalid_behavior.needs_updates(),
     )
     .await?;
     slot::columns::check_published(&client, config).await?;

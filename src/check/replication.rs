@@ -6,7 +6,7 @@
 use tokio_postgres::Client;
 
 use super::{finding, record, standby, Finding, Verdict};
-use crate::config::{InvalidOpBehavior, PipelineConfig};
+use crate::config::PipelineConfig;
 use crate::error::chain;
 use crate::source::replication::quote_ident;
 use crate::source::slot::failover::Invalidation;
@@ -154,7 +154,7 @@ pub(super) async fn check(
             SourceError::Sql(e) => e,
             other => unreachable!("publication::read fails on queries only: {other}"),
         })?;
-    let needs_updates = config.op_invalid_behavior != InvalidOpBehavior::Ignore;
+    let needs_updates = config.op_invalid_behavior.needs_updates();
     let problem =
         slot::publication::problem(&state, &config.publication, &config.table, needs_updates);
     out.push(match problem {

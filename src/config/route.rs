@@ -357,7 +357,9 @@ pub enum TopicCase {
 }
 
 /// What an UPDATE or DELETE of an outbox row does (Debezium's `table.op.invalid.behavior`).
-/// Rows may be deleted right after the insert, so the default passes over them.
+/// Rows may be deleted right after the insert, so the default passes over them. With `"warn"`
+/// or `"error"` the publication must publish updates and deletes: `setup` creates it so, and
+/// the relay refuses one that does not.
 #[derive(
     Debug,
     Clone,
@@ -379,4 +381,21 @@ pub enum InvalidOpBehavior {
     Warn,
     /// The pipeline stops before confirming the transaction.
     Error,
+}
+
+impl InvalidOpBehavior {
+    /// Whether the pipeline reads updates and deletes of the outbox (to warn or stop on them),
+    /// so that its publication must publish them.
+    pub fn needs_updates(self) -> bool {
+        self != InvalidOpBehavior::Ignore
+    }
+
+    /// The publication's `publish` setting the pipeline needs: `insert`, or with
+    /// [`Self::needs_updates`] `insert, update, delete`.
+    pub fn publish(self) -> &'static str {
+        match self.needs_updates() {
+            true => "insert, update, delete",
+            false => "insert",
+        }
+    }
 }

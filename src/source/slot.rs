@@ -528,9 +528,10 @@ pub async fn setup(
         .is_some();
     if !exists {
         let create = format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = '{}')",
             quote_ident(&config.publication),
-            config.table.quoted()
+            config.table.quoted(),
+            config.op_invalid_behavior.publish()
         );
         client
             .batch_execute(&create)
@@ -582,7 +583,7 @@ pub async fn setup(
         &config.table,
         false,
         config.failover,
-        false,
+        config.op_invalid_behavior.needs_updates(),
     )
     .await?;
     Ok(SetupOutcome {

@@ -37,6 +37,36 @@ fn both_say(args: &[String], code: i32, sentence: &str) {
     );
 }
 
+/// With `op_invalid_behavior = "warn"`, `setup` creates the publication with updates and
+/// deletes (the pipeline reads them), and `run` then streams instead of refusing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_creates_a_publication_with_what_op_invalid_behavior_reads() {
+    let setup = Setup::new("setup_ops", &["Order"], 1).await;
+    let publication = format!("{}_pub", setup.db.name);
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let at = args.iter().position(|a| a == "--publication").unwrap() + 1;
+    args[at] = publication.clone();
+    args.extend(["--op-invalid-behavior".into(), "warn".into()]);
+    let mut setup_args = args.clone();
+    setup_args[0] = "setup".into();
+    let mut command = Relay::spawn(&setup_args);
+    let status = command.wait(Duration::from_secs(60));
+    assert!(status.success(), "setup failed:\n{}", command.log());
+    let row = setup
+        .db
+        .client
+        .query_one(
+            "SELECT pubinsert, pubupdate, pubdelete FROM pg_catalog.pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .unwrap();
+    let ops: (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(ops, (true, true, true), "the publication setup created");
+    let _relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+}
+
 /// A role without REPLICATION: the walsender refuses it; run stops with exit code 4 and
 /// check's `ALTER ROLE ... REPLICATION`, not the server's bare refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

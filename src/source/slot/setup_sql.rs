@@ -31,11 +31,12 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
          -- publication exists already (sql/outbox.sql creates outbox_pub):\n\
          DO $$ BEGIN\n\
          \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = {publication_literal}) THEN\n\
-         \x20   CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = 'insert');\n\
+         \x20   CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = '{publish}');\n\
          \x20 END IF;\n\
          END $$;",
         publication_literal = quote_literal(&config.publication),
         publication = quote_ident(&config.publication),
+        publish = config.op_invalid_behavior.publish(),
     )];
     if config.slot_record {
         let [schema, record] = crate::source::slot_record::ddl(&config.slot_record_schema);
@@ -145,6 +146,7 @@ fn logical_messages_sql() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::InvalidOpBehavior;
 
     #[test]
     fn each_part_names_who_runs_it_and_the_relays_role_gets_its_grants() {
@@ -180,6 +182,22 @@ mod tests {
             !sql.contains("DELETE ON"),
             "the relay's role gets no DELETE:\n{sql}"
         );
+    }
+
+    /// A pipeline that warns or stops on updates and deletes of the outbox reads them: the
+    /// publication the script creates publishes them, else the relay refuses it at start.
+    #[test]
+    fn the_publication_publishes_what_op_invalid_behavior_reads() {
+        let mut config = PipelineConfig::test_pipeline();
+        assert!(setup_sql(&config).contains("WITH (publish = 'insert');"));
+        for behavior in [InvalidOpBehavior::Warn, InvalidOpBehavior::Error] {
+            config.op_invalid_behavior = behavior;
+            let sql = setup_sql(&config);
+            assert!(
+                sql.contains("WITH (publish = 'insert, update, delete');"),
+                "{behavior:?}:\n{sql}"
+            );
+        }
     }
 
     #[test]
