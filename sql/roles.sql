@@ -1,5 +1,6 @@
 -- A least-privilege role for outbox-relay: REPLICATION for the walsender, SELECT on the
--- outbox only (the relay reads nothing else; `check` verifies both). Run it after
+-- outbox only (log tailing decodes without it; it lets the role read the rows it publishes,
+-- and a polling role needs it; `check` verifies both). Run it after
 -- sql/outbox.sql and sql/slot_record.sql, as the database owner; it may run again.
 DO $$
 BEGIN

@@ -67,6 +67,53 @@ async fn setup_creates_a_publication_with_what_op_invalid_behavior_reads() {
     setup.wait_streaming().await;
 }
 
+/// Log tailing needs no SELECT on the outbox table (the walsender decodes without it): a
+/// role with REPLICATION and no grant streams, and `check` warns about the grant instead of
+/// failing the pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replication_role_without_select_streams_and_check_only_warns() {
+    let setup = Setup::new("no_select", &["Order"], 1).await;
+    let role = format!("{}_nosel", setup.db.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN REPLICATION"))
+        .await
+        .unwrap();
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = format!(
+        "postgres://{role}@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    args.push("--no-slot-record".into());
+    let mut check_args = args.clone();
+    check_args[0] = "check".into();
+    let mut check = Relay::spawn(&check_args);
+    let passed = check.wait(Duration::from_secs(60)).success();
+    let log = check.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("outbox table"))
+        .unwrap_or_else(|| panic!("no outbox table finding:\n{log}"));
+    assert!(
+        line.contains("WARN") && line.contains("GRANT SELECT"),
+        "check's outbox table line: {line}\n{log}"
+    );
+    assert!(passed, "check failed:\n{log}");
+
+    let _relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    let id = setup
+        .db
+        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
+        .await;
+    let consumed = setup
+        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+}
+
 /// A role without REPLICATION: the walsender refuses it; run stops with exit code 4 and
 /// check's `ALTER ROLE ... REPLICATION`, not the server's bare refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
