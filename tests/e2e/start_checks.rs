@@ -23,6 +23,17 @@ fn run_and_check(args: &[String]) -> (Option<i32>, String, String) {
     (status.code(), relay.log(), check.log())
 }
 
+/// The relay's `run` arguments for `setup`, connecting as `role` (no password: trust).
+fn args_as(setup: &Setup, role: &str) -> Vec<String> {
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    args[2] = format!(
+        "postgres://{role}@127.0.0.1:{}/{}",
+        setup.db.port(),
+        setup.db.name
+    );
+    args
+}
+
 /// Asserts that run exited with `code` and that both run and check print `sentence`.
 fn both_say(args: &[String], code: i32, sentence: &str) {
     let (status, run, check) = run_and_check(args);
@@ -80,12 +91,7 @@ async fn a_replication_role_without_select_streams_and_check_only_warns() {
         .batch_execute(&format!("CREATE ROLE {role} LOGIN REPLICATION"))
         .await
         .unwrap();
-    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    args[2] = format!(
-        "postgres://{role}@127.0.0.1:{}/{}",
-        setup.db.port(),
-        setup.db.name
-    );
+    let mut args = args_as(&setup, &role);
     args.push("--no-slot-record".into());
     let mut check_args = args.clone();
     check_args[0] = "check".into();
@@ -128,12 +134,7 @@ async fn a_role_without_replication_stops_run_with_checks_fix_and_exit_code_4() 
         ))
         .await
         .unwrap();
-    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    args[2] = format!(
-        "postgres://{role}@127.0.0.1:{}/{}",
-        setup.db.port(),
-        setup.db.name
-    );
+    let args = args_as(&setup, &role);
     both_say(
         &args,
         4,
