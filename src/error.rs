@@ -2,7 +2,7 @@
 //! a retry, a reason to stand by, or a stop.
 
 use crate::config::ConfigError;
-use crate::exactly_once::{CheckpointError, RefusedEvent, TransactionError};
+use crate::exactly_once::{CheckpointError, HeldByMissingTopic, RefusedEvent, TransactionError};
 use crate::lsn::Lsn;
 use crate::router::RouteError;
 use crate::sink::kafka::ProducerError;
@@ -48,6 +48,10 @@ pub enum Error {
     /// ([`crate::exactly_once::Redo`]).
     #[error("kafka refused event {} at LSN {} in topic {:?} for good ({}); its transaction was aborted and is redone with the event in the dead-letter topic", String::from_utf8_lossy(&.0.id), .0.lsn, .0.topic, .0.reason)]
     Redo(Box<RefusedEvent>),
+    /// Exactly-once mode: a record waits for a missing topic behind records of the open Kafka
+    /// transaction, which was aborted; the next session reads its transactions again.
+    #[error(transparent)]
+    HeldByMissingTopic(#[from] HeldByMissingTopic),
     #[error("cannot serve metrics on {listen}")]
     Listen {
         listen: std::net::SocketAddr,
@@ -107,7 +111,7 @@ impl Error {
             Error::Delivery(e) | Error::Rejected(e) => retry_or_stop(e.retryable),
             Error::Transaction(e) if e.is_fenced() => Recovery::StandBy,
             Error::Transaction(e) => retry_or_stop(e.is_transient()),
-            Error::Redo(_) => Recovery::Retry,
+            Error::Redo(_) | Error::HeldByMissingTopic(_) => Recovery::Retry,
             Error::SinkConnect(e) => retry_or_stop(e.retryable),
             Error::Producer(e) => retry_or_stop(e.is_transient()),
             Error::Checkpoint(e) => retry_or_stop(e.is_transient()),
@@ -142,7 +146,8 @@ impl Error {
             | Error::SinkConnect(_)
             | Error::Transaction(_)
             | Error::Checkpoint(_)
-            | Error::Redo(_) => EXIT_SINK,
+            | Error::Redo(_)
+            | Error::HeldByMissingTopic(_) => EXIT_SINK,
         }
     }
 }

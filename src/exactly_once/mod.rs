@@ -126,6 +126,18 @@ impl CheckpointError {
     }
 }
 
+/// A record waits for a topic the cluster does not have (`why`: the topic gate's sentence,
+/// naming it and the fix) while the open Kafka transaction has records on the broker. Holding
+/// that transaction until the topic exists would hold its partitions' last stable offset for
+/// `read_committed` consumers, until the coordinator aborts it after `transaction.timeout.ms`
+/// and the producer's next call fails. It is aborted instead, and its PostgreSQL transactions
+/// are read again from the slot by the next session (after the supervisor's backoff).
+#[derive(Debug, thiserror::Error)]
+#[error("{why}; exactly-once: the open kafka transaction was aborted rather than held open until the broker's transaction timeout, and its transactions are read again from the slot")]
+pub struct HeldByMissingTopic {
+    pub why: String,
+}
+
 /// A sink whose records can be grouped in transactions: the exactly-once capability.
 pub trait TransactionalSink: Sink {
     /// The transaction calls of this sink, committing checkpoint records keyed `pipeline` in
@@ -186,6 +198,10 @@ pub struct ExactlyOnce {
     skipping: bool,
     /// A Kafka transaction is open (begun, neither committed nor aborted).
     open: bool,
+    /// The sink took a record in the open Kafka transaction: it is open on the broker too,
+    /// holding its partitions' last stable offset until it ends (or the coordinator aborts it
+    /// after `transaction.timeout.ms`).
+    sent_in_open: bool,
     /// The PostgreSQL transactions with records in the open Kafka transaction.
     batch: Option<Batch>,
     /// The batch is closed: its commit starts once every record of it was acknowledged.
@@ -217,6 +233,7 @@ impl ExactlyOnce {
             limits: BatchLimits::SINGLE,
             skipping: false,
             open: false,
+            sent_in_open: false,
             batch: None,
             closed: false,
             committing: None,
@@ -314,8 +331,21 @@ impl ExactlyOnce {
         if !self.open {
             self.transactions.begin().await?;
             self.open = true;
+            self.sent_in_open = false;
         }
         Ok(())
+    }
+
+    /// The sink took a record (in the open Kafka transaction: records go to the sink only
+    /// inside one).
+    pub fn took_record(&mut self) {
+        self.sent_in_open |= self.open;
+    }
+
+    /// Whether the open Kafka transaction has records on the broker: ending it is up to this
+    /// relay, or to the coordinator after `transaction.timeout.ms`.
+    pub fn open_on_the_broker(&self) -> bool {
+        self.open && self.sent_in_open
     }
 
     /// The PostgreSQL transaction ends at `end_lsn`: it joins the batch its records went to

@@ -13,6 +13,7 @@ use super::{
 use crate::ack::EventToken;
 use crate::config::OnBadEvent;
 use crate::error::Error;
+use crate::exactly_once::HeldByMissingTopic;
 use crate::router::Router;
 use crate::sink::{Delivery, DeliveryError, Record, SendError, Sink};
 use crate::source::outbox::OutboxEvent;
@@ -28,7 +29,10 @@ impl<So: Source, Si: Sink> Session<'_, So, Si> {
             return Ok(());
         }
         match self.sink.send(record, token) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.took_record();
+                Ok(())
+            }
             Err(SendError::Full(_)) if mutated(Mutation::DropBlocked) => {
                 let _ = self.tracker.ack(token);
                 Ok(())
@@ -39,6 +43,35 @@ impl<So: Source, Si: Sink> Session<'_, So, Si> {
                 Ok(())
             }
             Err(SendError::Refused(e)) => self.refused(e, token),
+        }
+    }
+
+    /// Notes that the sink took a record (exactly-once: the open Kafka transaction has one on
+    /// the broker).
+    fn took_record(&mut self) {
+        if let Some(eos) = &mut self.eos {
+            eos.took_record();
+        }
+    }
+
+    /// Exactly-once: ends the session when a record waits for a missing topic
+    /// ([`Sink::waiting`]) behind records of the open Kafka transaction on the broker; the
+    /// session's end aborts that transaction ([`HeldByMissingTopic`]). A record that waits
+    /// first in its Kafka transaction holds nothing on the broker: it waits in the session, as
+    /// in at-least-once mode.
+    ///
+    /// Returns [`Error::HeldByMissingTopic`] then.
+    pub(super) fn abort_if_held_by_a_missing_topic(&self) -> Result<(), Error> {
+        let holds = self
+            .eos
+            .as_ref()
+            .is_some_and(|eos| eos.open_on_the_broker());
+        if !holds || self.blocked.is_empty() {
+            return Ok(());
+        }
+        match self.sink.waiting() {
+            Some(why) => Err(HeldByMissingTopic { why }.into()),
+            None => Ok(()),
         }
     }
 
@@ -79,7 +112,10 @@ impl<So: Source, Si: Sink> Session<'_, So, Si> {
             false => self.blocked.pop_front(),
         } {
             match self.sink.send(*record, token) {
-                Ok(()) => self.blocked_wait = QUEUE_FULL_RETRY,
+                Ok(()) => {
+                    self.took_record();
+                    self.blocked_wait = QUEUE_FULL_RETRY;
+                }
                 Err(SendError::Full(record)) if newest_first => {
                     self.blocked.push_back((record, token));
                     break;

@@ -312,6 +312,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             }
 
             self.send_blocked()?;
+            self.abort_if_held_by_a_missing_topic()?;
             if (self.flush_lsn() > self.confirmed && self.last_confirm.elapsed() >= MIN_CONFIRM_GAP)
                 || self.source.confirm_requested()
             {

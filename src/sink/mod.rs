@@ -166,7 +166,8 @@ pub trait Sink: Send {
     }
 
     /// Why records wait before the sink takes them, when they do for a reason an operator must
-    /// mend (a Kafka topic that does not exist); `None` otherwise. Called on a timer.
+    /// mend (a Kafka topic that does not exist); `None` otherwise. Called on a timer, and in
+    /// exactly-once mode whenever a record waits for room.
     fn waiting(&self) -> Option<String> {
         None
     }

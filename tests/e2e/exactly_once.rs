@@ -1196,3 +1196,95 @@ async fn exactly_once_start_longer_than_wal_sender_timeout_keeps_its_walsender()
         "a session ended (the start took {start:?}):\n{log}"
     );
 }
+
+/// A record for a topic the cluster does not have, behind records already sent in the open
+/// Kafka transaction: the relay aborts that transaction at once (it would hold the partitions'
+/// last stable offset until the broker's transaction timeout, then fail as if fenced) and
+/// reads the PostgreSQL transaction again in a new session. Once the topic exists, every
+/// event arrives, in order per key, and the slot moves past.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_aborts_a_transaction_held_by_a_missing_topic_and_redoes_it() {
+    let setup = Setup::new("eos_missing", &[], 1).await;
+    let present = format!("Order_{}", setup.db.name);
+    let absent = format!("Invoice_{}", setup.db.name);
+    // Only the first type's topic; the broker creates none by itself.
+    let mock = mock_cluster(std::slice::from_ref(&present), 1);
+    let bootstrap = mock.bootstrap_servers();
+    let mut args = eos_args(&setup, &bootstrap);
+    args.extend([
+        "--kafka-property".into(),
+        "allow.auto.create.topics=false".into(),
+    ]);
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("exactly-once mode", Duration::from_secs(60))
+        .await;
+    let c = &setup.db.client;
+    let (mut written, before) = write_events(
+        c,
+        1,
+        1,
+        std::slice::from_ref(&present),
+        1,
+        0,
+        Duration::ZERO,
+    )
+    .await;
+    setup
+        .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
+        .await;
+
+    // One transaction: an event for the topic that exists, then one for the missing topic.
+    let types = [present.clone(), absent.clone()];
+    let witness = setup.witness().await;
+    let (held, _) = write_events(c, 1, 2, &types, 1, 2, Duration::ZERO).await;
+    let held_end = setup.commit_end_of(&witness, &held[1].id).await;
+    written.extend(held);
+    relay
+        .wait_for_log("open kafka transaction aborted", Duration::from_secs(30))
+        .await;
+    let log = relay.log();
+    assert!(
+        log.contains(&format!("topic {absent}.events does not exist"))
+            && log.contains("read again from the slot"),
+        "{log}"
+    );
+    assert!(
+        setup.confirmed_flush().await < held_end,
+        "the slot passed a transaction whose Kafka transaction was aborted"
+    );
+
+    mock.create_topic(&format!("{absent}.events"), 1, 1)
+        .unwrap();
+    setup
+        .wait_confirmed_past(
+            held_end - 1,
+            "the slot to pass the redone transaction once the topic exists",
+            Duration::from_secs(120),
+        )
+        .await;
+    let consumed = read_committed(
+        &bootstrap,
+        &[&format!("{present}.events"), &format!("{absent}.events")],
+        written.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    )
+    .await;
+    // librdkafka's mock cluster does not leave aborted records out of a read_committed fetch:
+    // the aborted transaction's copy of the held transaction's first event may show here too,
+    // and nothing else twice.
+    assert_delivered(&written, &consumed, false);
+    let aborted_copy = &written[1].id;
+    let ids: Vec<&[u8]> = consumed.iter().map(|r| header(r, "id").unwrap()).collect();
+    for w in &written {
+        let copies = ids.iter().filter(|id| **id == w.id.as_bytes()).count();
+        assert!(
+            copies == 1 || (copies == 2 && &w.id == aborted_copy),
+            "event {} arrived {copies} times",
+            w.id
+        );
+    }
+    assert!(relay.is_running(), "{}", relay.log());
+}
