@@ -12,9 +12,15 @@
 //! ([`SharedProducers`], `shared.rs`).
 
 pub mod log;
+mod refusals;
+mod settings;
 mod shared;
 pub mod topics;
 
+pub(crate) use refusals::is_refused;
+use refusals::{is_retryable, is_too_large};
+use settings::producer_config;
+pub(crate) use settings::DEFAULT_MESSAGE_MAX_BYTES;
 pub use shared::SharedProducers;
 
 use std::borrow::Cow;
@@ -239,81 +245,9 @@ impl Drop for KafkaSink {
     }
 }
 
-/// librdkafka's properties for the producer of [`KafkaSink::new`]: the relay's defaults, then
-/// the operator's `properties`, then what the delivery guarantees rest on.
-fn producer_config(
-    config: &KafkaConfig,
-    client_id: &str,
-    queue_messages: usize,
-    queue_bytes: usize,
-    transactional_id: Option<&str>,
-) -> ClientConfig {
-    let mut client = ClientConfig::new();
-    client
-        .set("bootstrap.servers", &config.bootstrap_servers)
-        .set("client.id", client_id)
-        // The Java client's partitioner (Debezium, Kafka Connect, Kafka Streams): an
-        // aggregate keeps the partition it had before the switch to this relay.
-        .set("partitioner", "murmur2_random");
-    for (key, value) in &config.properties {
-        client.set(key, value);
-    }
-    // What the delivery guarantees rest on, after the user's properties so nothing
-    // weakens them (validation already rejects conflicting values).
-    let queue_messages = client
-        .get("queue.buffering.max.messages")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        .max(queue_messages)
-        .max(100_000);
-    // librdkafka counts key and value bytes against `queue.buffering.max.kbytes`; the relay
-    // lets one record (up to `message.max.bytes`) go past its byte limit, plus the
-    // exactly-once checkpoint record. Lower than that, the queue would be full before the
-    // in-flight limit is reached.
-    let message_max_bytes = client
-        .get("message.max.bytes")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(DEFAULT_MESSAGE_MAX_BYTES);
-    let queue_kbytes = client
-        .get("queue.buffering.max.kbytes")
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        .max(
-            queue_bytes
-                .saturating_add(message_max_bytes)
-                .div_ceil(1024)
-                .saturating_add(1),
-        )
-        .clamp(DEFAULT_QUEUE_KBYTES, MAX_QUEUE_KBYTES);
-    // A record that times out can leave a gap that later records of its partition fill
-    // ahead of it. Unless the operator sets a timeout, librdkafka retries in order for
-    // as long as the broker is away, and the relay waits (reading no WAL beyond its
-    // in-flight limits, still answering the walsender).
-    if let Some(id) = transactional_id {
-        client.set("transactional.id", id);
-    } else if client.get("message.timeout.ms").is_none()
-        && client.get("delivery.timeout.ms").is_none()
-    {
-        client.set("message.timeout.ms", "0");
-    }
-    client
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("queue.buffering.max.messages", queue_messages.to_string())
-        .set("queue.buffering.max.kbytes", queue_kbytes.to_string());
-    client
-}
-
 /// Reported entries of [`KafkaSink`]'s accept times that may wait behind an unreported one
 /// beyond the records in flight before they are swept out.
 const SENT_SLACK: usize = 1024;
-
-/// librdkafka's default `message.max.bytes`.
-pub(crate) const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
-/// librdkafka's default `queue.buffering.max.kbytes` (1 GiB): never set lower.
-const DEFAULT_QUEUE_KBYTES: usize = 1_048_576;
-/// librdkafka's largest `queue.buffering.max.kbytes`.
-const MAX_QUEUE_KBYTES: usize = 2_147_483_647;
 
 impl KafkaSink {
     /// The producer, for the transaction calls of exactly-once mode.
@@ -583,68 +517,10 @@ fn returned_record(message: &OwnedMessage, timestamp_ms: Option<i64>) -> Record 
     }
 }
 
-/// The record exceeds a size limit of the producer, broker or topic.
-fn is_too_large(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
-    )
-}
-
-/// The broker refused the client: an authorization failure, which only the operator can mend
-/// (ACLs). Shared by the checkpoint read and the transaction calls of exactly-once mode, which
-/// stop the pipeline on it rather than retry.
-///
-/// Authentication is not among them. librdkafka turns the broker's SASL refusal (error 58,
-/// kept here in case one gets through) into its local `Authentication` (-169), which also
-/// stands for a SASL handshake cut by a broker restart, an OAUTHBEARER token refresh that failed
-/// for now (librdkafka keeps the old token and tries again) and an unreachable Kerberos KDC,
-/// and librdkafka itself keeps reconnecting after it. So wrong credentials, too, end the session
-/// and are retried with the supervisor's backoff, the error on `/readyz`, like any broker
-/// failure.
-pub(crate) fn is_refused(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::GroupAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::TransactionalIdAuthorizationFailed
-            | RDKafkaErrorCode::SaslAuthenticationFailed
-    )
-}
-
-/// Errors that publishing the same record again cannot fix.
-fn is_retryable(error: &KafkaError) -> bool {
-    use RDKafkaErrorCode::*;
-    !matches!(
-        error.rdkafka_error_code(),
-        Some(
-            MessageSizeTooLarge
-                | InvalidMessageSize
-                | InvalidMessage
-                | InvalidTopic
-                | UnknownTopic
-                | TopicAuthorizationFailed
-                | ClusterAuthorizationFailed
-                | InvalidRecord
-                | InvalidArgument
-                | InvalidTimestamp
-                | PolicyViolation
-                // A partition placement beyond the topic's partitions.
-                | UnknownPartition
-                // A record larger than the broker's batch limit on its own.
-                | MessageBatchTooLarge
-                // Headers on a topic whose message format predates them.
-                | UnsupportedForMessageFormat
-                | InvalidRequiredAcks
-                | TransactionalIdAuthorizationFailed
-        )
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use settings::tests::kafka;
 
     #[tokio::test]
     async fn a_producer_that_refuses_every_record_is_replaced_once_nothing_is_in_flight() {
@@ -821,34 +697,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn refusals_that_publishing_again_cannot_fix_are_not_retried() {
-        use RDKafkaErrorCode::*;
-        let delivery = |code| KafkaError::MessageProduction(code);
-        for permanent in [
-            MessageSizeTooLarge,
-            MessageBatchTooLarge,
-            UnsupportedForMessageFormat,
-            InvalidRequiredAcks,
-            TopicAuthorizationFailed,
-            TransactionalIdAuthorizationFailed,
-            PolicyViolation,
-            UnknownPartition,
-        ] {
-            assert!(!is_retryable(&delivery(permanent)), "{permanent:?}");
-        }
-        for transient in [
-            MessageTimedOut,
-            NotLeaderForPartition,
-            RequestTimedOut,
-            BrokerTransportFailure,
-            AllBrokersDown,
-            NotEnoughReplicas,
-        ] {
-            assert!(is_retryable(&delivery(transient)), "{transient:?}");
-        }
-    }
-
     /// A record for topic `t` with key `k` and value `v`.
     fn record() -> Record {
         Record {
@@ -858,17 +706,6 @@ mod tests {
             headers: vec![],
             timestamp_ms: None,
             partition: None,
-        }
-    }
-
-    fn kafka(properties: &[(&str, &str)]) -> KafkaConfig {
-        KafkaConfig {
-            bootstrap_servers: "k:9092".into(),
-            properties: properties
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            create_topics: None,
         }
     }
 
@@ -908,70 +745,5 @@ mod tests {
                 panic!("{properties:?}: {e}");
             }
         }
-    }
-
-    #[test]
-    fn producer_settings_keep_what_the_guarantees_rest_on() {
-        let config = producer_config(&kafka(&[]), "c", 10_000, 64 << 20, None);
-        assert_eq!(config.get("enable.idempotence"), Some("true"));
-        assert_eq!(config.get("acks"), Some("all"));
-        assert_eq!(config.get("message.timeout.ms"), Some("0"));
-        assert_eq!(config.get("queue.buffering.max.messages"), Some("100000"));
-        assert_eq!(config.get("partitioner"), Some("murmur2_random"));
-        // librdkafka's 5 ms batching wait stays unless set (docs/performance.md).
-        assert_eq!(config.get("linger.ms"), None);
-
-        let config = producer_config(
-            &kafka(&[("linger.ms", "0"), ("message.timeout.ms", "30000")]),
-            "c",
-            200_000,
-            64 << 20,
-            Some("tx"),
-        );
-        assert_eq!(config.get("linger.ms"), Some("0"));
-        assert_eq!(config.get("message.timeout.ms"), Some("30000"));
-        assert_eq!(config.get("queue.buffering.max.messages"), Some("200000"));
-        assert_eq!(config.get("transactional.id"), Some("tx"));
-    }
-
-    /// Librdkafka's byte limit below `max_in_flight_bytes` made its queue
-    /// full before the relay's limit, and `send` waited for room.
-    #[test]
-    fn librdkafka_queue_holds_the_in_flight_byte_limit_and_one_record_more() {
-        let kbytes = |config: &ClientConfig| -> usize {
-            config
-                .get("queue.buffering.max.kbytes")
-                .expect("queue.buffering.max.kbytes is set")
-                .parse()
-                .unwrap()
-        };
-        // 4 GiB in flight: above librdkafka's 1 GiB default.
-        let limit = 4usize << 30;
-        let config = producer_config(&kafka(&[]), "c", 10_000, limit, None);
-        assert!(
-            kbytes(&config) * 1024 >= limit + 1_000_000,
-            "{}",
-            kbytes(&config)
-        );
-        // An operator's lower setting is raised, a higher one kept.
-        let low = producer_config(
-            &kafka(&[
-                ("queue.buffering.max.kbytes", "1024"),
-                ("message.max.bytes", "5000000"),
-            ]),
-            "c",
-            10_000,
-            64 << 20,
-            None,
-        );
-        assert!(kbytes(&low) * 1024 >= (64 << 20) + 5_000_000);
-        let high = producer_config(
-            &kafka(&[("queue.buffering.max.kbytes", "2000000")]),
-            "c",
-            10_000,
-            64 << 20,
-            None,
-        );
-        assert_eq!(kbytes(&high), 2_000_000);
     }
 }
