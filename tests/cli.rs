@@ -31,6 +31,48 @@ fn run_without_a_source_says_how_to_give_one() {
     );
 }
 
+/// The librdkafka properties of `--kafka-properties-file` (or its variable) reach the
+/// producer's settings and their checks: a file that turns idempotence off is refused like the
+/// flag would be, and one that cannot be parsed is named by line, never shown.
+#[test]
+fn a_kafka_properties_file_is_read_and_checked_like_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("kafka.properties");
+    let base = [
+        "run",
+        "--source-url",
+        "postgres://relay@127.0.0.1:1/app",
+        "--bootstrap-servers",
+        "127.0.0.1:1",
+    ];
+    std::fs::write(&file, "sasl.password=hunter2\nenable.idempotence=false\n").unwrap();
+    let path = file.display().to_string();
+    for output in [
+        relay(
+            &[&base[..], &["--kafka-properties-file", &path]].concat(),
+            &[],
+        ),
+        relay(&base, &[("OUTBOX_RELAY_KAFKA_PROPERTIES_FILE", &path)]),
+    ] {
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(3), "{text}");
+        assert!(text.contains("enable.idempotence"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    std::fs::write(&file, "sasl.password hunter2\n").unwrap();
+    let output = relay(
+        &[&base[..], &["--kafka-properties-file", &path]].concat(),
+        &[],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("kafka.properties_file") && text.contains("line 1: expected key=value"),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+}
+
 /// A one-shot command meeting a database that is not up yet (a Kubernetes Job started before
 /// PostgreSQL) exits 1, which a Job or a script retries, never one of the codes that say
 /// retrying cannot help (3 to 5).

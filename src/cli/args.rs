@@ -237,7 +237,7 @@ pub struct RunArgs {
     /// TOML config file with one [[pipelines]] entry per database (examples/relay.toml);
     /// replaces the single-database flags.
     #[arg(value_name = "FILE", help_heading = "Config file", long, env = "OUTBOX_RELAY_CONFIG", conflicts_with_all = [
-        "source_url", "source_password", "source_password_file", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "pipeline_name",
+        "source_url", "source_password", "source_password_file", "bootstrap_servers", "slot", "publication", "table", "kafka_properties", "kafka_properties_file", "pipeline_name",
         "message_prefix", "status_interval_ms", "route_by_field", "topic_case", "topic_template", "op_invalid_behavior", "max_in_flight_events", "max_in_flight_bytes",
         "max_event_bytes", "shutdown_timeout_secs", "max_event_wait_secs", "terminate_stale_walsender_after_secs", "exactly_once", "transactional_id", "checkpoint_topic",
         "failover", "standby_url", "slot_record_schema",
@@ -336,6 +336,15 @@ pub struct RunArgs {
     /// Extra librdkafka property, key=value; repeatable (e.g. security.protocol=SASL_SSL).
     #[arg(value_name = "KEY=VALUE", help_heading = "Kafka", long = "kafka-property", value_parser = parse_property)]
     pub(crate) kafka_properties: Vec<(String, String)>,
+    /// File of librdkafka properties, key=value lines (a mounted secret with sasl.password);
+    /// --kafka-property wins for a key set in both.
+    #[arg(
+        value_name = "FILE",
+        help_heading = "Kafka",
+        long,
+        env = "OUTBOX_RELAY_KAFKA_PROPERTIES_FILE"
+    )]
+    pub(crate) kafka_properties_file: Option<String>,
     /// Publish transactional logical decoding messages with this prefix as outbox events
     /// (pg_logical_emit_message(true, 'PREFIX', '{"aggregate_type": ..., "payload": ...}')).
     #[arg(
@@ -509,6 +518,7 @@ impl RunArgs {
             kafka: KafkaConfig {
                 bootstrap_servers: self.bootstrap_servers.unwrap_or_default(),
                 properties: self.kafka_properties,
+                properties_file: self.kafka_properties_file,
                 create_topics: None,
             },
             status_interval_ms: self.status_interval_ms,

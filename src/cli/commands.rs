@@ -85,6 +85,7 @@ fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::Re
                 .read_source_password_file()
                 .err()
                 .into_iter()
+                .chain(config.kafka.read_properties_file().err())
                 .collect();
             problems.extend(crate::validation::pipeline(&config));
             if !problems.is_empty() {

@@ -35,6 +35,7 @@ const FLAG_KEYS: &[(&str, &str)] = &[
     ("topic_case", "pipelines.route.topic_case"),
     ("bootstrap_servers", "kafka.bootstrap_servers"),
     ("kafka_properties", "kafka.properties"),
+    ("kafka_properties_file", "kafka.properties_file"),
     ("metrics_listen", "metrics.listen"),
     ("on_pipeline_failure", "on_pipeline_failure"),
     ("log_level", "log.level"),

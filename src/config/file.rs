@@ -434,21 +434,46 @@ pub(crate) fn resolve(
                 ),
             );
         }
-        let mut properties: BTreeMap<String, String> = match p.sink {
-            SinkConfig::Kafka => file.kafka.properties.iter().cloned().collect(),
-            _ => BTreeMap::new(),
+        if p.sink != SinkConfig::Kafka && p.kafka.properties_file.is_some() {
+            problem(
+                "kafka.properties_file",
+                format!(
+                    "only used with sink kind \"kafka\", not {:?}",
+                    p.sink.kind()
+                ),
+            );
+        }
+        // Layered, a later one winning for a key: [kafka]'s properties_file, its properties,
+        // the pipeline's properties_file, its properties. A file's values are taken as written.
+        let mut properties = BTreeMap::new();
+        let defaults = match p.sink {
+            SinkConfig::Kafka => Some(&file.kafka),
+            _ => None,
         };
-        properties.extend(std::mem::take(&mut p.kafka.properties));
-        p.kafka.properties = properties
-            .into_iter()
-            .map(|(key, value)| {
+        let pipeline_kafka = std::mem::take(&mut p.kafka.properties);
+        let pipeline_file = p.kafka.properties_file.take();
+        for (from_file, inline) in [
+            (
+                defaults.and_then(|k| k.properties_file.clone()),
+                defaults.map(|k| k.properties.clone()),
+            ),
+            (pipeline_file, Some(pipeline_kafka)),
+        ] {
+            if let Some(path) = from_file {
+                match super::kafka::properties_from_file(&path) {
+                    Ok(read) => properties.extend(read),
+                    Err(e) => problem("kafka.properties_file", e),
+                }
+            }
+            for (key, value) in inline.unwrap_or_default() {
                 let value = expand(&value, env).unwrap_or_else(|e| {
                     problem(&format!("kafka.properties.{key}"), e);
                     String::new()
                 });
-                (key, value)
-            })
-            .collect();
+                properties.insert(key, value);
+            }
+        }
+        p.kafka.properties = properties.into_iter().collect();
         if p.source_kind == SourceKind::LogTailing
             && !p.source_url.is_empty()
             && !p.slot.is_empty()

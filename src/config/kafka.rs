@@ -19,6 +19,12 @@ pub struct KafkaConfig {
     #[schemars(!skip_serializing_if)]
     #[schemars(with = "std::collections::BTreeMap<String, String>")]
     pub properties: Vec<(String, String)>,
+    /// A file of librdkafka properties (`key=value` lines, `#` comments), such as a mounted
+    /// secret with `sasl.password`: read at start, before `properties`, which win for a key set
+    /// in both. Its values are taken as written (no `${NAME}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(!skip_serializing_if)]
+    pub properties_file: Option<String>,
     /// Create a missing topic through the admin API before its first record; `None`: a
     /// missing topic holds its records (and reading) until someone creates it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,6 +104,69 @@ mod properties_table {
     }
 }
 
+/// Reads the librdkafka properties of `path` (`kafka.properties_file`), warning when others
+/// may read it ([`super::secret_file::warn_if_exposed`]).
+///
+/// Returns an error naming the file, and the line without its text (it may hold a secret).
+pub(super) fn properties_from_file(path: &str) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path:?}: {e}"))?;
+    super::secret_file::warn_if_exposed(std::path::Path::new(path), "kafka.properties_file");
+    parse_properties(&text).map_err(|e| format!("{path:?}: {e}"))
+}
+
+impl KafkaConfig {
+    /// Reads `properties_file` (if set) into `properties`, under the properties given there
+    /// already (the `--kafka-property` flags win), as [`super::file::load`] does for a file's
+    /// pipelines.
+    ///
+    /// Returns an error naming the setting and the file if it cannot be read or parsed.
+    pub fn read_properties_file(&mut self) -> Result<(), super::ConfigError> {
+        let Some(path) = self.properties_file.take() else {
+            return Ok(());
+        };
+        let mut properties: std::collections::BTreeMap<String, String> =
+            properties_from_file(&path)
+                .map_err(|e| super::ConfigError::new("kafka.properties_file", e))?
+                .into_iter()
+                .collect();
+        properties.extend(std::mem::take(&mut self.properties));
+        self.properties = properties.into_iter().collect();
+        Ok(())
+    }
+}
+
+/// The properties in `text`, a subset of Java's `.properties` format that Kafka clients'
+/// `client.properties` files use: a `key=value` or `key: value` line each, the key trimmed and
+/// the value without its leading blanks, lines starting with `#` or `!` and blank lines left
+/// out, a later key replacing an earlier one.
+///
+/// Returns an error naming the line (never its text) for a line without `=` or `:`, and for a
+/// line ending in `\` (Java's continuation, which is not read here).
+fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut properties = std::collections::BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim_start().trim_end_matches('\r');
+        if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+            continue;
+        }
+        if line.ends_with('\\') {
+            return Err(format!(
+                "line {}: a line continued with a backslash is not supported; write the value on one line",
+                n + 1
+            ));
+        }
+        let Some(split) = line.find(['=', ':']) else {
+            return Err(format!("line {}: expected key=value", n + 1));
+        };
+        let key = line[..split].trim();
+        if key.is_empty() {
+            return Err(format!("line {}: no key before the '='", n + 1));
+        }
+        properties.insert(key.to_owned(), line[split + 1..].trim_start().to_owned());
+    }
+    Ok(properties.into_iter().collect())
+}
+
 /// librdkafka properties the relay's guarantees depend on; setting them otherwise is an error.
 pub(super) const REQUIRED_KAFKA_PROPERTIES: &[(&str, &str)] =
     &[("enable.idempotence", "true"), ("acks", "all")];
@@ -109,7 +178,41 @@ impl fmt::Debug for KafkaConfig {
         f.debug_struct("KafkaConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("properties", &keys)
+            .field("properties_file", &self.properties_file)
             .field("create_topics", &self.create_topics)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_properties_file_is_read_as_kafka_clients_write_it() {
+        let text = "# SASL\n! also a comment\n\nsecurity.protocol=SASL_SSL\n  sasl.mechanism : SCRAM-SHA-512\nsasl.password=p@ss#w/rd=:x \r\nlinger.ms=5\nlinger.ms=1\n";
+        assert_eq!(
+            parse_properties(text).unwrap(),
+            [
+                ("linger.ms", "1"),
+                ("sasl.mechanism", "SCRAM-SHA-512"),
+                ("sasl.password", "p@ss#w/rd=:x "),
+                ("security.protocol", "SASL_SSL"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+    }
+
+    #[test]
+    fn a_line_that_is_no_property_is_named_by_its_number_never_its_text() {
+        for (text, expected) in [
+            ("a=1\nhunter2\n", "line 2: expected key=value"),
+            ("=hunter2\n", "line 1: no key"),
+            ("sasl.password=hun\\\n  ter2\n", "line 1: a line continued"),
+        ] {
+            let error = parse_properties(text).unwrap_err();
+            assert!(error.starts_with(expected), "{error}");
+            assert!(!error.contains("hun"), "{error}");
+        }
     }
 }

@@ -487,6 +487,7 @@ impl PipelineConfig {
             kafka: KafkaConfig {
                 bootstrap_servers: "localhost:9092".into(),
                 properties: vec![],
+                properties_file: None,
                 create_topics: None,
             },
             ..PipelineConfig::new("main", "public.outbox".parse().unwrap())

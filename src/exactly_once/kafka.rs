@@ -592,6 +592,7 @@ mod tests {
         let config = KafkaConfig {
             bootstrap_servers: mock.bootstrap_servers(),
             properties: Vec::new(),
+            properties_file: None,
             create_topics: None,
         };
         let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -698,6 +699,7 @@ mod tests {
             let config = KafkaConfig {
                 bootstrap_servers: mock.bootstrap_servers(),
                 properties: Vec::new(),
+                properties_file: None,
                 create_topics: None,
             };
             Topic {
@@ -855,6 +857,7 @@ mod tests {
                 ("security.protocol".into(), "SASL_SSL".into()),
                 ("isolation.level".into(), "read_uncommitted".into()),
             ],
+            properties_file: None,
             create_topics: None,
         };
         let reader = reader_config(&config, "orders");

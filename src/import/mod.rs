@@ -339,6 +339,7 @@ fn translate_parts(
             bootstrap_servers: bootstrap_servers
                 .unwrap_or_else(|| "${KAFKA_BOOTSTRAP_SERVERS}".into()),
             properties: Vec::new(),
+            properties_file: None,
             create_topics: None,
         },
         pipelines: vec![pipeline],

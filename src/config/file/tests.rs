@@ -244,6 +244,87 @@ fn pipeline_kafka_settings_override_the_defaults() {
         .contains(&("compression.type".into(), "lz4".into())));
 }
 
+/// `properties_file` layers under `properties` at each level: `[kafka]`'s file, its table,
+/// the pipeline's file, its table; a file's values are taken as written (`${...}` stays).
+#[test]
+fn kafka_properties_files_layer_under_the_tables_and_keep_their_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let shared = write(
+        "shared.properties",
+        "sasl.username=relay\nsasl.password=${not expanded}\nlinger.ms=50\nacks=all\n",
+    );
+    let own = write("own.properties", "linger.ms=20\ncompression.type=zstd\n");
+    let config = load_str(
+        &format!(
+            r#"
+        [kafka]
+        bootstrap_servers = "a:9092"
+        properties_file = "{shared}"
+        properties = {{ "linger.ms" = "5", "compression.type" = "lz4" }}
+        [[pipelines]]
+        name = "p"
+        source_url = "postgres://u@h/db"
+        slot = "s"
+        publication = "pub"
+        table = "outbox"
+        kafka = {{ properties_file = "{own}", properties = {{ "compression.type" = "${{CODEC}}" }} }}
+        "#
+        ),
+        &[("CODEC", "gzip")],
+    )
+    .unwrap();
+    let kafka = &config.pipelines[0].kafka;
+    let get = |key: &str| {
+        kafka
+            .properties
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(get("sasl.username"), Some("relay"));
+    assert_eq!(get("sasl.password"), Some("${not expanded}"));
+    assert_eq!(get("linger.ms"), Some("20"));
+    assert_eq!(get("compression.type"), Some("gzip"));
+    assert_eq!(kafka.properties_file, None, "read into properties");
+
+    // A file that cannot be read, or a line that is no property, is named by its setting.
+    let bad = write("bad.properties", "hunter2\n");
+    for (file, expected) in [
+        (
+            dir.path().join("absent").display().to_string(),
+            "cannot read",
+        ),
+        (bad, "line 1: expected key=value"),
+    ] {
+        let errors = load_str(
+            &format!(
+                r#"
+        [[pipelines]]
+        name = "p"
+        source_url = "postgres://u@h/db"
+        slot = "s"
+        publication = "pub"
+        table = "outbox"
+        kafka = {{ bootstrap_servers = "a:9092", properties_file = "{file}" }}
+        "#
+            ),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            errors.contains("pipelines[0].kafka.properties_file") && errors.contains(expected),
+            "{errors}"
+        );
+        assert!(!errors.contains("hunter2"), "{errors}");
+    }
+}
+
 #[test]
 fn lists_every_problem_with_its_field_path() {
     let errors = load_str(
@@ -344,6 +425,7 @@ fn every_field_set() -> PipelineConfig {
         kafka: KafkaConfig {
             bootstrap_servers: "k:9092".into(),
             properties: vec![("linger.ms".into(), "5".into())],
+            properties_file: None,
             create_topics: None,
         },
         status_interval_ms: 2,

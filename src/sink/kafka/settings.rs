@@ -88,6 +88,7 @@ pub(super) mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            properties_file: None,
             create_topics: None,
         }
     }

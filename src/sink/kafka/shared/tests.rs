@@ -24,6 +24,7 @@ fn pipeline(name: &str, bootstrap: &str, properties: &[(&str, &str)]) -> Pipelin
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect(),
+        properties_file: None,
         create_topics: None,
     };
     config.max_in_flight_events = 5;
