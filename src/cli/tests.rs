@@ -185,8 +185,10 @@ fn setup_status_and_teardown_show_only_the_database_flags_they_read() {
             );
         }
     }
-    // setup --print-sql reads --message-prefix; status reads --standby-url; teardown neither.
+    // setup --print-sql reads --message-prefix, and --op-invalid-behavior decides what its
+    // publication publishes; status reads --standby-url; teardown none of them.
     assert!(help("setup").contains("--message-prefix"));
+    assert!(help("setup").contains("--op-invalid-behavior"));
     assert!(help("status").contains("--standby-url"));
     let teardown = help("teardown");
     for unread in ["--message-prefix", "--failover", "--standby-url"] {
