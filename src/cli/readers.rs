@@ -93,8 +93,8 @@ pub(super) fn teardown_flags(arg: clap::Arg) -> clap::Arg {
 
 /// Refuses a flag of `run` given on the command line to a command that does not read it
 /// ([`READERS`]): `--metrics-listen is a flag of run; setup does not read it`. Its
-/// environment variable is not refused (nor read), so that one environment serves every
-/// command.
+/// environment variable is not refused but ignored (a malformed value still fails its
+/// parser), so that one environment serves every command.
 ///
 /// Returns a usage error (exit code 2) naming each such flag and the commands that read it.
 pub(super) fn refuse_unread(
