@@ -5,6 +5,7 @@
 mod args;
 mod commands;
 mod naming;
+mod readers;
 pub mod reference;
 mod teardown;
 #[cfg(test)]

@@ -1,7 +1,6 @@
 //! The `outbox-relay` binary: parses the command line, sets up logging and runs the command
 //! ([`outbox_relay::cli`]).
 
-use clap::Parser;
 use outbox_relay::cli::{Cli, NamingVariable};
 use outbox_relay::config;
 use outbox_relay::error::chain;
@@ -9,7 +8,7 @@ use outbox_relay::logging::LogFormat;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_command_line(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => e.exit_naming_variable(),
     };

@@ -97,6 +97,71 @@ fn setup_status_and_teardown_exit_1_when_the_database_is_unreachable() {
     }
 }
 
+/// `setup`, `check`, `status` and `teardown` refuse, on the command line, a flag of `run` they
+/// do not read, naming it and the commands that read it; its environment variable is left
+/// alone, so that one environment serves every command.
+#[test]
+fn a_flag_of_run_is_refused_by_the_commands_that_do_not_read_it_but_not_its_variable() {
+    let url = "postgres://relay@127.0.0.1:1/app?connect_timeout=5";
+    for command in ["setup", "check", "status", "teardown"] {
+        let output = relay(
+            &[
+                command,
+                "--source-url",
+                url,
+                "--metrics-listen",
+                "0.0.0.0:9187",
+            ],
+            &[],
+        );
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{command}: {text}");
+        assert!(
+            text.starts_with(&format!(
+                "error: --metrics-listen is a flag of run; {command} does not read it"
+            )),
+            "{command}: {text}"
+        );
+    }
+    let output = relay(
+        &[
+            "setup",
+            "--source-url",
+            url,
+            "--bootstrap-servers",
+            "k:9092",
+        ],
+        &[],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("--bootstrap-servers is a flag of run and check; setup does not read it"),
+        "{text}"
+    );
+
+    let environment = [
+        ("OUTBOX_RELAY_SOURCE_URL", url),
+        ("OUTBOX_RELAY_METRICS_LISTEN", "0.0.0.0:9187"),
+        ("OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", "5"),
+        ("OUTBOX_RELAY_BOOTSTRAP_SERVERS", "127.0.0.1:1"),
+    ];
+    let output = relay(&["setup", "--print-sql"], &environment);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("CREATE PUBLICATION"),
+        "{text}"
+    );
+    // The others reach for the database, which does not answer: exit 1, not a usage error.
+    for command in [&["status"][..], &["teardown", "--yes"]] {
+        let output = relay(command, &environment);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{command:?}: {text}");
+        assert!(!text.contains("does not read"), "{command:?}: {text}");
+    }
+}
+
 #[test]
 fn a_bad_value_from_an_environment_variable_names_the_variable() {
     let output = relay(

@@ -6,6 +6,8 @@
 
 use clap::{Parser, Subcommand};
 
+use super::readers::{check_flags, refuse_unread, setup_flags, status_flags, teardown_flags};
+
 use crate::config::{self, KafkaConfig, PipelineConfig, TableName};
 use crate::logging::LogFormat;
 
@@ -35,6 +37,27 @@ pub struct Cli {
     pub log_level: Option<String>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses `argv` (its first item the program's name) like [`Parser::try_parse_from`], and
+    /// refuses a flag of `run` given on the command line to a command that does not read it
+    /// (`--metrics-listen is a flag of run; setup does not read it`); the environment
+    /// variables of such flags are accepted and ignored.
+    ///
+    /// Returns clap's error, whose [`clap::Error::exit`] prints it and exits with 2 (0 for
+    /// `--help` and `--version`).
+    pub fn try_parse_command_line<I, T>(argv: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut cli = <Cli as clap::CommandFactory>::command();
+        let mut matches = cli.try_get_matches_from_mut(argv)?;
+        refuse_unread(&cli, &matches)?;
+        <Cli as clap::FromArgMatches>::from_arg_matches_mut(&mut matches)
+            .map_err(|e| e.format(&mut cli))
+    }
 }
 
 /// `--version`: the version and the commit it was built from.
@@ -91,7 +114,7 @@ pub enum Command {
     /// trigger). Exits 1 if anything fails.
     ///
     ///   outbox-relay check --config relay.toml
-    #[command(verbatim_doc_comment, mut_args = without_the_process_flags)]
+    #[command(verbatim_doc_comment, mut_args = check_flags)]
     Check(RunArgs),
     /// Removes what a pipeline left in its database once it is gone from service: its
     /// replication slot (which keeps WAL until dropped; refused while a relay streams from it),
@@ -162,60 +185,6 @@ pub enum Command {
         #[arg(long)]
         accept_differences: bool,
     },
-}
-
-/// Headings of `run`'s flags that matter to `run` alone: what the process serves and how it
-/// delivers.
-const RUN_ONLY: &[&str] = &["Process", "Delivery"];
-
-/// Headings of the flags that `setup`, `status` and `teardown` may read: they reach the
-/// database only.
-const DATABASE: &[&str] = &["Config file", "Source database"];
-
-/// Source database flags about streaming, which none of `setup`, `status` and `teardown` reads.
-const STREAMING: &[&str] = &[
-    "no_create_slot",
-    "status_interval_ms",
-    "terminate_stale_walsender_after_secs",
-];
-
-/// `check`'s flags: all of `run`'s but the process's and delivery's. The others stay accepted,
-/// so that one command line or environment serves every command, and hidden from `--help`.
-fn without_the_process_flags(arg: clap::Arg) -> clap::Arg {
-    let hide = arg.is_hide_set()
-        || arg
-            .get_help_heading()
-            .is_some_and(|h| RUN_ONLY.contains(&h));
-    arg.hide(hide)
-}
-
-/// Hides `arg` unless it is a database flag (a heading of [`DATABASE`]) that is not
-/// [`STREAMING`] nor in `unread`, or the command's own (no heading). `run`'s other flags stay
-/// accepted (one command line serves every command) and hidden from `--help`.
-fn database_flags_but(arg: clap::Arg, unread: &[&str]) -> clap::Arg {
-    let id = arg.get_id().as_str().to_owned();
-    let hide = arg.is_hide_set()
-        || arg
-            .get_help_heading()
-            .is_some_and(|h| !DATABASE.contains(&h))
-        || STREAMING.contains(&id.as_str())
-        || unread.contains(&id.as_str());
-    arg.hide(hide)
-}
-
-/// `setup`'s flags: it also reads `--message-prefix` (for `--print-sql`) and `--failover`.
-fn setup_flags(arg: clap::Arg) -> clap::Arg {
-    database_flags_but(arg, &["standby_url"])
-}
-
-/// `status`'s flags: it reads `--standby-url` for the slot's copy there.
-fn status_flags(arg: clap::Arg) -> clap::Arg {
-    database_flags_but(arg, &["message_prefix", "failover"])
-}
-
-/// `teardown`'s flags: the slot, the publication and the slot record only.
-fn teardown_flags(arg: clap::Arg) -> clap::Arg {
-    database_flags_but(arg, &["message_prefix", "failover", "standby_url"])
 }
 
 impl Command {

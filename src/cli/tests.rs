@@ -4,7 +4,6 @@ use super::args::{Cli, Command, RunArgs};
 use super::commands::pipelines;
 use clap::error::ErrorKind;
 use clap::CommandFactory;
-use clap::Parser;
 
 /// Flags of `run` that apply with `--config` too; every other one is a single-database
 /// flag, which `--config` must refuse rather than ignore.
@@ -29,7 +28,7 @@ fn environment() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn parse(argv: &[&str]) -> Result<Cli, clap::Error> {
-    Cli::try_parse_from(std::iter::once("outbox-relay").chain(argv.iter().copied()))
+    Cli::try_parse_command_line(std::iter::once("outbox-relay").chain(argv.iter().copied()))
 }
 
 fn run_args(argv: &[&str]) -> RunArgs {
@@ -186,8 +185,10 @@ fn setup_status_and_teardown_show_only_the_database_flags_they_read() {
             );
         }
     }
-    // setup --print-sql reads --message-prefix; status reads --standby-url; teardown neither.
+    // setup --print-sql reads --message-prefix, and --op-invalid-behavior decides what its
+    // publication publishes; status reads --standby-url; teardown none of them.
     assert!(help("setup").contains("--message-prefix"));
+    assert!(help("setup").contains("--op-invalid-behavior"));
     assert!(help("status").contains("--standby-url"));
     let teardown = help("teardown");
     for unread in ["--message-prefix", "--failover", "--standby-url"] {
@@ -216,22 +217,175 @@ fn check_shows_what_it_checks_but_not_the_process_or_delivery_flags() {
     }
 }
 
+/// `argv`'s error, which must be a usage error (exit code 2).
+fn refused(argv: &[&str]) -> String {
+    match parse(argv) {
+        Ok(_) => panic!("{argv:?}: accepted"),
+        Err(e) => {
+            assert_eq!(e.exit_code(), 2, "{argv:?}: {e}");
+            e.to_string()
+        }
+    }
+}
+
 #[test]
-fn a_run_command_line_still_serves_every_command() {
+fn a_command_refuses_a_flag_of_run_it_does_not_read() {
     let _environment = environment();
-    let run_flags = [
+    let source = ["--source-url", "postgres://relay@db/app"];
+    for command in ["setup", "check", "status", "teardown"] {
+        let argv: Vec<&str> = [command]
+            .into_iter()
+            .chain(source)
+            .chain(["--metrics-listen", "127.0.0.1:9187"])
+            .collect();
+        let error = refused(&argv);
+        let sentence =
+            format!("error: --metrics-listen is a flag of run; {command} does not read it");
+        assert!(error.starts_with(&sentence), "{argv:?}: {error}");
+        assert!(
+            error.contains("OUTBOX_RELAY_METRICS_LISTEN may stay in the environment"),
+            "{error}"
+        );
+    }
+    // The sentence names every command that reads the flag.
+    let error = refused(&[
+        "setup",
         "--source-url",
-        "postgres://relay@db/app",
+        "u",
         "--bootstrap-servers",
-        "kafka:9092",
+        "k:9092",
+    ]);
+    assert!(
+        error.contains("--bootstrap-servers is a flag of run and check; setup does not read it"),
+        "{error}"
+    );
+    let error = refused(&["setup", "--source-url", "u", "--standby-url", "s"]);
+    assert!(
+        error.contains("--standby-url is a flag of run, check and status; setup does not read it"),
+        "{error}"
+    );
+    let error = refused(&[
+        "status",
+        "--source-url",
+        "u",
         "--max-in-flight-events",
         "5",
-        "--metrics-listen",
-        "127.0.0.1:9187",
-    ];
+        "--topic-case",
+        "lower",
+    ]);
+    assert!(
+        error.contains("--topic-case is a flag of run and check, --max-in-flight-events a flag of run; status does not read them")
+            || error.contains("--max-in-flight-events is a flag of run, --topic-case a flag of run and check; status does not read them"),
+        "{error}"
+    );
+    // What a command reads stays accepted.
+    for argv in [
+        &[
+            "check",
+            "--source-url",
+            "u",
+            "--bootstrap-servers",
+            "k:9092",
+        ][..],
+        &["status", "--source-url", "u", "--standby-url", "s"],
+        &[
+            "setup",
+            "--source-url",
+            "u",
+            "--failover",
+            "--message-prefix",
+            "outbox",
+        ],
+        &[
+            "setup",
+            "--source-url",
+            "u",
+            "--op-invalid-behavior",
+            "warn",
+            "--print-sql",
+        ],
+        &["teardown", "--source-url", "u", "--slot", "old", "--yes"],
+    ] {
+        parse(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    }
+}
+
+#[test]
+fn every_flag_hidden_from_a_commands_help_is_refused_on_its_command_line() {
+    let _environment = environment();
+    let mut cli = Cli::command();
+    cli.build();
+    let run: Vec<clap::Arg> = cli
+        .find_subcommand("run")
+        .expect("a run command")
+        .get_arguments()
+        .filter(|a| !a.is_hide_set() && a.get_long().is_some())
+        .cloned()
+        .collect();
+    let mut refused_flags = 0;
     for command in ["setup", "check", "status", "teardown"] {
-        let argv: Vec<&str> = std::iter::once(command).chain(run_flags).collect();
-        parse(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        let hidden: Vec<&str> = cli
+            .find_subcommand(command)
+            .expect("a command")
+            .get_arguments()
+            .filter(|a| a.is_hide_set())
+            .map(|a| a.get_id().as_str())
+            .collect();
+        for arg in run.iter().filter(|a| hidden.contains(&a.get_id().as_str())) {
+            let long = arg.get_long().expect("a long flag");
+            let flag = format!("--{long}");
+            let mut argv = vec![command, "--source-url", "u", flag.as_str()];
+            let possible = arg.get_possible_values();
+            if arg.get_action().takes_values() {
+                argv.push(match long {
+                    _ if !possible.is_empty() => possible[0].get_name(),
+                    "metrics-listen" => "127.0.0.1:9187",
+                    "kafka-property" => "linger.ms=1",
+                    _ => "1",
+                });
+            }
+            if arg.get_help_heading() == Some("Exactly-once") && arg.get_id() != "exactly_once" {
+                argv.push("--exactly-once");
+            }
+            let error = refused(&argv);
+            assert!(
+                error.starts_with("error: --")
+                    && error.contains(&format!("{flag} "))
+                    && error.contains(&format!("{command} does not read")),
+                "{argv:?}: {error}"
+            );
+            refused_flags += 1;
+        }
+    }
+    assert!(refused_flags >= 50, "only {refused_flags} refusals");
+}
+
+#[test]
+fn the_variables_of_flags_a_command_does_not_read_are_accepted() {
+    let _environment = environment();
+    let variables = [
+        ("OUTBOX_RELAY_METRICS_LISTEN", "127.0.0.1:9187"),
+        ("OUTBOX_RELAY_BOOTSTRAP_SERVERS", "kafka:9092"),
+        ("OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", "5"),
+        ("OUTBOX_RELAY_STANDBY_URL", "postgres://relay@standby/app"),
+    ];
+    for (variable, value) in variables {
+        std::env::set_var(variable, value);
+    }
+    let parsed: Vec<_> = ["setup", "check", "status", "teardown"]
+        .into_iter()
+        .map(|command| {
+            (
+                command,
+                parse(&[command, "--source-url", "postgres://relay@db/app"]),
+            )
+        })
+        .collect();
+    for (variable, _) in variables {
+        std::env::remove_var(variable);
+    }
+    for (command, parsed) in parsed {
+        parsed.unwrap_or_else(|e| panic!("{command} with run's variables: {e}"));
     }
 }
 

@@ -245,7 +245,7 @@ async fn exactly_once_checkpoint_ahead_of_the_slot_passes_over_what_kafka_has() 
 
     // `check` reads the checkpoint as the relay does, and names a missing checkpoint topic.
     let mut check_args = args.clone();
-    check_args[0] = "check".into();
+    check_args = crate::as_command(&check_args, "check");
     let mut check = Relay::spawn(&check_args);
     let status = check.wait(Duration::from_secs(60));
     let out = check.log();

@@ -139,7 +139,7 @@ async fn relay_survives_a_failover(standby_first: bool) {
     // The failover slot, by `setup --failover` (through the multi-host URL, on the primary).
     let mut args = pair.relay_args(standby_first, Some("primary"));
     args.push("--failover".into());
-    let mut created = Relay::spawn(&[&["setup".to_string()], &args[1..]].concat());
+    let mut created = Relay::spawn(&crate::as_command(&args, "setup"));
     let status = created.wait(Duration::from_secs(60));
     assert!(
         status.success(),
@@ -290,7 +290,7 @@ async fn a_synced_failover_slot_on_a_standby_listed_first_is_refused_naming_it()
     let pair = Pair::start("synced_first").await;
     let mut args = pair.relay_args(true, Some("primary"));
     args.push("--failover".into());
-    let mut created = Relay::spawn(&[&["setup".to_string()], &args[1..]].concat());
+    let mut created = Relay::spawn(&crate::as_command(&args, "setup"));
     let status = created.wait(Duration::from_secs(60));
     assert!(
         status.success(),
@@ -338,7 +338,7 @@ async fn a_synced_failover_slot_on_a_standby_listed_first_is_refused_naming_it()
         "the relay names the synced copy and the way out:\n{log}"
     );
     // `check` fails on it as the start does (it said "slot ... ok").
-    let mut check = Relay::spawn(&[&["check".to_string()], &args[1..]].concat());
+    let mut check = Relay::spawn(&crate::as_command(&args, "check"));
     let status = check.wait(Duration::from_secs(60));
     let log = check.log();
     assert!(!status.success(), "check passed:\n{log}");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::{
     self, http_get, kafka, metric_sum, metric_value, wait_for, Auth, PgCluster, Relay,
 };
-use crate::{assert_delivered, write_events, Setup};
+use crate::{as_command, assert_delivered, write_events, Setup};
 
 /// Runs the relay binary with `args` to its end (at most a minute); returns whether it
 /// succeeded and its output.
@@ -15,13 +15,6 @@ pub(crate) fn run_command(args: &[String]) -> (bool, String) {
     let mut command = Relay::spawn(args);
     let status = command.wait(Duration::from_secs(60));
     (status.success(), command.log())
-}
-
-/// `args` (a `run ...` command line) as the command `name` (`setup`, `check`, `status`).
-pub(crate) fn as_command(args: &[String], name: &str) -> Vec<String> {
-    let mut args = args.to_vec();
-    args[0] = name.into();
-    args
 }
 
 /// Waits (up to 30 s) until the relay serving metrics on `metrics` shows `value` for the

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use crate::failover_slots::{as_command, run_command};
+use crate::as_command;
+use crate::failover_slots::run_command;
 use crate::standby::assert_relay_stops_naming;
 use crate::support::{kafka, pg::pg_major, within, Auth, Relay, QUERY_DEADLINE};
 use crate::{assert_delivered, Setup, Written};

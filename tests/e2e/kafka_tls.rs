@@ -42,7 +42,7 @@ async fn the_relay_verifies_the_brokers_certificate_and_delivers_over_tls() {
     };
 
     let mut check = with(&["security.protocol=SSL".into()]);
-    check[0] = "check".into();
+    check = crate::as_command(&check, "check");
     let mut relay = Relay::spawn(&check);
     let status = relay.wait(Duration::from_secs(90));
     let log = relay.log();

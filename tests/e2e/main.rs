@@ -426,6 +426,45 @@ impl Setup {
     }
 }
 
+/// `args` (a `run ...` command line) as the command `name` (`setup`, `check`, `status`,
+/// `teardown`, `run`) takes it: without the flags of `run` that `name` does not read, which
+/// it refuses (they are the ones its `--help` hides), as an operator would write it.
+fn as_command(args: &[String], name: &str) -> Vec<String> {
+    use clap::CommandFactory;
+    let mut cli = outbox_relay::cli::Cli::command();
+    cli.build();
+    let command = cli
+        .find_subcommand(name)
+        .unwrap_or_else(|| panic!("no command {name}"));
+    let run = cli.find_subcommand("run").expect("a run command");
+    let find = |c: &clap::Command, long: &str| {
+        c.get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .map(|a| (a.is_hide_set(), a.get_action().takes_values()))
+    };
+    // Some(whether it takes a value) for a flag of run's that `name` does not read.
+    let unread = |long: &str| match (find(run, long), find(command, long)) {
+        (Some((false, takes_value)), Some((true, _))) => Some(takes_value),
+        _ => None,
+    };
+    let mut out = vec![name.to_string()];
+    let mut rest = args[1..].iter();
+    while let Some(arg) = rest.next() {
+        let long = arg
+            .strip_prefix("--")
+            .map(|flag| flag.split_once('=').map_or(flag, |(flag, _)| flag));
+        match long.and_then(unread) {
+            Some(takes_value) => {
+                if takes_value && !arg.contains('=') {
+                    rest.next();
+                }
+            }
+            None => out.push(arg.clone()),
+        }
+    }
+    out
+}
+
 /// Writes `toml` to `relay.toml` in a new temporary directory; returns the directory (the
 /// file lives as long as it does) and the arguments `run --config <file>`.
 fn run_with_config(toml: &str) -> (tempfile::TempDir, Vec<String>) {

@@ -218,7 +218,7 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
         .unwrap();
     let mut run_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
     let mut setup_args = run_args.clone();
-    setup_args[0] = "setup".into();
+    setup_args = crate::as_command(&setup_args, "setup");
 
     let mut print = setup_args.clone();
     print.push("--print-sql".into());
@@ -289,7 +289,7 @@ async fn the_sql_setup_prints_runs_as_it_is_and_the_relay_streams_after_it() {
     let mut run_args = run_args;
     run_args[at + 1] = url;
     let mut print = run_args.clone();
-    print[0] = "setup".into();
+    print = crate::as_command(&print, "setup");
     print.push("--print-sql".into());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(&print)
@@ -335,7 +335,7 @@ async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is(
     let setup = Setup::new("check", &["Order"], 1).await;
     let args = |command: &str| {
         let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Scram);
-        args[0] = command.into();
+        args = crate::as_command(&args, command);
         args
     };
     let mut check = Relay::spawn(&args("check"));
@@ -422,7 +422,7 @@ async fn check_warns_while_public_may_emit_logical_messages_until_the_sql_kit_re
         .await
         .unwrap();
     let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    args[0] = "check".into();
+    args = crate::as_command(&args, "check");
     args.extend(["--message-prefix".to_string(), "outbox".to_string()]);
     let mut check = Relay::spawn(&args);
     check.wait(Duration::from_secs(60));

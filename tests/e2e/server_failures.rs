@@ -341,8 +341,7 @@ async fn an_invalidated_slot_is_refused_and_never_recreated() {
     assert_eq!((count, status.as_deref()), (1, Some("lost")));
 
     // `status` shows it too, so an operator sees it before starting the relay.
-    let mut status_args = vec!["status".to_string()];
-    status_args.extend(args[1..].iter().cloned());
+    let status_args = crate::as_command(&args, "status");
     let mut report = Relay::spawn(&status_args);
     let exit = report.wait(Duration::from_secs(30));
     let log = report.log();

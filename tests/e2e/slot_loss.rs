@@ -64,7 +64,7 @@ async fn assert_record_within_slot(setup: &Setup, when: &str) -> u64 {
 /// `setup.relay_args` for `command` (run, setup) with `extra` flags.
 fn args(setup: &Setup, auth: Auth, command: &str, extra: &[&str]) -> Vec<String> {
     let mut args = setup.relay_args(&kafka().bootstrap(), auth);
-    args[0] = command.into();
+    args = crate::as_command(&args, command);
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }

@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use crate::failover_slots::{as_command, run_command};
+use crate::as_command;
+use crate::failover_slots::run_command;
 use crate::support::{
     kafka, parse_lsn, unique_name, wait_for, within, Auth, PgCluster, Relay, TestDb, QUERY_DEADLINE,
 };

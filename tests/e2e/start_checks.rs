@@ -13,7 +13,7 @@ fn run_and_check(args: &[String]) -> (Option<i32>, String, String) {
     let mut relay = Relay::spawn(args);
     let status = relay.wait(Duration::from_secs(60));
     let mut check_args = args.to_vec();
-    check_args[0] = "check".into();
+    check_args = crate::as_command(&check_args, "check");
     let mut check = Relay::spawn(&check_args);
     assert!(
         !check.wait(Duration::from_secs(60)).success(),
@@ -59,7 +59,7 @@ async fn setup_creates_a_publication_with_what_op_invalid_behavior_reads() {
     args[at] = publication.clone();
     args.extend(["--op-invalid-behavior".into(), "warn".into()]);
     let mut setup_args = args.clone();
-    setup_args[0] = "setup".into();
+    setup_args = crate::as_command(&setup_args, "setup");
     let mut command = Relay::spawn(&setup_args);
     let status = command.wait(Duration::from_secs(60));
     assert!(status.success(), "setup failed:\n{}", command.log());
@@ -94,7 +94,7 @@ async fn a_replication_role_without_select_streams_and_check_only_warns() {
     let mut args = args_as(&setup, &role);
     args.push("--no-slot-record".into());
     let mut check_args = args.clone();
-    check_args[0] = "check".into();
+    check_args = crate::as_command(&check_args, "check");
     let mut check = Relay::spawn(&check_args);
     let passed = check.wait(Duration::from_secs(60)).success();
     let log = check.log();
@@ -218,7 +218,7 @@ async fn no_free_replication_slot_is_retried_with_checks_sentence_until_one_is_f
         setup.slot
     );
     let mut check_args = args.clone();
-    check_args[0] = "check".into();
+    check_args = crate::as_command(&check_args, "check");
     let mut check = Relay::spawn(&check_args);
     assert!(!check.wait(Duration::from_secs(60)).success());
     assert!(check.log().contains(&sentence), "{}", check.log());

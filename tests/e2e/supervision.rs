@@ -304,7 +304,7 @@ async fn run_stops_on_wal_level_replica_with_checks_advice_and_exit_code_3() {
     let kit = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/outbox.sql");
     cluster.psql("postgres", &std::fs::read_to_string(kit).unwrap());
     let mut setup_args = args.clone();
-    setup_args[0] = "setup".into();
+    setup_args = crate::as_command(&setup_args, "setup");
     let mut setup = Relay::spawn(&setup_args);
     let status = setup.wait(Duration::from_secs(60));
     let log = setup.log();

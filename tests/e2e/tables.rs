@@ -228,7 +228,7 @@ async fn quoted_mixed_case_names_and_look_alike_tables_in_one_publication() {
     let table = r#""Billing-Prod"."Outbox""#;
     let flags = |command: &str| {
         let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-        args[0] = command.into();
+        args = crate::as_command(&args, command);
         let args = with_arg(args, "--publication", "Outbox-Pub");
         with_arg(args, "--table", table)
     };
@@ -472,7 +472,7 @@ async fn alter_table_mid_stream_and_a_renamed_column_halts_until_it_is_mapped() 
         "confirmed_flush_lsn {confirmed:X} reached the commit of the row the relay could not map (ends at {renamed_commit_end:X})"
     );
     let mut check_args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    check_args[0] = "check".into();
+    check_args = crate::as_command(&check_args, "check");
     let mut check = Relay::spawn(&check_args);
     assert!(
         !check.wait(Duration::from_secs(60)).success(),

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::failover_slots::{as_command, run_command};
+use crate::as_command;
+use crate::failover_slots::run_command;
 use crate::support::{kafka, Auth, Relay};
 use crate::Setup;
 

@@ -143,7 +143,7 @@ async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missi
     // check: a table without the status columns, and a role that may not mark rows.
     let check = |args: Vec<String>| async move {
         let mut args = args;
-        args[0] = "check".into();
+        args = crate::as_command(&args, "check");
         let mut relay = Relay::spawn(&args);
         let status = relay.wait(Duration::from_secs(60));
         (status.success(), relay.log())
@@ -200,7 +200,7 @@ async fn polling_flag_and_delete_modes_mark_rows_and_check_reports_what_is_missi
         &format!("postgres://reader_{}@", setup.name),
     );
     std::fs::write(&path, text).unwrap();
-    args[0] = "check".into();
+    args = crate::as_command(&args, "check");
     let mut relay = Relay::spawn(&args);
     assert!(!relay.wait(Duration::from_secs(60)).success());
     let out = relay.log();

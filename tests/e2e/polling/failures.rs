@@ -503,7 +503,7 @@ async fn polling_refuses_a_partitioned_outbox_naming_why() {
         ("public.outbox_gone", "run", "does not exist"),
     ] {
         let mut args = setup.relay_args_for(table, "parts", &bootstrap, "", "", None);
-        args[0] = command.into();
+        args = crate::as_command(&args, command);
         let mut relay = Relay::spawn(&args);
         let status = relay.wait(Duration::from_secs(60));
         let log = relay.log();
@@ -725,7 +725,7 @@ async fn polling_without_update_privilege_stops_at_start_with_checks_grant() {
     assert_eq!(status.code(), Some(4), "stopped, not retried:\n{log}");
     assert!(log.contains(&sentence), "{log}");
     let mut check_args = args.clone();
-    check_args[0] = "check".into();
+    check_args = crate::as_command(&check_args, "check");
     let mut check = Relay::spawn(&check_args);
     assert!(!check.wait(Duration::from_secs(60)).success());
     assert!(check.log().contains(&sentence), "{}", check.log());

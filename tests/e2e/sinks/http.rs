@@ -530,7 +530,7 @@ async fn https_trusts_tls_root_cert_and_checks_the_host_name() {
         (&wrong_host, "  FAIL  http"),
     ] {
         let (_dir, mut args) = relay_args(&setup, server, "");
-        args[0] = "check".into();
+        args = crate::as_command(&args, "check");
         let mut check = Relay::spawn(&args);
         check.wait(Duration::from_secs(60));
         let out = check.log();
@@ -559,7 +559,7 @@ async fn check_finds_the_receiver_without_posting() {
     let setup = setup("http_check", &["Order"]).await;
     for (server, expected) in [(&up, "  ok    http"), (&down, "  FAIL  http")] {
         let (_dir, mut args) = relay_args(&setup, server, "");
-        args[0] = "check".into();
+        args = crate::as_command(&args, "check");
         let mut check = Relay::spawn(&args);
         check.wait(Duration::from_secs(60));
         let out = check.log();

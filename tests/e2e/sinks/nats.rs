@@ -541,7 +541,7 @@ async fn check_says_which_stream_takes_the_subjects() {
     let process: &'static ServerProcess = Box::leak(Box::new(start(free_port(), &[])));
     let setup = super::setup("nats_check", &["Order"]).await;
     let (_dir, mut args) = nats_relay_args(&setup, &format!("url = \"{}\"", nats_url(process)), "");
-    args[0] = "check".into();
+    args = crate::as_command(&args, "check");
     let check = |expect: &'static str| {
         let args = args.clone();
         async move {

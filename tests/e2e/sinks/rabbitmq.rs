@@ -194,7 +194,7 @@ async fn check_finds_the_exchange_and_refuses_bad_credentials() {
     let check = |settings: String| {
         let toml = pipeline_toml(&setup, &settings);
         let (dir, mut args) = run_with_config(&toml);
-        args[0] = "check".into();
+        args = crate::as_command(&args, "check");
         let mut relay = Relay::spawn(&args);
         let ok = relay.wait(Duration::from_secs(60)).success();
         drop(dir);

@@ -74,7 +74,7 @@ async fn check_reports_persistence_and_an_unreachable_server() {
     let setup = super::setup("redis_check", &["Order"]).await;
     let server = shared();
     let (_dir, mut args) = super::relay_args(&setup, server, "");
-    args[0] = "check".into();
+    args = crate::as_command(&args, "check");
     let mut check = crate::support::Relay::spawn(&args);
     let status = check.wait(std::time::Duration::from_secs(60));
     let log = check.log();
@@ -89,7 +89,7 @@ async fn check_reports_persistence_and_an_unreachable_server() {
     let down = Redis(start(port));
     down.0.stop();
     let (_dir, mut args) = super::relay_args(&setup, &down, "");
-    args[0] = "check".into();
+    args = crate::as_command(&args, "check");
     let mut check = crate::support::Relay::spawn(&args);
     let status = check.wait(std::time::Duration::from_secs(60));
     let log = check.log();
