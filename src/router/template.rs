@@ -11,7 +11,7 @@ pub(super) enum Part<C> {
     Index(usize),
     /// A named capture group of `route.topic_regex`.
     Name(String),
-    /// A column: its name when parsed, its index in [`OutboxEvent::columns`] once resolved.
+    /// A column: its name when parsed, its index in [`crate::source::outbox::OutboxEvent::columns`] once resolved.
     Column(C),
 }
 

@@ -5,7 +5,7 @@ use rdkafka::config::ClientConfig;
 
 use crate::config::KafkaConfig;
 
-/// librdkafka's properties for the producer of [`KafkaSink::new`]: the relay's defaults, then
+/// librdkafka's properties for the producer of [`super::KafkaSink::new`]: the relay's defaults, then
 /// the operator's `properties`, then what the delivery guarantees rest on.
 pub(super) fn producer_config(
     config: &KafkaConfig,
