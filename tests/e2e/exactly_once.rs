@@ -454,11 +454,7 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
     let mut args = setup.relay_args(&bootstrap, Auth::Trust);
     args.push("--exactly-once".into());
     let c = &setup.db.client;
-    let mut relay = Relay::spawn(&args);
-    setup.wait_streaming().await;
-    relay
-        .wait_for_log("exactly-once mode", Duration::from_secs(60))
-        .await;
+    let mut relay = streaming_exactly_once(&setup, &args).await;
     let (mut written, before) = write_events(c, 1, 3, &types, 1, 0, Duration::ZERO).await;
     setup
         .wait_confirmed_past(before[0], "the first transaction", Duration::from_secs(60))
@@ -531,6 +527,16 @@ async fn exactly_once_slot_waits_for_the_kafka_commit_and_a_failed_commit_is_abo
     .await;
     assert_delivered(&written, &consumed, false);
     drop(relay);
+}
+
+/// The relay started with `args`, once its exactly-once session streams.
+async fn streaming_exactly_once(setup: &Setup, args: &[String]) -> Relay {
+    let mut relay = Relay::spawn(args);
+    setup.wait_streaming().await;
+    relay
+        .wait_for_log("exactly-once mode", Duration::from_secs(60))
+        .await;
+    relay
 }
 
 /// `run --exactly-once` arguments for the relay of `setup` with `bootstrap`.
@@ -679,11 +685,7 @@ dead_letter_topic = "{dlq}"
         slot = setup.slot,
     );
     let (_dir, args) = crate::run_with_config(&toml);
-    let mut relay = Relay::spawn(&args);
-    setup.wait_streaming().await;
-    relay
-        .wait_for_log("exactly-once mode", Duration::from_secs(60))
-        .await;
+    let mut relay = streaming_exactly_once(&setup, &args).await;
     let c = &setup.db.client;
     let (mut expected, before) = write_events(c, 1, 2, &types, 1, 0, Duration::ZERO).await;
     setup
@@ -1215,11 +1217,7 @@ async fn exactly_once_aborts_a_transaction_held_by_a_missing_topic_and_redoes_it
         "--kafka-property".into(),
         "allow.auto.create.topics=false".into(),
     ]);
-    let mut relay = Relay::spawn(&args);
-    setup.wait_streaming().await;
-    relay
-        .wait_for_log("exactly-once mode", Duration::from_secs(60))
-        .await;
+    let mut relay = streaming_exactly_once(&setup, &args).await;
     let c = &setup.db.client;
     let (mut written, before) = write_events(
         c,

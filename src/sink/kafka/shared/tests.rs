@@ -20,12 +20,7 @@ fn pipeline(name: &str, bootstrap: &str, properties: &[(&str, &str)]) -> Pipelin
     config.name = name.into();
     config.kafka = KafkaConfig {
         bootstrap_servers: bootstrap.into(),
-        properties: properties
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect(),
-        properties_file: None,
-        create_topics: None,
+        ..crate::sink::kafka::settings::tests::kafka(properties)
     };
     config.max_in_flight_events = 5;
     config.max_in_flight_bytes = 1 << 20;
