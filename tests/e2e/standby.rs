@@ -318,16 +318,18 @@ async fn vacuum_catalog(db: &TestDb) {
     }
 }
 
-/// With `hot_standby_feedback` off, a catalog VACUUM on the primary invalidates the
-/// standby's slot: the relay stops with an error naming the reason PostgreSQL gives
+/// With `hot_standby_feedback` turned off under a streaming relay, a catalog VACUUM on the
+/// primary invalidates the standby's slot: the relay stops with an error naming the reason PostgreSQL gives
 /// (`rows_removed` from 17, `conflicting` on 16) instead of blaming `max_slot_wal_keep_size`,
 /// and `check` and `status` name it too.
 pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback_on(major: u32) {
     let pair = StandbyPair::start(&format!("sbinval{major}"), major).await;
     let setup = &pair.setup;
-    pair.set_on_standby("hot_standby_feedback", "off").await;
     let args = pair.relay_args();
     let relay = pair.start_relay(&args).await;
+    // Turned off under a streaming relay: a start refuses it (see
+    // `a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence`).
+    pair.set_on_standby("hot_standby_feedback", "off").await;
     pair.deliver(2, 2).await;
 
     let slot = &setup.slot;
@@ -482,13 +484,42 @@ pub(crate) async fn a_primary_below_wal_level_logical_is_named() {
         "check's primary wal_level line: {line}"
     );
 
-    assert_relay_stops_naming(
-        &args,
-        &[
-            &format!("on the standby {host}"),
-            "wal_level = logical on the primary",
-        ],
+    let sentence =
+        crate::start_checks::run_stops_with_checks_sentence(&args, "primary wal_level", 3);
+    assert!(
+        sentence.contains(&format!("the standby {host}"))
+            && sentence.contains("wal_level = logical on the primary"),
+        "{sentence}"
     );
+}
+
+/// A standby the pipeline cannot decode on stops the start (exit code 3) with the sentence
+/// `check` fails it with, fix included, before any slot is made there: PostgreSQL 15, which
+/// cannot decode on a standby (PostgreSQL's "logical decoding cannot be used while in
+/// recovery" would be retried for ever), and `hot_standby_feedback` off, with which a VACUUM
+/// on the primary invalidates the slot.
+pub(crate) async fn a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(
+    major: u32,
+) {
+    let pair = StandbyPair::start(&format!("sbrefuse{major}"), major).await;
+    let finding = match major {
+        15 => "standby decoding",
+        _ => {
+            pair.set_on_standby("hot_standby_feedback", "off").await;
+            "standby feedback"
+        }
+    };
+    let args = pair.relay_args();
+    let sentence = crate::start_checks::run_stops_with_checks_sentence(&args, finding, 3);
+    assert!(sentence.contains(&pair.standby_host()), "{sentence}");
+    let slots = pair.standby.psql(
+        "postgres",
+        &format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'",
+            pair.setup.slot
+        ),
+    );
+    assert_eq!(slots.trim(), "0", "the refused start created its slot");
 }
 
 /// Runs the relay with `args` and asserts that it stops within a minute, its last error
@@ -524,6 +555,16 @@ macro_rules! on_major {
 }
 
 on_major!(pg16 = 16, pg17 = 17, pg18 = 18);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg15_a_standby_stops_run_with_checks_sentence() {
+    a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(15).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg16_a_standby_without_hot_standby_feedback_stops_run_with_checks_sentence() {
+    a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(16).await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg16_a_primary_below_wal_level_logical_is_named() {
