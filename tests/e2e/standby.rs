@@ -495,21 +495,25 @@ pub(crate) async fn a_primary_below_wal_level_logical_is_named() {
 
 /// A standby the pipeline cannot decode on stops the start (exit code 3) with the sentence
 /// `check` fails it with, fix included, before any slot is made there: PostgreSQL 15, which
-/// cannot decode on a standby (PostgreSQL's "logical decoding cannot be used while in
-/// recovery" would be retried for ever), and `hot_standby_feedback` off, with which a VACUUM
-/// on the primary invalidates the slot.
+/// cannot decode on a standby; `hot_standby_feedback` off (16), with which a VACUUM on the
+/// primary invalidates the slot; `failover = true` (17+), which PostgreSQL refuses for a
+/// slot made on a standby.
 pub(crate) async fn a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(
     major: u32,
 ) {
     let pair = StandbyPair::start(&format!("sbrefuse{major}"), major).await;
+    let mut args = pair.relay_args();
     let finding = match major {
         15 => "standby decoding",
-        _ => {
+        16 => {
             pair.set_on_standby("hot_standby_feedback", "off").await;
             "standby feedback"
         }
+        _ => {
+            args.push("--failover".into());
+            "failover slot"
+        }
     };
-    let args = pair.relay_args();
     let sentence = crate::start_checks::run_stops_with_checks_sentence(&args, finding, 3);
     assert!(sentence.contains(&pair.standby_host()), "{sentence}");
     let slots = pair.standby.psql(
@@ -564,6 +568,11 @@ async fn pg15_a_standby_stops_run_with_checks_sentence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg16_a_standby_without_hot_standby_feedback_stops_run_with_checks_sentence() {
     a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg17_failover_on_a_standby_stops_run_with_checks_sentence() {
+    a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(17).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
