@@ -396,6 +396,11 @@ fn assert_invalidation_named(
         .find(|l| l.contains("FAIL") && l.contains("is invalidated"))
         .unwrap_or_else(|| panic!("check does not fail the invalidated slot:\n{log}"));
     assert!(line.contains(reason), "check's slot line: {line}");
+    let sentence = &line[line.find("replication slot").unwrap_or(0)..];
+    assert!(
+        error.contains(sentence),
+        "check's slot sentence {sentence:?} is not the relay's: {error}"
+    );
     let (_, log) = run_command(&as_command(args, "status"));
     let row = log.lines().find(|l| l.contains(slot)).unwrap_or_default();
     assert!(
