@@ -316,6 +316,9 @@ async fn run_session(
     {
         return Err(SourceError::SlotLost(loss.to_string()).into());
     }
+    // What `check` fails of a standby the pipeline decodes on, and of failover = true, with
+    // the same sentences.
+    slot::standby::check_decoding(&client, &config.slot).await?;
     slot::check_failover(&client, &config.slot, config.failover).await?;
     // What `check` reports of the table, with the same sentence.
     slot::columns::check_present(&client, config).await?;

@@ -74,42 +74,32 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
     let mut out = Vec::new();
     let slot = &config.slot;
     let host = &primary.server.host;
-    if !primary.server.has_failover_slots() {
-        out.push(if config.failover {
-            finding("failover slot", Verdict::Fail, primary.server.failover_unsupported())
-        } else {
-            finding(
-                "failover slot",
-                Verdict::Ok,
-                format!("PostgreSQL {} has no failover slots: a database failover loses slot {slot} (with create_slot = false the relay then stops instead of starting after the events it missed)", primary.server.version),
-            )
-        });
-    } else {
-        out.push(match (primary.failover, config.failover) {
-            (None, true) if primary.in_recovery => finding(
-                "failover slot",
-                Verdict::Fail,
-                format!("{slot} cannot be created with FAILOVER on {host}, a standby (PostgreSQL refuses: a slot for decoding on a standby cannot be a failover slot); set failover = false, or create the failover slot on the primary"),
-            ),
-            (None, true) => finding("failover slot", Verdict::Ok, format!("{slot} will be created with FAILOVER")),
-            (None, false) => finding("failover slot", Verdict::Ok, format!("{slot} will be created without FAILOVER (failover = false): a database failover loses it")),
-            (Some(true), _) => finding("failover slot", Verdict::Ok, format!("{slot} is a failover slot on {host}")),
-            (Some(false), true) if primary.in_recovery => finding(
-                "failover slot",
-                Verdict::Fail,
-                format!("{slot} on {host}, a standby, is not a failover slot although failover = true, and PostgreSQL cannot make it one there (ALTER_REPLICATION_SLOT: 'cannot enable failover for a replication slot on the standby'); set failover = false, or stream from the primary's failover slot"),
-            ),
-            (Some(false), true) => finding(
-                "failover slot",
-                Verdict::Fail,
-                format!("{slot} on {host} is not a failover slot although failover = true: stop the relay, then run outbox-relay setup (ALTER_REPLICATION_SLOT {slot} (FAILOVER true))"),
-            ),
-            (Some(false), false) => finding(
-                "failover slot",
-                Verdict::Ok,
-                format!("{slot} is not a failover slot (failover = false): a database failover loses it"),
-            ),
-        });
+    // What the start stops on, with the same sentence.
+    let refusal = failover::failover_refusal(
+        slot,
+        &primary.server,
+        primary.in_recovery,
+        primary.failover,
+        config.failover,
+    );
+    let has_failover_slots = primary.server.has_failover_slots();
+    out.push(match (refusal, primary.failover) {
+        (Some(refusal), _) => finding("failover slot", Verdict::Fail, refusal),
+        (None, _) if !has_failover_slots => finding(
+            "failover slot",
+            Verdict::Ok,
+            format!("PostgreSQL {} has no failover slots: a database failover loses slot {slot} (with create_slot = false the relay then stops instead of starting after the events it missed)", primary.server.version),
+        ),
+        (None, Some(true)) => finding("failover slot", Verdict::Ok, format!("{slot} is a failover slot on {host}")),
+        (None, None) if config.failover => finding("failover slot", Verdict::Ok, format!("{slot} will be created with FAILOVER")),
+        (None, None) => finding("failover slot", Verdict::Ok, format!("{slot} will be created without FAILOVER (failover = false): a database failover loses it")),
+        (None, Some(false)) => finding(
+            "failover slot",
+            Verdict::Ok,
+            format!("{slot} is not a failover slot (failover = false): a database failover loses it"),
+        ),
+    });
+    if has_failover_slots {
         let failover_slot = primary.failover.unwrap_or(config.failover);
         out.push(standby_slots_finding(
             host,
@@ -124,13 +114,16 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
 }
 
 /// `synchronized_standby_slots` on `host`: a name whose slot cannot confirm stalls every
-/// failover slot (a failure when this slot is one); an empty setting lets the relay read
-/// changes a standby may not have yet when it is promoted.
+/// failover slot; an empty setting lets the relay read changes a standby may not have yet
+/// when it is promoted. Warnings, never failures: the start does not stop on a stall (a
+/// standby that restarts, or whose slot is being created, mends it without anyone), the
+/// running relay waits and says so with the same sentence
+/// (`outbox_relay_standby_slots_stalled`).
 fn standby_slots_finding(host: &str, slots: &StandbySlots, failover_slot: bool) -> Finding {
     const CHECK: &str = "standby_slots";
     let setting = slots.setting.as_deref().unwrap_or_default();
     match slots.stall_message() {
-        Some(message) if failover_slot => finding(CHECK, Verdict::Fail, format!("on {host}: {message}")),
+        Some(message) if failover_slot => finding(CHECK, Verdict::Warn, format!("on {host}: {message}")),
         Some(message) => finding(CHECK, Verdict::Warn, format!("on {host}, for failover slots (this one is not): {message}")),
         None if setting.is_empty() && failover_slot => finding(
             CHECK,

@@ -244,13 +244,13 @@ pub(super) async fn check(
                     slot::synced_copy_refused(&config.slot),
                 )
             } else if wal_status.as_deref() == Some("lost") {
+                // The start stops on it (exit code 4) with this sentence.
                 finding(
                     "slot",
                     Verdict::Fail,
-                    format!(
-                        "{} is invalidated (wal_status lost, {}): events may be missing",
-                        config.slot,
-                        Invalidation::of_lost(r.get(4), r.get(5))
+                    slot::failover::invalidated_error(
+                        &config.slot,
+                        &Invalidation::of_lost(r.get(4), r.get(5)),
                     ),
                 )
             } else {

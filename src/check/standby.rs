@@ -18,11 +18,10 @@ use tokio_postgres::Client;
 
 use super::{finding, Finding, Verdict};
 use crate::source::slot::failover::{self, Server};
-use crate::source::slot::standby::is_primary_wal_level_error;
+use crate::source::slot::standby::{
+    decoding_refusal, is_primary_wal_level_error, primary_wal_level_fix, DECODING_MIN_VERSION_NUM,
+};
 use crate::source::SourceError;
-
-/// The first major that decodes on a standby.
-pub const STANDBY_DECODING_MIN_VERSION_NUM: i32 = 160_000;
 
 /// How long `check`'s probe slot may wait for a running-transactions record: it only needs
 /// the creation to get past the `wal_level` check, which comes first.
@@ -112,17 +111,16 @@ async fn probe_primary_wal_level(client: &Client) -> Result<PrimaryWalLevel, Sou
     })
 }
 
-/// The findings of a pipeline on the standby `standby`.
+/// The findings of a pipeline on the standby `standby`. Where the start stops
+/// ([`decoding_refusal`]), the finding fails with the start's sentence.
 pub fn findings(standby: &DecodingStandby) -> Vec<Finding> {
     let host = &standby.server.host;
-    if standby.server.version_num < STANDBY_DECODING_MIN_VERSION_NUM {
+    let refusal = decoding_refusal(&standby.server, standby.hot_standby_feedback);
+    if standby.server.version_num < DECODING_MIN_VERSION_NUM {
         return vec![finding(
             "standby decoding",
             Verdict::Fail,
-            format!(
-                "{host} is a standby running PostgreSQL {}: logical decoding on a standby needs PostgreSQL 16 or later; point source_url at the primary",
-                standby.server.version
-            ),
+            refusal.unwrap_or_default(),
         )];
     }
     let mut out = vec![finding(
@@ -133,18 +131,14 @@ pub fn findings(standby: &DecodingStandby) -> Vec<Finding> {
             standby.server.version
         ),
     )];
-    out.push(match (standby.hot_standby_feedback, &standby.primary_slot_name) {
-        (false, _) => finding(
-            "standby feedback",
-            Verdict::Fail,
-            format!("hot_standby_feedback is off on {host}: a VACUUM on the primary may remove catalog rows the slot needs, and the standby then invalidates the slot (rows_removed): ALTER SYSTEM SET hot_standby_feedback = on there, then SELECT pg_reload_conf()"),
-        ),
-        (true, None) => finding(
+    out.push(match (refusal, &standby.primary_slot_name) {
+        (Some(refusal), _) => finding("standby feedback", Verdict::Fail, refusal),
+        (None, None) => finding(
             "standby feedback",
             Verdict::Warn,
             format!("hot_standby_feedback = on on {host}, but primary_slot_name is not set: the primary forgets the feedback whenever the standby disconnects, and a VACUUM then may invalidate the slot; stream the standby from a physical slot"),
         ),
-        (true, Some(name)) => finding(
+        (None, Some(name)) => finding(
             "standby feedback",
             Verdict::Ok,
             format!("hot_standby_feedback = on on {host}, held on the primary by physical slot {name:?}"),
@@ -161,11 +155,9 @@ pub fn findings(standby: &DecodingStandby) -> Vec<Finding> {
             Verdict::Ok,
             format!("{host} accepts a slot, so its primary has wal_level = logical"),
         ),
-        PrimaryWalLevel::BelowLogical => finding(
-            "primary wal_level",
-            Verdict::Fail,
-            format!("{host} refuses logical slots: its primary has wal_level below logical; ALTER SYSTEM SET wal_level = logical on the primary and restart it"),
-        ),
+        PrimaryWalLevel::BelowLogical => {
+            finding("primary wal_level", Verdict::Fail, primary_wal_level_fix(host))
+        }
         PrimaryWalLevel::Unknown(message) => finding(
             "primary wal_level",
             Verdict::Warn,
@@ -258,7 +250,7 @@ mod tests {
             (
                 PrimaryWalLevel::BelowLogical,
                 Verdict::Fail,
-                "ALTER SYSTEM SET wal_level = logical on the primary",
+                "wal_level = logical on the primary",
             ),
             (
                 PrimaryWalLevel::Unknown("all replication slots are in use".into()),
@@ -274,6 +266,44 @@ mod tests {
                 f.detail.contains(part) && f.detail.contains("10.0.0.2:5432"),
                 "{f}"
             );
+        }
+    }
+
+    /// The start stops with `check`'s sentence where `check` fails a standby: a slot creation
+    /// refused for the primary's `wal_level` names what `primary wal_level` prints, and a
+    /// standby before 16 or without `hot_standby_feedback` is refused before any slot.
+    #[test]
+    fn the_start_stops_with_the_sentence_check_fails_a_standby_with() {
+        let start = crate::source::slot::standby::primary_wal_level_error("s", "10.0.0.2:5432");
+        let below = findings(&standby(
+            160_002,
+            true,
+            Some("p"),
+            PrimaryWalLevel::BelowLogical,
+        ));
+        let f = line(&below, "primary wal_level");
+        assert!(
+            start.contains(&f.detail),
+            "the start's {start}\nvs check's {f}"
+        );
+
+        for (version_num, feedback, check) in [
+            (150_008, true, "standby decoding"),
+            (160_002, false, "standby feedback"),
+            (180_001, false, "standby feedback"),
+        ] {
+            let state = standby(version_num, feedback, Some("p"), PrimaryWalLevel::Logical);
+            let refusal = decoding_refusal(&state.server, feedback)
+                .unwrap_or_else(|| panic!("the start accepts {state:?}"));
+            let all = findings(&state);
+            let f = line(&all, check);
+            assert_eq!(f.verdict, Verdict::Fail, "{f}");
+            assert_eq!(f.detail, refusal);
+        }
+        for version_num in [160_002, 170_010] {
+            let state = standby(version_num, true, None, PrimaryWalLevel::Logical);
+            assert_eq!(decoding_refusal(&state.server, true), None);
+            assert!(findings(&state).iter().all(|f| f.verdict != Verdict::Fail));
         }
     }
 }

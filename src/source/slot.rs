@@ -172,11 +172,12 @@ pub async fn create_slot(
     }
 }
 
-/// Before a session: with `failover` set, fails on a server without failover slots, and
-/// warns if the existing `slot` is not a failover slot (`setup` turns it on; the relay does
-/// not, since that needs the slot free).
+/// Before a session, with `failover` set: stops on what `check` fails in its `failover
+/// slot` finding ([`failover::failover_refusal`]): a server without failover slots, a slot
+/// without FAILOVER, or a slot to be created with it on a standby. A lost slot is left to
+/// [`prepare`], which stops on it with its own sentence and exit code.
 ///
-/// Returns an error naming the server's version and host, or if a query fails.
+/// Returns [`SourceError::Config`] with `check`'s sentence, or an error if a query fails.
 pub async fn check_failover(
     client: &Client,
     slot: &str,
@@ -186,27 +187,25 @@ pub async fn check_failover(
         return Ok(());
     }
     let server = failover::server(client).await?;
-    if !server.has_failover_slots() {
-        return Err(SourceError::Config(server.failover_unsupported()));
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.pg_is_in_recovery(),
+                    (SELECT COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
+                     FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1),
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots
+                            WHERE slot_name = $1 AND wal_status = 'lost')",
+            &[&slot],
+        )
+        .await?;
+    let (in_recovery, is_failover, lost): (bool, Option<bool>, bool) =
+        (row.get(0), row.get(1), row.get(2));
+    if lost && server.has_failover_slots() {
+        return Ok(());
     }
-    if failover::is_failover_slot(client, slot).await? == Some(false) {
-        let in_recovery: bool = client
-            .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
-            .await?
-            .get(0);
-        if in_recovery {
-            warn!(
-                slot,
-                "failover = true but the slot is not a failover slot, and on this standby PostgreSQL cannot make it one ('cannot enable failover for a replication slot on the standby'): set failover = false, or stream from the primary's failover slot"
-            );
-        } else {
-            warn!(
-                slot,
-                "failover = true but the slot is not a failover slot, so a standby does not keep it and a database failover loses it: stop the relay and run `outbox-relay setup` (it turns FAILOVER on while no walsender holds the slot)"
-            );
-        }
+    match failover::failover_refusal(slot, &server, in_recovery, is_failover, failover) {
+        Some(refusal) => Err(SourceError::Config(refusal)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The oid of `table` (what pgoutput's Relation messages carry as the relation id), `None`

@@ -245,24 +245,17 @@ pub(crate) async fn relay_decodes_from_a_standby_on(major: u32) {
     drop(relay);
 
     if major >= 17 {
-        // failover = true for the standby's slot, which is no failover slot: the warning does
-        // not send the operator to `setup`, which PostgreSQL refuses on a standby.
+        // failover = true for the standby's slot, which is no failover slot: the start stops
+        // with check's sentence, which does not send the operator to `setup` (PostgreSQL
+        // refuses ALTER_REPLICATION_SLOT ... FAILOVER on a standby).
         let mut failover = args.clone();
         failover.push("--failover".into());
-        let mut relay = pair.start_relay(&failover).await;
-        relay
-            .wait_for_log("not a failover slot", Duration::from_secs(60))
-            .await;
-        let log = relay.log();
-        let line = log
-            .lines()
-            .find(|l| l.contains("not a failover slot"))
-            .unwrap_or_default();
+        let sentence =
+            crate::start_checks::run_stops_with_checks_sentence(&failover, "failover slot", 3);
         assert!(
-            line.contains("on this standby") && !line.contains("outbox-relay setup"),
-            "{line}"
+            sentence.contains("a standby") && !sentence.contains("outbox-relay setup"),
+            "{sentence}"
         );
-        relay.kill();
     }
 
     pair.set_on_standby("hot_standby_feedback", "off").await;
@@ -319,16 +312,18 @@ async fn vacuum_catalog(db: &TestDb) {
     }
 }
 
-/// With `hot_standby_feedback` off, a catalog VACUUM on the primary invalidates the
-/// standby's slot: the relay stops with an error naming the reason PostgreSQL gives
+/// With `hot_standby_feedback` turned off under a streaming relay, a catalog VACUUM on the
+/// primary invalidates the standby's slot: the relay stops with an error naming the reason PostgreSQL gives
 /// (`rows_removed` from 17, `conflicting` on 16) instead of blaming `max_slot_wal_keep_size`,
 /// and `check` and `status` name it too.
 pub(crate) async fn a_catalog_vacuum_invalidates_a_standby_slot_without_feedback_on(major: u32) {
     let pair = StandbyPair::start(&format!("sbinval{major}"), major).await;
     let setup = &pair.setup;
-    pair.set_on_standby("hot_standby_feedback", "off").await;
     let args = pair.relay_args();
     let relay = pair.start_relay(&args).await;
+    // Turned off under a streaming relay: a start refuses it (see
+    // `a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence`).
+    pair.set_on_standby("hot_standby_feedback", "off").await;
     pair.deliver(2, 2).await;
 
     let slot = &setup.slot;
@@ -395,6 +390,11 @@ fn assert_invalidation_named(
         .find(|l| l.contains("FAIL") && l.contains("is invalidated"))
         .unwrap_or_else(|| panic!("check does not fail the invalidated slot:\n{log}"));
     assert!(line.contains(reason), "check's slot line: {line}");
+    let sentence = &line[line.find("replication slot").unwrap_or(0)..];
+    assert!(
+        error.contains(sentence),
+        "check's slot sentence {sentence:?} is not the relay's: {error}"
+    );
     let (_, log) = run_command(&as_command(args, "status"));
     let row = log.lines().find(|l| l.contains(slot)).unwrap_or_default();
     assert!(
@@ -483,13 +483,46 @@ pub(crate) async fn a_primary_below_wal_level_logical_is_named() {
         "check's primary wal_level line: {line}"
     );
 
-    assert_relay_stops_naming(
-        &args,
-        &[
-            &format!("on the standby {host}"),
-            "wal_level = logical on the primary",
-        ],
+    let sentence =
+        crate::start_checks::run_stops_with_checks_sentence(&args, "primary wal_level", 3);
+    assert!(
+        sentence.contains(&format!("the standby {host}"))
+            && sentence.contains("wal_level = logical on the primary"),
+        "{sentence}"
     );
+}
+
+/// A standby the pipeline cannot decode on stops the start (exit code 3) with the sentence
+/// `check` fails it with, fix included, before any slot is made there: PostgreSQL 15, which
+/// cannot decode on a standby; `hot_standby_feedback` off (16), with which a VACUUM on the
+/// primary invalidates the slot; `failover = true` (17+), which PostgreSQL refuses for a
+/// slot made on a standby.
+pub(crate) async fn a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(
+    major: u32,
+) {
+    let pair = StandbyPair::start(&format!("sbrefuse{major}"), major).await;
+    let mut args = pair.relay_args();
+    let finding = match major {
+        15 => "standby decoding",
+        16 => {
+            pair.set_on_standby("hot_standby_feedback", "off").await;
+            "standby feedback"
+        }
+        _ => {
+            args.push("--failover".into());
+            "failover slot"
+        }
+    };
+    let sentence = crate::start_checks::run_stops_with_checks_sentence(&args, finding, 3);
+    assert!(sentence.contains(&pair.standby_host()), "{sentence}");
+    let slots = pair.standby.psql(
+        "postgres",
+        &format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'",
+            pair.setup.slot
+        ),
+    );
+    assert_eq!(slots.trim(), "0", "the refused start created its slot");
 }
 
 /// Runs the relay with `args` and asserts that it stops within a minute, its last error
@@ -525,6 +558,21 @@ macro_rules! on_major {
 }
 
 on_major!(pg16 = 16, pg17 = 17, pg18 = 18);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg15_a_standby_stops_run_with_checks_sentence() {
+    a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(15).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg16_a_standby_without_hot_standby_feedback_stops_run_with_checks_sentence() {
+    a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg17_failover_on_a_standby_stops_run_with_checks_sentence() {
+    a_standby_the_pipeline_cannot_decode_on_stops_run_with_checks_sentence(17).await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg16_a_primary_below_wal_level_logical_is_named() {

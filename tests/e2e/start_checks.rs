@@ -48,6 +48,25 @@ fn both_say(args: &[String], code: i32, sentence: &str) {
     );
 }
 
+/// Runs `args` as `run` and as `check`; asserts that run exited with `code` and that its log
+/// carries, whole, the sentence of check's FAIL line for `finding`. Returns that sentence.
+pub(crate) fn run_stops_with_checks_sentence(args: &[String], finding: &str, code: i32) -> String {
+    let (status, run, check) = run_and_check(args);
+    let sentence = check
+        .lines()
+        .find_map(|line| {
+            let rest = line.trim_start().strip_prefix("FAIL")?.trim_start();
+            Some(rest.strip_prefix(finding)?.trim_start().to_owned())
+        })
+        .unwrap_or_else(|| panic!("check does not fail {finding:?}:\n{check}"));
+    assert_eq!(status, Some(code), "run exited with {status:?}:\n{run}");
+    assert!(
+        run.contains(&sentence),
+        "run does not stop with check's {finding:?} sentence {sentence:?}:\n{run}"
+    );
+    sentence
+}
+
 /// With `op_invalid_behavior = "warn"`, `setup` creates the publication with updates and
 /// deletes (the pipeline reads them), and `run` then streams instead of refusing it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -89,12 +89,19 @@ fn failover_slot_finding_by_version_and_flag() {
     }
 }
 
+/// A stall is waited for, not stopped on: the start accepts it (a standby restarting mends
+/// it by itself) and the running relay warns with the same sentence, so `check` warns too.
 #[test]
-fn synchronized_standby_slots_fails_a_failover_slot_only() {
+fn a_stalled_synchronized_standby_slot_warns_as_the_running_relay_does() {
     let mut stalled = primary(170_010, Some(true));
     stalled.standby_slots.slots[0].problem = Some(StandbySlotProblem::Missing);
     let (verdict, detail) = verdict_of(&primary_findings(&config(true), &stalled), "standby_slots");
-    assert_eq!(verdict, Verdict::Fail);
+    assert_eq!(verdict, Verdict::Warn);
+    let running = stalled.standby_slots.stall_message().unwrap();
+    assert!(
+        detail.ends_with(&running),
+        "{detail}\nvs the relay's {running}"
+    );
     assert!(
         detail.contains("synchronized_standby_slots = 'standby1'")
             && detail.contains("does not exist")
@@ -410,4 +417,59 @@ fn a_slot_on_a_standby_without_failover_is_not_sent_to_setup() {
         .find(|f| f.check == "failover slot")
         .expect("a failover slot finding");
     assert!(slot.detail.contains("outbox-relay setup"), "{slot:?}");
+}
+
+/// The start stops exactly where `check` fails its `failover slot` finding, with the same
+/// sentence ([`failover::failover_refusal`] is what the start stops with).
+#[test]
+fn check_fails_the_failover_slot_exactly_where_the_start_stops_with_the_same_sentence() {
+    for version_num in [160_002, 170_010] {
+        for in_recovery in [false, true] {
+            for slot in [None, Some(false), Some(true)] {
+                for flag in [false, true] {
+                    let state = SlotOnPrimary {
+                        server: server(version_num, "x", "10.0.0.1:5432"),
+                        in_recovery,
+                        ..primary(version_num, slot)
+                    };
+                    let (verdict, detail) =
+                        verdict_of(&primary_findings(&config(flag), &state), "failover slot");
+                    let start = failover::failover_refusal(
+                        "outbox_relay",
+                        &state.server,
+                        in_recovery,
+                        slot,
+                        flag,
+                    );
+                    let case = format!(
+                        "{version_num} recovery={in_recovery} slot={slot:?} failover={flag}"
+                    );
+                    match start {
+                        Some(refusal) => {
+                            assert_eq!(verdict, Verdict::Fail, "{case}");
+                            assert_eq!(detail, refusal, "{case}");
+                        }
+                        None => assert_eq!(verdict, Verdict::Ok, "{case}: {detail}"),
+                    }
+                }
+            }
+        }
+    }
+    // The one a running primary can mend: setup, with every relay stopped.
+    let refusal = failover::failover_refusal(
+        "outbox_relay",
+        &server(170_010, "17.10", "10.0.0.1:5432"),
+        false,
+        Some(false),
+        true,
+    )
+    .unwrap();
+    for part in [
+        "10.0.0.1:5432",
+        "stop every relay streaming from it",
+        "outbox-relay setup",
+        "ALTER_REPLICATION_SLOT \"outbox_relay\" (FAILOVER true)",
+    ] {
+        assert!(refusal.contains(part), "{part:?} missing in {refusal}");
+    }
 }

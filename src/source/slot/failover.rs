@@ -65,6 +65,40 @@ impl Server {
     }
 }
 
+/// Why a pipeline with `failover = true` cannot use its slot `slot` on `server`
+/// (`in_recovery`: a standby, where the pipeline decodes), whose slot is a failover slot or
+/// not (`is_failover`; `None`: there is no such slot); `None` when it can, and always with
+/// `failover = false`. The start stops with this sentence (exit code 3) and `check` fails its
+/// `failover slot` finding with it: retrying cannot turn FAILOVER on.
+pub fn failover_refusal(
+    slot: &str,
+    server: &Server,
+    in_recovery: bool,
+    is_failover: Option<bool>,
+    failover: bool,
+) -> Option<String> {
+    let host = &server.host;
+    if !failover {
+        return None;
+    }
+    if !server.has_failover_slots() {
+        return Some(server.failover_unsupported());
+    }
+    match (is_failover, in_recovery) {
+        (Some(true), _) | (None, false) => None,
+        (None, true) => Some(format!(
+            "{slot} cannot be created with FAILOVER on {host}, a standby (PostgreSQL refuses: a slot for decoding on a standby cannot be a failover slot); set failover = false, or create the failover slot on the primary"
+        )),
+        (Some(false), true) => Some(format!(
+            "{slot} on {host}, a standby, is not a failover slot although failover = true, and PostgreSQL cannot make it one there (ALTER_REPLICATION_SLOT: 'cannot enable failover for a replication slot on the standby'); set failover = false, or stream from the primary's failover slot"
+        )),
+        (Some(false), false) => Some(format!(
+            "{slot} on {host} is not a failover slot although failover = true, so a database failover loses it: stop every relay streaming from it, then run outbox-relay setup, which turns FAILOVER on (ALTER_REPLICATION_SLOT {} (FAILOVER true))",
+            quote_ident(slot)
+        )),
+    }
+}
+
 /// The query creating logical slot `$1` with pgoutput, returning its consistent point as
 /// text; with `failover`, a failover slot (`pg_create_logical_replication_slot(name,
 /// 'pgoutput', temporary => false, twophase => false, failover => true)`).

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use super::failover::Server;
 use crate::source::SourceError;
 
 /// The end of WAL on the server, as an SQL `pg_lsn` expression: `pg_current_wal_lsn()` on a
@@ -91,12 +92,68 @@ pub fn is_primary_wal_level_error(message: &str) -> bool {
     message.contains("on standby") && message.contains("wal_level") && message.contains("primary")
 }
 
+/// Why the standby at `host` refuses logical slots when its primary's `wal_level` is below
+/// `logical`, with the fix: what `check` fails its `primary wal_level` finding with, and what
+/// the start's error says after the slot's name ([`primary_wal_level_error`]).
+pub fn primary_wal_level_fix(host: &str) -> String {
+    format!(
+        "the standby {host} refuses logical slots: its primary has wal_level below logical, and logical decoding on a standby needs wal_level = logical on the primary as well: set it there (ALTER SYSTEM SET wal_level = logical) and restart the primary"
+    )
+}
+
 /// The error of a slot creation on the standby at `host` refused because the primary's
 /// `wal_level` is below `logical`.
 pub fn primary_wal_level_error(slot: &str, host: &str) -> String {
     format!(
-        "cannot create replication slot {slot:?} on the standby {host}: its primary has wal_level below logical, and logical decoding on a standby needs wal_level = logical on the primary as well: set it there (ALTER SYSTEM SET wal_level = logical) and restart the primary"
+        "cannot create replication slot {slot:?}: {}",
+        primary_wal_level_fix(host)
     )
+}
+
+/// The first major that decodes on a standby.
+pub const DECODING_MIN_VERSION_NUM: i32 = 160_000;
+
+/// Why a pipeline cannot decode on the standby `server` (with `hot_standby_feedback` on or
+/// off): a major before 16, or `hot_standby_feedback` off (a VACUUM on the primary then
+/// invalidates the slot, `rows_removed`); `None` when it can. The start stops with this
+/// sentence (exit code 3) and `check` fails its `standby decoding` or `standby feedback`
+/// finding with it.
+pub fn decoding_refusal(server: &Server, hot_standby_feedback: bool) -> Option<String> {
+    let host = &server.host;
+    if server.version_num < DECODING_MIN_VERSION_NUM {
+        return Some(format!(
+            "{host} is a standby running PostgreSQL {}: logical decoding on a standby needs PostgreSQL 16 or later; point source_url at the primary",
+            server.version
+        ));
+    }
+    (!hot_standby_feedback).then(|| format!(
+        "hot_standby_feedback is off on {host}, a standby the pipeline decodes on: a VACUUM on the primary may remove catalog rows the slot needs, and the standby then invalidates the slot (rows_removed): ALTER SYSTEM SET hot_standby_feedback = on there, then SELECT pg_reload_conf()"
+    ))
+}
+
+/// Before a session on a standby: stops on what `check` fails of decoding there
+/// ([`decoding_refusal`]); nothing on a primary. A lost slot is left to
+/// [`prepare`](super::prepare), which stops on it with its own sentence and exit code.
+///
+/// Returns [`SourceError::Config`] with `check`'s sentence, or an error if a query fails.
+pub async fn check_decoding(client: &Client, slot: &str) -> Result<(), SourceError> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.pg_is_in_recovery(), current_setting('hot_standby_feedback') = 'on',
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots
+                            WHERE slot_name = $1 AND wal_status = 'lost')",
+            &[&slot],
+        )
+        .await?;
+    let (in_recovery, feedback, lost): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    if !in_recovery || lost {
+        return Ok(());
+    }
+    let server = super::failover::server(client).await?;
+    match decoding_refusal(&server, feedback) {
+        Some(refusal) => Err(SourceError::Config(refusal)),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
