@@ -319,7 +319,8 @@ async fn run_session(
     // What `check` fails of a standby the pipeline decodes on, and of failover = true, with
     // the same sentences.
     slot::standby::check_decoding(&client, &config.slot).await?;
-    slot::check_failover(&client, &config.slot, config.failover).await?;
+    slot::turn_failover_on(&client, &mut replication, config).await?;
+    slot::check_failover(&client, config).await?;
     // What `check` reports of the table, with the same sentence.
     slot::columns::check_present(&client, config).await?;
     let state = slot::prepare(

@@ -81,6 +81,7 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
         primary.in_recovery,
         primary.failover,
         config.failover,
+        config.create_slot,
     );
     let has_failover_slots = primary.server.has_failover_slots();
     out.push(match (refusal, primary.failover) {
@@ -93,6 +94,11 @@ pub fn primary_findings(config: &PipelineConfig, primary: &SlotOnPrimary) -> Vec
         (None, Some(true)) => finding("failover slot", Verdict::Ok, format!("{slot} is a failover slot on {host}")),
         (None, None) if config.failover => finding("failover slot", Verdict::Ok, format!("{slot} will be created with FAILOVER")),
         (None, None) => finding("failover slot", Verdict::Ok, format!("{slot} will be created without FAILOVER (failover = false): a database failover loses it")),
+        (None, Some(false)) if config.failover => finding(
+            "failover slot",
+            Verdict::Warn,
+            format!("{slot} on {host} is not a failover slot yet, so a database failover loses it: the relay's start turns FAILOVER on (ALTER_REPLICATION_SLOT) once no walsender holds the slot, as outbox-relay setup does"),
+        ),
         (None, Some(false)) => finding(
             "failover slot",
             Verdict::Ok,

@@ -243,8 +243,9 @@ pub struct PipelineConfig {
     pub create_slot: bool,
     /// Create the slot as a failover slot (PostgreSQL 17+: `FAILOVER`), which a standby with
     /// `sync_replication_slots = on` keeps in sync so that it survives a promotion; `setup`
-    /// also turns it on for an existing slot. Default false. An error on older servers and on
-    /// a standby; the start stops (exit code 3) on a slot that is not a failover slot.
+    /// and the start also turn it on for an existing slot (with `create_slot = false` the start
+    /// stops on one instead, exit code 3). Default false. An error on older servers and on a
+    /// standby.
     #[serde(default, skip_serializing_if = "is_default")]
     #[schemars(!skip_serializing_if)]
     pub failover: bool,

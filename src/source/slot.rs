@@ -174,18 +174,75 @@ pub async fn create_slot(
 
 /// Before a session, with `failover` set: stops on what `check` fails in its `failover
 /// slot` finding ([`failover::failover_refusal`]): a server without failover slots, a slot
-/// without FAILOVER, or a slot to be created with it on a standby. A lost slot is left to
-/// [`prepare`], which stops on it with its own sentence and exit code.
+/// without FAILOVER that the relay may not mend (`create_slot = false`), or a slot to be
+/// created with it on a standby. A lost slot is left to [`prepare`], which stops on it with
+/// its own sentence and exit code.
 ///
 /// Returns [`SourceError::Config`] with `check`'s sentence, or an error if a query fails.
-pub async fn check_failover(
-    client: &Client,
-    slot: &str,
-    failover: bool,
-) -> Result<(), SourceError> {
-    if !failover {
+pub async fn check_failover(client: &Client, config: &PipelineConfig) -> Result<(), SourceError> {
+    if !config.failover {
         return Ok(());
     }
+    let (server, slot) = failover_state(client, &config.slot).await?;
+    if slot.lost && server.has_failover_slots() {
+        return Ok(());
+    }
+    match failover::failover_refusal(
+        &config.slot,
+        &server,
+        slot.in_recovery,
+        slot.is_failover,
+        config.failover,
+        config.create_slot,
+    ) {
+        Some(refusal) => Err(SourceError::Config(refusal)),
+        None => Ok(()),
+    }
+}
+
+/// Before a session, with `failover` and `create_slot` set, on a primary with failover slots:
+/// turns FAILOVER on for the slot if it exists without it (`ALTER_REPLICATION_SLOT` on the
+/// session's `replication` connection, as `setup` does), so that a database failover keeps it.
+///
+/// Returns an error if a query fails, or the ALTER does: SQLSTATE 55006 while another relay's
+/// walsender holds the slot (the session stands by, as for START_REPLICATION).
+pub async fn turn_failover_on(
+    client: &Client,
+    replication: &mut ReplicationClient,
+    config: &PipelineConfig,
+) -> Result<(), SourceError> {
+    if !(config.failover && config.create_slot) {
+        return Ok(());
+    }
+    let (server, slot) = failover_state(client, &config.slot).await?;
+    if !server.has_failover_slots()
+        || slot.in_recovery
+        || slot.lost
+        || slot.is_failover != Some(false)
+    {
+        return Ok(());
+    }
+    replication
+        .simple_query(&failover::alter_failover_command(&config.slot))
+        .await?;
+    tracing::info!(pipeline = %config.name, slot = %config.slot, "the slot was not a failover slot although failover = true: turned FAILOVER on (ALTER_REPLICATION_SLOT)");
+    Ok(())
+}
+
+/// What [`check_failover`] and [`turn_failover_on`] need to know of slot `slot`.
+struct FailoverState {
+    /// The server is a standby.
+    in_recovery: bool,
+    /// Whether the slot is a failover slot; `None`: there is no such slot.
+    is_failover: Option<bool>,
+    /// The slot's WAL is gone (`wal_status = 'lost'`).
+    lost: bool,
+}
+
+async fn failover_state(
+    client: &Client,
+    slot: &str,
+) -> Result<(failover::Server, FailoverState), SourceError> {
     let server = failover::server(client).await?;
     let row = client
         .query_one(
@@ -197,15 +254,12 @@ pub async fn check_failover(
             &[&slot],
         )
         .await?;
-    let (in_recovery, is_failover, lost): (bool, Option<bool>, bool) =
-        (row.get(0), row.get(1), row.get(2));
-    if lost && server.has_failover_slots() {
-        return Ok(());
-    }
-    match failover::failover_refusal(slot, &server, in_recovery, is_failover, failover) {
-        Some(refusal) => Err(SourceError::Config(refusal)),
-        None => Ok(()),
-    }
+    let state = FailoverState {
+        in_recovery: row.get(0),
+        is_failover: row.get(1),
+        lost: row.get(2),
+    };
+    Ok((server, state))
 }
 
 /// The oid of `table` (what pgoutput's Relation messages carry as the relation id), `None`

@@ -366,6 +366,44 @@ async fn setup_turns_failover_on_for_a_free_slot_only() {
     );
 }
 
+/// With `failover = true` and the relay managing its slot (`create_slot`, the default), a slot
+/// made without FAILOVER (by an older relay, or by hand) is turned into a failover slot at the
+/// start, which then streams; `check` warns until then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_turns_failover_on_for_its_slot_and_check_warns_until_then() {
+    let setup = Setup::new_on(support::pg::pg_major(17), "frun", &["Order"], 1).await;
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let (ok, log) = run_command(&as_command(&args, "setup"));
+    assert!(ok, "setup failed:\n{log}");
+    assert!(!is_failover(&setup).await);
+
+    args.push("--failover".into());
+    let (ok, log) = run_command(&as_command(&args, "check"));
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("failover slot")
+            && l.contains("the relay's start turns FAILOVER on")),
+        "check does not warn of the slot without FAILOVER (ok = {ok}):\n{log}"
+    );
+
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    assert!(
+        is_failover(&setup).await,
+        "the relay streams from a slot without FAILOVER although failover = true:\n{}",
+        relay.log()
+    );
+    relay
+        .wait_for_log("turned FAILOVER on", Duration::from_secs(10))
+        .await;
+    let (written, _) =
+        write_events(&setup.db.client, 1, 2, &setup.types, 1, 0, Duration::ZERO).await;
+    let consumed = setup
+        .consume_all(written.len(), Duration::ZERO, Duration::from_secs(60))
+        .await;
+    assert_delivered(&written, &consumed, false);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_on_postgresql_16_is_an_error_naming_the_version() {
     let setup = Setup::new_on(support::pg::pg_major(16), "fold", &["Order"], 1).await;

@@ -62,15 +62,23 @@ fn failover_slot_finding_by_version_and_flag() {
         Verdict::Ok
     );
 
-    let (verdict, detail) = verdict_of(
-        &primary_findings(&config(true), &primary(170_010, Some(false))),
-        "failover slot",
-    );
-    assert_eq!(verdict, Verdict::Fail);
-    assert!(
-        detail.contains("ALTER_REPLICATION_SLOT") && detail.contains("10.0.0.1:5432"),
-        "{detail}"
-    );
+    // A slot without FAILOVER: the start turns it on (a warning), unless create_slot = false
+    // leaves the slot to the operator (a failure).
+    for (create_slot, expected) in [(true, Verdict::Warn), (false, Verdict::Fail)] {
+        let config = PipelineConfig {
+            create_slot,
+            ..config(true)
+        };
+        let (verdict, detail) = verdict_of(
+            &primary_findings(&config, &primary(170_010, Some(false))),
+            "failover slot",
+        );
+        assert_eq!(verdict, expected, "create_slot = {create_slot}: {detail}");
+        assert!(
+            detail.contains("ALTER_REPLICATION_SLOT") && detail.contains("10.0.0.1:5432"),
+            "{detail}"
+        );
+    }
     for (slot, flag) in [
         (Some(true), true),
         (Some(true), false),
@@ -420,52 +428,75 @@ fn a_slot_on_a_standby_without_failover_is_not_sent_to_setup() {
 }
 
 /// The start stops exactly where `check` fails its `failover slot` finding, with the same
-/// sentence ([`failover::failover_refusal`] is what the start stops with).
+/// sentence ([`failover::failover_refusal`] is what the start stops with); where the start
+/// turns FAILOVER on itself (a primary's slot without it, `create_slot`), `check` warns.
 #[test]
 fn check_fails_the_failover_slot_exactly_where_the_start_stops_with_the_same_sentence() {
     for version_num in [160_002, 170_010] {
         for in_recovery in [false, true] {
             for slot in [None, Some(false), Some(true)] {
                 for flag in [false, true] {
-                    let state = SlotOnPrimary {
-                        server: server(version_num, "x", "10.0.0.1:5432"),
-                        in_recovery,
-                        ..primary(version_num, slot)
-                    };
-                    let (verdict, detail) =
-                        verdict_of(&primary_findings(&config(flag), &state), "failover slot");
-                    let start = failover::failover_refusal(
-                        "outbox_relay",
-                        &state.server,
-                        in_recovery,
-                        slot,
-                        flag,
-                    );
-                    let case = format!(
-                        "{version_num} recovery={in_recovery} slot={slot:?} failover={flag}"
-                    );
-                    match start {
-                        Some(refusal) => {
-                            assert_eq!(verdict, Verdict::Fail, "{case}");
-                            assert_eq!(detail, refusal, "{case}");
+                    for create_slot in [false, true] {
+                        let state = SlotOnPrimary {
+                            server: server(version_num, "x", "10.0.0.1:5432"),
+                            in_recovery,
+                            ..primary(version_num, slot)
+                        };
+                        let config = PipelineConfig {
+                            create_slot,
+                            ..config(flag)
+                        };
+                        let (verdict, detail) =
+                            verdict_of(&primary_findings(&config, &state), "failover slot");
+                        let start = failover::failover_refusal(
+                            "outbox_relay",
+                            &state.server,
+                            in_recovery,
+                            slot,
+                            flag,
+                            create_slot,
+                        );
+                        let case = format!(
+                            "{version_num} recovery={in_recovery} slot={slot:?} failover={flag} create_slot={create_slot}"
+                        );
+                        let mended = version_num >= 170_000
+                            && !in_recovery
+                            && slot == Some(false)
+                            && flag
+                            && create_slot;
+                        match start {
+                            Some(refusal) => {
+                                assert_eq!(verdict, Verdict::Fail, "{case}");
+                                assert_eq!(detail, refusal, "{case}");
+                            }
+                            None if mended => {
+                                assert_eq!(verdict, Verdict::Warn, "{case}: {detail}");
+                                assert!(
+                                    detail.contains("the relay's start turns FAILOVER on"),
+                                    "{case}: {detail}"
+                                );
+                            }
+                            None => assert_eq!(verdict, Verdict::Ok, "{case}: {detail}"),
                         }
-                        None => assert_eq!(verdict, Verdict::Ok, "{case}: {detail}"),
                     }
                 }
             }
         }
     }
-    // The one a running primary can mend: setup, with every relay stopped.
+    // The one a running primary can mend when the relay may not: setup, with every relay
+    // stopped.
     let refusal = failover::failover_refusal(
         "outbox_relay",
         &server(170_010, "17.10", "10.0.0.1:5432"),
         false,
         Some(false),
         true,
+        false,
     )
     .unwrap();
     for part in [
         "10.0.0.1:5432",
+        "create_slot = false",
         "stop every relay streaming from it",
         "outbox-relay setup",
         "ALTER_REPLICATION_SLOT \"outbox_relay\" (FAILOVER true)",

@@ -69,13 +69,16 @@ impl Server {
 /// (`in_recovery`: a standby, where the pipeline decodes), whose slot is a failover slot or
 /// not (`is_failover`; `None`: there is no such slot); `None` when it can, and always with
 /// `failover = false`. The start stops with this sentence (exit code 3) and `check` fails its
-/// `failover slot` finding with it: retrying cannot turn FAILOVER on.
+/// `failover slot` finding with it: retrying cannot turn FAILOVER on. With `create_slot`
+/// (the relay manages its slot) a primary's slot without FAILOVER is no refusal: the start
+/// turns FAILOVER on ([`super::turn_failover_on`]).
 pub fn failover_refusal(
     slot: &str,
     server: &Server,
     in_recovery: bool,
     is_failover: Option<bool>,
     failover: bool,
+    create_slot: bool,
 ) -> Option<String> {
     let host = &server.host;
     if !failover {
@@ -86,6 +89,7 @@ pub fn failover_refusal(
     }
     match (is_failover, in_recovery) {
         (Some(true), _) | (None, false) => None,
+        (Some(false), false) if create_slot => None,
         (None, true) => Some(format!(
             "{slot} cannot be created with FAILOVER on {host}, a standby (PostgreSQL refuses: a slot for decoding on a standby cannot be a failover slot); set failover = false, or create the failover slot on the primary"
         )),
@@ -93,7 +97,7 @@ pub fn failover_refusal(
             "{slot} on {host}, a standby, is not a failover slot although failover = true, and PostgreSQL cannot make it one there (ALTER_REPLICATION_SLOT: 'cannot enable failover for a replication slot on the standby'); set failover = false, or stream from the primary's failover slot"
         )),
         (Some(false), false) => Some(format!(
-            "{slot} on {host} is not a failover slot although failover = true, so a database failover loses it: stop every relay streaming from it, then run outbox-relay setup, which turns FAILOVER on (ALTER_REPLICATION_SLOT {} (FAILOVER true))",
+            "{slot} on {host} is not a failover slot although failover = true, so a database failover loses it, and create_slot = false leaves the slot to you: stop every relay streaming from it, then run outbox-relay setup, which turns FAILOVER on (ALTER_REPLICATION_SLOT {} (FAILOVER true))",
             quote_ident(slot)
         )),
     }
