@@ -178,7 +178,8 @@ pub(super) async fn check(
         .query_opt(
             "SELECT plugin, database = current_database(), wal_status, active_pid,
                     to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool,
-                    coalesce((to_jsonb(s) ->> 'synced')::bool, false) AND pg_is_in_recovery()
+                    coalesce((to_jsonb(s) ->> 'synced')::bool, false) AND pg_is_in_recovery(),
+                    slot_type
              FROM pg_replication_slots s WHERE slot_name = $1",
             &[&config.slot],
         )
@@ -230,12 +231,10 @@ pub(super) async fn check(
                 Option<String>,
                 Option<i32>,
             ) = (r.get(0), r.get(1), r.get(2), r.get(3));
-            if plugin.as_deref() != Some("pgoutput") || same_db != Some(true) {
-                finding(
-                    "slot",
-                    Verdict::Fail,
-                    format!("{} is not a pgoutput slot of this database", config.slot),
-                )
+            if let Some(refusal) =
+                slot::foreign_slot(&config.slot, r.get(7), plugin.as_deref(), same_db)
+            {
+                finding("slot", Verdict::Fail, refusal)
             } else if r.get::<_, bool>(6) {
                 // The start refuses it (START_REPLICATION would, until a promotion).
                 finding(

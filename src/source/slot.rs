@@ -405,6 +405,27 @@ pub async fn confirmed_flush_lsn(client: &Client, slot: &str) -> Result<Lsn, Sou
         .ok_or_else(|| SourceError::Config(format!("replication slot {slot:?} disappeared")))
 }
 
+/// Why the pipeline cannot stream from the existing slot `slot` of type `slot_type` with output
+/// plugin `plugin`, which belongs to this database or not (`same_database`): not a logical
+/// pgoutput slot of this database; `None` if it is one. The start stops with this sentence and
+/// `check` fails its `slot` finding with it.
+pub fn foreign_slot(
+    slot: &str,
+    slot_type: &str,
+    plugin: Option<&str>,
+    same_database: Option<bool>,
+) -> Option<String> {
+    if slot_type != "logical" || plugin != Some("pgoutput") {
+        let plugin = plugin.map_or(String::new(), |p| format!(" with plugin {p:?}"));
+        return Some(format!(
+            "replication slot {slot:?} is a {slot_type} slot{plugin}, not a logical pgoutput slot: give the pipeline a slot name of its own (slot), or drop that slot if nothing reads it"
+        ));
+    }
+    (same_database != Some(true)).then(|| format!(
+        "replication slot {slot:?} belongs to another database: give the pipeline a slot name of its own (slot); a logical slot decodes the database it was created in"
+    ))
+}
+
 /// Why `slot` cannot be created when every replication slot of the server is taken; the
 /// start retries (a slot may be dropped) and `check` prints it.
 pub fn no_free_slot(slot: &str) -> String {
@@ -432,18 +453,8 @@ async fn read_slot(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceErr
         )
         .await?;
     let Some(row) = row else { return Ok(None) };
-    let plugin: Option<String> = row.get(0);
-    let slot_type: String = row.get(1);
-    let same_database: Option<bool> = row.get(2);
-    if slot_type != "logical" || plugin.as_deref() != Some("pgoutput") {
-        return Err(SourceError::Config(format!(
-            "replication slot {slot:?} is a {slot_type} slot with plugin {plugin:?}, not a logical pgoutput slot"
-        )));
-    }
-    if same_database != Some(true) {
-        return Err(SourceError::Config(format!(
-            "replication slot {slot:?} belongs to another database"
-        )));
+    if let Some(refusal) = foreign_slot(slot, row.get(1), row.get(0), row.get(2)) {
+        return Err(SourceError::Config(refusal));
     }
     // PostgreSQL 17+: a standby's copy of the primary's failover slot, kept by slot
     // synchronization. START_REPLICATION refuses it (55000, retried forever) until the

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::support::{self, kafka, unique_name, Auth, Relay};
+use crate::support::{self, kafka, unique_name, within, Auth, Relay, QUERY_DEADLINE};
 use crate::Setup;
 
 /// Runs `args` as `run` and as `check`; returns run's exit code and log, and check's log.
@@ -251,4 +251,28 @@ async fn no_free_replication_slot_is_retried_with_checks_sentence_until_one_is_f
         .await
         .unwrap();
     setup.wait_streaming().await;
+}
+
+/// A slot of the pipeline's name that is no logical pgoutput slot of this database (here a
+/// physical one) stops run with check's sentence, which says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_of_another_kind_stops_run_with_checks_sentence() {
+    let setup = Setup::new("foreign_slot", &["Order"], 1).await;
+    within(
+        "creating a physical slot",
+        QUERY_DEADLINE,
+        setup.db.client.execute(
+            "SELECT pg_catalog.pg_create_physical_replication_slot($1)",
+            &[&setup.slot],
+        ),
+    )
+    .await
+    .unwrap();
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let sentence = run_stops_with_checks_sentence(&args, "slot", 3);
+    assert!(
+        sentence.contains("is a physical slot") && sentence.contains("slot name of its own"),
+        "{sentence}"
+    );
+    setup.db.drop_slot(&setup.slot).await;
 }
