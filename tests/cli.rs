@@ -59,6 +59,16 @@ fn a_kafka_properties_file_is_read_and_checked_like_the_flags() {
         assert!(text.contains("enable.idempotence"), "{text}");
         assert!(!text.contains("hunter2"), "{text}");
     }
+    // A command that never reaches Kafka ignores the variable, as every variable of a flag it
+    // does not read: the file may be mounted only where `run` runs.
+    let absent = dir.path().join("absent.properties").display().to_string();
+    let output = relay(
+        &["setup", "--source-url", "postgres://relay@127.0.0.1:1/app"],
+        &[("OUTBOX_RELAY_KAFKA_PROPERTIES_FILE", &absent)],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    assert!(!text.contains("properties_file"), "{text}");
     std::fs::write(&file, "sasl.password hunter2\n").unwrap();
     let output = relay(
         &[&base[..], &["--kafka-properties-file", &path]].concat(),

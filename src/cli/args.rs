@@ -364,8 +364,8 @@ pub struct RunArgs {
     )]
     pub(crate) no_create_slot: bool,
     /// Create the slot as a failover slot (PostgreSQL 17+), which a standby with
-    /// sync_replication_slots = on keeps in sync; `setup` also turns it on for an existing
-    /// slot no walsender holds.
+    /// sync_replication_slots = on keeps in sync; `setup` and the start also turn it on for an
+    /// existing slot no walsender holds.
     #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_FAILOVER")]
     pub(crate) failover: bool,
     /// libpq URL of the physical standby that should keep the failover slot in sync; `check`

@@ -41,6 +41,11 @@ fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::Re
     if !need_kafka && args.config.is_none() && args.bootstrap_servers.is_none() {
         args.bootstrap_servers = Some("unused:9092".into());
     }
+    if !need_kafka {
+        // Its variable may be set for `run` (one environment serves every command) while
+        // the file is mounted only where `run` runs.
+        args.kafka_properties_file = None;
+    }
     match &args.config {
         Some(path) => {
             let file = crate::validation::load_file(path)

@@ -135,15 +135,16 @@ impl KafkaConfig {
     }
 }
 
-/// The properties in `text`, a subset of Java's `.properties` format that Kafka clients'
-/// `client.properties` files use: a `key=value` or `key: value` line each, the key trimmed and
-/// the value without its leading blanks, lines starting with `#` or `!` and blank lines left
-/// out, a later key replacing an earlier one.
+/// The properties in `text`: librdkafka's `key=value` (or `key: value`) lines, the key trimmed
+/// and the value without its leading blanks and taken as written (no Java `.properties`
+/// escapes: a backslash is a backslash), lines starting with `#` or `!` and blank lines left
+/// out, a later key replacing an earlier one; a UTF-8 byte order mark at the start is dropped.
 ///
-/// Returns an error naming the line (never its text) for a line without `=` or `:`, and for a
-/// line ending in `\` (Java's continuation, which is not read here).
+/// Returns an error naming the line (never its text) for a line without `=` or `:`, a key with
+/// blanks inside (Java's `key value` form), and a line ending in `\` (Java's continuation).
 fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
     let mut properties = std::collections::BTreeMap::new();
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (n, line) in text.lines().enumerate() {
         let line = line.trim_start().trim_end_matches('\r');
         if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
@@ -161,6 +162,12 @@ fn parse_properties(text: &str) -> Result<Vec<(String, String)>, String> {
         let key = line[..split].trim();
         if key.is_empty() {
             return Err(format!("line {}: no key before the '='", n + 1));
+        }
+        if key.contains(char::is_whitespace) {
+            return Err(format!(
+                "line {}: a key with blanks inside; write key=value",
+                n + 1
+            ));
         }
         properties.insert(key.to_owned(), line[split + 1..].trim_start().to_owned());
     }
@@ -190,7 +197,7 @@ mod tests {
 
     #[test]
     fn a_properties_file_is_read_as_kafka_clients_write_it() {
-        let text = "# SASL\n! also a comment\n\nsecurity.protocol=SASL_SSL\n  sasl.mechanism : SCRAM-SHA-512\nsasl.password=p@ss#w/rd=:x \r\nlinger.ms=5\nlinger.ms=1\n";
+        let text = "\u{feff}# SASL\n! also a comment\n\nsecurity.protocol=SASL_SSL\n  sasl.mechanism : SCRAM-SHA-512\nsasl.password=p@ss#w/rd=:x \r\nlinger.ms=5\nlinger.ms=1\n";
         assert_eq!(
             parse_properties(text).unwrap(),
             [
@@ -208,6 +215,10 @@ mod tests {
         for (text, expected) in [
             ("a=1\nhunter2\n", "line 2: expected key=value"),
             ("=hunter2\n", "line 1: no key"),
+            (
+                "sasl.password hunter2:x\n",
+                "line 1: a key with blanks inside",
+            ),
             ("sasl.password=hun\\\n  ter2\n", "line 1: a line continued"),
         ] {
             let error = parse_properties(text).unwrap_err();

@@ -201,11 +201,15 @@ pub async fn check_failover(client: &Client, config: &PipelineConfig) -> Result<
 }
 
 /// Before a session, with `failover` and `create_slot` set, on a primary with failover slots:
-/// turns FAILOVER on for the slot if it exists without it (`ALTER_REPLICATION_SLOT` on the
-/// session's `replication` connection, as `setup` does), so that a database failover keeps it.
+/// turns FAILOVER on for the pipeline's slot (a logical pgoutput slot of this database) if it
+/// exists without it and no walsender holds it (`ALTER_REPLICATION_SLOT` on the session's
+/// `replication` connection, as `setup` does), so that a database failover keeps it. A slot
+/// another relay holds is left to START_REPLICATION, which the session stands by on; a later
+/// session turns FAILOVER on once the slot is free.
 ///
-/// Returns an error if a query fails, or the ALTER does: SQLSTATE 55006 while another relay's
-/// walsender holds the slot (the session stands by, as for START_REPLICATION).
+/// Returns an error if a query fails or the ALTER does; SQLSTATE 55006 (the session stands by)
+/// if the ALTER waited [`ALTER_SLOT_WAIT`] for a walsender that took the slot meanwhile
+/// (PostgreSQL's ALTER waits for the slot rather than failing).
 pub async fn turn_failover_on(
     client: &Client,
     replication: &mut ReplicationClient,
@@ -218,16 +222,35 @@ pub async fn turn_failover_on(
     if !server.has_failover_slots()
         || slot.in_recovery
         || slot.lost
+        || slot.active
+        || !slot.pipelines
         || slot.is_failover != Some(false)
     {
         return Ok(());
     }
-    replication
-        .simple_query(&failover::alter_failover_command(&config.slot))
-        .await?;
+    let command = failover::alter_failover_command(&config.slot);
+    let alter = replication.simple_query(&command);
+    match tokio::time::timeout(ALTER_SLOT_WAIT, alter).await {
+        Ok(done) => {
+            done?;
+        }
+        Err(_) => {
+            return Err(SourceError::Server {
+                code: "55006".into(),
+                message: format!(
+                    "replication slot {:?} was taken by another walsender while FAILOVER was being turned on; standing by",
+                    config.slot
+                ),
+            })
+        }
+    }
     tracing::info!(pipeline = %config.name, slot = %config.slot, "the slot was not a failover slot although failover = true: turned FAILOVER on (ALTER_REPLICATION_SLOT)");
     Ok(())
 }
+
+/// How long the start's `ALTER_REPLICATION_SLOT` may wait for a slot that a walsender took
+/// between the check that it was free and the ALTER.
+const ALTER_SLOT_WAIT: Duration = Duration::from_secs(10);
 
 /// What [`check_failover`] and [`turn_failover_on`] need to know of slot `slot`.
 struct FailoverState {
@@ -237,6 +260,10 @@ struct FailoverState {
     is_failover: Option<bool>,
     /// The slot's WAL is gone (`wal_status = 'lost'`).
     lost: bool,
+    /// A walsender holds the slot.
+    active: bool,
+    /// The slot is a logical pgoutput slot of this database: one the pipeline may use.
+    pipelines: bool,
 }
 
 async fn failover_state(
@@ -250,7 +277,12 @@ async fn failover_state(
                     (SELECT COALESCE((to_jsonb(s) ->> 'failover')::bool, false)
                      FROM pg_catalog.pg_replication_slots s WHERE slot_name = $1),
                     EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots
-                            WHERE slot_name = $1 AND wal_status = 'lost')",
+                            WHERE slot_name = $1 AND wal_status = 'lost'),
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots
+                            WHERE slot_name = $1 AND active_pid IS NOT NULL),
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots
+                            WHERE slot_name = $1 AND slot_type = 'logical' AND plugin = 'pgoutput'
+                              AND database = current_database())",
             &[&slot],
         )
         .await?;
@@ -258,6 +290,8 @@ async fn failover_state(
         in_recovery: row.get(0),
         is_failover: row.get(1),
         lost: row.get(2),
+        active: row.get(3),
+        pipelines: row.get(4),
     };
     Ok((server, state))
 }

@@ -404,6 +404,38 @@ async fn run_turns_failover_on_for_its_slot_and_check_warns_until_then() {
     assert_delivered(&written, &consumed, false);
 }
 
+/// A relay with `failover = true` meeting its slot without FAILOVER while another relay streams
+/// from it stands by (PostgreSQL's ALTER_REPLICATION_SLOT would wait for the slot, holding the
+/// start forever); it turns FAILOVER on once it takes the slot over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_by_another_relay_is_not_altered_and_the_failover_relay_stands_by() {
+    let setup = Setup::new_on(support::pg::pg_major(17), "fheld", &["Order"], 1).await;
+    let args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let active = Relay::spawn(&args);
+    setup.wait_streaming().await;
+
+    let mut failover_args = args.clone();
+    failover_args.push("--failover".into());
+    let mut standby = Relay::spawn(&failover_args);
+    standby
+        .wait_for_log("standing by", Duration::from_secs(30))
+        .await;
+    assert!(
+        !is_failover(&setup).await,
+        "the slot changed under the active relay"
+    );
+
+    drop(active);
+    wait_for(
+        "the standing-by relay to take the slot over and turn FAILOVER on",
+        Duration::from_secs(60),
+        || async { is_failover(&setup).await.then_some(()) },
+    )
+    .await;
+    setup.wait_streaming().await;
+    assert!(standby.is_running(), "{}", standby.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_on_postgresql_16_is_an_error_naming_the_version() {
     let setup = Setup::new_on(support::pg::pg_major(16), "fold", &["Order"], 1).await;

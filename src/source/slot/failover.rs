@@ -118,7 +118,8 @@ pub fn create_slot_sql(server: &Server, failover: bool) -> Result<&'static str, 
 }
 
 /// The replication command that turns FAILOVER on for an existing slot (PostgreSQL docs
-/// 55.4, `ALTER_REPLICATION_SLOT`); it fails while a walsender holds the slot.
+/// 55.4, `ALTER_REPLICATION_SLOT`); it waits while a walsender holds the slot, so check
+/// `active_pid` first.
 pub fn alter_failover_command(slot: &str) -> String {
     format!(
         "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
