@@ -202,6 +202,10 @@ pub struct ExactlyOnce {
     /// holding its partitions' last stable offset until it ends (or the coordinator aborts it
     /// after `transaction.timeout.ms`).
     sent_in_open: bool,
+    /// The sink took a record of the open PostgreSQL transaction in the open Kafka transaction.
+    current_took: bool,
+    /// Bytes of the open PostgreSQL transaction's records placed so far.
+    current_bytes: usize,
     /// The PostgreSQL transactions with records in the open Kafka transaction.
     batch: Option<Batch>,
     /// The batch is closed: its commit starts once every record of it was acknowledged.
@@ -234,6 +238,8 @@ impl ExactlyOnce {
             skipping: false,
             open: false,
             sent_in_open: false,
+            current_took: false,
+            current_bytes: 0,
             batch: None,
             closed: false,
             committing: None,
@@ -262,6 +268,8 @@ impl ExactlyOnce {
         self.skipping = self.checkpoint.is_some_and(|c| c.covers(final_lsn));
         self.commit_lsn = final_lsn;
         self.current = None;
+        self.current_took = false;
+        self.current_bytes = 0;
     }
 
     /// The refused event at `lsn` with `id` if an earlier session saw Kafka refuse it: the
@@ -281,6 +289,7 @@ impl ExactlyOnce {
             None => Placement::Transaction,
         };
         self.current = Some(placement);
+        self.current_bytes += bytes;
         let batch = match placement {
             Placement::Transaction => &mut self.batch,
             Placement::Next => &mut self.next,
@@ -336,10 +345,49 @@ impl ExactlyOnce {
         Ok(())
     }
 
-    /// The sink took a record (in the open Kafka transaction: records go to the sink only
-    /// inside one).
-    pub fn took_record(&mut self) {
+    /// The sink took the record of event number `event` (in the open Kafka transaction:
+    /// records go to the sink only inside one).
+    pub fn took_record(&mut self, event: u64) {
         self.sent_in_open |= self.open;
+        if self.open && self.current == Some(Placement::Transaction) && self.of_current(event) {
+            self.current_took = true;
+        }
+    }
+
+    /// Whether event number `event`, not settled yet, belongs to the open PostgreSQL
+    /// transaction.
+    pub fn of_current(&self, event: u64) -> bool {
+        self.sent
+            .get(&event)
+            .is_some_and(|(commit_lsn, _, _)| *commit_lsn == self.commit_lsn)
+    }
+
+    /// Moves the open PostgreSQL transaction out of the open Kafka transaction's batch into the
+    /// next one, and closes the batch: its transactions commit without it. For a transaction
+    /// whose records cannot go out yet (a missing topic) while the Kafka transaction holds
+    /// records of the transactions before it: those commit, and its records wait for the next
+    /// Kafka transaction ([`Placement::Next`]; the session moves them to its waiting records),
+    /// where waiting holds nothing on the broker.
+    ///
+    /// Returns `false`, changing nothing, unless the open PostgreSQL transaction is in the
+    /// open batch, none of its records was taken by the sink, and the batch has a committed
+    /// transaction and is not closed.
+    pub fn defer_current(&mut self) -> bool {
+        if self.current != Some(Placement::Transaction) || self.current_took || self.closed {
+            return false;
+        }
+        let Some(batch) = &mut self.batch else {
+            return false;
+        };
+        if batch.transactions == 0 {
+            return false;
+        }
+        batch.bytes = batch.bytes.saturating_sub(self.current_bytes);
+        let hold = batch.hold;
+        self.next.get_or_insert_with(|| Batch::new(hold)).bytes += self.current_bytes;
+        self.current = Some(Placement::Next);
+        self.closed = true;
+        true
     }
 
     /// Whether the open Kafka transaction has records on the broker: ending it is up to this

@@ -30,7 +30,7 @@ impl<So: Source, Si: Sink> Session<'_, So, Si> {
         }
         match self.sink.send(record, token) {
             Ok(()) => {
-                self.took_record();
+                self.took_record(token.event());
                 Ok(())
             }
             Err(SendError::Full(_)) if mutated(Mutation::DropBlocked) => {
@@ -46,33 +46,51 @@ impl<So: Source, Si: Sink> Session<'_, So, Si> {
         }
     }
 
-    /// Notes that the sink took a record (exactly-once: the open Kafka transaction has one on
-    /// the broker).
-    fn took_record(&mut self) {
+    /// Notes that the sink took the record of event number `event` (exactly-once: the open
+    /// Kafka transaction has one on the broker).
+    fn took_record(&mut self, event: u64) {
         if let Some(eos) = &mut self.eos {
-            eos.took_record();
+            eos.took_record(event);
         }
     }
 
-    /// Exactly-once: ends the session when a record waits for a missing topic
-    /// ([`Sink::waiting`]) behind records of the open Kafka transaction on the broker; the
-    /// session's end aborts that transaction ([`HeldByMissingTopic`]). A record that waits
-    /// first in its Kafka transaction holds nothing on the broker: it waits in the session, as
-    /// in at-least-once mode.
+    /// Exactly-once: a record waits for a missing topic ([`Sink::waiting`]) while the open
+    /// Kafka transaction holds records on the broker, which must not stay open until the
+    /// broker's transaction timeout. When every waiting record belongs to the open PostgreSQL
+    /// transaction and the sink took none of its records, that transaction moves to the next
+    /// Kafka transaction ([`ExactlyOnce::defer_current`]): the ones before it commit, and its
+    /// records wait where they hold nothing on the broker. Otherwise the session ends, and its
+    /// end aborts the Kafka transaction ([`HeldByMissingTopic`]). A record that waits first in
+    /// its Kafka transaction holds nothing on the broker: it waits in the session, as in
+    /// at-least-once mode.
     ///
-    /// Returns [`Error::HeldByMissingTopic`] then.
-    pub(super) fn abort_if_held_by_a_missing_topic(&self) -> Result<(), Error> {
-        let holds = self
-            .eos
-            .as_ref()
-            .is_some_and(|eos| eos.open_on_the_broker());
-        if !holds || self.blocked.is_empty() {
+    /// Returns [`Error::HeldByMissingTopic`] when the session must end.
+    pub(super) fn abort_if_held_by_a_missing_topic(&mut self) -> Result<(), Error> {
+        let Some(eos) = &mut self.eos else {
+            return Ok(());
+        };
+        if !eos.open_on_the_broker() || self.blocked.is_empty() {
             return Ok(());
         }
-        match self.sink.waiting() {
-            Some(why) => Err(HeldByMissingTopic { why }.into()),
-            None => Ok(()),
+        let Some(why) = self.sink.waiting() else {
+            return Ok(());
+        };
+        let all_current = self
+            .blocked
+            .iter()
+            .all(|(_, token)| eos.of_current(token.event()));
+        if all_current && eos.defer_current() {
+            debug!(pipeline = %self.config.name, "a record waits for a missing topic: the transactions before its own commit without it; its records wait for the next kafka transaction");
+            let mut deferred: std::collections::VecDeque<_> = self.blocked.drain(..).collect();
+            self.waiting_bytes += deferred
+                .iter()
+                .map(|(record, _)| record.size())
+                .sum::<usize>();
+            deferred.append(&mut self.waiting);
+            self.waiting = deferred;
+            return Ok(());
         }
+        Err(HeldByMissingTopic { why }.into())
     }
 
     /// A record the sink refused outright: the source's to record, or dead-lettered.
@@ -113,7 +131,7 @@ impl<So: Source, Si: Sink> Session<'_, So, Si> {
         } {
             match self.sink.send(*record, token) {
                 Ok(()) => {
-                    self.took_record();
+                    self.took_record(token.event());
                     self.blocked_wait = QUEUE_FULL_RETRY;
                 }
                 Err(SendError::Full(record)) if newest_first => {

@@ -179,6 +179,8 @@ struct FakeSink {
     lose_connection: Vec<usize>,
     refuse: Vec<usize>,
     full: Option<(&'static str, usize)>,
+    /// The topic of `full` is a missing topic while it is full ([`Sink::waiting`]).
+    full_is_missing_topic: bool,
     copy_full_once: Vec<String>,
     copy_refused: Vec<String>,
     /// Dead-letter copies larger than this are refused at send as too large.
@@ -209,6 +211,7 @@ impl FakeSink {
             lose_connection: Vec::new(),
             refuse: Vec::new(),
             full: None,
+            full_is_missing_topic: false,
             copy_full_once: Vec::new(),
             copy_refused: Vec::new(),
             copy_max_bytes: None,
@@ -316,6 +319,15 @@ impl Sink for FakeSink {
             self.ready.push_back((delivery, size, at));
         }
         Ok(())
+    }
+
+    fn waiting(&self) -> Option<String> {
+        match self.full {
+            Some((topic, n)) if self.full_is_missing_topic && n > 0 => {
+                Some(format!("topic {topic} does not exist"))
+            }
+            _ => None,
+        }
     }
 
     async fn next_delivery(&mut self) -> Option<Delivery> {
@@ -1097,5 +1109,87 @@ async fn the_drain_after_bad_input_is_shown_as_draining() {
             .as_deref()
             .is_some_and(|e| e.contains("relation")),
         "{health:?}"
+    );
+}
+
+/// Exactly-once with batches: the first record of a transaction waits for a missing topic
+/// while the Kafka transaction holds the records of the transactions before it. Those commit
+/// without it (holding them open would hold the broker's partitions until its transaction
+/// timeout, and aborting them would redo them forever while the topic is missing); its
+/// records go in the next Kafka transaction once the topic exists. Nothing is aborted, and
+/// nothing is confirmed past a transaction before its commit.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_commits_the_transactions_before_one_waiting_for_a_missing_topic() {
+    let config = config();
+    let mut items: Vec<SourceItem> = (0..4).flat_map(|i| transaction(i, 2)).collect();
+    // Transaction 2's first event routes to the missing topic.
+    let mut events = items.iter_mut().filter_map(|item| match item {
+        SourceItem::Event { event, .. } => Some(event),
+        _ => None,
+    });
+    events.nth(4).unwrap().aggregate_type = Bytes::from_static(b"missing");
+    let (source, log) = FakeSource::new(items);
+    let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
+    sink.full = Some(("missing.events", 20));
+    sink.full_is_missing_topic = true;
+    let transactions = Arc::new(Mutex::new(TransactionLog::default()));
+    let fake = FakeTransactions {
+        log: transactions.clone(),
+        fail_commit: Some(1),
+    };
+    let limits = crate::exactly_once::BatchLimits {
+        max_transactions: 10,
+        max_bytes: usize::MAX,
+        linger: Duration::from_secs(1),
+    };
+    let metrics = Metrics::new().pipeline(&config.name);
+    let progress = SessionProgress::new(metrics.clone());
+    let router = Router::new(&config).unwrap();
+    let session = Session::new(
+        &config,
+        &metrics,
+        source,
+        sink,
+        router,
+        Mode::ExactlyOnce(Box::new(
+            ExactlyOnce::new(Box::new(fake), None).with_limits(limits),
+        )),
+        START,
+        &progress,
+    );
+    let shutdown = CancellationToken::new();
+    let result = tokio::time::timeout(
+        Duration::from_secs(600),
+        session.run(&shutdown, config.status_interval()),
+    )
+    .await
+    .expect("the second commit fails and ends the session");
+    let error = result.expect_err("a failed commit is an error");
+    assert!(matches!(error, Error::Transaction(_)), "{error:?}");
+    let transactions = transactions.lock().unwrap();
+    assert_eq!(
+        transactions.calls,
+        ["begin", "commit", "begin", "commit", "abort"],
+        "the batch before the waiting transaction committed, not aborted"
+    );
+    assert_eq!(
+        transactions.checkpoints,
+        [commit_end(1), commit_end(3)],
+        "the waiting transaction and the one after it form the next batch"
+    );
+    assert_eq!(
+        *sent.lock().unwrap(),
+        ["e0.0", "e0.1", "e1.0", "e1.1", "e2.0", "e2.1", "e3.0", "e3.1"]
+    );
+    let log = log.lock().unwrap();
+    assert!(
+        log.confirmations.contains(&commit_end(1)),
+        "the committed batch is confirmed: {:?}",
+        log.confirmations
+    );
+    assert!(
+        log.confirmations.iter().all(|&lsn| lsn <= commit_end(1)),
+        "confirmed past the batch whose commit failed: {:?}",
+        log.confirmations
     );
 }
