@@ -42,9 +42,13 @@ pub enum LogFormat {
 pub fn init(format: LogFormat, level: Option<&str>) -> Result<(), String> {
     let filter = match (EnvFilter::try_from_default_env(), level) {
         (Ok(filter), _) => filter,
-        (Err(_), Some(level)) => EnvFilter::try_new(level).map_err(|e| {
-            format!("log level {level:?} (--log-level, OUTBOX_RELAY_LOG_LEVEL or [log] level): {e}")
-        })?,
+        (Err(_), Some(level)) => check_level(level)
+            .and_then(|()| EnvFilter::try_new(level).map_err(|e| e.to_string()))
+            .map_err(|e| {
+                format!(
+                    "log level {level:?} (--log-level, OUTBOX_RELAY_LOG_LEVEL or [log] level): {e}"
+                )
+            })?,
         (Err(_), None) => EnvFilter::new("info"),
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
@@ -55,6 +59,22 @@ pub fn init(format: LogFormat, level: Option<&str>) -> Result<(), String> {
         // Control characters from rows and servers escaped: no forged log lines.
         LogFormat::Text => subscriber.with_writer(EscapingStderr { ansi }).init(),
         LogFormat::Json => subscriber.with_writer(std::io::stderr).json().init(),
+    }
+    Ok(())
+}
+
+/// Refuses a directive of `level` that is a bare word but no level: tracing's filter would take
+/// `verbose` for a target name and show nothing else, silencing the log.
+fn check_level(level: &str) -> Result<(), String> {
+    const LEVELS: &[&str] = &["off", "error", "warn", "info", "debug", "trace"];
+    for directive in level.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if !directive.contains(['=', '['])
+            && !LEVELS.iter().any(|l| directive.eq_ignore_ascii_case(l))
+        {
+            return Err(format!(
+                "{directive:?} is no level: give one of off, error, warn, info, debug, trace, or target=level (outbox_relay=debug,info)"
+            ));
+        }
     }
     Ok(())
 }
@@ -121,6 +141,24 @@ impl<W: Write> Write for EscapingWriter<W> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_bare_word_that_is_no_level_is_refused_and_levels_and_targets_pass() {
+        for good in [
+            "info",
+            "DEBUG",
+            "outbox_relay=debug,info",
+            "warn, rdkafka=error",
+            "off",
+        ] {
+            assert_eq!(check_level(good), Ok(()), "{good}");
+        }
+        for bad in ["verbose", "info,loud"] {
+            let error = check_level(bad).unwrap_err();
+            assert!(error.contains("is no level"), "{bad}: {error}");
+        }
+    }
+
     use std::sync::{Arc, Mutex};
 
     use super::*;
