@@ -12,6 +12,16 @@ async fn main() -> std::process::ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit_naming_variable(),
     };
+    if !matches!(cli.command, outbox_relay::cli::Command::Run(_)) {
+        // A one-shot command's output piped into `head` ends quietly when the reader goes,
+        // as other command-line tools do, instead of panicking on the broken pipe. `run` keeps
+        // Rust's default (SIGPIPE ignored): a closed socket is an error it handles.
+        // SAFETY: setting a signal's disposition is process-wide and nothing else in the
+        // process sets SIGPIPE's (Rust's runtime set it to ignored before `main`).
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let file_log = cli
         .command
         .config_path()

@@ -83,6 +83,33 @@ fn a_kafka_properties_file_is_read_and_checked_like_the_flags() {
     assert!(!text.contains("hunter2"), "{text}");
 }
 
+/// A one-shot command's output piped into a reader that goes away (`| head`) ends the command
+/// quietly by SIGPIPE, as other command-line tools do, instead of a panic and exit code 101.
+#[test]
+fn output_into_a_closed_pipe_ends_the_command_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "setup",
+            "--print-sql",
+            "--source-url",
+            "postgres://relay@127.0.0.1:1/app",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running outbox-relay");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {}",
+        output.status,
+        stderr(&output)
+    );
+}
+
 /// A one-shot command meeting a database that is not up yet (a Kubernetes Job started before
 /// PostgreSQL) exits 1, which a Job or a script retries, never one of the codes that say
 /// retrying cannot help (3 to 5).
