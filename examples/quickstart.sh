@@ -47,7 +47,8 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 step "building outbox-relay"
 cargo build --locked --bin outbox-relay --example tail
-RELAY=target/debug/outbox-relay
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+RELAY=$TARGET_DIR/debug/outbox-relay
 
 WORK=$(mktemp -d /tmp/outbox-relay-quickstart.XXXXXX)
 PIDS=()
@@ -83,8 +84,8 @@ SQL
 }
 cleanup() {
   if [ "$KEEP" = 1 ]; then
-    printf '\nLeft running (--keep). Work dir: %s\nStop everything: kill %s; %s\n' "$WORK" "${PIDS[*]:-}" \
-      "${PGDATA_STOP:-}"
+    printf '\nLeft running (--keep). Work dir: %s\nHealth and metrics: http://%s/readyz, http://%s/metrics\nStop everything: kill %s; %s\n' \
+      "$WORK" "${METRICS:-}" "${METRICS:-}" "${PIDS[*]:-}" "${PGDATA_STOP:-}"
     return
   fi
   if [ "$EXTERNAL_DB" = 1 ] && [ -n "$RELAY_PID" ] && [ "$SLOT_DROPPED" = 0 ]; then
@@ -140,13 +141,14 @@ if [ -z "$BOOTSTRAP" ]; then
 fi
 
 step "starting outbox-relay (log: $WORK/relay.log)"
+METRICS="127.0.0.1:$(free_port)"
 RUST_LOG=${RUST_LOG:-info} "$RELAY" run --source-url "$SOURCE_URL" --slot quickstart --publication outbox_pub \
-  --table public.outbox --bootstrap-servers "$BOOTSTRAP" >"$WORK/relay.log" 2>&1 &
+  --table public.outbox --bootstrap-servers "$BOOTSTRAP" --metrics-listen "$METRICS" >"$WORK/relay.log" 2>&1 &
 RELAY_PID=$!
 PIDS=("$RELAY_PID" "${PIDS[@]}")
 for _ in $(seq 100); do grep -q "streaming" "$WORK/relay.log" && break; sleep 0.2; done
 grep -q "streaming" "$WORK/relay.log" || { cat "$WORK/relay.log"; echo "relay did not start" >&2; exit 1; }
-echo "relay is streaming from slot quickstart"
+echo "relay is streaming from slot quickstart; health and metrics: http://$METRICS/readyz, http://$METRICS/metrics"
 
 step "writing business transactions, each with its outbox row"
 "${PSQL[@]}" "$SOURCE_URL" <<'SQL'
@@ -171,7 +173,7 @@ SQL
 echo "3 committed events (2 Order, 1 Customer), 1 rolled back"
 
 step "the events as a Kafka consumer sees them (examples/tail.rs, an rdkafka consumer)"
-target/debug/examples/tail --bootstrap-servers "$BOOTSTRAP" --topics Order.events,Customer.events --count 3 --timeout-secs 30
+"$TARGET_DIR/debug/examples/tail" --bootstrap-servers "$BOOTSTRAP" --topics Order.events,Customer.events --count 3 --timeout-secs 30
 
 step "the slot: confirmed only after Kafka acknowledged"
 WRITTEN_UP_TO=$("${PSQL[@]}" -At "$SOURCE_URL" -c "SELECT pg_current_wal_lsn()")
