@@ -107,6 +107,9 @@ pub struct Session<'a, So: Source, Si: Sink> {
     /// session finishes the source transaction it is in (the source records every outcome and
     /// ends its cycle), then ends with this error so that the next one connects again.
     lost: Option<DeliveryError>,
+    /// The pipeline read `degraded` at the last confirmation: its entry is logged at WARN, its
+    /// end at INFO, once each.
+    degraded: bool,
 }
 
 impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
@@ -155,6 +158,7 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
             null_key_warned: (None, 0),
             drain_deadline: None,
             lost: None,
+            degraded: false,
         }
     }
 
@@ -558,8 +562,32 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
         self.metrics
             .oldest_unacked_age
             .set(oldest.map_or(0.0, |sent| sent.elapsed().as_secs_f64()));
-        self.metrics.set_waiting(self.sink.waiting());
+        let waiting = self.sink.waiting();
+        let named = waiting.is_some();
+        self.metrics.set_waiting(waiting);
+        self.log_degraded_change(named);
         Ok(())
+    }
+
+    /// Logs the pipeline's entry into `degraded` (records wait for the sink's acknowledgement:
+    /// a broker down) at WARN with the reason `/readyz` gives, and its end at INFO, once each:
+    /// the state is derived when read, so without this the logs would not say it. Not when the
+    /// sink `named` why records wait itself (a missing topic, which its own line names once).
+    fn log_degraded_change(&mut self, named: bool) {
+        let Some(health) = self.metrics.state() else {
+            return;
+        };
+        let degraded = health.state == PipelineState::Degraded && !named;
+        if degraded == self.degraded {
+            return;
+        }
+        self.degraded = degraded;
+        let in_flight = self.sink.in_flight().events;
+        if degraded {
+            warn!(pipeline = %self.config.name, reason = health.reason.as_deref().unwrap_or(""), in_flight, "pipeline degraded: records wait (nothing is lost; the relay goes on once the sink takes them)");
+        } else {
+            info!(pipeline = %self.config.name, state = health.state.as_str(), in_flight, "pipeline no longer degraded: the sink takes records again");
+        }
     }
 
     /// The session's records in flight, with those its pipeline's ended sessions left in a

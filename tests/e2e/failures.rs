@@ -16,7 +16,7 @@ async fn flush_lsn_waits_for_an_unreachable_broker_and_readyz_says_degraded() {
     let metrics = format!("127.0.0.1:{}", support::free_port());
     let mut args = setup.relay_args(&bootstrap, Auth::Trust);
     args.extend(["--metrics-listen", &metrics, "--max-event-wait-secs", "5"].map(String::from));
-    let relay = Relay::spawn(&args);
+    let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
 
     let witness = setup.witness().await;
@@ -74,6 +74,10 @@ async fn flush_lsn_waits_for_an_unreachable_broker_and_readyz_says_degraded() {
         setup.slot
     );
     assert_eq!(metric_value(&text, &degraded), 1.0, "{text}");
+    // The log says it too, once, with /readyz's reason.
+    relay
+        .wait_for_log("pipeline degraded", Duration::from_secs(15))
+        .await;
     // librdkafka reports the refused connection at every reconnect, as a log line and as a
     // global error: each distinct line is told once (then once a minute), not every time.
     let log = relay.log();
@@ -129,6 +133,17 @@ async fn flush_lsn_waits_for_an_unreachable_broker_and_readyz_says_degraded() {
         },
     )
     .await;
+    relay
+        .wait_for_log("pipeline no longer degraded", Duration::from_secs(15))
+        .await;
+    let log = relay.log();
+    let entered = log
+        .lines()
+        .filter(|l| {
+            l.contains("pipeline degraded") && l.contains("for the kafka sink's acknowledgement")
+        })
+        .count();
+    assert_eq!(entered, 1, "the degraded state is logged once:\n{log}");
     drop(relay);
 }
 
