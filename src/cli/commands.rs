@@ -165,7 +165,7 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
                 }
                 if print_sql {
                     println!(
-                        "-- pipeline {}, in its database:\n{}\n",
+                        "-- pipeline {}, in its database (psql -f stops at the first error):\n\\set ON_ERROR_STOP on\n{}\n",
                         config.name,
                         crate::source::slot::setup_sql(config)
                     );

@@ -301,9 +301,8 @@ async fn the_sql_setup_prints_runs_as_it_is_and_the_relay_streams_after_it() {
         "{printed}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let sql = printed
-        .split_once("in its database:\n")
-        .map_or(printed.as_str(), |(_, sql)| sql);
+    let sql = printed.as_str();
+    assert!(sql.contains("\\set ON_ERROR_STOP on\n"), "{sql}");
     assert!(sql.contains(&format!("CREATE ROLE \"{role}\"")), "{sql}");
     // As a DBA runs it, twice (every part may run again): psql -f, each statement on its
     // own, stopping at the first error.
