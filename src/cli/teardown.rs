@@ -51,7 +51,7 @@ pub(super) async fn teardown(
             config.name
         );
         eprint!(
-            "type the pipeline's name ({}) to remove these: ",
+            "type {:?} (the pipeline's name) to remove these: ",
             config.name
         );
         let mut answer = String::new();

@@ -193,7 +193,8 @@ impl TopicGate {
         }
         let why = match &self.shared.create {
             None => format!(
-                "topic {topic} does not exist on the Kafka cluster: its records wait and the pipeline reads no further until it exists; create it (kafka-topics.sh --create --topic {topic}), or set kafka.create_topics to have the relay create it"
+                "topic {topic} does not exist on the Kafka cluster: its records wait and the pipeline reads no further until it exists; create it (kafka-topics.sh --bootstrap-server {} --create --topic {topic}), or set kafka.create_topics to have the relay create it",
+                self.shared.client.get("bootstrap.servers").unwrap_or("<broker>")
             ),
             Some(create) => match self.create(topic, create) {
                 Ok(()) => {
@@ -290,7 +291,9 @@ mod tests {
         assert!(!admitted_within(&gate, "absent", &producer, Duration::from_secs(3)).await);
         let why = gate.waiting().expect("a missing topic is a reason to wait");
         assert!(
-            why.contains("topic absent does not exist") && why.contains("kafka.create_topics"),
+            why.contains("topic absent does not exist")
+                && why.contains("kafka-topics.sh --bootstrap-server 127.0.0.1:")
+                && why.contains("kafka.create_topics"),
             "{why}"
         );
     }
