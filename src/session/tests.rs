@@ -567,30 +567,33 @@ impl crate::exactly_once::Transactions for FakeTransactions {
     }
 }
 
-/// Exactly-once: each source transaction's records go in one sink transaction committed with
-/// its end LSN as checkpoint; nothing is confirmed past a transaction before its commit
-/// completed, and a failed commit ends the session with the transaction unconfirmed.
-#[tokio::test(start_paused = true)]
-async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_after_a_failed_one() {
-    let config = config();
-    let items = (0..3).flat_map(|i| transaction(i, 2)).collect();
-    let (source, log) = FakeSource::new(items);
-    let (sink, sent) = FakeSink::new(usize::MAX, 0);
+/// Runs an exactly-once session of `config` over `source` and `sink`, with fake transaction
+/// calls whose commit number `fail_commit` fails, batching within `limits`, until it ends (at
+/// most 600 s of the paused clock). Returns its result and what the transaction calls saw.
+async fn run_exactly_once(
+    config: &PipelineConfig,
+    source: FakeSource,
+    sink: FakeSink,
+    fail_commit: Option<usize>,
+    limits: crate::exactly_once::BatchLimits,
+) -> (Result<(), Error>, Arc<Mutex<TransactionLog>>) {
     let transactions = Arc::new(Mutex::new(TransactionLog::default()));
     let fake = FakeTransactions {
         log: transactions.clone(),
-        fail_commit: Some(1),
+        fail_commit,
     };
     let metrics = Metrics::new().pipeline(&config.name);
     let progress = SessionProgress::new(metrics.clone());
-    let router = Router::new(&config).unwrap();
+    let router = Router::new(config).unwrap();
     let session = Session::new(
-        &config,
+        config,
         &metrics,
         source,
         sink,
         router,
-        Mode::ExactlyOnce(Box::new(ExactlyOnce::new(Box::new(fake), None))),
+        Mode::ExactlyOnce(Box::new(
+            ExactlyOnce::new(Box::new(fake), None).with_limits(limits),
+        )),
         START,
         &progress,
     );
@@ -600,7 +603,27 @@ async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_aft
         session.run(&shutdown, config.status_interval()),
     )
     .await
-    .expect("a failed commit ends the session");
+    .expect("the session ends");
+    (result, transactions)
+}
+
+/// Exactly-once: each source transaction's records go in one sink transaction committed with
+/// its end LSN as checkpoint; nothing is confirmed past a transaction before its commit
+/// completed, and a failed commit ends the session with the transaction unconfirmed.
+#[tokio::test(start_paused = true)]
+async fn exactly_once_confirms_a_transaction_only_after_its_commit_and_never_after_a_failed_one() {
+    let config = config();
+    let items = (0..3).flat_map(|i| transaction(i, 2)).collect();
+    let (source, log) = FakeSource::new(items);
+    let (sink, sent) = FakeSink::new(usize::MAX, 0);
+    let (result, transactions) = run_exactly_once(
+        &config,
+        source,
+        sink,
+        Some(1),
+        crate::exactly_once::BatchLimits::SINGLE,
+    )
+    .await;
     let error = result.expect_err("a failed commit is an error");
     assert!(matches!(error, Error::Transaction(_)), "{error:?}");
     let transactions = transactions.lock().unwrap();
@@ -638,39 +661,13 @@ async fn exactly_once_commits_several_transactions_in_one_sink_transaction() {
     let items = (0..7).flat_map(|i| transaction(i, 2)).collect();
     let (source, log) = FakeSource::new(items);
     let (sink, sent) = FakeSink::new(usize::MAX, 0);
-    let transactions = Arc::new(Mutex::new(TransactionLog::default()));
-    let fake = FakeTransactions {
-        log: transactions.clone(),
-        fail_commit: Some(2),
-    };
     let limits = crate::exactly_once::BatchLimits {
         max_transactions: 3,
         max_bytes: usize::MAX,
         linger: Duration::from_secs(1),
     };
-    let metrics = Metrics::new().pipeline(&config.name);
-    let progress = SessionProgress::new(metrics.clone());
-    let router = Router::new(&config).unwrap();
-    let session = Session::new(
-        &config,
-        &metrics,
-        source,
-        sink,
-        router,
-        Mode::ExactlyOnce(Box::new(
-            ExactlyOnce::new(Box::new(fake), None).with_limits(limits),
-        )),
-        START,
-        &progress,
-    );
-    let shutdown = CancellationToken::new();
     let started = tokio::time::Instant::now();
-    let result = tokio::time::timeout(
-        Duration::from_secs(600),
-        session.run(&shutdown, config.status_interval()),
-    )
-    .await
-    .expect("a failed commit ends the session");
+    let (result, transactions) = run_exactly_once(&config, source, sink, Some(2), limits).await;
     let error = result.expect_err("a failed commit is an error");
     assert!(matches!(error, Error::Transaction(_)), "{error:?}");
     // Two commits of 500 ms, then the last batch's linger of 1 s and its commit.
@@ -1132,38 +1129,12 @@ async fn exactly_once_commits_the_transactions_before_one_waiting_for_a_missing_
     let (mut sink, sent) = FakeSink::new(usize::MAX, 0);
     sink.full = Some(("missing.events", 20));
     sink.full_is_missing_topic = true;
-    let transactions = Arc::new(Mutex::new(TransactionLog::default()));
-    let fake = FakeTransactions {
-        log: transactions.clone(),
-        fail_commit: Some(1),
-    };
     let limits = crate::exactly_once::BatchLimits {
         max_transactions: 10,
         max_bytes: usize::MAX,
         linger: Duration::from_secs(1),
     };
-    let metrics = Metrics::new().pipeline(&config.name);
-    let progress = SessionProgress::new(metrics.clone());
-    let router = Router::new(&config).unwrap();
-    let session = Session::new(
-        &config,
-        &metrics,
-        source,
-        sink,
-        router,
-        Mode::ExactlyOnce(Box::new(
-            ExactlyOnce::new(Box::new(fake), None).with_limits(limits),
-        )),
-        START,
-        &progress,
-    );
-    let shutdown = CancellationToken::new();
-    let result = tokio::time::timeout(
-        Duration::from_secs(600),
-        session.run(&shutdown, config.status_interval()),
-    )
-    .await
-    .expect("the second commit fails and ends the session");
+    let (result, transactions) = run_exactly_once(&config, source, sink, Some(1), limits).await;
     let error = result.expect_err("a failed commit is an error");
     assert!(matches!(error, Error::Transaction(_)), "{error:?}");
     let transactions = transactions.lock().unwrap();
