@@ -110,6 +110,71 @@ fn output_into_a_closed_pipe_ends_the_command_without_a_panic() {
     );
 }
 
+/// The start's one-line summary of the settings that differ from their defaults, from `run`
+/// with `env` (the database and broker unreachable: it is read, then the relay is stopped).
+fn run_summary(env: &[(&str, &str)]) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    command
+        .args([
+            "run",
+            "--source-url",
+            "postgres://relay@127.0.0.1:1/app",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+        ])
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("OUTBOX_RELAY_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command.spawn().expect("running outbox-relay");
+    let stderr = child.stderr.take().unwrap();
+    let (lines, found) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("starting pipeline") {
+                let _ = lines.send(line);
+                return;
+            }
+        }
+    });
+    let line = found.recv_timeout(std::time::Duration::from_secs(20));
+    let _ = child.kill();
+    let _ = child.wait();
+    line.expect("no 'starting pipeline' line within 20 s")
+}
+
+/// A boolean flag's variable takes the usual spellings (1/0, yes/no, on/off, true/false), as
+/// an operator writes them in a unit file or a pod spec.
+#[test]
+fn boolean_variables_take_1_yes_on_and_their_opposites() {
+    for on in ["1", "yes", "on", "true"] {
+        let summary = run_summary(&[("OUTBOX_RELAY_NO_CREATE_SLOT", on)]);
+        assert!(summary.contains("\"create_slot\":false"), "{on}: {summary}");
+    }
+    for off in ["0", "no", "off", "false"] {
+        let summary = run_summary(&[("OUTBOX_RELAY_NO_CREATE_SLOT", off)]);
+        assert!(!summary.contains("\"create_slot\""), "{off}: {summary}");
+    }
+    let output = relay(
+        &[
+            "setup",
+            "--print-sql",
+            "--source-url",
+            "postgres://relay@127.0.0.1:1/app",
+        ],
+        &[("OUTBOX_RELAY_NO_CREATE_SLOT", "maybe")],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(text.contains("OUTBOX_RELAY_NO_CREATE_SLOT"), "{text}");
+}
+
 /// A one-shot command meeting a database that is not up yet (a Kubernetes Job started before
 /// PostgreSQL) exits 1, which a Job or a script retries, never one of the codes that say
 /// retrying cannot help (3 to 5).

@@ -4,6 +4,7 @@
 //! link and HTML checks do not apply to them.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
+use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand};
 
 use super::readers::{check_flags, refuse_unread, setup_flags, status_flags, teardown_flags};
@@ -360,13 +361,14 @@ pub struct RunArgs {
     #[arg(
         help_heading = "Source database",
         long,
-        env = "OUTBOX_RELAY_NO_CREATE_SLOT"
+        env = "OUTBOX_RELAY_NO_CREATE_SLOT",
+        value_parser = BoolishValueParser::new()
     )]
     pub(crate) no_create_slot: bool,
     /// Create the slot as a failover slot (PostgreSQL 17+), which a standby with
     /// sync_replication_slots = on keeps in sync; `setup` and the start also turn it on for an
     /// existing slot no walsender holds.
-    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_FAILOVER")]
+    #[arg(help_heading = "Source database", long, env = "OUTBOX_RELAY_FAILOVER", value_parser = BoolishValueParser::new())]
     pub(crate) failover: bool,
     /// libpq URL of the physical standby that should keep the failover slot in sync; `check`
     /// and `status` read its settings and its copy of the slot.
@@ -384,7 +386,8 @@ pub struct RunArgs {
     #[arg(
         help_heading = "Source database",
         long,
-        env = "OUTBOX_RELAY_NO_SLOT_RECORD"
+        env = "OUTBOX_RELAY_NO_SLOT_RECORD",
+        value_parser = BoolishValueParser::new()
     )]
     pub(crate) no_slot_record: bool,
     /// Schema of the slot record table (streamed_slots), created if missing.
@@ -431,7 +434,7 @@ pub struct RunArgs {
     /// exactly_once_batch_linger_ms), each with a checkpoint record in one Kafka transaction;
     /// read_committed consumers see every event once, also after a crash. Needs a broker with
     /// transactions and the checkpoint topic (cleanup.policy=compact).
-    #[arg(help_heading = "Exactly-once", long, env = "OUTBOX_RELAY_EXACTLY_ONCE")]
+    #[arg(help_heading = "Exactly-once", long, env = "OUTBOX_RELAY_EXACTLY_ONCE", value_parser = BoolishValueParser::new())]
     pub(crate) exactly_once: bool,
     /// With --exactly-once: the Kafka transactional.id [default: outbox-relay-<pipeline name>];
     /// a relay started with the same id fences the one before it.
