@@ -662,17 +662,7 @@ async fn a_password_with_url_characters_is_given_beside_the_url() {
     let (_config_dir, args) = crate::run_with_config(&toml);
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
-    let first = setup
-        .db
-        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
-        .await;
-    let consumed = setup
-        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
-        .await;
-    assert_eq!(
-        consumed[0].header_str("id").as_deref(),
-        Some(first.as_str())
-    );
+    setup.one_event_flows().await;
     relay.sigterm();
     assert!(
         relay.wait(Duration::from_secs(40)).success(),

@@ -261,6 +261,19 @@ struct Setup {
 }
 
 impl Setup {
+    /// Writes one event of the first type and asserts it arrives (its `id` header, within
+    /// 60 s).
+    async fn one_event_flows(&self) {
+        let id = self
+            .db
+            .insert_event(&self.types[0], "1", "Created", Some("{}"), None)
+            .await;
+        let consumed = self
+            .consume_all(1, Duration::ZERO, Duration::from_secs(60))
+            .await;
+        assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    }
+
     /// Reads every topic of this test (see [`consume`]).
     async fn consume_all(
         &self,

@@ -1022,14 +1022,7 @@ async fn the_sql_kit_runs_twice_and_its_role_streams_without_delete() {
     );
     let relay = Relay::spawn(&args);
     setup.wait_streaming().await;
-    let id = setup
-        .db
-        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
-        .await;
-    let consumed = setup
-        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
-        .await;
-    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    setup.one_event_flows().await;
     wait_for("the slot record row", Duration::from_secs(30), || async {
         let rows = pg().psql(
             &setup.db.name,

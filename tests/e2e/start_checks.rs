@@ -129,14 +129,7 @@ async fn a_replication_role_without_select_streams_and_check_only_warns() {
 
     let _relay = Relay::spawn(&args);
     setup.wait_streaming().await;
-    let id = setup
-        .db
-        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
-        .await;
-    let consumed = setup
-        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
-        .await;
-    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    setup.one_event_flows().await;
 }
 
 /// A role without REPLICATION: the walsender refuses it; run stops with exit code 4 and

@@ -15,14 +15,7 @@ async fn teardown_removes_the_slot_its_record_and_the_publication_once_no_relay_
     let mut relay = Relay::spawn(&args);
     setup.wait_streaming().await;
     // The slot record is written once a first position is confirmed.
-    let id = setup
-        .db
-        .insert_event(&setup.types[0], "1", "Created", Some("{}"), None)
-        .await;
-    let consumed = setup
-        .consume_all(1, Duration::ZERO, Duration::from_secs(60))
-        .await;
-    assert_eq!(consumed[0].header_str("id").as_deref(), Some(id.as_str()));
+    setup.one_event_flows().await;
     let records = || async {
         setup
             .db
