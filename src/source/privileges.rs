@@ -2,6 +2,7 @@
 //! `check` reports it, in one sentence each so the two cannot drift: REPLICATION for log
 //! tailing, the outbox table's privileges for polling.
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
 use super::replication::quote_ident;
@@ -53,6 +54,36 @@ pub async fn explain_walsender_refusal(
         Ok((role, false)) => SourceError::Privilege(no_replication(&role)),
         _ => refused,
     }
+}
+
+/// After `setup`'s `CREATE PUBLICATION` failed with `refused`: when the role lacked a
+/// privilege (SQLSTATE 42501: it does not own the outbox table, or may not CREATE in the
+/// database), a [`SourceError::Privilege`] naming the role, the publication, the table and who
+/// may create it; any other error as it came.
+pub async fn explain_publication_refusal(
+    client: &Client,
+    config: &PipelineConfig,
+    refused: tokio_postgres::Error,
+) -> SourceError {
+    if refused.code() != Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        return SourceError::Sql(refused);
+    }
+    let Ok(role) = client.query_one("SELECT current_user::text", &[]).await else {
+        return SourceError::Sql(refused);
+    };
+    let role: String = role.get(0);
+    let server_says = refused
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_default();
+    SourceError::Privilege(format!(
+        "role {role:?} may not create publication {:?} for table {} ({server_says}): \
+         CREATE PUBLICATION needs the table's owner (or a superuser) with CREATE on the \
+         database; run outbox-relay setup as that role, or have it run the statements \
+         outbox-relay setup --print-sql prints",
+        config.publication,
+        config.table.quoted()
+    ))
 }
 
 /// The privileges a polling pipeline needs on its outbox table: SELECT, UPDATE (DELETE with

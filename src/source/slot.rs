@@ -631,10 +631,13 @@ pub async fn setup(
             config.table.quoted(),
             config.op_invalid_behavior.publish()
         );
-        client
-            .batch_execute(&create)
-            .await
-            .map_err(SourceError::Sql)?;
+        if let Err(refused) = client.batch_execute(&create).await {
+            return Err(
+                super::privileges::explain_publication_refusal(&client, config, refused)
+                    .await
+                    .into(),
+            );
+        }
         done.push(format!("created publication {:?}", config.publication));
     }
     super::slot_record::setup(&client, config, accept_slot_loss).await?;

@@ -97,6 +97,40 @@ async fn setup_creates_a_publication_with_what_op_invalid_behavior_reads() {
     setup.wait_streaming().await;
 }
 
+/// `setup` run as a role that does not own the outbox table cannot create the publication:
+/// it stops with exit code 4, naming the role, the publication and the table, and says who may
+/// (the table's owner) and how a DBA gets the statements (`setup --print-sql`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setup_as_a_role_that_does_not_own_the_table_names_who_may_create_the_publication() {
+    let setup = Setup::new("setup_not_owner", &["Order"], 1).await;
+    let role = format!("{}_notown", setup.db.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN REPLICATION; GRANT CREATE ON DATABASE {} TO {role}",
+            setup.db.name
+        ))
+        .await
+        .unwrap();
+    let mut args = args_as(&setup, &role);
+    let at = args.iter().position(|a| a == "--publication").unwrap() + 1;
+    args[at] = format!("{}_new_pub", setup.db.name);
+    args.push("--no-slot-record".into());
+    let mut command = Relay::spawn(&crate::as_command(&args, "setup"));
+    let status = command.wait(Duration::from_secs(60));
+    let log = command.log();
+    assert_eq!(status.code(), Some(4), "setup exited with {status}:\n{log}");
+    for says in [
+        format!("role \"{role}\" may not create publication"),
+        "\"public\".\"outbox\"".to_string(),
+        "owner".to_string(),
+        "setup --print-sql".to_string(),
+    ] {
+        assert!(log.contains(&says), "setup does not say {says:?}:\n{log}");
+    }
+}
+
 /// Log tailing needs no SELECT on the outbox table (the walsender decodes without it): a
 /// role with REPLICATION and no grant streams, and `check` warns about the grant instead of
 /// failing the pipeline.
