@@ -329,6 +329,50 @@ async fn the_sql_setup_prints_runs_as_it_is_and_the_relay_streams_after_it() {
     );
 }
 
+/// An existing publication that leaves the outbox table out is not passed over: the printed
+/// script stops at it with the sentence `check` prints, fix included, before it creates the
+/// slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_sql_stops_at_an_existing_publication_without_the_outbox() {
+    let setup = Setup::new("printsql_pub", &["Order"], 1).await;
+    let publication = format!("{}_other", setup.db.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!(
+            "CREATE TABLE elsewhere (id int); CREATE PUBLICATION {publication} FOR TABLE elsewhere"
+        ))
+        .await
+        .unwrap();
+    let mut print = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let at = print.iter().position(|a| a == "--publication").unwrap() + 1;
+    print[at] = publication.clone();
+    print = crate::as_command(&print, "setup");
+    print.push("--print-sql".into());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(&print)
+        .output()
+        .unwrap();
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{sql}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stopped = match pg().psql_file(&setup.db.name, &sql) {
+        Ok(_) => panic!("the printed SQL ran past a publication without the outbox:\n{sql}"),
+        Err(e) => e,
+    };
+    let sentence = format!(
+        "table public.outbox is not in publication \"{publication}\": ALTER PUBLICATION \"{publication}\" ADD TABLE \"public\".\"outbox\""
+    );
+    assert!(stopped.contains(&sentence), "psql said:\n{stopped}");
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),
+        "the printed SQL went on to create the slot"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_and_status_tell_the_operator_what_is_wrong_and_where_the_slot_is() {
     let setup = Setup::new("check", &["Order"], 1).await;

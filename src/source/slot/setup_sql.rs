@@ -3,6 +3,7 @@
 //! the grants of the relay's own role (`sql/roles.sql`). Every part may run again.
 
 use super::failover;
+use super::publication::{self, PublicationState};
 use crate::config::{quote_ident, PipelineConfig};
 use crate::source::replication::quote_literal;
 
@@ -26,18 +27,7 @@ const DEFAULT_ROLE: &str = "outbox_relay";
 /// block's dollar quoting (a `$`) or holds a control character is left to the DBA.
 pub fn setup_sql(config: &PipelineConfig) -> String {
     let table = config.table.quoted();
-    let mut parts = vec![format!(
-        "-- As the outbox table's owner (a publication FOR TABLE needs ownership), unless the\n\
-         -- publication exists already (sql/outbox.sql creates outbox_pub):\n\
-         DO $$ BEGIN\n\
-         \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = {publication_literal}) THEN\n\
-         \x20   CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = '{publish}');\n\
-         \x20 END IF;\n\
-         END $$;",
-        publication_literal = quote_literal(&config.publication),
-        publication = quote_ident(&config.publication),
-        publish = config.op_invalid_behavior.publish(),
-    )];
+    let mut parts = vec![publication_sql(config)];
     if config.slot_record {
         let [schema, record] = crate::source::slot_record::ddl(&config.slot_record_schema);
         parts.push(format!(
@@ -72,6 +62,96 @@ pub fn setup_sql(config: &PipelineConfig) -> String {
         parts.push(logical_messages_sql());
     }
     parts.join("\n\n")
+}
+
+/// The publication, created when missing; an existing one that leaves out the outbox table or
+/// what the pipeline reads stops the script with the sentence `check` prints for it.
+fn publication_sql(config: &PipelineConfig) -> String {
+    let publication_literal = quote_literal(&config.publication);
+    let needs_updates = config.op_invalid_behavior.needs_updates();
+    let stop_unless = |condition: &str, wrong: PublicationState| {
+        let sentence =
+            publication::problem(&wrong, &config.publication, &config.table, needs_updates)
+                .expect("a publication state with a problem");
+        format!(
+            "\x20 ELSIF NOT EXISTS (SELECT FROM {condition}) THEN\n\
+             \x20   RAISE EXCEPTION USING MESSAGE = {};\n",
+            quote_literal(&sentence)
+        )
+    };
+    let fits = PublicationState {
+        exists: true,
+        inserts: true,
+        updates_and_deletes: true,
+        includes_table: true,
+        table_exists: true,
+    };
+    let mut checks = stop_unless(
+        &format!(
+            "pg_catalog.pg_publication_tables WHERE pubname = {publication_literal} \
+             AND schemaname = {} AND tablename = {}",
+            quote_literal(&config.table.schema),
+            quote_literal(&config.table.name)
+        ),
+        PublicationState {
+            includes_table: false,
+            ..fits
+        },
+    );
+    checks.push_str(&stop_unless(
+        &format!("pg_catalog.pg_publication WHERE pubname = {publication_literal} AND pubinsert"),
+        PublicationState {
+            inserts: false,
+            ..fits
+        },
+    ));
+    if needs_updates {
+        checks.push_str(&stop_unless(
+            &format!(
+                "pg_catalog.pg_publication WHERE pubname = {publication_literal} \
+                 AND pubupdate AND pubdelete"
+            ),
+            PublicationState {
+                updates_and_deletes: false,
+                ..fits
+            },
+        ));
+    }
+    format!(
+        "-- As the outbox table's owner (a publication FOR TABLE needs ownership), unless the\n\
+         -- publication exists already (sql/outbox.sql creates outbox_pub); an existing one must\n\
+         -- publish the outbox table's inserts{updates}:\n\
+         {}",
+        do_block(&format!(
+            "BEGIN\n\
+             \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_publication WHERE pubname = {publication_literal}) THEN\n\
+             \x20   CREATE PUBLICATION {publication} FOR TABLE {table} WITH (publish = '{publish}');\n\
+             {checks}\
+             \x20 END IF;\n\
+             END",
+            publication = quote_ident(&config.publication),
+            table = config.table.quoted(),
+            publish = config.op_invalid_behavior.publish(),
+        )),
+        updates = if needs_updates {
+            ", updates and deletes"
+        } else {
+            ""
+        },
+    )
+}
+
+/// `DO <tag>body<tag>;` with a dollar-quote tag the body does not hold, so that no name in it
+/// can end the quoting.
+fn do_block(body: &str) -> String {
+    let tag = (0..)
+        .map(|n| match n {
+            0 => "$$".to_owned(),
+            n => format!("$setup{n}$"),
+        })
+        .find(|tag| !body.contains(tag.as_str()))
+        .expect("a tag the body does not hold");
+    format!("DO {tag} {body} {tag};")
 }
 
 /// The relay's role, created when missing, and its grants.
@@ -182,6 +262,18 @@ mod tests {
             !sql.contains("DELETE ON"),
             "the relay's role gets no DELETE:\n{sql}"
         );
+    }
+
+    /// A table or publication name holding `$$` cannot end the publication part's DO block:
+    /// the block is quoted with a tag the names do not hold.
+    #[test]
+    fn a_name_holding_the_dollar_quote_does_not_end_the_do_block() {
+        let mut config = PipelineConfig::test_pipeline();
+        config.table = "public.\"a$$b\"".parse().unwrap();
+        let sql = setup_sql(&config);
+        assert!(sql.contains("DO $setup1$ BEGIN"), "{sql}");
+        assert!(sql.contains("END $setup1$;"), "{sql}");
+        assert_eq!(do_block("BEGIN END"), "DO $$ BEGIN END $$;");
     }
 
     /// A pipeline that warns or stops on updates and deletes of the outbox reads them: the
