@@ -640,6 +640,14 @@ pub async fn setup(
         }
         done.push(format!("created publication {:?}", config.publication));
     }
+    // Before anything is created: an existing publication that does not fit stops here.
+    publication::check(
+        &client,
+        &config.publication,
+        &config.table,
+        config.op_invalid_behavior.needs_updates(),
+    )
+    .await?;
     super::slot_record::setup(&client, config, accept_slot_loss).await?;
     if read_slot(&client, &config.slot).await?.is_none() {
         if let Some(lsn) = create_slot(&client, &config.slot, config.failover).await? {

@@ -329,11 +329,11 @@ async fn the_sql_setup_prints_runs_as_it_is_and_the_relay_streams_after_it() {
     );
 }
 
-/// An existing publication that leaves the outbox table out is not passed over: the printed
-/// script stops at it with the sentence `check` prints, fix included, before it creates the
-/// slot.
+/// An existing publication that leaves the outbox table out is not passed over: `setup` and
+/// the script `setup --print-sql` prints stop at it with the sentence `check` prints, fix
+/// included, before they create the slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_printed_sql_stops_at_an_existing_publication_without_the_outbox() {
+async fn setup_and_its_printed_sql_stop_at_an_existing_publication_without_the_outbox() {
     let setup = Setup::new("printsql_pub", &["Order"], 1).await;
     let publication = format!("{}_other", setup.db.name);
     setup
@@ -344,10 +344,28 @@ async fn the_printed_sql_stops_at_an_existing_publication_without_the_outbox() {
         ))
         .await
         .unwrap();
-    let mut print = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
-    let at = print.iter().position(|a| a == "--publication").unwrap() + 1;
-    print[at] = publication.clone();
-    print = crate::as_command(&print, "setup");
+    let mut args = setup.relay_args(&kafka().bootstrap(), Auth::Trust);
+    let at = args.iter().position(|a| a == "--publication").unwrap() + 1;
+    args[at] = publication.clone();
+    let args = crate::as_command(&args, "setup");
+    let sentence = format!(
+        "table public.outbox is not in publication \"{publication}\": ALTER PUBLICATION \"{publication}\" ADD TABLE \"public\".\"outbox\""
+    );
+
+    let mut command = Relay::spawn(&args);
+    let status = command.wait(Duration::from_secs(60));
+    let log = command.log();
+    assert_eq!(status.code(), Some(3), "setup exited with {status}:\n{log}");
+    assert!(
+        log.contains(&sentence),
+        "setup does not say {sentence:?}:\n{log}"
+    );
+    assert!(
+        setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),
+        "setup created the slot"
+    );
+
+    let mut print = args;
     print.push("--print-sql".into());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(&print)
@@ -359,13 +377,12 @@ async fn the_printed_sql_stops_at_an_existing_publication_without_the_outbox() {
         "{sql}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The harness's psql stops at the first error by itself; a DBA's stops because of this.
+    assert!(sql.contains("\\set ON_ERROR_STOP on\n"), "{sql}");
     let stopped = match pg().psql_file(&setup.db.name, &sql) {
         Ok(_) => panic!("the printed SQL ran past a publication without the outbox:\n{sql}"),
         Err(e) => e,
     };
-    let sentence = format!(
-        "table public.outbox is not in publication \"{publication}\": ALTER PUBLICATION \"{publication}\" ADD TABLE \"public\".\"outbox\""
-    );
     assert!(stopped.contains(&sentence), "psql said:\n{stopped}");
     assert!(
         setup.db.confirmed_flush_lsn(&setup.slot).await.is_none(),

@@ -86,7 +86,26 @@ fn publication_sql(config: &PipelineConfig) -> String {
         includes_table: true,
         table_exists: true,
     };
+    // In the order publication::problem judges them, so that the sentence is check's.
     let mut checks = stop_unless(
+        &format!("pg_catalog.pg_publication WHERE pubname = {publication_literal} AND pubinsert"),
+        PublicationState {
+            inserts: false,
+            ..fits
+        },
+    );
+    checks.push_str(&stop_unless(
+        &format!(
+            "pg_catalog.pg_class WHERE oid = to_regclass({})",
+            quote_literal(&config.table.quoted())
+        ),
+        PublicationState {
+            includes_table: false,
+            table_exists: false,
+            ..fits
+        },
+    ));
+    checks.push_str(&stop_unless(
         &format!(
             "pg_catalog.pg_publication_tables WHERE pubname = {publication_literal} \
              AND schemaname = {} AND tablename = {}",
@@ -95,13 +114,6 @@ fn publication_sql(config: &PipelineConfig) -> String {
         ),
         PublicationState {
             includes_table: false,
-            ..fits
-        },
-    );
-    checks.push_str(&stop_unless(
-        &format!("pg_catalog.pg_publication WHERE pubname = {publication_literal} AND pubinsert"),
-        PublicationState {
-            inserts: false,
             ..fits
         },
     ));
@@ -262,6 +274,37 @@ mod tests {
             !sql.contains("DELETE ON"),
             "the relay's role gets no DELETE:\n{sql}"
         );
+    }
+
+    /// An existing publication is judged as `check` judges it, in the same order, so that the
+    /// script stops with the sentence `check` prints: inserts, the table's existence, its
+    /// membership, then the updates and deletes a warning or stopping pipeline reads.
+    #[test]
+    fn an_existing_publication_is_judged_in_checks_order() {
+        let mut config = PipelineConfig::test_pipeline();
+        config.op_invalid_behavior = InvalidOpBehavior::Warn;
+        let sql = setup_sql(&config);
+        let mut at = 0;
+        for (condition, sentence) in [
+            ("AND pubinsert)", "does not publish inserts"),
+            (
+                "to_regclass('\"public\".\"outbox\"'))",
+                "does not exist in this database",
+            ),
+            ("AND tablename = 'outbox')", "is not in publication"),
+            (
+                "AND pubupdate AND pubdelete)",
+                "does not publish updates and deletes",
+            ),
+        ] {
+            let found = sql[at..]
+                .find(condition)
+                .unwrap_or_else(|| panic!("{condition:?} missing, or out of order, in\n{sql}"));
+            at += found + condition.len();
+            // The condition's line ends with THEN; the next one raises.
+            let raise = sql[at..].lines().nth(1).unwrap_or_default();
+            assert!(raise.contains(sentence), "{condition:?} raises {raise:?}");
+        }
     }
 
     /// A table or publication name holding `$$` cannot end the publication part's DO block:

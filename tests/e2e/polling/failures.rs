@@ -10,10 +10,11 @@ async fn polling_broker_outage_keeps_rows_pending_with_backed_off_retries_then_d
     let setup = Setup::new("poll_outage", &["Order", "Invoice"], 2).await;
     let port = support::free_port();
     let bootstrap = format!("127.0.0.1:{port}");
-    // Each retry as the server saw it: the time its UPDATE statement reached the server and
-    // the next_retry_at it set. The relay computes next_retry_at from the clock while the
-    // UPDATE runs, which is never before the statement arrived and at most the statement's
-    // run time after it; a trigger's own clock is later by an amount a busy server makes large.
+    // Each retry as the server saw it: when the server began executing its UPDATE
+    // (statement_timestamp()) and the next_retry_at it set. The relay computes next_retry_at
+    // from the clock while the UPDATE runs, which is never before that and at most the
+    // executor's time to reach the row after it; an AFTER trigger's own clock is later by an
+    // amount a busy server makes large.
     setup
         .db
         .client
