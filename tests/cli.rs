@@ -403,3 +403,33 @@ fn import_debezium_prints_no_config_for_differences_unless_they_are_accepted() {
     let output = relay(&["import-debezium", path.to_str().unwrap()], &[]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 }
+
+/// Help is wrapped to the terminal's width: in a 100-column terminal (COLUMNS) no line of any
+/// command's `--help` runs past the edge.
+#[test]
+fn every_commands_help_is_wrapped_to_100_columns() {
+    for command in [
+        "",
+        "run",
+        "setup",
+        "check",
+        "teardown",
+        "status",
+        "probe",
+        "import-debezium",
+    ] {
+        let args: Vec<&str> = [command, "--help"]
+            .into_iter()
+            .filter(|a| !a.is_empty())
+            .collect();
+        let output = relay(&args, &[("COLUMNS", "100")]);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        let help = String::from_utf8_lossy(&output.stdout);
+        let long: Vec<&str> = help.lines().filter(|l| l.chars().count() > 100).collect();
+        assert!(
+            long.is_empty(),
+            "{args:?} has lines over 100 columns:\n{}",
+            long.join("\n")
+        );
+    }
+}

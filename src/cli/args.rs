@@ -110,9 +110,9 @@ pub enum Command {
     /// slots and WAL senders, REPLICATION and SELECT on the outbox, its mapped columns, the
     /// publication, the slot, whether it is a failover slot, synchronized_standby_slots, the
     /// idle slot timeout (PostgreSQL 18), with --standby-url the standby's slot
-    /// synchronization settings and its copy of the slot, and that the Kafka brokers answer (for a polling pipeline: the
-    /// outbox table's columns, SELECT and UPDATE or DELETE, pending and FAILED rows, the NOTIFY
-    /// trigger). Exits 1 if anything fails.
+    /// synchronization settings and its copy of the slot, and that the Kafka brokers answer
+    /// (for a polling pipeline: the outbox table's columns, SELECT and UPDATE or DELETE,
+    /// pending and FAILED rows, the NOTIFY trigger). Exits 1 if anything fails.
     ///
     ///   outbox-relay check --config relay.toml
     #[command(verbatim_doc_comment, mut_args = check_flags)]
