@@ -545,7 +545,14 @@ impl Publisher for Arc<Scripted> {
 }
 
 proptest::proptest! {
-    #![proptest_config(proptest::test_runner::Config::with_cases(300))]
+    // Failing cases are kept beside this file (tests.proptest-regressions) and re-run first.
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 300,
+        failure_persistence: Some(Box::new(
+            proptest::test_runner::FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
+        ..proptest::test_runner::Config::default()
+    })]
 
     /// Under any schedule of answers and delays: one outcome per record; per key, attempts
     /// never overlap and follow send order; after a key's record failed for good (not
