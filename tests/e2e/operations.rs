@@ -271,6 +271,23 @@ async fn setup_creates_publication_and_slot_and_a_dropped_slot_stops_the_relay()
     );
 }
 
+/// What `setup --print-sql` prints for the `setup` command line `setup_args`; panics, with its
+/// output, when it fails.
+fn printed_setup_sql(setup_args: &[String]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(setup_args)
+        .arg("--print-sql")
+        .output()
+        .unwrap();
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{sql}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    sql
+}
+
 /// What `setup --print-sql` prints is what a DBA runs instead of `setup`: run with `psql -f`
 /// on a database that has the outbox and its publication (sql/outbox.sql), it creates the
 /// relay's role with its grants, the slot record and the slot, and the relay then streams as
@@ -288,19 +305,7 @@ async fn the_sql_setup_prints_runs_as_it_is_and_the_relay_streams_after_it() {
     let at = run_args.iter().position(|a| a == "--source-url").unwrap();
     let mut run_args = run_args;
     run_args[at + 1] = url;
-    let mut print = run_args.clone();
-    print = crate::as_command(&print, "setup");
-    print.push("--print-sql".into());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(&print)
-        .output()
-        .unwrap();
-    let printed = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{printed}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let printed = printed_setup_sql(&crate::as_command(&run_args, "setup"));
     let sql = printed.as_str();
     assert!(sql.contains("\\set ON_ERROR_STOP on\n"), "{sql}");
     assert!(sql.contains(&format!("CREATE ROLE \"{role}\"")), "{sql}");
@@ -365,18 +370,7 @@ async fn setup_and_its_printed_sql_stop_at_an_existing_publication_without_the_o
         "setup created the slot"
     );
 
-    let mut print = args;
-    print.push("--print-sql".into());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(&print)
-        .output()
-        .unwrap();
-    let sql = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{sql}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let sql = printed_setup_sql(&args);
     // The harness's psql stops at the first error by itself; a DBA's stops because of this.
     assert!(sql.contains("\\set ON_ERROR_STOP on\n"), "{sql}");
     let stopped = match pg().psql_file(&setup.db.name, &sql) {
