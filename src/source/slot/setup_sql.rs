@@ -23,8 +23,8 @@ const DEFAULT_ROLE: &str = "outbox_relay";
 /// a role with REPLICATION) and, with `message_prefix`, the revocation of
 /// `pg_logical_emit_message` from PUBLIC (a superuser, after naming the writer roles).
 ///
-/// Names go into the SQL quoted, never into comments; a role name that could end the `DO`
-/// block's dollar quoting (a `$`) or holds a control character is left to the DBA.
+/// Names go into the SQL quoted, never into comments, and no name can end a `DO` block's
+/// dollar quoting; a role name holding a control character is left to the DBA.
 pub fn setup_sql(config: &PipelineConfig) -> String {
     let table = config.table.quoted();
     let mut parts = vec![publication_sql(config)];
@@ -175,19 +175,19 @@ fn role_sql(config: &PipelineConfig, table: &str) -> String {
         None => "the source URL names no user: outbox_relay",
     };
     let role_ident = quote_ident(&role);
-    let create = if role.contains('$') || role.chars().any(char::is_control) {
-        "-- The role's name holds characters this script does not print in a DO block: create\n\
-         -- it by hand (LOGIN REPLICATION) before the grants below."
+    let create = if role.chars().any(char::is_control) {
+        "-- The role's name holds characters this script does not print: create it by hand\n\
+         -- (LOGIN REPLICATION) before the grants below."
             .to_owned()
     } else {
-        format!(
-            "DO $$ BEGIN\n\
+        do_block(&format!(
+            "BEGIN\n\
              \x20 IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = {role_literal}) THEN\n\
              \x20   CREATE ROLE {role_ident} LOGIN REPLICATION;\n\
              \x20 END IF;\n\
-             END $$;",
+             END",
             role_literal = quote_literal(&role),
-        )
+        ))
     };
     let mut sql = format!(
         "-- The relay's role ({whose}; sql/roles.sql): REPLICATION to stream, SELECT on the\n\
@@ -345,7 +345,7 @@ mod tests {
     }
 
     #[test]
-    fn names_never_reach_comments_and_a_dollar_in_the_role_is_not_put_in_a_do_block() {
+    fn names_never_reach_comments_and_a_dollar_in_the_role_does_not_end_its_do_block() {
         let mut config = PipelineConfig::test_pipeline();
         config.table = "\"evil\nDROP TABLE x; --\".\"outbox\"".parse().unwrap();
         config.source_url = "postgres://a%24%24b@db/app".to_owned().into();
@@ -353,8 +353,14 @@ mod tests {
         for line in sql.lines().filter(|l| l.starts_with("--")) {
             assert!(!line.contains("evil") && !line.contains("a$$b"), "{line}");
         }
-        assert!(!sql.contains("rolname = 'a$$b'"), "{sql}");
-        assert!(sql.contains("create\n-- it by hand"), "{sql}");
+        assert!(
+            sql.contains("DO $setup1$ BEGIN\n  IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'a$$b')"),
+            "{sql}"
+        );
+        config.source_url = "postgres://a%0Ab@db/app".to_owned().into();
+        let sql = setup_sql(&config);
+        assert!(sql.contains("create it by hand"), "{sql}");
+        assert!(!sql.contains("rolname = 'a\nb'"), "{sql}");
     }
 
     #[test]
