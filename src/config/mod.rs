@@ -172,7 +172,8 @@ pub struct PipelineConfig {
     pub publication: String,
     /// The outbox table: `schema.table`, or `table` for `public.table`; a part may be
     /// double-quoted as in SQL (`"Billing-Prod"."Outbox"`), an unquoted part is taken as
-    /// written (no case folding).
+    /// written (no case folding). Required in a config file (the flag defaults to
+    /// `public.outbox`).
     pub table: TableName,
     /// Log tailing (default; `slot`, `publication` and `create_slot` apply) or polling
     /// (`polling` applies).
