@@ -92,6 +92,15 @@ pub(super) async fn watch_slot(
                     connection = Some(c);
                     reconnect_delay = PUBLICATION_CHECK_INTERVAL;
                 }
+                Ok(Err(e)) if cannot_connect_now(&e) => {
+                    // Shutting down (or starting up): the sessions let their walsenders go.
+                    if checker.cannot_connect_now(chain(&e)) {
+                        info!(pipeline = %config.name, error = %chain(&e), "the server refuses new connections; the publication cannot be checked until it takes them again");
+                    }
+                    // Tried again at the next tick, not less and less often: the sessions
+                    // wait for the checks once it is back.
+                    reconnect_delay = PUBLICATION_CHECK_INTERVAL / 2;
+                }
                 Ok(Err(e)) => {
                     // The session logs the same failure; this is only for the metrics.
                     debug!(pipeline = %config.name, error = %chain(&e), "cannot read the slot's wal_status");
@@ -131,7 +140,9 @@ pub(super) async fn watch_slot(
             }
             (None, None) => {}
         }
-        if checked.is_err() {
+        // A connection the server closed (a fast shutdown ends every backend first) is made
+        // again at the next tick, where a refusal tells the sessions at once.
+        if checked.is_err() || client.is_closed() {
             connection = None;
             continue;
         }
@@ -178,6 +189,12 @@ pub(super) async fn watch_slot(
             }
         }
     }
+}
+
+/// Whether `error` is the server's refusal of a new connection with SQLSTATE 57P03
+/// (`cannot_connect_now`: shutting down, starting up, not yet accepting connections).
+fn cannot_connect_now(error: &crate::Error) -> bool {
+    matches!(error, crate::Error::Source(e) if e.sqlstate() == Some("57P03"))
 }
 
 /// Sets the slot's gauges from one reading; `None`: there is no such slot. The lag is 0

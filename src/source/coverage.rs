@@ -24,6 +24,14 @@
 //!   does not answer, with a transaction id above the horizon) is seen only once it is visible;
 //! - a transaction that does not end holds the verified LSN back (as it holds the slot's
 //!   `restart_lsn`).
+//!
+//! A server that refuses the checks' connection because it is shutting down (SQLSTATE 57P03,
+//! [`Coverage::CannotConnectNow`]) ends the sessions streaming from it: before it exits, a
+//! walsender waits for its client to confirm everything it sent, the shutdown checkpoint
+//! included, which no check can verify any more, so the relay would hold the shutdown up for
+//! good.
+
+use std::time::Instant;
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -45,13 +53,51 @@ pub enum Coverage {
         /// The last LSN verified before.
         verified: Lsn,
     },
+    /// The server refused the checks' connection with SQLSTATE 57P03 (`cannot_connect_now`:
+    /// shutting down, starting up, not accepting connections yet): WAL before `verified` is
+    /// verified, nothing after it can be until a connection succeeds.
+    CannotConnectNow {
+        /// The server's refusal.
+        reason: String,
+        /// The last LSN verified before.
+        verified: Lsn,
+        /// When it last refused.
+        at: Instant,
+    },
 }
 
 impl Coverage {
-    /// The error that stops the pipeline on a drifted publication; `None` while verified.
+    /// The LSN before which WAL is verified.
+    pub fn verified(&self) -> Lsn {
+        match self {
+            Coverage::Verified(verified)
+            | Coverage::Drifted { verified, .. }
+            | Coverage::CannotConnectNow { verified, .. } => *verified,
+        }
+    }
+
+    /// The transient error that ends a session started at `session_start` once the server
+    /// refused a check's connection after it: a walsender shutting down waits for a
+    /// confirmation no check can verify any more, so the session lets it go, and the next one
+    /// starts once the server takes connections again. `None` otherwise.
+    pub fn cannot_connect_now_error(&self, session_start: Instant) -> Option<SourceError> {
+        match self {
+            Coverage::CannotConnectNow { reason, at, .. } if *at >= session_start => {
+                Some(SourceError::Server {
+                    code: "57P03".to_owned(),
+                    message: format!(
+                        "the server refuses new connections ({reason}): the publication cannot be checked, so the slot cannot be confirmed further; the session ends so that the walsender can exit (a server shutting down waits for it), and the relay reconnects"
+                    ),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The error that stops the pipeline on a drifted publication; `None` otherwise.
     pub fn drift_error(&self) -> Option<SourceError> {
         match self {
-            Coverage::Verified(_) => None,
+            Coverage::Verified(_) | Coverage::CannotConnectNow { .. } => None,
             Coverage::Drifted { reason, verified } => Some(SourceError::Config(format!(
                 "the publication changed while streaming: {reason}. PostgreSQL decodes no insert of the table from the change on, so the relay stopped without confirming past LSN {verified}: re-add the table (or the 'insert' action) to the publication, then publish again the outbox rows written since the change, which the slot does not carry (docs/operations/runbook.md, \"The publication changed\")"
             ))),
@@ -92,9 +138,28 @@ impl Checker {
     /// the new server's WAL may differ below the LSN verified there).
     pub fn new_server(&mut self) {
         self.pending = None;
-        if matches!(*self.tell.borrow(), Coverage::Verified(_)) {
+        if !matches!(*self.tell.borrow(), Coverage::Drifted { .. }) {
             self.tell.send_replace(Coverage::Verified(Lsn::ZERO));
         }
+    }
+
+    /// The server refused the checks' connection with SQLSTATE 57P03 (`reason`): see
+    /// [`Coverage::CannotConnectNow`]. A drift found before stays. Returns whether this is the
+    /// first refusal since a check's connection succeeded.
+    pub fn cannot_connect_now(&mut self, reason: String) -> bool {
+        let (verified, first) = match &*self.tell.borrow() {
+            Coverage::Drifted { .. } => return false,
+            coverage => (
+                coverage.verified(),
+                !matches!(coverage, Coverage::CannotConnectNow { .. }),
+            ),
+        };
+        self.tell.send_replace(Coverage::CannotConnectNow {
+            reason,
+            verified,
+            at: Instant::now(),
+        });
+        first
     }
 
     /// One check over `client` (on the server the sessions stream from). A drift, once found,
@@ -102,8 +167,13 @@ impl Checker {
     ///
     /// Returns an error if a query fails: nothing is verified then.
     pub async fn check(&mut self, client: &Client) -> Result<(), SourceError> {
-        if matches!(*self.tell.borrow(), Coverage::Drifted { .. }) {
-            return Ok(());
+        let verified = match &*self.tell.borrow() {
+            Coverage::Drifted { .. } => return Ok(()),
+            coverage => coverage.verified(),
+        };
+        // Connected: the server takes connections again.
+        if matches!(*self.tell.borrow(), Coverage::CannotConnectNow { .. }) {
+            self.tell.send_replace(Coverage::Verified(verified));
         }
         // In three statements, each with a snapshot taken after the one before: the end of
         // WAL first, then the transactions running, then (a later check) the catalogs.
@@ -122,10 +192,6 @@ impl Checker {
                 )
                 .await?;
             (row.get(0), row.get(1))
-        };
-        let verified = match *self.tell.borrow() {
-            Coverage::Verified(lsn) => lsn,
-            Coverage::Drifted { verified, .. } => verified,
         };
         if let Err(e) = check_publication(client, &self.publication, &self.table).await {
             let reason = match e {
@@ -149,5 +215,71 @@ impl Checker {
             None => self.pending = Some((end, xmax)),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checker() -> (Checker, CoverageWatch) {
+        Checker::new("outbox_pub", &"public.outbox".parse().unwrap())
+    }
+
+    #[test]
+    fn a_refused_connection_keeps_what_was_verified_and_is_said_once() {
+        let (mut checker, watch) = checker();
+        checker.tell.send_replace(Coverage::Verified(Lsn(0x100)));
+        assert!(checker.cannot_connect_now("the database system is shutting down".into()));
+        assert!(!checker.cannot_connect_now("the database system is shutting down".into()));
+        assert!(matches!(
+            &*watch.borrow(),
+            Coverage::CannotConnectNow { verified, .. } if *verified == Lsn(0x100)
+        ));
+        assert_eq!(watch.borrow().verified(), Lsn(0x100));
+        assert!(watch.borrow().drift_error().is_none());
+        // A server new to the checks starts again from nothing.
+        checker.new_server();
+        assert_eq!(*watch.borrow(), Coverage::Verified(Lsn::ZERO));
+    }
+
+    #[test]
+    fn a_drift_found_stays_through_a_refused_connection() {
+        let (mut checker, watch) = checker();
+        let drifted = Coverage::Drifted {
+            reason: "table public.outbox is not in publication".into(),
+            verified: Lsn(0x100),
+        };
+        checker.tell.send_replace(drifted.clone());
+        assert!(!checker.cannot_connect_now("the database system is shutting down".into()));
+        assert_eq!(*watch.borrow(), drifted);
+    }
+
+    /// Only a refusal after a session started ends it, with an error the supervisor retries: a
+    /// session that connected since is streaming from a server that takes connections.
+    #[test]
+    fn a_refusal_ends_only_the_sessions_started_before_it_and_is_transient() {
+        let before = Instant::now();
+        let refused = Coverage::CannotConnectNow {
+            reason: "the database system is shutting down".into(),
+            verified: Lsn(0x100),
+            at: Instant::now(),
+        };
+        let error = refused
+            .cannot_connect_now_error(before)
+            .expect("a session started before the refusal ends");
+        assert!(error.is_transient(), "{error}");
+        assert_eq!(error.sqlstate(), Some("57P03"));
+        assert!(
+            error
+                .to_string()
+                .contains("the database system is shutting down"),
+            "{error}"
+        );
+        let after = Instant::now() + std::time::Duration::from_millis(1);
+        assert!(refused.cannot_connect_now_error(after).is_none());
+        assert!(Coverage::Verified(Lsn(0x100))
+            .cannot_connect_now_error(before)
+            .is_none());
     }
 }

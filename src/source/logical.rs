@@ -54,6 +54,9 @@ pub struct LogicalSource<W: WalStream = ReplicationStream> {
     insert_seen: Lsn,
     /// The last position sent as flush: never lowered.
     flush_sent: Lsn,
+    /// When this session's source was made: a server's refusal of the publication checks
+    /// after it ends the session ([`Coverage::cannot_connect_now_error`]).
+    started: Instant,
 }
 
 impl<W: WalStream> LogicalSource<W> {
@@ -82,6 +85,7 @@ impl<W: WalStream> LogicalSource<W> {
             txn_has_insert: false,
             insert_seen: Lsn::ZERO,
             flush_sent: confirmed_flush_lsn,
+            started: Instant::now(),
         }
     }
 
@@ -105,13 +109,27 @@ impl<W: WalStream> LogicalSource<W> {
         }
     }
 
+    /// Returns the error that ends the session if the server refused the publication checks'
+    /// connection since it started (it is shutting down: its walsender waits for a
+    /// confirmation that cannot come).
+    fn check_server_refusal(&self) -> Result<(), Error> {
+        match self
+            .coverage
+            .as_ref()
+            .and_then(|c| c.borrow().cannot_connect_now_error(self.started))
+        {
+            Some(refused) => Err(refused.into()),
+            None => Ok(()),
+        }
+    }
+
     /// The flush position to send for a confirmed `position`: lowered to what the publication
     /// is known to cover, never below what was sent before (a new server's checks start
     /// again from nothing).
     fn confirmable(&self, position: Lsn) -> Lsn {
         let covered = match self.coverage.as_ref().map(|c| c.borrow().clone()) {
-            Some(Coverage::Verified(verified)) => position.min(verified.max(self.insert_seen)),
             Some(Coverage::Drifted { .. }) => position.min(self.insert_seen),
+            Some(coverage) => position.min(coverage.verified().max(self.insert_seen)),
             None => return position,
         };
         covered.max(self.flush_sent)
@@ -144,6 +162,7 @@ impl<W: WalStream> LogicalSource<W> {
             } => {
                 self.reply_requested |= reply_requested;
                 self.check_drift()?;
+                self.check_server_refusal()?;
                 Ok(Some(SourceItem::Idle(wal_end)))
             }
         }

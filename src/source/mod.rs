@@ -170,6 +170,15 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// The SQLSTATE of an error the server sent, if this is one.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            SourceError::Server { code, .. } => Some(code),
+            SourceError::Sql(error) => error.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
     /// Whether reconnecting may help. Server errors are classified by SQLSTATE class; an
     /// unknown one counts as transient.
     pub fn is_transient(&self) -> bool {

@@ -124,6 +124,57 @@ pub(crate) async fn server_restarts_fast_and_immediate_lose_nothing_and_publish_
     .await;
 }
 
+/// A fast shutdown of an idle source is not held up by the relay. Before it exits, a walsender
+/// waits for its client to confirm everything it sent, the shutdown checkpoint included; the
+/// relay confirms only as far as a check of the publication verified, and no check can connect
+/// to a server shutting down. The relay ends its session instead, and streams again once the
+/// server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_shutdown_of_an_idle_source_is_not_held_up_by_the_relay() {
+    // A cluster of its own: this test stops it.
+    let cluster = support::PgCluster::start_private(&unique_name("shutdown"));
+    let name = unique_name("fastshutdown");
+    let db = cluster.create_database(&name).await;
+    let types = vec![format!("Order_{name}")];
+    let topic = format!("{}.events", types[0]);
+    kafka().create_topic(&topic, 1);
+    let slot = format!("{name}_slot");
+    let mut relay = Relay::spawn(&private_cluster_args(&db, &slot));
+    wait_slot_streaming(&db.client, &slot).await;
+    // Idle, the relay confirms the end of WAL once a check of the publication verified it.
+    let idle_end = db.current_wal_lsn().await;
+    wait_for(
+        "the idle relay to confirm the end of WAL",
+        Duration::from_secs(30),
+        || async { (db.confirmed_flush_lsn_u64(&slot).await >= Some(idle_end)).then_some(()) },
+    )
+    .await;
+    drop(db);
+
+    // Panics unless the server has stopped within 60 s.
+    let stopping = std::time::Instant::now();
+    cluster.stop("fast");
+    eprintln!("stopped in {:?}", stopping.elapsed());
+    relay
+        .wait_for_log("pipeline session ended", Duration::from_secs(10))
+        .await;
+
+    cluster.restart("fast");
+    let db = cluster.database(&name).await;
+    wait_slot_streaming(&db.client, &slot).await;
+    let (written, _) = write_events(&db.client, 1, 1, &types, 1, 0, Duration::ZERO).await;
+    let consumed = consume(
+        &kafka().bootstrap(),
+        &[topic.as_str()],
+        written.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_delivered(&written, &consumed, true);
+    drop(relay);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_wal_sender_timeout_survives_idle_time_and_a_hung_broker() {
     let setup = Setup::new("keepalive", &["Order"], 1).await;
