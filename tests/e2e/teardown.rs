@@ -127,29 +127,26 @@ async fn teardown_removes_the_slot_its_record_and_the_publication_once_no_relay_
     assert!(ok && out.contains("nothing to remove"), "{out}");
 }
 
-/// A role with REPLICATION that owns neither the publication nor the slot record table may
-/// drop the slot but not the rest: teardown refuses before removing anything (exit code 4),
-/// naming the role, what it may not do and who may; the table's owner then removes it all.
+/// A role without REPLICATION, then one with REPLICATION that owns neither the publication
+/// nor the slot record table, may not do every step: teardown refuses before removing
+/// anything (exit code 4), naming the role, what it may not do and who may; the owner of
+/// both then removes it all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn teardown_by_a_role_that_may_not_do_every_step_removes_nothing() {
     let (setup, args) = retired_pipeline("teardown_rights").await;
-    let role = format!("{}_tear", setup.db.name);
-    setup
-        .db
-        .client
-        .batch_execute(&format!("CREATE ROLE {role} LOGIN REPLICATION"))
-        .await
-        .unwrap();
-    let mut as_role = args.clone();
-    as_role[2] = format!(
-        "postgres://{role}@127.0.0.1:{}/{}",
-        setup.db.port(),
-        setup.db.name
-    );
-    let mut teardown = as_command(&as_role, "teardown");
-    teardown.push("--yes".into());
-    let refused = |says: &[String]| {
-        let mut command = Relay::spawn(&teardown);
+    let teardown_as = |role: &str| {
+        let mut as_role = args.clone();
+        as_role[2] = format!(
+            "postgres://{role}@127.0.0.1:{}/{}",
+            setup.db.port(),
+            setup.db.name
+        );
+        let mut teardown = as_command(&as_role, "teardown");
+        teardown.push("--yes".into());
+        teardown
+    };
+    let refused = |teardown: &[String], says: &[String]| {
+        let mut command = Relay::spawn(teardown);
         let status = command.wait(Duration::from_secs(60));
         let log = command.log();
         assert_eq!(
@@ -163,14 +160,42 @@ async fn teardown_by_a_role_that_may_not_do_every_step_removes_nothing() {
         assert!(!log.contains("connection error"), "{log}");
         log
     };
-    let log = refused(&[
-        format!("role \"{role}\" may not delete the slot record"),
-        format!("GRANT USAGE ON SCHEMA \"outbox_relay\" TO \"{role}\""),
-        format!("GRANT SELECT, DELETE ON \"outbox_relay\".\"streamed_slots\" TO \"{role}\""),
-        "nor drop publication \"outbox_pub\" (only its owner".to_string(),
-        "or a superuser may)".to_string(),
-        "nothing was removed".to_string(),
-    ]);
+    // Without REPLICATION, not even the slot.
+    let no_replication = format!("{}_norepl", setup.db.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!("CREATE ROLE {no_replication} LOGIN"))
+        .await
+        .unwrap();
+    let log = refused(
+        &teardown_as(&no_replication),
+        &[format!(
+            "role \"{no_replication}\" may not drop replication slot {:?} (a role with REPLICATION or a superuser may: ALTER ROLE \"{no_replication}\" REPLICATION), nor delete the slot record",
+            setup.slot
+        )],
+    );
+    assert_eq!(left(&setup).await, (1, 1, 1), "removed in part:\n{log}");
+
+    let role = format!("{}_tear", setup.db.name);
+    setup
+        .db
+        .client
+        .batch_execute(&format!("CREATE ROLE {role} LOGIN REPLICATION"))
+        .await
+        .unwrap();
+    let teardown = teardown_as(&role);
+    let log = refused(
+        &teardown,
+        &[
+            format!("role \"{role}\" may not delete the slot record"),
+            format!("GRANT USAGE ON SCHEMA \"outbox_relay\" TO \"{role}\""),
+            format!("GRANT SELECT, DELETE ON \"outbox_relay\".\"streamed_slots\" TO \"{role}\""),
+            "nor drop publication \"outbox_pub\" (only its owner".to_string(),
+            "or a superuser may)".to_string(),
+            "nothing was removed".to_string(),
+        ],
+    );
     assert!(!log.contains("may not drop replication slot"), "{log}");
     assert_eq!(left(&setup).await, (1, 1, 1), "removed in part:\n{log}");
 
@@ -183,10 +208,13 @@ async fn teardown_by_a_role_that_may_not_do_every_step_removes_nothing() {
         ))
         .await
         .unwrap();
-    let log = refused(&[
-        format!("will remove the slot record of {:?}", setup.slot),
-        format!("role \"{role}\" may not drop publication \"outbox_pub\" (only its owner"),
-    ]);
+    let log = refused(
+        &teardown,
+        &[
+            format!("will remove the slot record of {:?}", setup.slot),
+            format!("role \"{role}\" may not drop publication \"outbox_pub\" (only its owner"),
+        ],
+    );
     assert!(!log.contains("GRANT"), "{log}");
     assert_eq!(left(&setup).await, (1, 1, 1), "removed in part:\n{log}");
 
