@@ -44,6 +44,10 @@ pub(super) async fn teardown(
     for step in &plan.steps {
         println!("pipeline {}: will remove {}", config.name, step.what);
     }
+    // Before the question: a role that may not run every step removes nothing.
+    if let Some(refused) = plan.refusal() {
+        return Err(crate::Error::from(refused)).with_context(context);
+    }
     if !yes {
         anyhow::ensure!(
             std::io::IsTerminal::is_terminal(&std::io::stdin()),
@@ -62,12 +66,12 @@ pub(super) async fn teardown(
             config.name
         );
     }
-    for done in teardown::run(&client, &plan)
+    for removed in teardown::run(&client, &plan)
         .await
-        .map_err(crate::Error::from)
+        .map_err(|stopped| crate::Error::from(crate::source::SourceError::from(stopped)))
         .with_context(context)?
     {
-        println!("pipeline {}: {done}", config.name);
+        println!("pipeline {}: removed {removed}", config.name);
     }
     Ok(())
 }

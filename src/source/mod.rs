@@ -167,6 +167,9 @@ pub enum SourceError {
     /// No host of the source URL was reachable and what `target_session_attrs` asks for.
     #[error(transparent)]
     NoHostFits(#[from] target::NoHostFits),
+    /// `teardown` stopped at a statement that failed, after removing what it names.
+    #[error(transparent)]
+    Teardown(#[from] slot::teardown::Stopped),
 }
 
 impl SourceError {
@@ -188,6 +191,10 @@ impl SourceError {
             SourceError::NoHostFits(_) => true,
             SourceError::Protocol(_) => true,
             SourceError::Server { code, .. } => sqlstate_is_transient(code),
+            SourceError::Teardown(stopped) => stopped
+                .source
+                .code()
+                .is_none_or(|code| sqlstate_is_transient(code.code())),
             SourceError::Sql(error) => match error.code() {
                 Some(code) => sqlstate_is_transient(code.code()),
                 // A certificate that fails verification, or an authentication request the
