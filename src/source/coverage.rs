@@ -24,6 +24,11 @@
 //!   does not answer, with a transaction id above the horizon) is seen only once it is visible;
 //! - a transaction that does not end holds the verified LSN back (as it holds the slot's
 //!   `restart_lsn`).
+//!
+//! A drift stays until the pipeline starts afresh with a new checker: after it stopped for good
+//! and starts again (`on_pipeline_failure = "retry"`), as a new process would, whose start
+//! checks the publication itself. So a change made and undone while the pipeline waits to
+//! start again is not seen, as by a relay that was not running.
 
 use tokio::sync::watch;
 use tokio_postgres::Client;
@@ -48,12 +53,13 @@ pub enum Coverage {
 }
 
 impl Coverage {
-    /// The error that stops the pipeline on a drifted publication; `None` while verified.
-    pub fn drift_error(&self) -> Option<SourceError> {
+    /// The error that stops the pipeline on a drifted publication, naming `confirmed`, the
+    /// last position the stopping session confirmed to the slot; `None` while verified.
+    pub fn drift_error(&self, confirmed: Lsn) -> Option<SourceError> {
         match self {
             Coverage::Verified(_) => None,
-            Coverage::Drifted { reason, verified } => Some(SourceError::Config(format!(
-                "the publication changed while streaming: {reason}. PostgreSQL decodes no insert of the table from the change on, so the relay stopped without confirming past LSN {verified}: re-add the table (or the 'insert' action) to the publication, then publish again the outbox rows written since the change, which the slot does not carry (docs/operations/runbook.md, \"The publication changed\")"
+            Coverage::Drifted { reason, .. } => Some(SourceError::Config(format!(
+                "the publication changed while streaming: {reason}. PostgreSQL decodes no insert of the table from the change on, so the relay stopped without confirming past LSN {confirmed}: re-add the table (or the 'insert' action) to the publication, then publish again the outbox rows written since the change, which the slot does not carry (docs/operations/runbook.md, \"The publication changed\")"
             ))),
         }
     }
@@ -98,7 +104,8 @@ impl Checker {
     }
 
     /// One check over `client` (on the server the sessions stream from). A drift, once found,
-    /// stays: the pipeline stops on it.
+    /// stays: the pipeline stops on it, and only a new checker (the pipeline started afresh)
+    /// forgets it.
     ///
     /// Returns an error if a query fails: nothing is verified then.
     pub async fn check(&mut self, client: &Client) -> Result<(), SourceError> {
@@ -149,5 +156,26 @@ impl Checker {
             None => self.pending = Some((end, xmax)),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by an operator: a pipeline whose checks had verified nothing yet stopped with
+    /// "without confirming past LSN 0/0" although it had confirmed its new slot's start.
+    #[test]
+    fn the_drift_error_names_the_position_the_session_confirmed() {
+        let drifted = Coverage::Drifted {
+            reason: "table public.outbox is not in publication \"outbox_pub\"".into(),
+            verified: Lsn::ZERO,
+        };
+        let error = drifted.drift_error(Lsn(0x192_D448)).unwrap().to_string();
+        assert!(
+            error.contains("without confirming past LSN 0/192D448:"),
+            "{error}"
+        );
+        assert!(Coverage::Verified(Lsn(1)).drift_error(Lsn(1)).is_none());
     }
 }
