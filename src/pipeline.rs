@@ -15,7 +15,6 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -28,21 +27,20 @@ use crate::lsn::Lsn;
 use crate::metrics::PipelineMetrics;
 use crate::router::Router;
 use crate::session::{Mode, Session};
-use crate::shutdown::AbortOnDrop;
 use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
-use crate::source::coverage::{Checker, CoverageWatch};
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::{MessageOrigin, OutboxDecoder};
 use crate::source::privileges;
 use crate::source::replication::{ReplicationClient, ReplicationStream};
 use crate::source::slot;
 use crate::source::slot_record::{self, Recorder};
-use crate::source::target::Endpoint;
 use crate::source::SourceError;
 use crate::supervisor::{self, SessionProgress};
 
 mod slot_watch;
+
+use slot_watch::SlotWatcher;
 
 /// How long a session's end waits for the slot record's last update: one small UPDATE.
 const RECORD_FINISH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -71,20 +69,12 @@ pub async fn run(
         return supervisor::supervise(&config.name, &metrics, &shutdown, &mut sessions, on_failure)
             .await;
     }
-    // Aborted when `run` returns (the guard drops the task).
-    let (server, watched) = watch::channel(None);
-    let (checker, coverage) = Checker::new(&config.publication, &config.table);
-    let _slot_watch = AbortOnDrop(tokio::spawn(slot_watch::watch_slot(
-        config.clone(),
-        metrics.clone(),
-        watched,
-        checker,
-    )));
+    // Aborted when `run` returns (the watcher drops its task).
     let mut sessions = LogTailing {
         config: &config,
         metrics: &metrics,
-        server,
-        coverage,
+        watcher: SlotWatcher::start(&config, &metrics),
+        stopped: false,
         slot_seen: false,
         holder_watch: HolderWatch::default(),
         redo: Redo::default(),
@@ -100,10 +90,12 @@ struct LogTailing<'a> {
     /// Once this process streamed from the slot, a missing slot means someone dropped it and
     /// the events after its confirmed LSN may be gone: never re-create it silently.
     slot_seen: bool,
-    /// The server the last session's replication connection reached, for the slot watcher.
-    server: watch::Sender<Option<Endpoint>>,
-    /// What the slot watcher's publication checks verified.
-    coverage: CoverageWatch,
+    /// The slot watcher: the server the last session reached, what its publication checks
+    /// verified.
+    watcher: SlotWatcher,
+    /// Whether the last session stopped the pipeline for good: the next one (with
+    /// `on_pipeline_failure = "retry"`) starts it afresh, as a new process would.
+    stopped: bool,
     holder_watch: HolderWatch,
     /// Exactly-once: events Kafka refused for good, dead-lettered in the redo of their
     /// transaction.
@@ -117,20 +109,25 @@ impl supervisor::Sessions for LogTailing<'_> {
         progress: &SessionProgress,
         shutdown: &CancellationToken,
     ) -> Result<(), Error> {
+        if std::mem::take(&mut self.stopped) {
+            // What the stop reported (a publication change among others) was the operator's
+            // to fix; the checks of the new start verify the publication anew.
+            self.watcher.start_afresh();
+        }
         let result = run_session(
             self.config,
             self.metrics,
             shutdown,
             !self.slot_seen && self.config.create_slot,
             progress,
-            &self.server,
-            &self.coverage,
+            &self.watcher,
             &mut self.holder_watch,
             &mut self.redo,
             self.producers,
         )
         .await;
         self.slot_seen |= progress.is_streaming();
+        self.stopped = matches!(&result, Err(e) if e.recovery() == Recovery::Stop);
         if let Err(Error::Redo(refused)) = &result {
             // A refused event found anew is progress: the next session dead-letters it, so
             // the backoff does not grow between redos; the same one found again is not.
@@ -277,8 +274,7 @@ async fn run_session(
     shutdown: &CancellationToken,
     create_slot: bool,
     progress: &SessionProgress,
-    reached: &watch::Sender<Option<Endpoint>>,
-    coverage: &CoverageWatch,
+    watcher: &SlotWatcher,
     holder_watch: &mut HolderWatch,
     redo: &mut Redo,
     producers: &SharedProducers,
@@ -296,7 +292,7 @@ async fn run_session(
         }
     };
     let server = replication.server().clone();
-    reached.send_if_modified(|known| {
+    watcher.server.send_if_modified(|known| {
         let changed = known.as_ref() != Some(&server);
         *known = Some(server.clone());
         changed
@@ -486,7 +482,7 @@ async fn run_session(
         metrics.clone(),
         confirmed_flush_lsn,
     )
-    .with_coverage(coverage.clone());
+    .with_coverage(watcher.coverage.clone());
     let mut recorder_task = None;
     if let Some((recorder, task)) = recorder {
         source = source.with_recorder(recorder);

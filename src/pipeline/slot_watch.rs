@@ -10,7 +10,8 @@ use tracing::{debug, info, warn};
 use crate::config::PipelineConfig;
 use crate::error::chain;
 use crate::metrics::PipelineMetrics;
-use crate::source::coverage::Checker;
+use crate::shutdown::AbortOnDrop;
+use crate::source::coverage::{Checker, CoverageWatch};
 use crate::source::slot::{self, failover};
 use crate::source::target::Endpoint;
 
@@ -25,6 +26,64 @@ const PUBLICATION_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(60);
 /// Least time between two warnings about publication checks that keep failing.
 const CHECK_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The running slot watcher of one pipeline ([`watch_slot`]), the server it reads and the
+/// coverage its publication checks tell the sessions.
+///
+/// A publication change its checks found stops every session until the pipeline starts
+/// afresh ([`SlotWatcher::start_afresh`]): a pipeline stopped for good that starts again
+/// (`on_pipeline_failure = "retry"`) does, as a new process would, its stop having told the
+/// operator what to fix.
+pub(super) struct SlotWatcher {
+    config: PipelineConfig,
+    metrics: PipelineMetrics,
+    /// The server the last session's replication connection reached.
+    pub(super) server: watch::Sender<Option<Endpoint>>,
+    /// What this watcher's publication checks verified.
+    pub(super) coverage: CoverageWatch,
+    /// Aborted when replaced or dropped.
+    _task: AbortOnDrop,
+}
+
+impl SlotWatcher {
+    /// Spawns the watcher of `config`'s slot and publication; nothing is verified yet.
+    pub(super) fn start(config: &PipelineConfig, metrics: &PipelineMetrics) -> Self {
+        let (server, _) = watch::channel(None);
+        let (coverage, task) = spawn(config, metrics, &server);
+        SlotWatcher {
+            config: config.clone(),
+            metrics: metrics.clone(),
+            server,
+            coverage,
+            _task: task,
+        }
+    }
+
+    /// Replaces the watcher with a new one whose checks start from nothing: what the old
+    /// one verified or found changed no longer counts. The old one is aborted, so a check it
+    /// had under way tells nobody.
+    pub(super) fn start_afresh(&mut self) {
+        let (coverage, task) = spawn(&self.config, &self.metrics, &self.server);
+        self.coverage = coverage;
+        self._task = task;
+    }
+}
+
+/// Spawns [`watch_slot`] with a new [`Checker`], reading the server `server` names.
+fn spawn(
+    config: &PipelineConfig,
+    metrics: &PipelineMetrics,
+    server: &watch::Sender<Option<Endpoint>>,
+) -> (CoverageWatch, AbortOnDrop) {
+    let (checker, coverage) = Checker::new(&config.publication, &config.table);
+    let task = tokio::spawn(watch_slot(
+        config.clone(),
+        metrics.clone(),
+        server.subscribe(),
+        checker,
+    ));
+    (coverage, AbortOnDrop(task))
+}
 
 /// Refreshes the slot's `wal_status`, `safe_wal_size`, invalidation reason, failover and
 /// lag (`outbox_relay_replication_lag_bytes`) metrics every [`SLOT_WATCH_INTERVAL`] over an

@@ -25,6 +25,11 @@
 //! - a transaction that does not end holds the verified LSN back (as it holds the slot's
 //!   `restart_lsn`).
 //!
+//! A drift stays until the pipeline starts afresh with a new checker: after it stopped for good
+//! and starts again (`on_pipeline_failure = "retry"`), as a new process would, whose start
+//! checks the publication itself. So a change made and undone while the pipeline waits to
+//! start again is not seen, as by a relay that was not running.
+//!
 //! A server that refuses the checks' connection because it is shutting down (SQLSTATE 57P03,
 //! [`Coverage::CannotConnectNow`]) ends the sessions streaming from it: before it exits, a
 //! walsender waits for its client to confirm everything it sent, the shutdown checkpoint
@@ -94,12 +99,13 @@ impl Coverage {
         }
     }
 
-    /// The error that stops the pipeline on a drifted publication; `None` otherwise.
-    pub fn drift_error(&self) -> Option<SourceError> {
+    /// The error that stops the pipeline on a drifted publication, naming `confirmed`, the
+    /// last position the stopping session confirmed to the slot; `None` otherwise.
+    pub fn drift_error(&self, confirmed: Lsn) -> Option<SourceError> {
         match self {
             Coverage::Verified(_) | Coverage::CannotConnectNow { .. } => None,
-            Coverage::Drifted { reason, verified } => Some(SourceError::Config(format!(
-                "the publication changed while streaming: {reason}. PostgreSQL decodes no insert of the table from the change on, so the relay stopped without confirming past LSN {verified}: re-add the table (or the 'insert' action) to the publication, then publish again the outbox rows written since the change, which the slot does not carry (docs/operations/runbook.md, \"The publication changed\")"
+            Coverage::Drifted { reason, .. } => Some(SourceError::Config(format!(
+                "the publication changed while streaming: {reason}. PostgreSQL decodes no insert of the table from the change on, so the relay stopped without confirming past LSN {confirmed}: re-add the table (or the 'insert' action) to the publication, then publish again the outbox rows written since the change, which the slot does not carry (docs/operations/runbook.md, \"The publication changed\")"
             ))),
         }
     }
@@ -163,7 +169,8 @@ impl Checker {
     }
 
     /// One check over `client` (on the server the sessions stream from). A drift, once found,
-    /// stays: the pipeline stops on it.
+    /// stays: the pipeline stops on it, and only a new checker (the pipeline started afresh)
+    /// forgets it.
     ///
     /// Returns an error if a query fails: nothing is verified then.
     pub async fn check(&mut self, client: &Client) -> Result<(), SourceError> {
@@ -237,7 +244,7 @@ mod tests {
             Coverage::CannotConnectNow { verified, .. } if *verified == Lsn(0x100)
         ));
         assert_eq!(watch.borrow().verified(), Lsn(0x100));
-        assert!(watch.borrow().drift_error().is_none());
+        assert!(watch.borrow().drift_error(Lsn(0x100)).is_none());
         // A server new to the checks starts again from nothing.
         checker.new_server();
         assert_eq!(*watch.borrow(), Coverage::Verified(Lsn::ZERO));
@@ -281,5 +288,22 @@ mod tests {
         assert!(Coverage::Verified(Lsn(0x100))
             .cannot_connect_now_error(before)
             .is_none());
+    }
+
+    /// The error names the position the session confirmed to the slot, not the last one a
+    /// check verified: before any check had, that was "0/0" although the session had
+    /// confirmed its new slot's start.
+    #[test]
+    fn the_drift_error_names_the_position_the_session_confirmed() {
+        let drifted = Coverage::Drifted {
+            reason: "table public.outbox is not in publication \"outbox_pub\"".into(),
+            verified: Lsn::ZERO,
+        };
+        let error = drifted.drift_error(Lsn(0x192_D448)).unwrap().to_string();
+        assert!(
+            error.contains("without confirming past LSN 0/192D448:"),
+            "{error}"
+        );
+        assert!(Coverage::Verified(Lsn(1)).drift_error(Lsn(1)).is_none());
     }
 }

@@ -102,7 +102,7 @@ impl<W: WalStream> LogicalSource<W> {
         match self
             .coverage
             .as_ref()
-            .and_then(|c| c.borrow().drift_error())
+            .and_then(|c| c.borrow().drift_error(self.flush_sent))
         {
             Some(drift) => Err(drift.into()),
             None => Ok(()),

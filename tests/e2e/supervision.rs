@@ -337,3 +337,101 @@ async fn run_names_a_missing_outbox_table_as_missing() {
         "{log}"
     );
 }
+
+/// Records the pipeline `pipeline` had acknowledged, over every topic, from a `/metrics` text.
+fn published_by(text: &str, pipeline: &str) -> f64 {
+    let prefix = format!("outbox_relay_events_published_total{{pipeline=\"{pipeline}\",");
+    text.lines()
+        .filter(|line| line.starts_with(&prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// With `on_pipeline_failure = "retry"`, a pipeline whose publication leaves out the outbox
+/// table stops at its start; once the table is added to the publication, its next start
+/// streams and delivers, as a new process would, instead of stopping again on the change its
+/// publication checks saw while it was failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_retry_a_pipeline_failed_on_its_publication_streams_once_the_table_is_added() {
+    let setup = Setup::new("fail_pub", &["Order"], 1).await;
+    let c = &setup.db.client;
+    c.batch_execute("CREATE PUBLICATION billing_pub")
+        .await
+        .unwrap();
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let url = setup.db.url(Auth::Trust);
+    let toml = format!(
+        "on_pipeline_failure = \"retry\"\n[kafka]\nbootstrap_servers = \"{}\"\n[metrics]\nlisten = \"{metrics}\"\n\
+         [[pipelines]]\nname = \"good\"\nsource_url = \"{url}\"\nslot = \"{slot}\"\npublication = \"outbox_pub\"\ntable = \"public.outbox\"\n\
+         [[pipelines]]\nname = \"billing\"\nsource_url = \"{url}\"\nslot = \"{slot}_billing\"\npublication = \"billing_pub\"\ntable = \"public.outbox\"\n",
+        kafka().bootstrap(),
+        slot = setup.slot,
+    );
+    let (_dir, args) = run_with_config(&toml);
+    let mut relay = Relay::spawn(&args);
+    wait_for(
+        "/readyz to show billing failed on its publication",
+        Duration::from_secs(60),
+        || async {
+            let (_, body) = http_get(&metrics, "/readyz").await?;
+            let readiness: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let billing = &readiness["pipelines"]["billing"];
+            (billing["state"] == "failed"
+                && billing["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("billing_pub")))
+            .then_some(())
+        },
+    )
+    .await;
+    // Not a wait for an outcome: the publication checks, every 2 s while the pipeline waits
+    // to start again, see the publication without the table for a few of them.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    c.batch_execute("ALTER PUBLICATION billing_pub ADD TABLE outbox")
+        .await
+        .unwrap();
+    // The failed pipeline starts again after a minute.
+    let billing_slot = format!("{}_billing", setup.slot);
+    wait_for(
+        "the billing pipeline to stream from its slot after its failed start",
+        Duration::from_secs(120),
+        || async {
+            c.query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&billing_slot],
+            )
+            .await
+            .ok()?
+            .map(|_| ())
+        },
+    )
+    .await;
+    write_events(c, 2, 2, &setup.types, 1, 0, Duration::ZERO).await;
+    wait_for(
+        "the billing pipeline to deliver the 4 events written after its new start",
+        Duration::from_secs(60),
+        || async {
+            let (_, text) = http_get(&metrics, "/metrics").await?;
+            (published_by(&text, "billing") >= 4.0).then_some(())
+        },
+    )
+    .await;
+    let (_, text) = http_get(&metrics, "/metrics").await.unwrap();
+    assert_eq!(
+        metric_value(
+            &text,
+            "outbox_relay_pipeline_state{pipeline=\"billing\",state=\"streaming\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    let log = relay.log();
+    assert!(
+        !log.contains("the publication changed while streaming"),
+        "{}",
+        support::tail_lines(&log, 30)
+    );
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(40));
+    assert_eq!(status.code(), Some(0), "{}", relay.log());
+}
