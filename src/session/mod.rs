@@ -573,10 +573,14 @@ impl<'a, So: Source, Si: Sink> Session<'a, So, Si> {
     /// a broker down) at WARN with the reason `/readyz` gives, and its end at INFO, once each:
     /// the state is derived when read, so without this the logs would not say it. Not when the
     /// sink `named` why records wait itself (a missing topic, which its own line names once).
+    /// A drain is not an end: the records still wait, and nothing says the sink takes them.
     fn log_degraded_change(&mut self, named: bool) {
         let Some(health) = self.metrics.state() else {
             return;
         };
+        if health.state == PipelineState::Draining {
+            return;
+        }
         let degraded = health.state == PipelineState::Degraded && !named;
         if degraded == self.degraded {
             return;

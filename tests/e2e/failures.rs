@@ -147,6 +147,34 @@ async fn flush_lsn_waits_for_an_unreachable_broker_and_readyz_says_degraded() {
     drop(relay);
 }
 
+/// A shutdown while records wait for an unreachable broker drains without saying the sink
+/// takes records again: nothing was acknowledged, the pipeline only began to drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_while_degraded_does_not_log_that_the_sink_recovered() {
+    let setup = Setup::new("outage_stop", &["Order"], 1).await;
+    let bootstrap = format!("127.0.0.1:{}", support::free_port());
+    let mut args = setup.relay_args(&bootstrap, Auth::Trust);
+    args.extend(["--max-event-wait-secs", "1", "--shutdown-timeout-secs", "2"].map(String::from));
+    let mut relay = Relay::spawn(&args);
+    setup.wait_streaming().await;
+    write_events(&setup.db.client, 1, 1, &setup.types, 1, 0, Duration::ZERO).await;
+    relay
+        .wait_for_log("pipeline degraded", Duration::from_secs(30))
+        .await;
+    relay.sigterm();
+    let status = relay.wait(Duration::from_secs(30));
+    let log = relay.log();
+    assert!(status.success(), "exited with {status}:\n{log}");
+    assert!(
+        log.contains("draining before shutdown"),
+        "no drain in the log:\n{log}"
+    );
+    assert!(
+        !log.contains("no longer degraded"),
+        "the drain was logged as a recovery:\n{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_stream_then_restart_loses_and_duplicates_nothing() {
     let setup = Setup::new("restart", &["Order", "Shipment"], 2).await;
