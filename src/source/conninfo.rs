@@ -117,10 +117,16 @@ impl PipelineConfig {
     /// Returns an error naming `source_url` (without its password) if it does not parse.
     pub fn source_config(&self) -> Result<ConnInfo, ConfigError> {
         let invalid = |e: &dyn fmt::Display| {
-            ConfigError::new(
-                "source_url",
-                format!("{}: {e}", redact_url(&self.source_url)),
-            )
+            let shown = redact_url(&self.source_url);
+            // The password is hidden, so the URL shown may look right: say what breaks one.
+            let hint = if shown != *self.source_url && self.source_url.contains("://") {
+                "; a password in the URL must have @ # / ? : and % percent-encoded (%40 %23 %2F \
+                 %3F %3A %25), or go in source_password (OUTBOX_RELAY_SOURCE_PASSWORD) or \
+                 source_password_file, taken as written"
+            } else {
+                ""
+            };
+            ConfigError::new("source_url", format!("{shown}: {e}{hint}"))
         };
         let (rest, mut tls, taken) = split(&self.source_url).map_err(|e| invalid(&e))?;
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| invalid(&e))?;
@@ -394,6 +400,29 @@ mod tests {
         let mut config: tokio_postgres::Config = rest.parse().map_err(|e| format!("{e}"))?;
         apply(&mut config, &mut tls, &|name| vars.get(name).cloned())?;
         Ok((config, tls))
+    }
+
+    /// A URL whose password holds a character the URL syntax reserves does not parse, and
+    /// the URL shown hides the password: the error says what to do about it.
+    #[test]
+    fn a_url_broken_by_its_password_says_how_to_give_the_password() {
+        let parsed = |url: &str| {
+            let mut config = PipelineConfig::test_pipeline();
+            config.source_url = url.into();
+            config.source_config()
+        };
+        let error = parsed("postgres://relay:p@ss#w/rd:x?@127.0.0.1:5432/shop")
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("ss#w"), "the password is shown: {error}");
+        for says in ["source_url", "percent-encoded", "source_password"] {
+            assert!(error.contains(says), "{says:?} missing: {error}");
+        }
+        // Without a password in it, a bad URL gets no such advice.
+        let error = parsed("postgres://relay@h:notaport/shop")
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("percent-encoded"), "{error}");
     }
 
     #[test]
