@@ -289,6 +289,24 @@ fn a_bad_value_from_an_environment_variable_names_the_variable() {
     assert!(!text.contains("environment variable"), "{text}");
 }
 
+/// A single-database flag set by its variable conflicts with `--config` as the flag would;
+/// the error names the variable, since the flag is nowhere on the command line.
+#[test]
+fn a_variable_that_conflicts_with_config_is_named() {
+    let output = relay(
+        &["status", "--config", "relay.toml"],
+        &[("OUTBOX_RELAY_SLOT", "orders")],
+    );
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(
+            "cannot be used with '--slot <NAME>' (environment variable OUTBOX_RELAY_SLOT)"
+        ),
+        "{text}"
+    );
+}
+
 #[test]
 fn misspelt_keys_in_a_config_file_come_all_at_once_one_per_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,8 +1,9 @@
-//! Command-line errors that name the environment variable a bad value came from.
+//! Command-line errors that name the environment variable behind a flag they name.
 
-/// A command-line error whose value came from an environment variable says so: clap names
-/// the flag only (`invalid value 'abc' for '--max-in-flight-events'`), and the flag is nowhere
-/// on the command line.
+/// A command-line error about a flag whose value came from an environment variable says so:
+/// clap names the flag only (`invalid value 'abc' for '--max-in-flight-events'`, `the
+/// argument '--config <FILE>' cannot be used with '--slot <NAME>'`), and the flag is nowhere on
+/// the command line.
 pub trait NamingVariable {
     fn exit_naming_variable(self) -> !;
 }
@@ -10,40 +11,63 @@ pub trait NamingVariable {
 impl NamingVariable for clap::Error {
     fn exit_naming_variable(self) -> ! {
         use clap::error::{ContextKind, ContextValue};
-        let flag = match self.get(ContextKind::InvalidArg) {
-            Some(ContextValue::String(flag)) => flag.clone(),
-            _ => self.exit(),
-        };
-        let long = flag
-            .split_whitespace()
+        let flags: Vec<String> = [ContextKind::InvalidArg, ContextKind::PriorArg]
+            .into_iter()
+            .filter_map(|kind| match self.get(kind) {
+                Some(ContextValue::String(flag)) => Some(flag.clone()),
+                Some(ContextValue::Strings(flags)) => flags.first().cloned(),
+                _ => None,
+            })
+            .collect();
+        let text = self.to_string();
+        let mut message = text
+            .lines()
             .next()
             .unwrap_or_default()
-            .trim_start_matches("--")
+            .trim_start_matches("error: ")
             .to_owned();
-        let on_command_line = std::env::args().any(|a| {
-            a.strip_prefix("--")
-                .is_some_and(|a| a.split('=').next() == Some(long.as_str()))
-        });
-        let command = <super::Cli as clap::CommandFactory>::command();
-        let variable = command
-            .get_subcommands()
-            .chain(std::iter::once(&command))
-            .flat_map(|c| c.get_arguments())
-            .find(|a| a.get_long() == Some(long.as_str()))
-            .and_then(|a| a.get_env())
-            .map(|v| v.to_string_lossy().into_owned());
-        match variable {
-            Some(variable) if !on_command_line && std::env::var_os(&variable).is_some() => {
-                let reason = self.to_string();
-                let reason = reason
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim_start_matches("error: ");
-                eprintln!("error: environment variable {variable}: {reason}");
-                std::process::exit(2);
+        let mut named = false;
+        for flag in flags {
+            if let Some(variable) = variable_behind(&flag) {
+                let quoted = format!("'{flag}'");
+                message = message.replacen(
+                    &quoted,
+                    &format!("{quoted} (environment variable {variable})"),
+                    1,
+                );
+                named = true;
             }
-            _ => self.exit(),
         }
+        if !named {
+            self.exit()
+        }
+        eprintln!("error: {message}");
+        std::process::exit(2);
     }
+}
+
+/// The environment variable `flag` (as clap shows it, `--slot <NAME>`) took its value from:
+/// `None` when the flag is on the command line, has no variable, or its variable is unset.
+fn variable_behind(flag: &str) -> Option<String> {
+    let long = flag
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("--");
+    let on_command_line = std::env::args().any(|a| {
+        a.strip_prefix("--")
+            .is_some_and(|a| a.split('=').next() == Some(long))
+    });
+    if on_command_line {
+        return None;
+    }
+    let command = <super::Cli as clap::CommandFactory>::command();
+    let variable = command
+        .get_subcommands()
+        .chain(std::iter::once(&command))
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())?;
+    std::env::var_os(&variable).is_some().then_some(variable)
 }
