@@ -307,6 +307,30 @@ fn a_variable_that_conflicts_with_config_is_named() {
     );
 }
 
+/// `--pipeline` picks pipelines of a config file; without one it would pick nothing of the
+/// single-database flags' pipeline, and the command would go on with that pipeline.
+#[test]
+fn pipeline_without_a_config_file_is_refused() {
+    for command in ["run", "status", "check", "setup", "teardown"] {
+        let output = relay(
+            &[
+                command,
+                "--source-url",
+                "postgres://u@127.0.0.1:1/db",
+                "--pipeline",
+                "orders",
+            ],
+            &[],
+        );
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(2), "{command}: {text}");
+        assert!(
+            text.contains("--pipeline chooses pipelines of a config file"),
+            "{command}: {text}"
+        );
+    }
+}
+
 #[test]
 fn misspelt_keys_in_a_config_file_come_all_at_once_one_per_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,10 @@
 use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand};
 
-use super::readers::{check_flags, refuse_unread, setup_flags, status_flags, teardown_flags};
+use super::readers::{
+    check_flags, refuse_pipeline_without_config, refuse_unread, setup_flags, status_flags,
+    teardown_flags,
+};
 
 use crate::config::{self, KafkaConfig, PipelineConfig, TableName};
 use crate::logging::LogFormat;
@@ -56,6 +59,7 @@ impl Cli {
         let mut cli = <Cli as clap::CommandFactory>::command();
         let mut matches = cli.try_get_matches_from_mut(argv)?;
         refuse_unread(&cli, &matches)?;
+        refuse_pipeline_without_config(&cli, &matches)?;
         <Cli as clap::FromArgMatches>::from_arg_matches_mut(&mut matches)
             .map_err(|e| e.format(&mut cli))
     }

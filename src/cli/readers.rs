@@ -158,3 +158,31 @@ pub(super) fn refuse_unread(
     let mut command = command.clone();
     Err(clap::Error::raw(clap::error::ErrorKind::UnknownArgument, message).format(&mut command))
 }
+
+/// Refuses `--pipeline` without `--config` (or `OUTBOX_RELAY_CONFIG`): it picks pipelines of a
+/// config file, and the single-database flags make one pipeline of their own, which it would
+/// pick nothing of. (clap's `requires` is not enforced for it: `--config` conflicts with flags
+/// that have defaults.)
+pub(super) fn refuse_pipeline_without_config(
+    cli: &clap::Command,
+    matches: &clap::ArgMatches,
+) -> Result<(), clap::Error> {
+    let Some((name, given)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let has = |id: &str| given.try_contains_id(id).unwrap_or(false);
+    if !has("pipelines") || has("config") {
+        return Ok(());
+    }
+    let Some(command) = cli.find_subcommand(name) else {
+        return Ok(());
+    };
+    let message = "--pipeline chooses pipelines of a config file: give the file with --config \
+                   (or OUTBOX_RELAY_CONFIG), or leave --pipeline out for the single-database \
+                   flags";
+    let mut command = command.clone();
+    Err(
+        clap::Error::raw(clap::error::ErrorKind::MissingRequiredArgument, message)
+            .format(&mut command),
+    )
+}
