@@ -331,6 +331,18 @@ fn pipeline_without_a_config_file_is_refused() {
     }
 }
 
+/// Given by flags, a configuration problem names the flag as well as the key.
+#[test]
+fn a_problem_with_the_flags_names_the_flag() {
+    let output = relay(&["run", "--source-url", "postgres://u@h/db"], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(3), "{text}");
+    assert!(
+        text.contains("kafka.bootstrap_servers (--bootstrap-servers): must not be empty"),
+        "{text}"
+    );
+}
+
 #[test]
 fn misspelt_keys_in_a_config_file_come_all_at_once_one_per_line() {
     let dir = tempfile::tempdir().unwrap();

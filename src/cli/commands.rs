@@ -93,6 +93,15 @@ fn relay(mut args: RunArgs, need_kafka: bool) -> anyhow::Result<config::file::Re
                 .chain(config.kafka.read_properties_file().err())
                 .collect();
             problems.extend(crate::validation::pipeline(&config));
+            // Given by flags: each problem names the flag (or variable) too.
+            for problem in &mut problems {
+                if let Some(flag) = super::reference::flag_or_variable_of_key(&format!(
+                    "pipelines.{}",
+                    problem.field
+                )) {
+                    problem.field = format!("{} ({flag})", problem.field);
+                }
+            }
             if !problems.is_empty() {
                 return Err(config::ConfigErrors(problems))
                     .context("check the flags and OUTBOX_RELAY_* variables");

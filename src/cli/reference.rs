@@ -55,6 +55,12 @@ fn key_of_flag(id: &str) -> String {
 
 /// `` `--slot` `` for `pipelines.slot`; the `[kafka]` flags for a pipeline's `kafka` table too.
 fn flag_of_key(key: &str) -> Option<String> {
+    flag_or_variable_of_key(key).map(|flag| format!("`{flag}`"))
+}
+
+/// `--slot` for `pipelines.slot` (a hidden flag's variable instead: `OUTBOX_RELAY_SOURCE_PASSWORD`);
+/// the `[kafka]` flags for a pipeline's `kafka` table too. `None` for a key no flag sets.
+pub(super) fn flag_or_variable_of_key(key: &str) -> Option<String> {
     let mut cli = Cli::command();
     cli.build();
     let run = cli.find_subcommand("run")?;
@@ -65,10 +71,10 @@ fn flag_of_key(key: &str) -> Option<String> {
         .get_arguments()
         .filter(|a| !NOT_KEYS.contains(&a.get_id().as_str()))
         .find(|a| key_of_flag(a.get_id().as_str()) == key)
-        .map(|a| match (a.get_long(), a.get_env(), a.is_hide_set()) {
-            (_, Some(env), true) => format!("`{}`", env.to_string_lossy()),
-            (Some(long), _, _) => format!("`--{long}`"),
-            _ => String::new(),
+        .and_then(|a| match (a.get_long(), a.get_env(), a.is_hide_set()) {
+            (_, Some(env), true) => Some(env.to_string_lossy().into_owned()),
+            (Some(long), _, _) => Some(format!("--{long}")),
+            _ => None,
         });
     flag
 }
