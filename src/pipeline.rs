@@ -29,6 +29,7 @@ use crate::router::Router;
 use crate::session::{Mode, Session};
 use crate::sink::kafka::{KafkaSink, SharedProducers};
 use crate::sink::AnySink;
+use crate::source::coverage::Coverage;
 use crate::source::logical::LogicalSource;
 use crate::source::outbox::{MessageOrigin, OutboxDecoder};
 use crate::source::privileges;
@@ -127,7 +128,12 @@ impl supervisor::Sessions for LogTailing<'_> {
         )
         .await;
         self.slot_seen |= progress.is_streaming();
-        self.stopped = matches!(&result, Err(e) if e.recovery() == Recovery::Stop);
+        self.stopped = match &result {
+            Err(e) if e.recovery() == Recovery::Stop => {
+                reported_any_drift(e, &self.watcher.coverage.borrow())
+            }
+            _ => false,
+        };
         if let Err(Error::Redo(refused)) = &result {
             // A refused event found anew is progress: the next session dead-letters it, so
             // the backoff does not grow between redos; the same one found again is not.
@@ -136,6 +142,17 @@ impl supervisor::Sessions for LogTailing<'_> {
             }
         }
         result
+    }
+}
+
+/// Whether a pipeline stopped for good by `stop` may start afresh, its publication checks
+/// forgetting what they found: unless they found a publication change `stop` does not report
+/// (the session stopped on something else first), which the next session must stop on.
+fn reported_any_drift(stop: &Error, coverage: &Coverage) -> bool {
+    match coverage {
+        // The drift error and the start's publication check both carry the check's sentence.
+        Coverage::Drifted { reason, .. } => chain(stop).contains(reason.as_str()),
+        Coverage::Verified(_) | Coverage::CannotConnectNow { .. } => true,
     }
 }
 
@@ -565,5 +582,24 @@ mod tests {
             false,
             Some(&checked(Verdict::NeverStreamed))
         ));
+    }
+
+    /// A pipeline stopped for good starts afresh, its publication checks forgetting what they
+    /// found, only when the stop reported any change they found: one it did not report (the
+    /// session stopped on a bad event first) stops the next session.
+    #[test]
+    fn a_drift_the_stop_did_not_report_is_kept_for_the_next_session() {
+        let reason = "table public.outbox is not in publication \"outbox_pub\": ALTER PUBLICATION \"outbox_pub\" ADD TABLE \"public\".\"outbox\"";
+        let drifted = Coverage::Drifted {
+            reason: reason.to_owned(),
+            verified: Lsn(0x100),
+        };
+        let start_check: Error = SourceError::Config(reason.to_owned()).into();
+        let drift: Error = drifted.drift_error(Lsn(0x100)).unwrap().into();
+        let other: Error = SourceError::Privilege("role \"r\" may not stream".into()).into();
+        assert!(reported_any_drift(&start_check, &drifted));
+        assert!(reported_any_drift(&drift, &drifted));
+        assert!(!reported_any_drift(&other, &drifted));
+        assert!(reported_any_drift(&other, &Coverage::Verified(Lsn(0x100))));
     }
 }

@@ -307,8 +307,8 @@ fn a_variable_that_conflicts_with_config_is_named() {
     );
 }
 
-/// `--pipeline` picks pipelines of a config file; without one it would pick nothing of the
-/// single-database flags' pipeline, and the command would go on with that pipeline.
+/// `--pipeline` picks pipelines of a config file: without `--config` it is refused, naming
+/// what to give.
 #[test]
 fn pipeline_without_a_config_file_is_refused() {
     for command in ["run", "status", "check", "setup", "teardown"] {

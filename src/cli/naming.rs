@@ -13,10 +13,10 @@ impl NamingVariable for clap::Error {
         use clap::error::{ContextKind, ContextValue};
         let flags: Vec<String> = [ContextKind::InvalidArg, ContextKind::PriorArg]
             .into_iter()
-            .filter_map(|kind| match self.get(kind) {
-                Some(ContextValue::String(flag)) => Some(flag.clone()),
-                Some(ContextValue::Strings(flags)) => flags.first().cloned(),
-                _ => None,
+            .flat_map(|kind| match self.get(kind) {
+                Some(ContextValue::String(flag)) => vec![flag.clone()],
+                Some(ContextValue::Strings(flags)) => flags.clone(),
+                _ => Vec::new(),
             })
             .collect();
         let text = self.to_string();

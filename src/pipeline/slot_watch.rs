@@ -124,7 +124,12 @@ pub(super) async fn watch_slot(
     let mut stall: Option<String> = None;
     loop {
         timer.tick().await;
-        if server.has_changed().unwrap_or(false) {
+        // Read and marked seen at once: a change between a check and the read is not lost.
+        let (target, changed) = {
+            let target = server.borrow_and_update();
+            (target.clone(), target.has_changed())
+        };
+        if changed {
             connection = None;
             // A new server is tried at once, whatever the old one refused.
             next_connect = tokio::time::Instant::now();
@@ -132,7 +137,6 @@ pub(super) async fn watch_slot(
             // Transaction ids are the server's own.
             checker.new_server();
         }
-        let target = server.borrow_and_update().clone();
         // Each step within one interval: a half-open connection must not freeze the metrics
         // until TCP gives up.
         if connection.is_none() {
@@ -156,8 +160,8 @@ pub(super) async fn watch_slot(
                     if checker.cannot_connect_now(chain(&e)) {
                         info!(pipeline = %config.name, error = %chain(&e), "the server refuses new connections; the publication cannot be checked until it takes them again");
                     }
-                    // Tried again at the next tick, not less and less often: the sessions
-                    // wait for the checks once it is back.
+                    // While it refuses so, tried again at the next tick, not less and less
+                    // often (a server that does not answer at all is, up to once a minute).
                     reconnect_delay = PUBLICATION_CHECK_INTERVAL / 2;
                 }
                 Ok(Err(e)) => {

@@ -119,7 +119,16 @@ impl PipelineConfig {
         let invalid = |e: &dyn fmt::Display| {
             let shown = redact_url(&self.source_url);
             // The password is hidden, so the URL shown may look right: say what breaks one.
-            let hint = if shown != *self.source_url && self.source_url.contains("://") {
+            let parses_without_password = || {
+                split(&shown)
+                    .ok()
+                    .and_then(|(rest, _, _)| rest.parse::<tokio_postgres::Config>().ok())
+                    .is_some()
+            };
+            let hint = if shown != *self.source_url
+                && self.source_url.contains("://")
+                && parses_without_password()
+            {
                 "; a password in the URL must have @ # / ? : and % percent-encoded (%40 %23 %2F \
                  %3F %3A %25), or go in source_password (OUTBOX_RELAY_SOURCE_PASSWORD) or \
                  source_password_file, taken as written"
@@ -418,11 +427,14 @@ mod tests {
         for says in ["source_url", "percent-encoded", "source_password"] {
             assert!(error.contains(says), "{says:?} missing: {error}");
         }
-        // Without a password in it, a bad URL gets no such advice.
-        let error = parsed("postgres://relay@h:notaport/shop")
-            .unwrap_err()
-            .to_string();
-        assert!(!error.contains("percent-encoded"), "{error}");
+        // A URL wrong elsewhere, with a password or without, gets no such advice.
+        for url in [
+            "postgres://relay@h:notaport/shop",
+            "postgres://relay:secret@h:notaport/shop",
+        ] {
+            let error = parsed(url).unwrap_err().to_string();
+            assert!(!error.contains("percent-encoded"), "{error}");
+        }
     }
 
     #[test]

@@ -291,8 +291,7 @@ mod tests {
     }
 
     /// The error names the position the session confirmed to the slot, not the last one a
-    /// check verified: before any check had, that was "0/0" although the session had
-    /// confirmed its new slot's start.
+    /// check verified, which is 0/0 before any check verified anything.
     #[test]
     fn the_drift_error_names_the_position_the_session_confirmed() {
         let drifted = Coverage::Drifted {

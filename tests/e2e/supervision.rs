@@ -349,8 +349,8 @@ fn published_by(text: &str, pipeline: &str) -> f64 {
 
 /// With `on_pipeline_failure = "retry"`, a pipeline whose publication leaves out the outbox
 /// table stops at its start; once the table is added to the publication, its next start
-/// streams and delivers, as a new process would, instead of stopping again on the change its
-/// publication checks saw while it was failed.
+/// streams and delivers, as a new process would: the publication checks that saw the table
+/// missing while it was failed do not stop it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_retry_a_pipeline_failed_on_its_publication_streams_once_the_table_is_added() {
     let setup = Setup::new("fail_pub", &["Order"], 1).await;
@@ -384,8 +384,9 @@ async fn with_retry_a_pipeline_failed_on_its_publication_streams_once_the_table_
         },
     )
     .await;
-    // Not a wait for an outcome: the publication checks, every 2 s while the pipeline waits
-    // to start again, see the publication without the table for a few of them.
+    // Not a wait for an outcome, and nothing is asserted on its length: it lets the
+    // publication checks (every 2 s while the pipeline waits to start again) see the
+    // publication without the table, the case under test, before the table is added.
     tokio::time::sleep(Duration::from_secs(5)).await;
     c.batch_execute("ALTER PUBLICATION billing_pub ADD TABLE outbox")
         .await

@@ -174,7 +174,7 @@ pub async fn plan(
     }
     let owner = client
         .query_opt(
-            "SELECT pg_catalog.pg_get_userbyid(pubowner)::text, pg_catalog.pg_has_role(pubowner, 'MEMBER') FROM pg_catalog.pg_publication WHERE pubname = $1",
+            "SELECT pg_catalog.pg_get_userbyid(pubowner)::text, pg_catalog.pg_has_role(pubowner, 'USAGE') FROM pg_catalog.pg_publication WHERE pubname = $1",
             &[&config.publication],
         )
         .await?
