@@ -97,28 +97,16 @@ impl<W: WalStream> LogicalSource<W> {
         self
     }
 
-    /// Returns the error that stops the pipeline if a check found the publication changed.
-    fn check_drift(&self) -> Result<(), Error> {
-        match self
-            .coverage
-            .as_ref()
-            .and_then(|c| c.borrow().drift_error(self.flush_sent))
-        {
-            Some(drift) => Err(drift.into()),
-            None => Ok(()),
-        }
-    }
-
-    /// Returns the error that ends the session if the server refused the publication checks'
-    /// connection since it started (it is shutting down: its walsender waits for a
-    /// confirmation that cannot come).
-    fn check_server_refusal(&self) -> Result<(), Error> {
-        match self
-            .coverage
-            .as_ref()
-            .and_then(|c| c.borrow().cannot_connect_now_error(self.started))
-        {
-            Some(refused) => Err(refused.into()),
+    /// Returns the error `of` finds in the publication checks' coverage: a publication change
+    /// ([`Coverage::drift_error`], which stops the pipeline) or, since this session started, a
+    /// server refusing the checks' connection ([`Coverage::cannot_connect_now_error`]: it is
+    /// shutting down, and its walsender waits for a confirmation that cannot come).
+    fn check_coverage(
+        &self,
+        of: impl FnOnce(&Coverage) -> Option<SourceError>,
+    ) -> Result<(), Error> {
+        match self.coverage.as_ref().and_then(|c| of(&c.borrow())) {
+            Some(error) => Err(error.into()),
             None => Ok(()),
         }
     }
@@ -161,8 +149,8 @@ impl<W: WalStream> LogicalSource<W> {
                 ..
             } => {
                 self.reply_requested |= reply_requested;
-                self.check_drift()?;
-                self.check_server_refusal()?;
+                self.check_coverage(|c| c.drift_error(self.flush_sent))?;
+                self.check_coverage(|c| c.cannot_connect_now_error(self.started))?;
                 Ok(Some(SourceItem::Idle(wal_end)))
             }
         }
@@ -184,7 +172,7 @@ impl<W: WalStream> LogicalSource<W> {
             }
             LogicalReplicationMessage::Commit(commit) => {
                 // A drift found stops the pipeline before the next confirmation.
-                self.check_drift()?;
+                self.check_coverage(|c| c.drift_error(self.flush_sent))?;
                 if std::mem::take(&mut self.txn_has_insert) {
                     self.insert_seen = self.insert_seen.max(commit.end_lsn);
                 }
